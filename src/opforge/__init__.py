@@ -1,0 +1,24 @@
+"""opforge: a GPU operator runtime for Python.
+
+Tensor ops are exposed torch-style (``opforge.gelu(x)``) and registered as
+``torch.library`` custom ops in the ``opforge`` namespace.
+"""
+
+import os as _os
+
+if _os.environ.get("OPFORGE_INTERPRET", "0") not in ("", "0", "false", "off"):
+    # Triton reads this when kernels are decorated, so it must be set first.
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from opforge.version import __version__  # noqa: E402
+from opforge.ops.elementwise import (  # noqa: E402
+    abs, add, div, exp, gelu, gelu_backward, gelu_tanh, log, maximum, minimum, mul, neg, relu,
+    rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
+)
+from opforge.runtime.dispatch import explain  # noqa: E402
+
+__all__ = [
+    "__version__", "explain",
+    "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
+    "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
+]

@@ -1,0 +1,1 @@
+"""Triton kernels, one module per family. No front-end imports these directly."""

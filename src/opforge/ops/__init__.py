@@ -1,0 +1,4 @@
+"""The public tensor API. Importing a family registers its ops."""
+
+from opforge.ops import elementwise  # noqa: F401
+

@@ -1,0 +1,424 @@
+"""Elementwise ops: ``opforge.add``, ``opforge.gelu``, ... with torch semantics.
+
+Each op is a registry entry with three variants, in dispatch order:
+``triton_flat`` (dense operands of one layout: wide vector loads),
+``triton_strided`` (any strides, broadcasting: 2-D tiles over a collapsed
+index space) and ``reference`` (plain torch: the CPU fallback and the
+oracle). Binary ops take a tensor or a Python number as ``other``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from numbers import Number
+
+import torch
+import torch.nn.functional as F
+
+from opforge.ops.library import define
+from opforge.runtime import dispatch, registry
+from opforge.runtime.registry import Op, Variant
+
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+KERNEL_DTYPES = FLOATS | {torch.int32, torch.int64}
+INT_OK = frozenset({"neg", "abs", "relu", "add", "sub", "mul", "div", "maximum", "minimum"})
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (plain torch, float64-capable)
+# ---------------------------------------------------------------------------
+def _gelu_backward_ref(g, x):
+    cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+    pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return g * (cdf + x * pdf)
+
+
+def _silu_backward_ref(g, x):
+    s = torch.sigmoid(x)
+    return g * (s * (1.0 + x * (1.0 - s)))
+
+
+REFERENCE = {
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": lambda a, b: torch.maximum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=a.device)),
+    "minimum": lambda a, b: torch.minimum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=a.device)),
+    "gelu_backward": _gelu_backward_ref,
+    "silu_backward": _silu_backward_ref,
+}
+UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "gelu", "gelu_tanh", "silu")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "gelu_backward", "silu_backward")
+
+
+def result_dtype(name: str, a: torch.Tensor, b) -> torch.dtype:
+    if b is None:
+        return a.dtype
+    dt = torch.result_type(a, b)
+    if name == "div" and not dt.is_floating_point:
+        return torch.get_default_dtype()
+    return dt
+
+
+def out_shape(a: torch.Tensor, b) -> tuple[int, ...]:
+    if isinstance(b, torch.Tensor) and b.shape != a.shape:
+        return tuple(torch.broadcast_shapes(a.shape, b.shape))
+    return tuple(a.shape)
+
+
+def _dense_like(a: torch.Tensor, b) -> bool:
+    """Operands the flat kernel can walk as one 1-D range in one layout."""
+    if isinstance(b, torch.Tensor) and (b.shape != a.shape or b.stride() != a.stride()):
+        return False
+    return a.is_contiguous() or (a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last))
+
+
+def allocate_out(name: str, a: torch.Tensor, b) -> torch.Tensor:
+    """The output: a's layout when the operands are dense alike, else contiguous."""
+    dtype = result_dtype(name, a, b)
+    if _dense_like(a, b):
+        return torch.empty_like(a, dtype=dtype)
+    return torch.empty(out_shape(a, b), dtype=dtype, device=a.device)
+
+
+def validate(name: str, a, b=None, binary: bool = False) -> None:
+    where = f"opforge.{name}"
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"{where}: input must be a torch.Tensor, got {type(a).__name__}")
+    if a.is_complex():
+        raise TypeError(f"{where}: complex tensors are not supported (got {a.dtype})")
+    if name not in INT_OK and not a.dtype.is_floating_point:
+        raise TypeError(f"{where}: input must be a floating-point tensor, got {a.dtype}")
+    if binary:
+        if isinstance(b, torch.Tensor):
+            if b.device != a.device:
+                raise ValueError(f"{where}: other is on {b.device} but input is on {a.device}; move them to one device")
+            if b.is_complex():
+                raise TypeError(f"{where}: complex tensors are not supported (got other of {b.dtype})")
+            try:
+                torch.broadcast_shapes(a.shape, b.shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"{where}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast"
+                ) from None
+        elif not isinstance(b, Number) or isinstance(b, complex):
+            raise TypeError(f"{where}: other must be a tensor or a real number, got {type(b).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------
+def _is_tensor(b) -> bool:
+    return isinstance(b, torch.Tensor)
+
+
+def _out_strides(a: torch.Tensor, b) -> tuple[int, ...]:
+    """Strides of ``allocate_out(name, a, b)``, without allocating it."""
+    return tuple(a.stride()) if _dense_like(a, b) else _contiguous_strides(out_shape(a, b))
+
+
+def geometry(a: torch.Tensor, b):
+    """The strided kernel's view of the operands: (4 dims, strides of a, b, out), or None."""
+    b_shape, b_stride = (tuple(b.shape), tuple(b.stride())) if _is_tensor(b) else (None, None)
+    return _geometry(tuple(a.shape), tuple(a.stride()), b_shape, b_stride, _out_strides(a, b))
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(a_shape, a_stride, b_shape, b_stride, out_stride):
+    from opforge.kernels.elementwise import collapse
+
+    shape = tuple(torch.broadcast_shapes(a_shape, b_shape)) if b_shape is not None else a_shape
+    operands = [_expanded_stride(shape, a_shape, a_stride)]
+    if b_shape is not None:
+        operands.append(_expanded_stride(shape, b_shape, b_stride))
+    operands.append(list(out_stride))
+    dims, strides = collapse(list(shape), operands)
+    if len(dims) > 4:
+        return None
+    pad = 4 - len(dims)
+    dims = [1] * pad + dims
+    strides = [[0] * pad + st for st in strides]
+    if len(strides) == 2:
+        strides.insert(1, [0, 0, 0, 0])
+    return dims, strides
+
+
+def _expanded_stride(shape, t_shape, t_stride):
+    """Strides of a tensor broadcast to ``shape`` (0 along broadcast dims)."""
+    lead = len(shape) - len(t_shape)
+    out = [0] * lead
+    for n, s, target in zip(t_shape, t_stride, shape[lead:]):
+        out.append(0 if n == 1 and target != 1 else s)
+    return out
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _bucket_size(n: int) -> str:
+    return str(n) if n <= 16 else str(_pow2(n))
+
+
+def _make_variants(name: str) -> list[Variant]:
+    from opforge.kernels import elementwise as K
+
+    def scalar_check(a, b=None):
+        if _is_tensor(b) and b.dtype not in KERNEL_DTYPES:
+            return f"dtype {b.dtype} of other has no kernel"
+        if b is not None and not _is_tensor(b) and result_dtype(name, a, b) == torch.float64:
+            return "a Python scalar with a float64 result (Triton passes scalars as fp32)"
+        if result_dtype(name, a, b) not in KERNEL_DTYPES:
+            return f"result dtype {result_dtype(name, a, b)} has no kernel"
+        return None
+
+    def flat_check(a, b=None):
+        if not _dense_like(a, b):
+            return "operands are not dense with one shared layout"
+        return scalar_check(a, b)
+
+    def flat_run(cfg, a, b=None):
+        out = allocate_out(name, a, b)
+        K.launch_flat(name, a, b, out, cfg)
+        return out
+
+    def flat_configs(a, b=None):
+        return [{"BLOCK": blk, "num_warps": w} for blk in (1024, 2048, 4096, 8192) for w in (4, 8)
+                if blk // (32 * w) >= 4]
+
+    def flat_default(a, b=None):
+        return {"BLOCK": 4096, "num_warps": 8} if a.numel() >= (1 << 20) else {"BLOCK": 1024, "num_warps": 4}
+
+    def strided_check(a, b=None):
+        if a.numel() and geometry(a, b) is None:
+            return "more than 4 dims remain after collapsing the layout"
+        return scalar_check(a, b)
+
+    def strided_run(cfg, a, b=None):
+        out = allocate_out(name, a, b)
+        if out.numel():
+            K.launch_strided(name, a, b, out, cfg, geometry(a, b))
+        return out
+
+    def _dims(a, b):
+        g = geometry(a, b)
+        return g[0] if g else [1, 1, 1, max(a.numel(), 1)]
+
+    def strided_configs(a, b=None):
+        tiles = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 8), (4, 512, 8), (8, 256, 4), (16, 128, 4),
+                 (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8)]
+        return [{"BLOCK_R": r, "BLOCK_C": c, "num_warps": w} for r, c, w in tiles]
+
+    def strided_default(a, b=None):
+        d = _dims(a, b)
+        return K.strided_default_config(d[0] * d[1] * d[2], d[3])
+
+    def strided_bucket(a, b=None):
+        g = geometry(a, b)
+        if g is None:
+            return "nd"
+        dims, strides = g
+        rows = dims[0] * dims[1] * dims[2]
+        layout = "".join(_axis_code(st) for st in strides[: 2 if _is_tensor(b) else 1])
+        return f"{_bucket_size(rows)}x{_bucket_size(dims[3])}:{layout}"
+
+    def reference_run(cfg, a, b=None):
+        out = allocate_out(name, a, b)
+        ref = REFERENCE[name](a) if b is None else REFERENCE[name](a, b)
+        return out.copy_(ref)
+
+    version = {"flat": K.FLAT_VERSION, "strided": K.STRIDED_VERSION}
+    return [
+        Variant("triton_flat", flat_run, version=version["flat"], dtypes=KERNEL_DTYPES, check=flat_check,
+                configs=flat_configs, default_config=flat_default,
+                bucket=lambda a, b=None: _bucket_size(a.numel()),
+                description="dense operands of one layout as a 1-D range; 16-byte vector loads"),
+        Variant("triton_strided", strided_run, version=version["strided"], dtypes=KERNEL_DTYPES,
+                check=strided_check, configs=strided_configs, default_config=strided_default,
+                bucket=strided_bucket,
+                description="any strides and broadcasting; 2-D tiles over a collapsed index space"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _axis_code(st) -> str:
+    """How an operand walks the tile: c = unit stride along columns, r = along rows,
+    b = broadcast along one axis, g = neither (gather-like)."""
+    if st[3] == 1:
+        return "c"
+    if st[2] == 1:
+        return "r"
+    if st[2] == 0 or st[3] == 0:
+        return "b"
+    return "g"
+
+
+# ---------------------------------------------------------------------------
+# Registration: registry entry + torch.library op + autograd
+# ---------------------------------------------------------------------------
+def _sum_to(g: torch.Tensor, shape) -> torch.Tensor:
+    """Reduce a broadcast gradient back to an operand's shape."""
+    if tuple(g.shape) == tuple(shape):
+        return g
+    lead = g.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
+
+
+def _grad_unary(name: str, g, a, out):
+    ops = torch.ops.opforge
+    if name == "neg":
+        return ops.neg(g)
+    if name == "abs":
+        return ops.mul(g, torch.sign(a))
+    if name == "exp":
+        return ops.mul(g, out)
+    if name == "log":
+        return ops.div(g, a)
+    if name == "sqrt":
+        return ops.div(g, ops.mul(out, 2.0))
+    if name == "rsqrt":
+        return ops.mul(ops.mul(g, -0.5), ops.mul(ops.mul(out, out), out))
+    if name == "sigmoid":
+        return ops.mul(g, ops.mul(out, ops.sub(torch.ones_like(out), out)))
+    if name == "tanh":
+        return ops.mul(g, ops.sub(torch.ones_like(out), ops.mul(out, out)))
+    if name == "relu":
+        return ops.mul(g, (a > 0).to(g.dtype))
+    if name == "gelu":
+        return ops.gelu_backward(g, a)
+    if name == "silu":
+        return ops.silu_backward(g, a)
+    if name == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(g, a, approximate="tanh")
+    raise NotImplementedError(name)
+
+
+def _grad_binary(name: str, g, a, b):
+    ops = torch.ops.opforge
+    bt = b if _is_tensor(b) else None
+    if name == "add":
+        return g, g
+    if name == "sub":
+        return g, ops.neg(g)
+    if name == "mul":
+        return ops.mul(g, b), (ops.mul(g, a) if bt is not None else None)
+    if name == "div":
+        ga = ops.div(g, b)
+        return ga, (ops.neg(ops.mul(ga, ops.div(a, b))) if bt is not None else None)
+    if name in ("maximum", "minimum"):
+        other = bt if bt is not None else torch.full_like(a, b)
+        win = (a > other) if name == "maximum" else (a < other)
+        tie = a == other
+        wa = win.to(g.dtype) + 0.5 * tie.to(g.dtype)
+        return ops.mul(g, wa), (ops.mul(g, 1.0 - wa) if bt is not None else None)
+    raise NotImplementedError(f"opforge.{name} has no derivative")
+
+
+def _register(name: str, binary: bool) -> Op:
+    op = Op(
+        name=name,
+        reference=REFERENCE[name],
+        tensors=(lambda a, b=None: (a, b) if _is_tensor(b) else (a,)),
+        memo_key=(lambda a, b=None: (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride())
+                  if _is_tensor(b) else (a.dtype, a.shape, a.stride(), a.device, type(b))),
+        dtype_key=(lambda a, b=None: f"{a.dtype}".replace("torch.", "") +
+                   (f",{b.dtype}".replace("torch.", "") if _is_tensor(b) else "")),
+        variants=_make_variants(name),
+        validate=functools.partial(validate, name, binary=binary),
+        doc=f"elementwise {name}",
+    )
+    registry.register(op)
+    differentiable = name not in ("gelu_backward", "silu_backward")
+
+    def fake(a, b=None):
+        validate(name, a, b, binary=binary)
+        return allocate_out(name, a, b)
+
+    def impl(a, b=None):
+        return dispatch.call(op, a, b)
+
+    if binary:
+        def setup(ctx, inputs, output):
+            a, b = inputs
+            ctx.save_for_backward(a, b if _is_tensor(b) else None)
+            ctx.scalar = None if _is_tensor(b) else b
+            ctx.a_shape = a.shape
+
+        def backward(ctx, g):
+            a, bt = ctx.saved_tensors
+            b = bt if bt is not None else ctx.scalar
+            ga, gb = _grad_binary(name, g, a, b)
+            ga = _sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
+            gb = _sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
+            return ga, gb
+
+        for overload, other_type in (("Tensor", "Tensor"), ("Scalar", "Scalar")):
+            define(f"{name}.{overload}(Tensor self, {other_type} other) -> Tensor", impl, fake,
+                   backward if differentiable else None, setup if differentiable else None)
+    else:
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0], output)
+
+        def backward(ctx, g):
+            a, out = ctx.saved_tensors
+            return _grad_unary(name, g, a, out)
+
+        define(f"{name}(Tensor self) -> Tensor", impl, fake, backward, setup)
+    return op
+
+
+OPS = {name: _register(name, False) for name in UNARY}
+OPS.update({name: _register(name, True) for name in BINARY})
+
+
+def _public(name: str, binary: bool):
+    packet = getattr(torch.ops.opforge, name)
+    if binary:
+        tensor_op, scalar_op = packet.Tensor, packet.Scalar
+
+        def fn(input: torch.Tensor, other) -> torch.Tensor:
+            if isinstance(other, torch.Tensor):
+                return tensor_op(input, other)
+            validate(name, input, other, binary=True)
+            return scalar_op(input, other)
+    else:
+        single = packet.default
+
+        def fn(input: torch.Tensor) -> torch.Tensor:
+            if not isinstance(input, torch.Tensor):
+                raise TypeError(f"opforge.{name}: input must be a torch.Tensor, got {type(input).__name__}")
+            return single(input)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise ``{name}`` with torch's semantics, run by opforge's dispatcher."
+    return fn
+
+
+neg, abs, exp, log, sqrt, rsqrt, sigmoid, tanh, relu, gelu, gelu_tanh, silu = (_public(n, False) for n in UNARY)
+add, sub, mul, div, maximum, minimum, gelu_backward, silu_backward = (_public(n, True) for n in BINARY)
+
+__all__ = list(UNARY + BINARY)

@@ -1,0 +1,1 @@
+"""The operator runtime: registry, dispatch, autotune, caches, timing, roofline."""

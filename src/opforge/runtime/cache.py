@@ -1,0 +1,280 @@
+"""The persistent autotune cache: SQLite in WAL mode, JSON lines in and out.
+
+One row per tuning key. The key holds every fact that can change which
+config wins (op, variant, kernel version, triton, torch, GPU name, SM count,
+dtype, shape bucket), so an entry is never reused where any of them differ.
+Many processes may tune into one file at once: each write is one short
+``BEGIN IMMEDIATE`` transaction, readers never block in WAL mode, and rows are
+whole JSON values, so there are no torn entries. A corrupted file or one of
+another schema version is ignored with one warning, never a crash: the process
+then keeps its results in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+FILE_NAME = "autotune.sqlite"
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    op: str  # "opforge::add"
+    variant: str
+    kernel_version: str
+    triton: str
+    torch: str
+    gpu: str
+    sm_count: int
+    dtype: str
+    shape_bucket: str
+
+    def text(self) -> str:
+        """The primary key: every field, in order, in one string."""
+        return "|".join(str(v) for v in asdict(self).values())
+
+
+@dataclass
+class TuneEntry:
+    key: TuneKey
+    config: dict[str, Any]
+    median_ms: float
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"key": asdict(self.key), "config": self.config, "median_ms": self.median_ms, "created": self.created},
+            sort_keys=True,
+        )
+
+    @staticmethod
+    def from_json(line: str) -> "TuneEntry":
+        d = json.loads(line)
+        return TuneEntry(TuneKey(**d["key"]), dict(d["config"]), float(d["median_ms"]), float(d.get("created", 0.0)))
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("OPFORGE_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("opforge"))
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY,
+    op TEXT NOT NULL, variant TEXT NOT NULL, kernel_version TEXT NOT NULL,
+    triton TEXT NOT NULL, torch TEXT NOT NULL, gpu TEXT NOT NULL, sm_count INTEGER NOT NULL,
+    dtype TEXT NOT NULL, shape_bucket TEXT NOT NULL,
+    config TEXT NOT NULL, median_ms REAL NOT NULL, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ceilings (device TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL);
+"""
+
+
+class CacheUnusable(Exception):
+    pass
+
+
+class AutotuneCache:
+    """Tuned entries for this machine; ``path=None`` keeps them in memory only."""
+
+    def __init__(self, path: Path | str | None):
+        self.path = Path(path) if path is not None else None
+        self._memory: dict[str, TuneEntry] = {}
+        self._memory_ceilings: dict[str, dict] = {}
+        self._local = threading.local()
+        self.usable = self.path is not None
+        if self.path is not None:
+            try:
+                self._open()
+            except (CacheUnusable, sqlite3.DatabaseError, OSError) as e:
+                warnings.warn(
+                    f"opforge: ignoring the autotune cache {self.path} ({e}); tuned results stay in memory "
+                    f"for this process. Delete the file (or run `opforge tune --clear`) to start a fresh one.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.usable = False
+
+    # -- connection ------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None or getattr(self._local, "pid", None) != os.getpid():
+            con = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+            con.execute("PRAGMA busy_timeout = 60000")
+            self._local.con, self._local.pid = con, os.getpid()
+        return con
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = self._connect()
+        mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise CacheUnusable(f"could not switch to WAL mode (got {mode})")
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _SCHEMA.strip().split(";"):
+                if stmt.strip():
+                    con.execute(stmt)
+            row = con.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+            if row is None:
+                con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise CacheUnusable(f"schema version {row[0]}, this opforge reads version {SCHEMA_VERSION}")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        # A quick integrity read: a file that is not SQLite fails above; one
+        # whose pages are damaged fails here.
+        con.execute("SELECT count(*) FROM entries").fetchone()
+
+    # -- entries ---------------------------------------------------------
+    def get(self, key: TuneKey) -> TuneEntry | None:
+        k = key.text()
+        if k in self._memory:
+            return self._memory[k]
+        if not self.usable:
+            return None
+        try:
+            row = self._connect().execute(
+                "SELECT config, median_ms, created FROM entries WHERE key = ?", (k,)
+            ).fetchone()
+        except sqlite3.DatabaseError as e:
+            self._give_up(e)
+            return None
+        if row is None:
+            return None
+        entry = TuneEntry(key, json.loads(row[0]), row[1], row[2])
+        self._memory[k] = entry
+        return entry
+
+    def put(self, entry: TuneEntry) -> None:
+        self.put_many([entry])
+
+    def put_many(self, entries: Iterable[TuneEntry]) -> int:
+        entries = list(entries)
+        for e in entries:
+            self._memory[e.key.text()] = e
+        if not self.usable or not entries:
+            return len(entries)
+        rows = [
+            (e.key.text(), *asdict(e.key).values(), json.dumps(e.config, sort_keys=True), e.median_ms, e.created)
+            for e in entries
+        ]
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.executemany("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            con.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            try:
+                con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            self._give_up(e)
+        return len(entries)
+
+    def entries(self) -> list[TuneEntry]:
+        if not self.usable:
+            return list(self._memory.values())
+        rows = self._connect().execute(
+            "SELECT op, variant, kernel_version, triton, torch, gpu, sm_count, dtype, shape_bucket,"
+            " config, median_ms, created FROM entries ORDER BY key"
+        ).fetchall()
+        return [TuneEntry(TuneKey(*r[:9]), json.loads(r[9]), r[10], r[11]) for r in rows]
+
+    def clear(self) -> None:
+        self._memory.clear()
+        self._memory_ceilings.clear()
+        if self.usable:
+            con = self._connect()
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("DELETE FROM entries")
+            con.execute("DELETE FROM ceilings")
+            con.execute("COMMIT")
+
+    # -- JSON lines --------------------------------------------------------
+    def export_jsonl(self, path: Path | str) -> int:
+        entries = self.entries()
+        Path(path).write_text("".join(e.to_json() + "\n" for e in entries))
+        return len(entries)
+
+    def import_jsonl(self, path: Path | str) -> int:
+        return self.put_many(read_jsonl(Path(path).read_text()))
+
+    # -- measured ceilings (copy bandwidth, matmul rate) per device --------
+    def get_ceilings(self, device: str) -> dict | None:
+        if device in self._memory_ceilings:
+            return self._memory_ceilings[device]
+        if not self.usable:
+            return None
+        row = self._connect().execute("SELECT value FROM ceilings WHERE device = ?", (device,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put_ceilings(self, device: str, value: dict) -> None:
+        self._memory_ceilings[device] = value
+        if self.usable:
+            con = self._connect()
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?)", (device, json.dumps(value), time.time()))
+            con.execute("COMMIT")
+
+    def _give_up(self, e: Exception) -> None:
+        warnings.warn(f"opforge: autotune cache {self.path} failed ({e}); continuing in memory", RuntimeWarning)
+        self.usable = False
+
+
+def read_jsonl(text: str) -> list[TuneEntry]:
+    return [TuneEntry.from_json(line) for line in text.splitlines() if line.strip()]
+
+
+class ShippedTable:
+    """Tuned defaults that ship inside the package (``runtime/tuned/*.jsonl``)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, TuneEntry] | None = None
+
+    def _load(self) -> dict[str, TuneEntry]:
+        if self._entries is None:
+            self._entries = {}
+            folder = resources.files("opforge.runtime") / "tuned"
+            for item in sorted(folder.iterdir(), key=lambda p: p.name):
+                if item.name.endswith(".jsonl"):
+                    for e in read_jsonl(item.read_text()):
+                        self._entries[e.key.text()] = e
+        return self._entries
+
+    def get(self, key: TuneKey) -> TuneEntry | None:
+        return self._load().get(key.text())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+_cache: AutotuneCache | None = None
+_cache_dir: Path | None = None
+shipped = ShippedTable()
+
+
+def autotune_cache() -> AutotuneCache:
+    """The process-wide cache at ``$OPFORGE_CACHE_DIR/autotune.sqlite``."""
+    global _cache, _cache_dir
+    folder = default_cache_dir()
+    if _cache is None or folder != _cache_dir:
+        _cache, _cache_dir = AutotuneCache(folder / FILE_NAME), folder
+    return _cache

@@ -1,0 +1,178 @@
+"""Dispatch: pick the variant and config that run for these arguments.
+
+The rule: among the variants that support the arguments, prefer the one
+with the fastest tuned entry for this shape bucket (the user's cache, then the
+shipped table); with no entries, the first supported variant in the op's
+order. Decisions are memoized on the op's cheap key, so a repeated call costs
+one dict lookup before the kernel launch. ``explain`` says what would run and
+why each other variant was rejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from opforge.runtime import autotune
+from opforge.runtime import device as devmod
+from opforge.runtime.registry import Op, Variant, get
+
+_MEMO_LIMIT = 8192
+
+
+@dataclass
+class Decision:
+    op: Op
+    variant: Variant
+    config: dict[str, Any]
+    source: str  # "tuned" | "shipped" | "default" | "forced" | "reference"
+    rejected: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    cuda_index: int | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.op.qualname}: runs {self.variant.name} (v{self.variant.version}) "
+                 f"config={self.config or '{}'} [{self.source}]"]
+        for v in self.op.variants:
+            if v is self.variant:
+                continue
+            if v.name in self.rejected:
+                lines.append(f"  rejected {v.name}: {self.rejected[v.name]}")
+            elif v.name in self.timings:
+                lines.append(f"  passed over {v.name}: tuned at {self.timings[v.name]:.4g} ms, "
+                             f"chosen one {self.timings.get(self.variant.name, float('nan')):.4g} ms")
+            else:
+                lines.append(f"  passed over {v.name}: supported, later in the op's order")
+        return "\n".join(lines)
+
+
+_memo: dict[tuple, Decision] = {}
+_forced: dict[str, str] = {}
+_lock = threading.Lock()
+_MULTI_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 1
+
+
+def reset() -> None:
+    """Forget memoized decisions (after changing OPFORGE_* settings or the cache)."""
+    _memo.clear()
+
+
+@contextlib.contextmanager
+def force_variant(op_name: str, variant: str):
+    """Run ``op_name`` with ``variant`` inside the block (bench, selftest, tests)."""
+    op = get(op_name)
+    op.variant(variant)  # raises for a wrong name
+    old = _forced.get(op.name)
+    _forced[op.name] = variant
+    try:
+        yield
+    finally:
+        if old is None:
+            _forced.pop(op.name, None)
+        else:
+            _forced[op.name] = old
+
+
+def reject_reason(op: Op, v: Variant, args: tuple) -> str | None:
+    """Why ``v`` cannot take ``args``, or None when it can."""
+    tensors = op.tensors(*args)
+    dev = tensors[0].device if tensors else torch.device("cpu")
+    if v.kind == "triton":
+        if not devmod.triton_available():
+            return "triton is not installed"
+        if dev.type == "cpu" and not devmod.interpret_mode():
+            return "tensors are on the CPU (Triton kernels need CUDA, or OPFORGE_INTERPRET=1)"
+        if dev.type == "cuda" and devmod.interpret_mode():
+            return "OPFORGE_INTERPRET=1 runs Triton kernels on CPU tensors only"
+        if dev.type not in ("cpu", "cuda"):
+            return f"device {dev.type} is not supported"
+    elif dev.type not in v.devices:
+        return f"device {dev.type} not in {v.devices}"
+    if v.dtypes is not None:
+        bad = [t.dtype for t in tensors if t.dtype not in v.dtypes]
+        if bad:
+            return f"dtype {bad[0]} not in {sorted(str(d).replace('torch.', '') for d in v.dtypes)}"
+    if dev.type == "cuda" and v.min_capability > (0, 0):
+        cap = devmod.capability(dev)
+        if cap < v.min_capability:
+            return f"needs sm_{v.min_capability[0]}{v.min_capability[1]}, device is sm_{cap[0]}{cap[1]}"
+    return v.check(*args)
+
+
+def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
+    """The full decision (slow path): filter, consult the cache, maybe tune."""
+    op.validate(*args)
+    tensors = op.tensors(*args)
+    rejected: dict[str, str] = {}
+    supported: list[Variant] = []
+    for v in op.variants:
+        reason = reject_reason(op, v, args)
+        if reason is None:
+            supported.append(v)
+        else:
+            rejected[v.name] = reason
+    if not supported:
+        raise RuntimeError(f"{op.qualname}: no variant supports these arguments: {rejected}")
+    cuda_index = tensors[0].device.index if tensors and tensors[0].device.type == "cuda" else None
+
+    forced = _forced.get(op.name)
+    if forced is not None:
+        v = op.variant(forced)
+        if v not in supported:
+            raise ValueError(f"{op.qualname}: forced variant {forced} rejects these arguments: {rejected[forced]}")
+        entry, _ = autotune.lookup(autotune.tune_key(op, v, args)) if v.kind != "reference" else (None, "")
+        cfg = entry.config if entry else v.default_config(*args)
+        return Decision(op, v, cfg, "forced", rejected, {}, cuda_index)
+
+    tunable = [v for v in supported if v.kind != "reference"]
+    mode = autotune.mode()
+    may_bench = tune and mode != "off" and autotune.can_benchmark(tensors)
+    entries: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for i, v in enumerate(tunable):
+        entry, source = autotune.lookup(autotune.tune_key(op, v, args))
+        wants_tuning = entry is None and may_bench and (mode == "exhaustive" or (i == 0 and not entries))
+        if wants_tuning:
+            entry, source = autotune.tune(op, v, args), "tuned"
+        if entry is not None:
+            entries[v.name], sources[v.name] = entry, source
+        if mode == "on" and i == 0 and entry is None and may_bench:
+            break  # the preferred variant failed to tune; fall through to the rule
+    timings = {name: e.median_ms for name, e in entries.items()}
+    if entries:
+        best = min(entries, key=lambda n: entries[n].median_ms)
+        v = op.variant(best)
+        return Decision(op, v, entries[best].config, sources[best], rejected, timings, cuda_index)
+    v = supported[0]
+    source = "reference" if v.kind == "reference" else "default"
+    return Decision(op, v, v.default_config(*args), source, rejected, timings, cuda_index)
+
+
+def call(op: Op, *args):
+    """Run ``op`` on ``args`` through its memoized decision (the hot path)."""
+    if _forced:
+        d = decide(op, args)
+    else:
+        key = (op.name, op.memo_key(*args))
+        d = _memo.get(key)
+        if d is None:
+            d = decide(op, args)
+            tensors = op.tensors(*args)
+            if autotune.can_benchmark(tensors) or autotune.mode() == "off":
+                with _lock:
+                    if len(_memo) >= _MEMO_LIMIT:
+                        _memo.clear()
+                    _memo[key] = d
+    if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
+        with torch.cuda.device(d.cuda_index):
+            return d.variant.run(d.config, *args)
+    return d.variant.run(d.config, *args)
+
+
+def explain(op_name: str, *args) -> Decision:
+    """What would run for ``args`` and why; never benchmarks. ``print()`` it."""
+    return decide(get(op_name), args, tune=False)

@@ -1,0 +1,107 @@
+"""The operator registry: every op, its reference, and its variants.
+
+An op is a name (``opforge::<name>``), a reference implementation in plain
+torch (the CPU fallback, the test oracle and the statement of semantics), and
+an ordered list of variants. A variant declares what it supports; dispatch
+(``runtime.dispatch``) picks among the supported ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+Config = dict[str, Any]
+
+NAMESPACE = "opforge"
+
+
+@dataclass
+class Variant:
+    """One way to compute an op: a Triton kernel, a vendor call, or the reference.
+
+    ``run(config, *args)`` computes the op. ``check(*args)`` returns ``None``
+    when the variant can take these arguments, else a short reason. The
+    declarative fields (devices, dtypes, min_capability) are checked by
+    dispatch before ``check`` so that every rejection reads the same way.
+    """
+
+    name: str
+    run: Callable[..., Any]
+    kind: str = "triton"  # "triton" | "vendor" | "reference"
+    version: str = "1"
+    devices: tuple[str, ...] = ("cuda",)
+    dtypes: frozenset[torch.dtype] | None = None  # None: any dtype
+    min_capability: tuple[int, int] = (0, 0)
+    check: Callable[..., str | None] = lambda *args: None
+    configs: Callable[..., Sequence[Config]] = lambda *args: ({},)
+    default_config: Callable[..., Config] = lambda *args: {}
+    bucket: Callable[..., str] = lambda *args: ""
+    description: str = ""
+
+    @property
+    def interpretable(self) -> bool:
+        return self.kind == "triton"
+
+
+@dataclass
+class Op:
+    """A registered operator.
+
+    ``tensors(*args)`` lists the tensor arguments (for device and dtype
+    checks); ``memo_key(*args)`` is the cheap key that dispatch memoizes on;
+    ``dtype_key(*args)`` names the dtypes in the tuning key; ``validate(*args)``
+    raises a clear error for bad input (dispatch calls it once per memo key).
+    """
+
+    name: str
+    reference: Callable[..., Any]
+    tensors: Callable[..., Sequence[torch.Tensor]]
+    memo_key: Callable[..., tuple]
+    dtype_key: Callable[..., str]
+    variants: list[Variant] = field(default_factory=list)
+    validate: Callable[..., None] = lambda *args: None  # raises TypeError/ValueError
+    doc: str = ""
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"{self.qualname} has no variant {name!r}; it has {[v.name for v in self.variants]}")
+
+
+_OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    if op.name in _OPS:
+        raise ValueError(f"op {op.qualname} is already registered")
+    names = [v.name for v in op.variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"op {op.qualname} has duplicate variant names: {names}")
+    _OPS[op.name] = op
+    return op
+
+
+def get(name: str) -> Op:
+    key = name.split("::", 1)[1] if name.startswith(NAMESPACE + "::") else name
+    _load_ops()
+    try:
+        return _OPS[key]
+    except KeyError:
+        raise KeyError(f"no op named {name!r}; registered: {sorted(_OPS)}") from None
+
+
+def all_ops() -> list[Op]:
+    _load_ops()
+    return [_OPS[k] for k in sorted(_OPS)]
+
+
+def _load_ops() -> None:
+    import opforge.ops  # noqa: F401  (importing the ops registers them)

@@ -1,0 +1,85 @@
+"""Timing: CUDA events on the GPU, a wall clock on the CPU, median of repeats.
+
+GPU timing flushes L2 before every repeat (through ``triton.testing.do_bench``,
+which writes a 256 MB buffer between runs), so a kernel is not timed reading
+inputs that the previous repeat left in cache. Tiny kernels are timed as CUDA
+graph replays so launch gaps do not dominate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def bench_gpu(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream, L2 flushed between runs."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def bench_graph(fn: Callable[[], object], replays: int = 50, inner: int = 20) -> float:
+    """Median milliseconds of one ``fn`` call captured ``inner`` times in a CUDA graph.
+
+    For launch-bound shapes: replaying a graph removes CPU launch cost from
+    both sides of a comparison, leaving GPU time.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+def bench_cpu(fn: Callable[[], object], repeats: int = 5, min_s: float = 0.0) -> float:
+    """Median milliseconds of ``fn`` by the wall clock (CPU runs and the interpreter)."""
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_s
+    while len(times) < repeats or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench(fn: Callable[[], object], device: torch.device, *, quick: bool = False) -> float:
+    """Median milliseconds on whatever device runs ``fn``."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return bench_gpu(fn, warmup_ms=10 if quick else 25, rep_ms=30 if quick else 100)
+    return bench_cpu(fn, repeats=3 if quick else 7)
+
+
+def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
+    """Median CPU microseconds per call of ``fn`` (dispatch overhead), in batches."""
+    for _ in range(50):
+        fn()
+    samples = []
+    batch = max(1, calls // 20)
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / batch)
+    return statistics.median(samples)
