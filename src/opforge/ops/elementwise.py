@@ -1,10 +1,11 @@
 """Elementwise ops: ``opforge.add``, ``opforge.gelu``, ... with torch semantics.
 
-Each op is a registry entry with three variants, in dispatch order:
+Each op is a registry entry with four variants, in dispatch order:
 ``triton_flat`` (dense operands of one layout: wide vector loads),
 ``triton_strided`` (any strides, broadcasting: 2-D tiles over a collapsed
-index space) and ``reference`` (plain torch: the CPU fallback and the
-oracle). Binary ops take a tensor or a Python number as ``other``.
+index space), ``torch_eager`` (torch's own kernel: least host overhead, so
+measured tuning picks it for tiny tensors) and ``reference`` (plain torch: the
+CPU fallback and the oracle). Binary ops take a tensor or a Python number as ``other``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from numbers import Number
 import torch
 import torch.nn.functional as F
 
-from opforge.ops.library import define
+from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 KERNEL_DTYPES = FLOATS | {torch.int32, torch.int64}
+GRADIENTS = frozenset({"gelu_backward", "silu_backward"})  # (grad, x): both tensors
 INT_OK = frozenset({"neg", "abs", "relu", "add", "sub", "mul", "div", "maximum", "minimum"})
 
 
@@ -60,6 +62,31 @@ REFERENCE = {
     "minimum": lambda a, b: torch.minimum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=a.device)),
     "gelu_backward": _gelu_backward_ref,
     "silu_backward": _silu_backward_ref,
+}
+# torch's out= kernels: the vendor variant, one launch, written into our output.
+EAGER_OUT = {
+    "neg": lambda a, b, out: torch.neg(a, out=out),
+    "abs": lambda a, b, out: torch.abs(a, out=out),
+    "exp": lambda a, b, out: torch.exp(a, out=out),
+    "log": lambda a, b, out: torch.log(a, out=out),
+    "sqrt": lambda a, b, out: torch.sqrt(a, out=out),
+    "rsqrt": lambda a, b, out: torch.rsqrt(a, out=out),
+    "sigmoid": lambda a, b, out: torch.sigmoid(a, out=out),
+    "tanh": lambda a, b, out: torch.tanh(a, out=out),
+    "relu": lambda a, b, out: torch.clamp_min(a, 0, out=out),
+    "gelu": lambda a, b, out: torch.ops.aten.gelu.out(a, out=out),
+    "gelu_tanh": lambda a, b, out: torch.ops.aten.gelu.out(a, approximate="tanh", out=out),
+    "silu": lambda a, b, out: torch.ops.aten.silu.out(a, out=out),
+    "add": lambda a, b, out: torch.add(a, b, out=out),
+    "sub": lambda a, b, out: torch.sub(a, b, out=out),
+    "mul": lambda a, b, out: torch.mul(a, b, out=out),
+    "div": lambda a, b, out: torch.div(a, b, out=out),
+    "maximum": lambda a, b, out: torch.maximum(a, b, out=out) if isinstance(b, torch.Tensor)
+    else torch.clamp_min(a, b, out=out),
+    "minimum": lambda a, b, out: torch.minimum(a, b, out=out) if isinstance(b, torch.Tensor)
+    else torch.clamp_max(a, b, out=out),
+    "gelu_backward": lambda g, x, out: torch.ops.aten.gelu_backward.grad_input(g, x, grad_input=out),
+    "silu_backward": lambda g, x, out: torch.ops.aten.silu_backward.grad_input(g, x, grad_input=out),
 }
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "gelu", "gelu_tanh", "silu")
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "gelu_backward", "silu_backward")
@@ -115,6 +142,8 @@ def validate(name: str, a, b=None, binary: bool = False) -> None:
                 raise ValueError(
                     f"{where}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast"
                 ) from None
+        elif name in GRADIENTS:
+            raise TypeError(f"{where}: x must be a tensor, got {type(b).__name__}")
         elif not isinstance(b, Number) or isinstance(b, complex):
             raise TypeError(f"{where}: other must be a tensor or a real number, got {type(b).__name__}")
 
@@ -236,6 +265,11 @@ def _make_variants(name: str) -> list[Variant]:
         layout = "".join(_axis_code(st) for st in strides[: 2 if _is_tensor(b) else 1])
         return f"{_bucket_size(rows)}x{_bucket_size(dims[3])}:{layout}"
 
+    def eager_run(cfg, a, b=None):
+        out = allocate_out(name, a, b)
+        EAGER_OUT[name](a, b, out)
+        return out
+
     def reference_run(cfg, a, b=None):
         out = allocate_out(name, a, b)
         ref = REFERENCE[name](a) if b is None else REFERENCE[name](a, b)
@@ -251,6 +285,10 @@ def _make_variants(name: str) -> list[Variant]:
                 check=strided_check, configs=strided_configs, default_config=strided_default,
                 bucket=strided_bucket,
                 description="any strides and broadcasting; 2-D tiles over a collapsed index space"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=KERNEL_DTYPES,
+                check=scalar_check, bucket=lambda a, b=None: _bucket_size(a.numel()),
+                description="torch's own kernel (TensorIterator) writing into our output; "
+                            "lowest host overhead, wins on tiny tensors"),
         Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
                 description="plain torch (the oracle and the CPU fallback)"),
     ]
@@ -338,6 +376,37 @@ def _grad_binary(name: str, g, a, b):
     raise NotImplementedError(f"opforge.{name} has no derivative")
 
 
+def sample_inputs(name: str, binary: bool, device: torch.device) -> list[tuple]:
+    """Random inputs that reach every variant: dense, broadcast, transposed, scalar;
+    each float dtype, and int32 where the op takes ints. Sizes avoid tile multiples."""
+    g = torch.Generator(device="cpu").manual_seed(hash(name) % (2**31))
+
+    def rand(shape, dtype):
+        x = torch.randn(shape, generator=g) * 3
+        if name in ("log", "sqrt", "rsqrt"):
+            x = x.abs() + 0.05
+        if not dtype.is_floating_point:
+            x = (x * 20).round()
+            x[x == 0] = 7
+        return x.to(dtype).to(device)
+
+    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    if name in INT_OK:
+        dtypes.append(torch.int32)
+    out = []
+    for dt in dtypes:
+        a = rand((67, 130), dt)
+        if not binary:
+            out += [(a, None), (rand((130, 67), dt).t(), None), (rand((3, 5, 7, 11, 2), dt)[:, ::2], None)]
+            continue
+        out += [(a, rand((67, 130), dt)), (a, rand((130,), dt)), (rand((130, 67), dt).t(), rand((67, 1), dt))]
+        if name not in GRADIENTS:
+            out.append((a, 2.5 if dt.is_floating_point else 3))
+        if name in ("div",):
+            out = [(x, y) for x, y in out if not isinstance(y, torch.Tensor) or bool((y != 0).all())]
+    return out
+
+
 def _register(name: str, binary: bool) -> Op:
     op = Op(
         name=name,
@@ -349,6 +418,7 @@ def _register(name: str, binary: bool) -> Op:
                    (f",{b.dtype}".replace("torch.", "") if _is_tensor(b) else "")),
         variants=_make_variants(name),
         validate=functools.partial(validate, name, binary=binary),
+        samples=functools.partial(sample_inputs, name, binary),
         doc=f"elementwise {name}",
     )
     registry.register(op)
@@ -376,7 +446,8 @@ def _register(name: str, binary: bool) -> Op:
             gb = _sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
             return ga, gb
 
-        for overload, other_type in (("Tensor", "Tensor"), ("Scalar", "Scalar")):
+        overloads = (("Tensor", "Tensor"),) if name in GRADIENTS else (("Tensor", "Tensor"), ("Scalar", "Scalar"))
+        for overload, other_type in overloads:
             define(f"{name}.{overload}(Tensor self, {other_type} other) -> Tensor", impl, fake,
                    backward if differentiable else None, setup if differentiable else None)
     else:
@@ -396,11 +467,18 @@ OPS.update({name: _register(name, True) for name in BINARY})
 
 
 def _public(name: str, binary: bool):
+    """The torch-style function: the registered op, with a direct path to the
+    dispatcher when nothing (autograd, tracing, modes) needs torch.library."""
     packet = getattr(torch.ops.opforge, name)
+    op = OPS[name]
+    call = dispatch.call
     if binary:
-        tensor_op, scalar_op = packet.Tensor, packet.Scalar
+        tensor_op = packet.Tensor
+        scalar_op = None if name in GRADIENTS else packet.Scalar
 
         def fn(input: torch.Tensor, other) -> torch.Tensor:
+            if direct_ok(input, other):
+                return call(op, input, other)
             if isinstance(other, torch.Tensor):
                 return tensor_op(input, other)
             validate(name, input, other, binary=True)
@@ -409,6 +487,8 @@ def _public(name: str, binary: bool):
         single = packet.default
 
         def fn(input: torch.Tensor) -> torch.Tensor:
+            if direct_ok(input):
+                return call(op, input, None)
             if not isinstance(input, torch.Tensor):
                 raise TypeError(f"opforge.{name}: input must be a torch.Tensor, got {type(input).__name__}")
             return single(input)

@@ -40,8 +40,8 @@ class TuneKey:
     shape_bucket: str
 
     def text(self) -> str:
-        """The primary key: every field, in order, in one string."""
-        return "|".join(str(v) for v in asdict(self).values())
+        """The primary key: every field, in order, as one JSON array (unambiguous)."""
+        return json.dumps(list(asdict(self).values()))
 
 
 @dataclass
@@ -90,7 +90,11 @@ class CacheUnusable(Exception):
 
 
 class AutotuneCache:
-    """Tuned entries for this machine; ``path=None`` keeps them in memory only."""
+    """Tuned entries for this machine; ``path=None`` keeps them in memory only.
+
+    Every database access goes through ``_db``: a database error at any point
+    turns the cache into an in-memory one with a single warning.
+    """
 
     def __init__(self, path: Path | str | None):
         self.path = Path(path) if path is not None else None
@@ -102,13 +106,7 @@ class AutotuneCache:
             try:
                 self._open()
             except (CacheUnusable, sqlite3.DatabaseError, OSError) as e:
-                warnings.warn(
-                    f"opforge: ignoring the autotune cache {self.path} ({e}); tuned results stay in memory "
-                    f"for this process. Delete the file (or run `opforge tune --clear`) to start a fresh one.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self.usable = False
+                self._give_up(e, stacklevel=3)
 
     # -- connection ------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -125,8 +123,7 @@ class AutotuneCache:
         mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise CacheUnusable(f"could not switch to WAL mode (got {mode})")
-        con.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(con):
             for stmt in _SCHEMA.strip().split(";"):
                 if stmt.strip():
                     con.execute(stmt)
@@ -135,28 +132,49 @@ class AutotuneCache:
                 con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise CacheUnusable(f"schema version {row[0]}, this opforge reads version {SCHEMA_VERSION}")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        # A quick integrity read: a file that is not SQLite fails above; one
-        # whose pages are damaged fails here.
         con.execute("SELECT count(*) FROM entries").fetchone()
+
+    def _db(self, work, default=None):
+        """Run ``work(connection)``; on a database error, fall back to memory."""
+        if not self.usable:
+            return default
+        try:
+            return work(self._connect())
+        except sqlite3.DatabaseError as e:
+            self._give_up(e)
+            return default
+
+    def _give_up(self, e: Exception, stacklevel: int = 3) -> None:
+        self.usable = False
+        warnings.warn(
+            f"opforge: ignoring the autotune cache {self.path} ({e}); tuned results stay in memory "
+            f"for this process. Run `opforge tune --clear` (or delete the file) to start a fresh one.",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
+
+    def reset_file(self) -> None:
+        """Delete the database file (and its WAL) and start an empty one."""
+        if self.path is None:
+            return
+        self._local = threading.local()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(self.path) + suffix).unlink(missing_ok=True)
+        self._memory.clear()
+        self._memory_ceilings.clear()
+        self.usable = True
+        try:
+            self._open()
+        except (CacheUnusable, sqlite3.DatabaseError, OSError) as e:
+            self._give_up(e)
 
     # -- entries ---------------------------------------------------------
     def get(self, key: TuneKey) -> TuneEntry | None:
         k = key.text()
         if k in self._memory:
             return self._memory[k]
-        if not self.usable:
-            return None
-        try:
-            row = self._connect().execute(
-                "SELECT config, median_ms, created FROM entries WHERE key = ?", (k,)
-            ).fetchone()
-        except sqlite3.DatabaseError as e:
-            self._give_up(e)
-            return None
+        row = self._db(lambda con: con.execute(
+            "SELECT config, median_ms, created FROM entries WHERE key = ?", (k,)).fetchone())
         if row is None:
             return None
         entry = TuneEntry(key, json.loads(row[0]), row[1], row[2])
@@ -170,43 +188,41 @@ class AutotuneCache:
         entries = list(entries)
         for e in entries:
             self._memory[e.key.text()] = e
-        if not self.usable or not entries:
-            return len(entries)
         rows = [
             (e.key.text(), *asdict(e.key).values(), json.dumps(e.config, sort_keys=True), e.median_ms, e.created)
             for e in entries
         ]
-        con = self._connect()
-        try:
-            con.execute("BEGIN IMMEDIATE")
-            con.executemany("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            con.execute("COMMIT")
-        except sqlite3.DatabaseError as e:
-            try:
-                con.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            self._give_up(e)
+
+        def write(con):
+            with _transaction(con):
+                con.executemany("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+        if rows:
+            self._db(write)
         return len(entries)
 
     def entries(self) -> list[TuneEntry]:
-        if not self.usable:
-            return list(self._memory.values())
-        rows = self._connect().execute(
+        rows = self._db(lambda con: con.execute(
             "SELECT op, variant, kernel_version, triton, torch, gpu, sm_count, dtype, shape_bucket,"
-            " config, median_ms, created FROM entries ORDER BY key"
-        ).fetchall()
+            " config, median_ms, created FROM entries ORDER BY key").fetchall())
+        if rows is None:
+            return list(self._memory.values())
         return [TuneEntry(TuneKey(*r[:9]), json.loads(r[9]), r[10], r[11]) for r in rows]
 
     def clear(self) -> None:
+        """Forget every entry; a file that cannot be used is replaced by a fresh one."""
         self._memory.clear()
         self._memory_ceilings.clear()
-        if self.usable:
-            con = self._connect()
-            con.execute("BEGIN IMMEDIATE")
-            con.execute("DELETE FROM entries")
-            con.execute("DELETE FROM ceilings")
-            con.execute("COMMIT")
+        if self.path is not None and not self.usable:
+            self.reset_file()
+            return
+
+        def wipe(con):
+            with _transaction(con):
+                con.execute("DELETE FROM entries")
+                con.execute("DELETE FROM ceilings")
+
+        self._db(wipe)
 
     # -- JSON lines --------------------------------------------------------
     def export_jsonl(self, path: Path | str) -> int:
@@ -221,22 +237,37 @@ class AutotuneCache:
     def get_ceilings(self, device: str) -> dict | None:
         if device in self._memory_ceilings:
             return self._memory_ceilings[device]
-        if not self.usable:
-            return None
-        row = self._connect().execute("SELECT value FROM ceilings WHERE device = ?", (device,)).fetchone()
+        row = self._db(lambda con: con.execute("SELECT value FROM ceilings WHERE device = ?", (device,)).fetchone())
         return json.loads(row[0]) if row else None
 
     def put_ceilings(self, device: str, value: dict) -> None:
         self._memory_ceilings[device] = value
-        if self.usable:
-            con = self._connect()
-            con.execute("BEGIN IMMEDIATE")
-            con.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?)", (device, json.dumps(value), time.time()))
-            con.execute("COMMIT")
 
-    def _give_up(self, e: Exception) -> None:
-        warnings.warn(f"opforge: autotune cache {self.path} failed ({e}); continuing in memory", RuntimeWarning)
-        self.usable = False
+        def write(con):
+            with _transaction(con):
+                con.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?)", (device, json.dumps(value), time.time()))
+
+        self._db(write)
+
+
+class _transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``: one writer at a time, never a torn row."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con = con
+
+    def __enter__(self):
+        self.con.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.con.execute("COMMIT")
+        else:
+            try:
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        return False
 
 
 def read_jsonl(text: str) -> list[TuneEntry]:
@@ -253,7 +284,8 @@ class ShippedTable:
         if self._entries is None:
             self._entries = {}
             folder = resources.files("opforge.runtime") / "tuned"
-            for item in sorted(folder.iterdir(), key=lambda p: p.name):
+            items = sorted(folder.iterdir(), key=lambda p: p.name) if folder.is_dir() else []
+            for item in items:
                 if item.name.endswith(".jsonl"):
                     for e in read_jsonl(item.read_text()):
                         self._entries[e.key.text()] = e

@@ -53,7 +53,8 @@ class Op:
     ``tensors(*args)`` lists the tensor arguments (for device and dtype
     checks); ``memo_key(*args)`` is the cheap key that dispatch memoizes on;
     ``dtype_key(*args)`` names the dtypes in the tuning key; ``validate(*args)``
-    raises a clear error for bad input (dispatch calls it once per memo key).
+    raises a clear error for bad input (dispatch calls it once per memo key);
+    ``samples(device)`` gives random inputs that reach every variant (selftest).
     """
 
     name: str
@@ -63,6 +64,7 @@ class Op:
     dtype_key: Callable[..., str]
     variants: list[Variant] = field(default_factory=list)
     validate: Callable[..., None] = lambda *args: None  # raises TypeError/ValueError
+    samples: Callable[[torch.device], list[tuple]] = lambda device: []  # selftest inputs
     doc: str = ""
 
     @property

@@ -68,7 +68,7 @@ def bench(fn: Callable[[], object], device: torch.device, *, quick: bool = False
     if device.type == "cuda":
         with torch.cuda.device(device):
             return bench_gpu(fn, warmup_ms=10 if quick else 25, rep_ms=30 if quick else 100)
-    return bench_cpu(fn, repeats=3 if quick else 7)
+    return bench_cpu(fn, repeats=5 if quick else 9, min_s=0.02 if quick else 0.1)
 
 
 def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:

@@ -1,0 +1,94 @@
+"""A bench case: one op on one shape, its counted work, its reference and peers.
+
+FLOPs and bytes are counted, not measured: bytes are the fewest an op must
+move (each input read once, each output written once). With the measured
+ceilings they give the floor time; achieved / attainable is the op's place
+under the roofline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from opforge.runtime import dispatch, registry, timing
+from opforge.runtime.roofline import Ceilings
+
+# ‖out − ref‖ / ‖ref‖ bounds against a float64 reference, per output dtype.
+REL_ERR_BOUND = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+@dataclass
+class BenchCase:
+    op: str  # registry name, e.g. "add"
+    label: str  # shape as people read it, e.g. "32768x8192"
+    dtype: torch.dtype
+    make_args: Callable[[torch.device], tuple]  # random inputs, never zeros
+    run: Callable[..., torch.Tensor]  # the opforge call
+    reference: Callable[..., torch.Tensor]  # float64 oracle on upcast args
+    flops: float
+    nbytes: float
+    peers: dict[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    variant: str | None = None  # force a variant (crossover sweeps)
+    graph: bool = False  # launch-bound: time CUDA-graph replays on both sides
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    finite = torch.isfinite(ref64)
+    if not bool(torch.equal(finite, torch.isfinite(out64))):
+        return float("inf")
+    denom = torch.linalg.vector_norm(ref64[finite])
+    num = torch.linalg.vector_norm((out64 - ref64)[finite])
+    return float(num / denom) if float(denom) > 0 else float(num)
+
+
+def _time(fn: Callable[[], Any], device: torch.device, *, quick: bool, graph: bool) -> float:
+    if device.type == "cuda" and graph:
+        return timing.bench_graph(fn)
+    return timing.bench(fn, device, quick=quick)
+
+
+def run_case(case: BenchCase, device: torch.device, ceilings: Ceilings, *, quick: bool) -> dict:
+    """Check the op against its reference, then time it and its peers."""
+    op = registry.get(case.op)
+    args = case.make_args(device)
+    ctx = dispatch.force_variant(case.op, case.variant) if case.variant else contextlib.nullcontext()
+    with ctx:
+        out = case.run(*args)
+        decision = dispatch.decide(op, args, tune=False)
+        ref = case.reference(*[a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                               else a for a in args])
+        err = rel_err(out, ref)
+        ms = _time(lambda: case.run(*args), device, quick=quick, graph=case.graph)
+    peers = {}
+    for name, fn in case.peers.items():
+        try:
+            fn(*args)
+            pms = _time(lambda fn=fn: fn(*args), device, quick=quick, graph=case.graph)
+            peers[name] = {"median_ms": pms, "ratio": pms / ms}
+        except Exception as e:  # a peer that cannot run here (e.g. no compiler) is reported, not fatal
+            peers[name] = {"median_ms": None, "ratio": None, "error": f"{type(e).__name__}: {e}"[:200]}
+    floor = ceilings.floor_ms(case.flops, case.nbytes)
+    bound = REL_ERR_BOUND.get(out.dtype, 0.0)
+    return {
+        "op": op.qualname,
+        "variant": decision.variant.name,
+        "config": decision.config,
+        "shape": case.label,
+        "dtype": str(case.dtype).replace("torch.", ""),
+        "flops": case.flops,
+        "bytes": case.nbytes,
+        "median_ms": ms,
+        "tbps": case.nbytes / (ms * 1e-3) / 1e12,
+        "tflops": case.flops / (ms * 1e-3) / 1e12,
+        "intensity": case.flops / case.nbytes if case.nbytes else None,
+        "pct_roofline": 100.0 * floor / ms,
+        "max_rel_err": err,
+        "correct": err <= bound,
+        "graph_timed": bool(case.graph and device.type == "cuda"),
+        "peers": peers,
+    }

@@ -1,0 +1,147 @@
+"""``opforge bench``: measure every family's grid against the roofline and peers.
+
+One run measures the ceilings, checks and times each case and its peers one
+after the other on the same inputs, and writes the bench JSON (format in
+DESIGN.md), a rich table and a roofline PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from opforge.bench import elementwise, overhead
+from opforge.bench.case import run_case
+from opforge.runtime import device as devmod
+from opforge.runtime import roofline
+
+SCHEMA_VERSION = 1
+FAMILIES = {"elementwise": elementwise}
+
+
+def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
+        host: bool = True, refresh_ceilings: bool = False, console: Console | None = None) -> dict:
+    console = console or Console()
+    dev = devmod.default_device()
+    info = devmod.device_info(dev)
+    vers = devmod.versions()
+    if dev.type != "cuda":
+        console.print("[yellow]No CUDA device: these are CPU figures (reference or Triton interpreter), "
+                      "not GPU performance.[/yellow]")
+    with console.status("measuring ceilings (device copy, bf16 matmul)"):
+        ceil = roofline.ceilings(dev, quick=quick, refresh=refresh_ceilings)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": info.name,
+        "sm_count": info.sm_count,
+        "capability": info.arch,
+        "driver": vers["driver"],
+        "torch": vers["torch"],
+        "triton": vers["triton"],
+        "opforge": vers["opforge"],
+        "quick": quick,
+        "cpu_figures": dev.type != "cuda",
+        "ceilings": {"copy_tbps": ceil.copy_tbps, "bf16_tflops": ceil.bf16_tflops, "method": ceil.method},
+        "entries": [],
+        "crossover": [],
+    }
+    selected = families or list(FAMILIES)
+    jobs = [(fam, c, "entries") for fam in selected for c in FAMILIES[fam].cases(dev, quick)]
+    if crossover and (dev.type == "cuda" or devmod.interpret_mode()):
+        jobs += [(fam, c, "crossover") for fam in selected
+                 if hasattr(FAMILIES[fam], "crossover_cases") for c in FAMILIES[fam].crossover_cases(dev, quick)]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=len(jobs))
+        for fam, case, where in jobs:
+            progress.update(task, description=f"{case.op} {case.label} {case.variant or ''}")
+            try:
+                entry = run_case(case, dev, ceil, quick=quick)
+            except torch.cuda.OutOfMemoryError as e:
+                entry = {"op": f"opforge::{case.op}", "shape": case.label, "error": f"out of memory: {e}"[:200]}
+            result[where].append(entry)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            progress.advance(task)
+    if host:
+        with console.status("dispatch overhead and first-call latency"):
+            result["dispatch_overhead"] = overhead.dispatch_overhead(dev)
+            result["first_call"] = overhead.first_call_latency(dev)
+    result["crossover_summary"] = crossover_summary(result["crossover"])
+    return result
+
+
+def crossover_summary(entries: list[dict]) -> list[dict]:
+    """The fastest variant at each size, per layout: where dispatch should switch."""
+    best: dict[tuple[str, str], dict] = {}
+    for e in entries:
+        if "median_ms" not in e:
+            continue
+        k = ("transposed" if "ᵀ" in e["shape"] else "contiguous", e["shape"])
+        if k not in best or e["median_ms"] < best[k]["median_ms"]:
+            best[k] = {"layout": k[0], "shape": e["shape"], "bytes": e["bytes"], "fastest": e["variant"],
+                       "median_ms": e["median_ms"]}
+    rows = sorted(best.values(), key=lambda r: (r["layout"], r["bytes"]))
+    for r in rows:
+        others = {e["variant"]: e["median_ms"] for e in entries
+                  if e.get("shape") == r["shape"] and "median_ms" in e}
+        r["all_ms"] = others
+    return rows
+
+
+def table(result: dict) -> Table:
+    t = Table(title=f"opforge bench — {result['gpu']} ({'CPU figures' if result['cpu_figures'] else 'GPU'}), "
+                    f"roof {result['ceilings']['copy_tbps']:.3g} TB/s · {result['ceilings']['bf16_tflops']:.3g} "
+                    f"TFLOP/s")
+    for col in ("op", "variant", "dtype", "shape", "µs", "TB/s", "% roof", "rel err", "vs eager", "vs compile"):
+        t.add_column(col, justify="right" if col not in ("op", "variant", "shape") else "left")
+    for e in result["entries"]:
+        if "error" in e:
+            t.add_row(e["op"], "-", "-", e["shape"], "error", "", "", "", "", "")
+            continue
+        peers = e["peers"]
+
+        def ratio(name):
+            p = peers.get(name)
+            return f"{p['ratio']:.2f}×" if p and p.get("ratio") else "-"
+
+        ok = "" if e["correct"] else " [red]FAIL[/red]"
+        t.add_row(e["op"].split("::")[1], e["variant"], e["dtype"], e["shape"] + (" (graph)" if e["graph_timed"] else ""),
+                  f"{e['median_ms'] * 1e3:.1f}", f"{e['tbps']:.3g}", f"{e['pct_roofline']:.0f}",
+                  f"{e['max_rel_err']:.1e}{ok}", ratio("torch eager"), ratio("torch.compile"))
+    return t
+
+
+def report(result: dict, console: Console) -> None:
+    console.print(table(result))
+    if result.get("crossover_summary"):
+        ct = Table(title="crossover: fastest variant by size (fp32 add; µs per call, host overhead included)")
+        for col in ("layout", "shape", "fastest", "times µs"):
+            ct.add_column(col)
+        for r in result["crossover_summary"]:
+            ct.add_row(r["layout"], r["shape"], r["fastest"],
+                       "  ".join(f"{k}={v * 1e3:.1f}" for k, v in sorted(r["all_ms"].items())))
+        console.print(ct)
+    d = result.get("dispatch_overhead")
+    if d:
+        console.print(f"dispatch overhead: {d['dispatch_overhead_us']:.2f} µs per call on top of "
+                      f"{d['variant']} ({d['variant_direct_us']:.2f} µs direct; opforge call "
+                      f"{d['opforge_call_us']:.2f} µs; torch.add {d['torch_eager_call_us']:.2f} µs); target < 10 µs")
+    f = result.get("first_call")
+    if f and "error" not in f:
+        console.print(f"first call (fresh caches): import {f['import_s']:.2f} s, first gelu {f['first_call_s'] * 1e3:.0f} ms, "
+                      f"second {f['second_call_s'] * 1e3:.2f} ms; warm-up of {f['warmup_configs']} configs "
+                      f"{f['warmup_wall_s']:.2f} s wall")
+    elif f:
+        console.print(f"[red]first-call measurement failed[/red]: {f['error'][-500:]}")
+
+
+def write_json(result: dict, path: Path | str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -1,0 +1,92 @@
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opforge", description="A GPU operator runtime for Python.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="versions, devices, backends, cache location")
+    sub.add_parser("demo", help="a short tour on whatever device is here")
+
+    b = sub.add_parser("bench", help="measure ops against the roofline and their peers")
+    b.add_argument("--quick", action="store_true", help="small shapes (CPU smoke runs)")
+    b.add_argument("--family", action="append", help="only these op families (default: all)")
+    b.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    b.add_argument("--plot", dest="plot_path", help="write a roofline PNG here")
+    b.add_argument("--crossover-plot", help="write the variant-crossover PNG here")
+    b.add_argument("--no-crossover", action="store_true", help="skip the variant size sweep")
+    b.add_argument("--no-host", action="store_true", help="skip dispatch-overhead and first-call figures")
+    b.add_argument("--refresh-ceilings", action="store_true", help="measure the ceilings again")
+
+    t = sub.add_parser("tune", help="pre-tune shapes offline; import/export JSON lines")
+    t.add_argument("--preset", choices=["elementwise"], help="a prepared list of shapes")
+    t.add_argument("--op", help="op name, e.g. add")
+    t.add_argument("--shape", action="append", default=[], help="e.g. 4096x4096 (repeatable)")
+    t.add_argument("--other", default="same", help="binary ops: 'same', 'scalar', 'none' or a shape")
+    t.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16", "fp64", "float32", "bfloat16",
+                                                      "float16", "float64"])
+    t.add_argument("--mode", default="exhaustive", choices=["on", "exhaustive"],
+                   help="exhaustive: every supported variant (dispatch then compares them)")
+    t.add_argument("--quick", action="store_true", help="shorter timing, smaller preset")
+    t.add_argument("--export", dest="export_path", help="write the cache as JSON lines")
+    t.add_argument("--import", dest="import_path", help="merge JSON lines into the cache")
+    t.add_argument("--clear", action="store_true", help="empty the cache first")
+
+    s = sub.add_parser("selftest", help="compile and check every variant on this device")
+    s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    if args.command == "doctor":
+        from opforge import doctor
+
+        doctor.run(console)
+        return 0
+    if args.command == "demo":
+        from opforge import demo
+
+        demo.run(console)
+        return 0
+    if args.command == "bench":
+        from opforge.bench import harness, plot
+
+        result = harness.run(quick=args.quick, families=args.family, crossover=not args.no_crossover,
+                             host=not args.no_host, refresh_ceilings=args.refresh_ceilings, console=console)
+        harness.report(result, console)
+        if args.json_path:
+            harness.write_json(result, args.json_path)
+            console.print(f"wrote {args.json_path}")
+        if args.plot_path:
+            plot.roofline_png(result, args.plot_path)
+            console.print(f"wrote {args.plot_path}")
+        if args.crossover_plot and result["crossover"]:
+            plot.crossover_png(result["crossover"], args.crossover_plot,
+                               f"variant crossover on {result['gpu']} ({result['date']})")
+            console.print(f"wrote {args.crossover_plot}")
+        bad = [e for e in result["entries"] + result["crossover"] if not e.get("correct", False)]
+        return 1 if bad else 0
+    if args.command == "tune":
+        from opforge import tune
+
+        return tune.run(args, console)
+    if args.command == "selftest":
+        from opforge import selftest
+
+        if args.sanitize:
+            return selftest.run_sanitized(console)
+        results = selftest.run(console=console)
+        return 1 if any(r.failed for r in results) else 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
