@@ -67,9 +67,12 @@ def default_cache_dir() -> Path:
     env = os.environ.get("OPFORGE_CACHE_DIR")
     if env:
         return Path(env)
-    import platformdirs
+    try:
+        import platformdirs
 
-    return Path(platformdirs.user_cache_dir("opforge"))
+        return Path(platformdirs.user_cache_dir("opforge"))
+    except ImportError:
+        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opforge"
 
 
 _SCHEMA = """
