@@ -31,9 +31,10 @@ CODES = {name: i for i, name in enumerate(UNARY + BINARY)}
 FLAT_VERSION = "1"
 STRIDED_VERSION = "1"
 
-_SQRT1_2 = 0.7071067811865476
-_SQRT2_PI = 0.7978845608028654  # sqrt(2 / pi)
-_INV_SQRT_2PI = 0.3989422804014327
+# Globals read inside @triton.jit must be constexpr.
+_SQRT1_2 = tl.constexpr(0.7071067811865476)
+_SQRT2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
