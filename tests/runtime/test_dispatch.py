@@ -388,16 +388,22 @@ def test_call_decides_once_per_memo_key(gen, count_decide):
     assert len(count_decide) == 4
 
 
-def test_forced_calls_are_not_memoized(gen, count_decide):
+def test_forced_calls_are_memoized_apart_from_free_ones(gen, count_decide):
+    """A forced variant is remembered under its own key: pinning a variant in
+    production stays on the fast path, and leaving the block restores the free choice."""
     op = registry.get("add")
     a = torch.randn(10, generator=gen)
     with dispatch.force_variant("add", "reference"):
+        assert dispatch.call(op, a, a) is not None
         dispatch.call(op, a, a)
-        dispatch.call(op, a, a)
+    assert len(count_decide) == 1
+    dispatch.call(op, a, a)
+    dispatch.call(op, a, a)
     assert len(count_decide) == 2
-    dispatch.call(op, a, a)
-    dispatch.call(op, a, a)
+    with dispatch.force_variant("add", "triton_strided"):
+        dispatch.call(op, a, a)
     assert len(count_decide) == 3
+    assert dispatch.decide(op, (a, a), tune=False).variant.name == "triton_flat"
 
 
 # ---------------------------------------------------------------------------

@@ -28,8 +28,16 @@ def _rand(shape, dtype, device, positive=False):
 
 
 def _compiled(name: str):
-    fn = REFERENCE[name]
-    return torch.compile(fn, dynamic=False)
+    """torch.compile of the op, specialized to each shape like a user's model.
+
+    Each bench shape is a recompile of the same function: lift dynamo's
+    recompile limit, or later shapes would silently fall back to eager.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
+    return torch.compile(REFERENCE[name], dynamic=False)
 
 
 def unary_case(name, shape, dtype, *, graph=False, variant=None, peers=True, compile_peer=True) -> BenchCase:

@@ -154,19 +154,15 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
 
 def call(op: Op, *args):
     """Run ``op`` on ``args`` through its memoized decision (the hot path)."""
-    if _forced:
+    key = (op.name, op.memo_key(*args), _forced.get(op.name) if _forced else None)
+    d = _memo.get(key)
+    if d is None:
         d = decide(op, args)
-    else:
-        key = (op.name, op.memo_key(*args))
-        d = _memo.get(key)
-        if d is None:
-            d = decide(op, args)
-            tensors = op.tensors(*args)
-            if autotune.can_benchmark(tensors) or autotune.mode() == "off":
-                with _lock:
-                    if len(_memo) >= _MEMO_LIMIT:
-                        _memo.clear()
-                    _memo[key] = d
+        if autotune.can_benchmark(op.tensors(*args)) or autotune.mode() == "off":
+            with _lock:
+                if len(_memo) >= _MEMO_LIMIT:
+                    _memo.clear()
+                _memo[key] = d
     if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
         with torch.cuda.device(d.cuda_index):
             return d.variant.run(d.config, *args)
