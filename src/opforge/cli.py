@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                                                       "float16", "float64"])
     t.add_argument("--mode", default="exhaustive", choices=["on", "exhaustive"],
                    help="exhaustive: every supported variant (dispatch then compares them)")
-    t.add_argument("--quick", action="store_true", help="shorter timing, smaller preset")
+    t.add_argument("--quick", action="store_true", help="a smaller preset")
     t.add_argument("--export", dest="export_path", help="write the cache as JSON lines")
     t.add_argument("--import", dest="import_path", help="merge JSON lines into the cache")
     t.add_argument("--clear", action="store_true", help="empty the cache first")
