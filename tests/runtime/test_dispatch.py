@@ -233,6 +233,18 @@ def test_fastest_tuned_variant_wins(x, private_cache):
     torch.testing.assert_close(out.value, x * 3)
 
 
+@pytest.mark.parametrize("second_ms, winner", [(0.99, "first"), (0.96, "second")])
+def test_a_tie_within_the_margin_goes_to_the_earlier_variant(x, private_cache, second_ms, winner):
+    """Noise must not flip decisions: 1 % faster is a tie (first in order wins), 4 % is not."""
+    assert dispatch.TIE_MARGIN == pytest.approx(0.03)
+    op = _tuned_toy()
+    private_cache.put_many([
+        TuneEntry(autotune.tune_key(op, op.variant("first"), (x,)), {"tile": 64}, 1.0),
+        TuneEntry(autotune.tune_key(op, op.variant("second"), (x,)), {"tile": 128}, second_ms),
+    ])
+    assert dispatch.decide(op, (x,)).variant.name == winner
+
+
 def test_tuned_entry_of_another_bucket_is_not_used(gen, private_cache):
     op = _tuned_toy()
     small, big = torch.randn(4, generator=gen), torch.randn(40, generator=gen)

@@ -2,8 +2,8 @@
 
 The rule: among the variants that support the arguments, prefer the one
 with the fastest tuned entry for this shape bucket (the user's cache, then the
-shipped table); with no entries, the first supported variant in the op's
-order. Decisions are memoized on the op's cheap key, so a repeated call costs
+shipped table; within ``TIE_MARGIN`` the earlier variant wins); with no
+entries, the first supported variant in the op's order. Decisions are memoized on the op's cheap key, so a repeated call costs
 one dict lookup before the kernel launch. ``explain`` says what would run and
 why each other variant was rejected.
 """
@@ -22,6 +22,10 @@ from opforge.runtime import device as devmod
 from opforge.runtime.registry import Op, Variant, get
 
 _MEMO_LIMIT = 8192
+# Tuned times within this fraction of the fastest count as a tie, and a tie
+# goes to the variant earlier in the op's order (our kernels before vendor
+# calls): run-to-run noise must not flip decisions.
+TIE_MARGIN = 0.03
 
 
 @dataclass
@@ -144,7 +148,8 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
             break  # the preferred variant failed to tune; fall through to the rule
     timings = {name: e.median_ms for name, e in entries.items()}
     if entries:
-        best = min(entries, key=lambda n: entries[n].median_ms)
+        fastest = min(e.median_ms for e in entries.values())
+        best = next(n for n in entries if entries[n].median_ms <= fastest * (1 + TIE_MARGIN))
         v = op.variant(best)
         return Decision(op, v, entries[best].config, sources[best], rejected, timings, cuda_index)
     v = supported[0]
