@@ -75,9 +75,11 @@ def render(r: dict) -> str:
     f = r.get("first_call")
     if f and "error" not in f:
         lines.append(
-            f"- First call in a fresh process with empty caches: import {f['import_s']:.2f} s, first "
-            f"`opforge.gelu` {f['first_call_s'] * 1e3:.0f} ms (JIT compile), second {f['second_call_s'] * 1e3:.2f} ms; "
-            f"warm-up of all {f['warmup_configs']} configs of one op in parallel: {f['warmup_wall_s']:.2f} s wall."
+            f"- First call in a fresh process with empty caches: import {f['import_s']:.2f} s; `opforge.gelu` on "
+            f"3000×1000 bf16 ({f['first_call_variant']}, from the shipped table) {f['first_call_s'] * 1e3:.0f} ms, "
+            f"then {f['second_call_s'] * 1e3:.2f} ms; with `triton_flat` forced, the first call (JIT compile) "
+            f"{f['triton_first_call_s'] * 1e3:.0f} ms, then {f['triton_second_call_s'] * 1e3:.2f} ms; warm-up of all "
+            f"{f['warmup_configs']} configs of one op in parallel threads: {f['warmup_wall_s']:.2f} s wall."
         )
     return "\n".join(lines) + "\n"
 

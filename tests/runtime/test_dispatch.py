@@ -236,7 +236,7 @@ def test_fastest_tuned_variant_wins(x, private_cache):
 @pytest.mark.parametrize("second_ms, winner", [(0.99, "first"), (0.96, "second")])
 def test_a_tie_within_the_margin_goes_to_the_earlier_variant(x, private_cache, second_ms, winner):
     """Noise must not flip decisions: 1 % faster is a tie (first in order wins), 4 % is not."""
-    assert dispatch.TIE_MARGIN == pytest.approx(0.03)
+    assert 0.01 < dispatch.TIE_MARGIN < 0.04
     op = _tuned_toy()
     private_cache.put_many([
         TuneEntry(autotune.tune_key(op, op.variant("first"), (x,)), {"tile": 64}, 1.0),

@@ -135,9 +135,12 @@ def report(result: dict, console: Console) -> None:
                       f"{d['opforge_call_us']:.2f} µs; torch.add {d['torch_eager_call_us']:.2f} µs); target < 10 µs")
     f = result.get("first_call")
     if f and "error" not in f:
-        console.print(f"first call (fresh caches): import {f['import_s']:.2f} s, first gelu {f['first_call_s'] * 1e3:.0f} ms, "
-                      f"second {f['second_call_s'] * 1e3:.2f} ms; warm-up of {f['warmup_configs']} configs "
-                      f"{f['warmup_wall_s']:.2f} s wall")
+        jit_part = (f"; gelu triton_flat (JIT compile) {f['triton_first_call_s'] * 1e3:.0f} ms then "
+                    f"{f['triton_second_call_s'] * 1e3:.2f} ms" if f["triton_first_call_s"] == f["triton_first_call_s"]
+                    else "")
+        console.print(f"first call (fresh caches): import {f['import_s']:.2f} s; gelu ({f['first_call_variant']}) "
+                      f"{f['first_call_s'] * 1e3:.0f} ms then {f['second_call_s'] * 1e3:.2f} ms{jit_part}; "
+                      f"warm-up of {f['warmup_configs']} configs {f['warmup_wall_s']:.2f} s wall")
     elif f:
         console.print(f"[red]first-call measurement failed[/red]: {f['error'][-500:]}")
 

@@ -49,6 +49,7 @@ import json, time, sys
 t0 = time.perf_counter()
 import torch
 import opforge
+from opforge.runtime import dispatch, jit, registry
 t_import = time.perf_counter() - t0
 dev = torch.device(sys.argv[1])
 x = torch.randn(3000, 1000, device=dev, dtype=torch.bfloat16)
@@ -56,9 +57,16 @@ sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda:
 sync()
 t0 = time.perf_counter(); opforge.gelu(x); sync(); first = time.perf_counter() - t0
 t0 = time.perf_counter(); opforge.gelu(x); sync(); second = time.perf_counter() - t0
-from opforge.runtime import jit
+chosen = dispatch.decide(registry.get("gelu"), (x, None), tune=False).variant.name
+compile_first = compile_second = float("nan")
+if dev.type == "cuda":  # the JIT path: a Triton variant compiled on first use
+    with dispatch.force_variant("gelu", "triton_flat"):
+        t0 = time.perf_counter(); opforge.gelu(x); sync(); compile_first = time.perf_counter() - t0
+        t0 = time.perf_counter(); opforge.gelu(x); sync(); compile_second = time.perf_counter() - t0
 t0 = time.perf_counter(); reports = jit.warmup("silu", x, all_configs=True); wall = time.perf_counter() - t0
 print(json.dumps({"import_s": t_import, "warmup_wall_s": wall, "first_call_s": first, "second_call_s": second,
+                  "first_call_variant": chosen, "triton_first_call_s": compile_first,
+                  "triton_second_call_s": compile_second,
                   "warmup_all_configs": [{"variant": r.variant, "config": r.config, "seconds": r.seconds,
                                           "error": r.error} for r in reports]}))
 """

@@ -25,7 +25,7 @@ _MEMO_LIMIT = 8192
 # Tuned times within this fraction of the fastest count as a tie, and a tie
 # goes to the variant earlier in the op's order (our kernels before vendor
 # calls): run-to-run noise must not flip decisions.
-TIE_MARGIN = 0.03
+TIE_MARGIN = 0.015
 
 
 @dataclass
