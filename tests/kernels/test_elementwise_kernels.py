@@ -52,22 +52,6 @@ pytestmark = pytest.mark.filterwarnings(
 # ---------------------------------------------------------------------------
 # Known src bugs (reported to the lead; see the final report).
 # ---------------------------------------------------------------------------
-SQRT_FP64_BUG = ("src bug: kernels/elementwise.py _apply uses tl.sqrt_rn for sqrt/rsqrt, which Triton "
-                 "only accepts for fp32, so float64 sqrt/rsqrt raise a Triton error "
-                 "(\"Expected dtype ['fp32'] but got fp64\") although float64 is in KERNEL_DTYPES")
-TANH_FP64_BUG = ("src bug: kernels/elementwise.py _tanh uses a Taylor polynomial to x^13 for |x| < 0.4 "
-                 "(abs error ~2e-9, fp32-grade), so float64 tanh has relative error ~1e-10, "
-                 "far above the float64 bound 1e-12")
-
-
-def known_bug(name: str, dtype: torch.dtype) -> str | None:
-    if dtype == F64 and name in ("sqrt", "rsqrt"):
-        return SQRT_FP64_BUG
-    if dtype == F64 and name == "tanh":
-        return TANH_FP64_BUG
-    return None
-
-
 # ---------------------------------------------------------------------------
 # The oracle: torch in float64 (independent of opforge's own REFERENCE table).
 # ---------------------------------------------------------------------------
@@ -205,9 +189,7 @@ def operands(name: str, shape, dtype, g, b_shape=None):
 
 
 def _param(name, variant, dtype):
-    bug = known_bug(name, dtype)
-    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
-    return pytest.param(name, variant, dtype, marks=marks, id=f"{name}-{variant}-{str(dtype)[6:]}")
+    return pytest.param(name, variant, dtype, id=f"{name}-{variant}-{str(dtype)[6:]}")
 
 
 DENSE_CASES = [_param(n, v, dt) for n in UNARY + BINARY for v in VARIANTS for dt in FLOAT_DTYPES]
@@ -305,7 +287,6 @@ def _layout_cases():
             if case == "python_scalar" and name in GRADIENT_OPS:
                 continue  # x must be a tensor (tests/ops checks the TypeError)
             pool = list(FLOAT_DTYPES) + (list(INT_DTYPES) if name in INT_OK else [])
-            pool = [dt for dt in pool if known_bug(name, dt) is None]
             if case == "python_scalar":  # float64 + Python scalar runs the reference (see test_ops)
                 pool = [dt for dt in pool if dt != F64]
             dtype = rng.choice(pool)
@@ -477,9 +458,7 @@ def _special_params():
     for name in UNARY + BINARY:
         for variant in VARIANTS:
             for dtype in FLOAT_DTYPES:
-                bug = SQRT_FP64_BUG if dtype == F64 and name in ("sqrt", "rsqrt") else None
-                marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
-                out.append(pytest.param(name, variant, dtype, marks=marks, id=f"{name}-{variant}-{str(dtype)[6:]}"))
+                out.append(pytest.param(name, variant, dtype, id=f"{name}-{variant}-{str(dtype)[6:]}"))
     return out
 
 

@@ -32,9 +32,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*script_method.*:DeprecationWarning"),
 ]
 
-SQRT_FP64_BUG = ("src bug: kernels/elementwise.py uses tl.sqrt_rn (fp32-only in Triton) for sqrt/rsqrt, "
-                 "so a float64 forward raises a Triton error; gradcheck runs in float64")
-
 
 def mag(shape, gen, dtype=F64, positive=False, lo=0.25, hi=2.0):
     """Non-zero values, |x| in [lo, hi), random signs unless positive."""
@@ -144,9 +141,7 @@ def test_compile_fullgraph_backward_matches_eager(gen):
 # ---------------------------------------------------------------------------
 # Autograd
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=SQRT_FP64_BUG)]) if n in ("sqrt", "rsqrt")
-    else n for n in UNARY])
+@pytest.mark.parametrize("name", UNARY)
 def test_gradcheck_unary(name, gen):
     x = mag((3, 4), gen, F64, positive=name in POSITIVE).requires_grad_()
     assert torch.autograd.gradcheck(getattr(opforge, name), (x,))
@@ -251,11 +246,6 @@ def test_gradgradcheck(name, gen):
     assert torch.autograd.gradgradcheck(getattr(opforge, name), (x,))
 
 
-@pytest.mark.filterwarnings("ignore:.*autograd kernel was not registered:UserWarning")
-@pytest.mark.xfail(strict=True, raises=GradcheckError, reason=(
-    "src bug: gelu_backward/silu_backward are registered without autograd, so the second derivative "
-    "of opforge.gelu/opforge.silu is silently wrong (torch only warns 'autograd kernel was not "
-    "registered ... silently incorrect behavior')"))
 @pytest.mark.parametrize("name", ["gelu", "silu"])
 def test_gradgradcheck_gelu_silu(name, gen):
     x = mag((5,), gen, F64).requires_grad_()
@@ -283,10 +273,6 @@ def test_non_tensor_input_is_a_type_error_naming_the_op(name, bad):
         fn(bad) if name in UNARY else fn(bad, 2.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: ops/elementwise.py _public (binary fn) sends a non-tensor input with a tensor `other` "
-    "straight to torch.ops.opforge.<name>.Tensor, whose schema parser raises RuntimeError "
-    "(\"opforge::add() Expected a value of type 'Tensor' for argument 'self'\"), not TypeError"))
 @pytest.mark.parametrize("name", ["add", "maximum", "gelu_backward"])
 def test_non_tensor_input_with_tensor_other_is_a_type_error(name):
     with pytest.raises(TypeError, match=f"opforge.{name}"):
@@ -345,11 +331,6 @@ def test_other_on_another_device_is_a_value_error(name):
         fn(meta, cpu)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: the dispatch memo key of binary ops (ops/elementwise.py _register, memo_key) omits "
-    "other's device, and validate runs only on a memo miss; after one same-shape CPU call, "
-    "add(cpu, meta) skips the device check and reaches the kernel (NotImplementedError 'Cannot copy "
-    "out of meta tensor' here; a host pointer in a CUDA kernel on a GPU)"))
 def test_device_check_survives_a_memoized_call():
     a = torch.ones(2, 3)
     torch.testing.assert_close(opforge.add(a, torch.ones(2, 3)), torch.full((2, 3), 2.0))
@@ -403,11 +384,7 @@ def test_explain_float32_scalar_and_float64_tensor_run_triton(gen):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", [
     "triton_flat", "triton_strided",
-    pytest.param("reference", marks=pytest.mark.xfail(strict=True, reason=(
-        "src bug: ops/elementwise.py REFERENCE['maximum'/'minimum'] turns a Python scalar into "
-        "torch.tensor(b, dtype=a.dtype), so an int tensor with 2.5 compares against 2 (result "
-        "float32 [2., 3., 2.] for maximum([1, 3, -2], 2.5)); torch (clamp_min, or maximum with a "
-        "0-dim tensor) and the Triton kernels give [2.5, 3., 2.5]")))])
+    "reference"])
 def test_int_tensor_with_float_scalar_maximum_minimum(variant):
     a = torch.tensor([1, 3, -2, 7], dtype=torch.int32)
     with force_variant("maximum", variant):
@@ -416,11 +393,6 @@ def test_int_tensor_with_float_scalar_maximum_minimum(variant):
         torch.testing.assert_close(opforge.minimum(a, -1.5), torch.tensor([-1.5, -1.5, -2.0, -1.5]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: a Python bool `other` is accepted by validate (bool is a Number) and passed unchanged "
-    "to the Triton kernel as its scalar argument; under OPFORGE_INTERPRET=1 the interpreter fails "
-    "with ValueError 'numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1 bits) for "
-    "triton type int1' instead of computing torch.add(a, True)"))
 @pytest.mark.parametrize("dtype", [torch.int32, F32])
 def test_bool_scalar_other(dtype):
     a = torch.tensor([1, -2, 5], dtype=dtype)

@@ -28,8 +28,8 @@ BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "gelu_backward", "si
 CODES = {name: i for i, name in enumerate(UNARY + BINARY)}
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-FLAT_VERSION = "2"
-STRIDED_VERSION = "2"
+FLAT_VERSION = "3"
+STRIDED_VERSION = "3"
 
 # Globals read inside @triton.jit must be constexpr.
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
@@ -39,9 +39,15 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 @triton.jit
 def _tanh(x):
-    # Triton has no portable tanh. Small |x|: Taylor series to x^13 (error
-    # < 2e-9 below 0.4); elsewhere (1 - e^-2|x|) / (1 + e^-2|x|), which has
-    # no cancellation once e^-2|x| <= 0.45.
+    # Triton has no portable tanh. Small |x|: Taylor series to x^13; elsewhere
+    # (1 - e^-2|x|) / (1 + e^-2|x|). The switch point keeps both pieces at the
+    # dtype's precision: 0.4 for fp32 (series error < 2e-9, and e^-2|x| <= 0.45
+    # so no cancellation), 0.05 for fp64 (series error < 1e-18, at most one
+    # digit lost to cancellation above it).
+    if x.dtype == tl.float64:
+        lim = 0.05
+    else:
+        lim = 0.4
     a = tl.abs(x)
     t = tl.exp(-2.0 * a)
     big = (1.0 - t) / (1.0 + t)
@@ -53,7 +59,18 @@ def _tanh(x):
     p = p * x2 + 2.0 / 15.0
     p = p * x2 - 1.0 / 3.0
     small = x + x * x2 * p
-    return tl.where(a < 0.4, small, tl.where(x < 0, -big, big))
+    return tl.where(a < lim, small, tl.where(x < 0, -big, big))
+
+
+@triton.jit
+def _sqrt(x):
+    # Correctly rounded: sqrt_rn for fp32 (plain sqrt is approximate there);
+    # fp64 sqrt is always correctly rounded.
+    if x.dtype == tl.float64:
+        r = tl.sqrt(x)
+    else:
+        r = tl.sqrt_rn(x)
+    return r
 
 
 @triton.jit
@@ -73,9 +90,9 @@ def _apply(a, b, OP: tl.constexpr):
     elif OP == 3:
         r = tl.log(a)
     elif OP == 4:
-        r = tl.sqrt_rn(a)
+        r = _sqrt(a)
     elif OP == 5:
-        r = 1.0 / tl.sqrt_rn(a)
+        r = 1.0 / _sqrt(a)
     elif OP == 6:
         r = _sigmoid(a)
     elif OP == 7:
@@ -200,6 +217,11 @@ def compute_dtype(dtype):
             torch.float64: tl.float64, torch.int32: tl.int32, torch.int64: tl.int64}[dtype]
 
 
+def _scalar(b):
+    """A Python scalar as the kernel takes it (a bool is the int 0 or 1, as in torch)."""
+    return int(b) if isinstance(b, bool) else b
+
+
 def _b_mode(b) -> int:
     if b is None:
         return 0
@@ -213,7 +235,7 @@ def launch_flat(op: str, a, b, out, config: dict) -> None:
     block = config.get("BLOCK", 4096)
     mode = _b_mode(b)
     flat_kernel[(triton.cdiv(n, block),)](
-        a, b if mode == 1 else a, b if mode == 2 else 0, out, n,
+        a, b if mode == 1 else a, _scalar(b) if mode == 2 else 0, out, n,
         OP=CODES[op], B_MODE=mode, COMPUTE=compute_dtype(out.dtype),
         BLOCK=block, INT64=n + block > _INT32_MAX,
         num_warps=config.get("num_warps", 8),
@@ -257,7 +279,7 @@ def launch_strided(op: str, a, b, out, config: dict, geometry) -> None:
     reach = max(sum((d - 1) * abs(s) for d, s in zip(dims, st)) for st in (sa, sb, so))
     programs = dims[0] * dims[1] * triton.cdiv(dims[2], br) * triton.cdiv(dims[3], bc)
     strided_kernel[(programs,)](
-        a, b if mode == 1 else a, b if mode == 2 else 0, out,
+        a, b if mode == 1 else a, _scalar(b) if mode == 2 else 0, out,
         dims[1], dims[2], dims[3], *sa, *sb, *so,
         OP=CODES[op], B_MODE=mode, COMPUTE=compute_dtype(out.dtype),
         BLOCK_R=br, BLOCK_C=bc, INT64=reach + br * bc > _INT32_MAX,

@@ -30,6 +30,13 @@ INT_OK = frozenset({"neg", "abs", "relu", "add", "sub", "mul", "div", "maximum",
 # ---------------------------------------------------------------------------
 # Reference semantics (plain torch, float64-capable)
 # ---------------------------------------------------------------------------
+def _as_tensor(a, b):
+    """``b`` as a 0-dim tensor of the promoted dtype (torch.maximum takes no scalars)."""
+    if isinstance(b, torch.Tensor):
+        return b
+    return torch.tensor(b, dtype=torch.result_type(a, b), device=a.device)
+
+
 def _gelu_backward_ref(g, x):
     cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
     pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
@@ -58,8 +65,8 @@ REFERENCE = {
     "sub": torch.sub,
     "mul": torch.mul,
     "div": torch.div,
-    "maximum": lambda a, b: torch.maximum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=a.device)),
-    "minimum": lambda a, b: torch.minimum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype, device=a.device)),
+    "maximum": lambda a, b: torch.maximum(a, _as_tensor(a, b)),
+    "minimum": lambda a, b: torch.minimum(a, _as_tensor(a, b)),
     "gelu_backward": _gelu_backward_ref,
     "silu_backward": _silu_backward_ref,
 }
@@ -395,7 +402,7 @@ def sample_inputs(name: str, binary: bool, device: torch.device) -> list[tuple]:
             x[x == 0] = 7
         return x.to(dtype).to(device)
 
-    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
     if name in INT_OK:
         dtypes.append(torch.int32)
     out = []
@@ -412,12 +419,23 @@ def sample_inputs(name: str, binary: bool, device: torch.device) -> list[tuple]:
     return out
 
 
+def _grad_of_gradient_op(name: str, gg, g, x):
+    """Derivatives of gelu_backward(g, x) / silu_backward(g, x) in g and x
+    (second derivatives of gelu / silu), in plain torch."""
+    if name == "gelu_backward":
+        pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+        return gg * (cdf + x * pdf), gg * g * pdf * (2.0 - x * x)
+    s = torch.sigmoid(x)
+    return gg * (s * (1.0 + x * (1.0 - s))), gg * g * s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))
+
+
 def _register(name: str, binary: bool) -> Op:
     op = Op(
         name=name,
         reference=REFERENCE[name],
         tensors=(lambda a, b=None: (a, b) if _is_tensor(b) else (a,)),
-        memo_key=(lambda a, b=None: (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride())
+        memo_key=(lambda a, b=None: (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device)
                   if _is_tensor(b) else (a.dtype, a.shape, a.stride(), a.device, type(b))),
         dtype_key=(lambda a, b=None: f"{a.dtype}".replace("torch.", "") +
                    (f",{b.dtype}".replace("torch.", "") if _is_tensor(b) else "")),
@@ -427,7 +445,6 @@ def _register(name: str, binary: bool) -> Op:
         doc=f"elementwise {name}",
     )
     registry.register(op)
-    differentiable = name not in ("gelu_backward", "silu_backward")
 
     def fake(a, b=None):
         validate(name, a, b, binary=binary)
@@ -446,15 +463,17 @@ def _register(name: str, binary: bool) -> Op:
         def backward(ctx, g):
             a, bt = ctx.saved_tensors
             b = bt if bt is not None else ctx.scalar
-            ga, gb = _grad_binary(name, g, a, b)
+            if name in GRADIENTS:
+                ga, gb = _grad_of_gradient_op(name, g, a, bt)
+            else:
+                ga, gb = _grad_binary(name, g, a, b)
             ga = _sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
             gb = _sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
             return ga, gb
 
         overloads = (("Tensor", "Tensor"),) if name in GRADIENTS else (("Tensor", "Tensor"), ("Scalar", "Scalar"))
         for overload, other_type in overloads:
-            define(f"{name}.{overload}(Tensor self, {other_type} other) -> Tensor", impl, fake,
-                   backward if differentiable else None, setup if differentiable else None)
+            define(f"{name}.{overload}(Tensor self, {other_type} other) -> Tensor", impl, fake, backward, setup)
     else:
         def setup(ctx, inputs, output):
             ctx.save_for_backward(inputs[0], output)
@@ -484,6 +503,8 @@ def _public(name: str, binary: bool):
         def fn(input: torch.Tensor, other) -> torch.Tensor:
             if direct_ok(input, other):
                 return call(op, input, other)
+            if not isinstance(input, torch.Tensor):
+                raise TypeError(f"opforge.{name}: input must be a torch.Tensor, got {type(input).__name__}")
             if isinstance(other, torch.Tensor):
                 return tensor_op(input, other)
             validate(name, input, other, binary=True)
