@@ -6,7 +6,8 @@ kernel. Two launch strategies read the operands:
 
 * ``flat``: operands dense with identical strides (contiguous, or e.g. the
   same channels-last layout). The tensor is one 1-D range; each program owns
-  ``BLOCK`` consecutive elements, so loads and stores are 16-byte vectors.
+  ``BLOCK`` consecutive elements, so Triton can emit 16-byte vector loads and
+  stores (pointers are 16-byte aligned in the common case and it specializes on that).
 * ``strided``: any strides, with broadcasting as stride 0. The index space is
   collapsed to at most 4 dims; a program owns a 2-D tile of the last two, so
   per-element index arithmetic is two multiply-adds, and a unit stride along

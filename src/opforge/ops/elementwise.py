@@ -287,13 +287,12 @@ def _make_variants(name: str) -> list[Variant]:
         ref = REFERENCE[name](a) if b is None else REFERENCE[name](a, b)
         return out.copy_(ref)
 
-    version = {"flat": K.FLAT_VERSION, "strided": K.STRIDED_VERSION}
     return [
-        Variant("triton_flat", flat_run, version=version["flat"], dtypes=KERNEL_DTYPES, check=flat_check,
+        Variant("triton_flat", flat_run, version=K.FLAT_VERSION, dtypes=KERNEL_DTYPES, check=flat_check,
                 configs=flat_configs, default_config=flat_default,
                 bucket=lambda a, b=None: _bucket_size(a.numel()),
-                description="dense operands of one layout as a 1-D range; 16-byte vector loads"),
-        Variant("triton_strided", strided_run, version=version["strided"], dtypes=KERNEL_DTYPES,
+                description="dense operands of one layout as a 1-D range; wide vector loads"),
+        Variant("triton_strided", strided_run, version=K.STRIDED_VERSION, dtypes=KERNEL_DTYPES,
                 check=strided_check, configs=strided_configs, default_config=strided_default,
                 bucket=strided_bucket,
                 description="any strides and broadcasting; 2-D tiles over a collapsed index space"),
