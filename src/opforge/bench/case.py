@@ -98,6 +98,7 @@ def run_case(case: BenchCase, device: torch.device, ceilings: Ceilings, *, quick
         "tbps": case.nbytes / (ms * 1e-3) / 1e12,
         "tflops": case.flops / (ms * 1e-3) / 1e12,
         "intensity": case.flops / case.nbytes if case.nbytes else None,
+        "attainable_tflops": ceilings.attainable_tflops(case.flops / case.nbytes) if case.nbytes else None,
         "pct_roofline": 100.0 * floor / ms,
         "max_rel_err": err,
         "correct": err <= bound,

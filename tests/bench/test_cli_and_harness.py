@@ -1,0 +1,88 @@
+"""The command line and the bench harness, on the CPU (kernels under the interpreter)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from opforge import cli
+from opforge.runtime import jit, roofline
+from opforge.runtime.cache import autotune_cache, read_jsonl
+
+DESIGN_ENTRY_FIELDS = {"op", "variant", "shape", "dtype", "flops", "bytes", "median_ms", "tbps", "tflops",
+                       "pct_roofline", "max_rel_err", "peers"}
+
+
+def test_doctor_reports_versions_and_cache(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert torch.__version__ in out
+    assert "autotune.sqlite" in out
+    assert "interpreter" in out  # OPFORGE_INTERPRET=1 in the test session
+
+
+def test_bench_quick_writes_design_json_and_png(tmp_path):
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    code = cli.main(["bench", "--quick", "--no-crossover", "--no-host", "--json", str(js), "--plot", str(png)])
+    assert code == 0  # every entry passed its correctness check
+    r = json.loads(js.read_text())
+    for field in ("schema_version", "date", "gpu", "driver", "torch", "triton", "ceilings", "entries"):
+        assert field in r
+    assert r["cpu_figures"] is True
+    assert r["ceilings"]["copy_tbps"] > 0 and r["ceilings"]["bf16_tflops"] > 0
+    assert r["entries"]
+    for e in r["entries"]:
+        assert DESIGN_ENTRY_FIELDS <= set(e)
+        assert e["variant"].startswith("triton_")  # the interpreter ran our kernels, not the reference
+        assert e["correct"] and e["max_rel_err"] < 1e-2
+        assert math.isclose(e["tbps"], e["bytes"] / (e["median_ms"] * 1e-3) / 1e12, rel_tol=1e-9)
+        assert e["peers"]["torch eager"]["ratio"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_cli_stores_exports_and_imports(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "tuned.jsonl"
+    assert cli.main(["tune", "--op", "add", "--shape", "96", "--shape", "40x3", "--dtype", "fp32",
+                     "--mode", "on", "--export", str(out)]) == 0
+    entries = read_jsonl(out.read_text())
+    assert {e.key.shape_bucket for e in entries} == {"128"}  # both shapes are dense: triton_flat, bucket 128
+    assert all(e.key.op == "opforge::add" and e.key.variant == "triton_flat" for e in entries)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "other"))
+    assert cli.main(["tune", "--import", str(out)]) == 0
+    assert [e.key for e in autotune_cache().entries()] == [e.key for e in entries]
+
+
+def test_warmup_reports_one_compile_per_candidate(gen):
+    x = torch.randn(33, 7, generator=gen)
+    reports = jit.warmup("gelu", x, None, all_configs=True, parallel=False)
+    variants = {r.variant for r in reports}
+    assert variants == {"triton_flat", "triton_strided"}
+    assert all(r.seconds > 0 and not r.error for r in reports)
+    chosen = jit.warmup("gelu", x, None)
+    assert len(chosen) == 1 and chosen[0].variant == "triton_flat"
+
+
+@pytest.mark.parametrize("flops,nbytes,expect_ms", [(0, 4e12, 1000.0), (2e15, 0, 1000.0), (2e12, 4e9, 1.0)])
+def test_roofline_floor_is_the_larger_of_memory_and_math(flops, nbytes, expect_ms):
+    c = roofline.Ceilings(copy_tbps=4.0, bf16_tflops=2000.0, measured_on="", method="")
+    assert c.floor_ms(flops, nbytes) == pytest.approx(expect_ms)
+    assert c.ridge == pytest.approx(500.0)
+    assert c.attainable_tflops(1.0) == pytest.approx(4.0)
+    assert c.attainable_tflops(1e4) == pytest.approx(2000.0)
+
+
+def test_selftest_passes_real_variants_and_catches_a_wrong_one():
+    import dataclasses
+
+    from opforge import selftest
+    from opforge.runtime import registry
+
+    op = registry.get("mul")
+    good = selftest.check_variant(op, op.variant("triton_strided"), torch.device("cpu"))
+    assert good.passed > 0 and good.failed == 0
+    strided = op.variant("triton_strided")
+    off_by_one = dataclasses.replace(strided, run=lambda cfg, a, b=None: strided.run(cfg, a, b) + 1)
+    bad = selftest.check_variant(op, off_by_one, torch.device("cpu"))
+    assert bad.failed == good.passed and bad.passed == 0
