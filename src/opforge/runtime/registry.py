@@ -26,6 +26,8 @@ class Variant:
     when the variant can take these arguments, else a short reason. The
     declarative fields (devices, dtypes, min_capability) are checked by
     dispatch before ``check`` so that every rejection reads the same way.
+    Tuning calls ``run`` many times on the caller's own arguments, so a
+    variant must not modify its inputs.
     """
 
     name: str
