@@ -1,4 +1,4 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest."""
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, pd."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("selftest", help="compile and check every variant on this device")
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
+
+    from opforge.placement import cli as pd_cli
+
+    pd_cli.add_parser(sub)
     return p
 
 
@@ -78,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from opforge import tune
 
         return tune.run(args, console)
+    if args.command == "pd":
+        from opforge.placement import cli as pd_cli
+
+        return pd_cli.run(args, console)
     if args.command == "selftest":
         from opforge import selftest
 

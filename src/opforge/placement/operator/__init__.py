@@ -1,0 +1,1 @@
+"""Operators: the steps that change a region, and the controller that runs them."""

@@ -1,0 +1,1 @@
+"""Schedulers: each looks at the cluster and proposes operators toward one goal."""
