@@ -10,8 +10,11 @@ from enum import Enum, IntEnum, IntFlag
 from opforge.placement.cluster import Region, RegionEpoch
 from opforge.placement.operator.step import MergeRegion, Step
 
-# An operator created but not sent within this many seconds has expired.
-EXPIRE_AFTER = 3.0
+# An operator created but not started within this many seconds has expired.
+# PD pushes a new operator's first step at once and uses 3 s; our steps ride
+# on region heartbeats, so an operator starts at its region's next heartbeat:
+# allow a few heartbeat intervals.
+EXPIRE_AFTER = 60.0
 
 
 class OpKind(IntFlag):

@@ -1,0 +1,393 @@
+"""Persistence of the placement driver's metadata in SQLite (WAL).
+
+What a restarted service needs so that it loses nothing: stores (with their
+administrative state), regions, placement rules, the schedule config, the
+running schedulers (with their arguments), and the peer-id high-water mark
+(so no peer id handed to a worker is ever handed out again).
+
+Everything is JSON in TEXT columns -- no pickle. Stores and regions are
+written in their heartbeat wire form (``heartbeat.*.to_json``) and read back
+through ``parse_*``, so a damaged row is refused with a clear message.
+
+Region heartbeats can arrive at 10^5 per second, so regions are written in
+batches: ``save_region`` only notes the region (and only when its metadata --
+epoch, leader -- changed since it was last written); ``flush`` writes every
+noted region, store and deletion in one transaction. ``save_region`` flushes
+by itself once ``batch_size`` regions are waiting or ``flush_interval``
+seconds have passed; the service also flushes on each tick and at shutdown.
+A crash can lose at most the last unflushed window; what it loses there is
+only what the workers will report again with their next heartbeats.
+
+Flow statistics (bytes written/read per interval) are not history worth
+keeping: a region whose epoch and leader are unchanged is not rewritten, even
+if its size or flow changed. Sizes written are those of the last metadata change.
+
+``attach(driver)`` makes the storage follow every change to the driver's
+cluster (region puts and removals, store puts), so regions that a split or
+merge replaces are deleted from the file as well.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opforge.placement.cluster import Region, Store, StoreState
+from opforge.placement.heartbeat import HeartbeatError, RegionHeartbeat, StoreHeartbeat, parse_region_heartbeat, \
+    parse_store_heartbeat
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS stores (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS regions (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+"""
+
+
+class StorageError(RuntimeError):
+    """The database cannot be used (wrong format, damaged rows)."""
+
+
+@dataclass
+class LoadReport:
+    """What ``load_into`` restored."""
+
+    stores: int = 0
+    regions: int = 0
+    config_items: int = 0
+    rules: bool = False
+    schedulers: dict[str, dict] = field(default_factory=dict)  # name -> args
+    peer_id_hwm: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"stores": self.stores, "regions": self.regions, "config_items": self.config_items,
+                "rules": self.rules, "schedulers": sorted(self.schedulers), "peer_id_hwm": self.peer_id_hwm,
+                "seconds": round(self.seconds, 3)}
+
+
+def region_to_json(r: Region) -> dict[str, Any]:
+    return RegionHeartbeat(r).to_json()
+
+
+def store_to_json(s: Store) -> dict[str, Any]:
+    return StoreHeartbeat(s).to_json()
+
+
+def peek_next_peer_id(ids) -> int:
+    """The next id a ``builder.PeerIds`` will hand out, without taking it."""
+    counter = getattr(ids, "_next", None)
+    text = repr(counter)  # "count(1000042)"
+    if text.startswith("count(") and text.endswith(")"):
+        try:
+            return int(text[6:-1])
+        except ValueError:
+            pass
+    nxt = ids()  # fall back: take one id (it is skipped, never reused)
+    ids.advance_past(nxt)
+    return nxt + 1
+
+
+class Storage:
+    """SQLite-backed metadata of one placement driver.
+
+    Thread-safe: one connection, guarded by a lock. The service calls it while
+    holding the driver lock anyway.
+    """
+
+    def __init__(self, path: str | os.PathLike, batch_size: int = 8192, flush_interval: float = 0.5):
+        self.path = os.fspath(path)
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self._lock = threading.RLock()
+        d = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(d, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        fmt = self._get_meta("format_version")
+        if fmt is None:
+            self._set_meta_now("format_version", FORMAT_VERSION)
+        elif fmt != FORMAT_VERSION:
+            raise StorageError(f"{self.path}: storage format {fmt!r} is not supported (this build writes "
+                               f"{FORMAT_VERSION})")
+        self._pending_regions: dict[int, Region] = {}
+        self._deleted_regions: set[int] = set()
+        self._pending_stores: dict[int, Store] = {}
+        self._pending_meta: dict[str, Any] = {}
+        # region id -> (conf_ver, version, leader peer id) last written
+        self._written: dict[int, tuple] = {}
+        self._last_flush = time.monotonic()
+        self._driver = None
+        self.flushes = 0
+        self.regions_written = 0
+        self.closed = False
+
+    # -- writing ---------------------------------------------------------
+    def save_store(self, store: Store, flush: bool = False) -> None:
+        with self._lock:
+            self._pending_stores[store.id] = store
+            if flush:
+                self.flush()
+
+    def save_region(self, region: Region) -> None:
+        """Note a region for the next batch, if its metadata changed since last written."""
+        leader = region.leader
+        e = region.epoch
+        fp = (e.conf_ver, e.version, leader.id if leader is not None else None)
+        if self._written.get(region.id) == fp:
+            return
+        with self._lock:
+            self._written[region.id] = fp
+            self._pending_regions[region.id] = region
+            self._deleted_regions.discard(region.id)
+            if len(self._pending_regions) >= self.batch_size:
+                self.flush()
+
+    def save_regions(self, regions) -> None:
+        for r in regions:
+            self.save_region(r)
+
+    def delete_region(self, region_id: int) -> None:
+        with self._lock:
+            self._pending_regions.pop(region_id, None)
+            self._written.pop(region_id, None)
+            self._deleted_regions.add(region_id)
+
+    def save_config(self, config_json: dict, flush: bool = True) -> None:
+        self._save_meta("config", config_json, flush)
+
+    def save_rules(self, rules_json: Any, flush: bool = True) -> None:
+        self._save_meta("rules", rules_json, flush)
+
+    def save_schedulers(self, specs: dict[str, dict], flush: bool = True) -> None:
+        """``specs``: the running schedulers, name -> the arguments they were added with."""
+        self._save_meta("schedulers", {n: dict(a or {}) for n, a in specs.items()}, flush)
+
+    def save_peer_id_hwm(self, hwm: int, flush: bool = False) -> None:
+        self._save_meta("peer_id_hwm", int(hwm), flush)
+
+    def _save_meta(self, key: str, value: Any, flush: bool) -> None:
+        json.dumps(value)  # refuse what cannot be stored now, not at flush time
+        with self._lock:
+            self._pending_meta[key] = value
+            if flush:
+                self.flush()
+
+    def maybe_flush(self) -> None:
+        """Flush if something waits and ``flush_interval`` has passed."""
+        if (self._pending_regions or self._pending_stores or self._deleted_regions or self._pending_meta) and \
+                time.monotonic() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def flush(self) -> int:
+        """Write everything waiting in one transaction; returns the rows written."""
+        with self._lock:
+            if self.closed:
+                return 0
+            if self._driver is not None:
+                hwm = peek_next_peer_id(self._driver.ids) - 1
+                if hwm != self._get_cached_hwm():
+                    self._pending_meta["peer_id_hwm"] = hwm
+            regions, self._pending_regions = self._pending_regions, {}
+            deleted, self._deleted_regions = self._deleted_regions, set()
+            stores, self._pending_stores = self._pending_stores, {}
+            meta, self._pending_meta = self._pending_meta, {}
+            self._last_flush = time.monotonic()
+            if not (regions or deleted or stores or meta):
+                return 0
+            dumps = json.dumps
+            rows = [(rid, dumps(region_to_json(r), separators=(",", ":"))) for rid, r in regions.items()]
+            cur = self._db.cursor()
+            cur.execute("BEGIN")
+            try:
+                if rows:
+                    cur.executemany("INSERT OR REPLACE INTO regions (id, data) VALUES (?, ?)", rows)
+                if deleted:
+                    cur.executemany("DELETE FROM regions WHERE id = ?", [(i,) for i in deleted])
+                if stores:
+                    cur.executemany("INSERT OR REPLACE INTO stores (id, data) VALUES (?, ?)",
+                                    [(sid, dumps(store_to_json(s))) for sid, s in stores.items()])
+                for k, v in meta.items():
+                    cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (k, dumps(v)))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            if "peer_id_hwm" in meta:
+                self._hwm_cache = meta["peer_id_hwm"]
+            self.flushes += 1
+            self.regions_written += len(rows)
+            return len(rows) + len(deleted) + len(stores) + len(meta)
+
+    def _get_cached_hwm(self):
+        return getattr(self, "_hwm_cache", None)
+
+    def _get_meta(self, key: str) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def _set_meta_now(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.detach()
+            self.flush()
+            self.closed = True
+            self._db.close()
+
+    # -- following a driver ----------------------------------------------
+    def attach(self, driver) -> None:
+        """Follow every change to ``driver.cluster``: region puts are batched,
+        removals (regions a split or merge replaced) deleted, stores saved."""
+        if self._driver is not None:
+            self.detach()
+        cluster = driver.cluster
+        put_region, remove_region, put_store = cluster.put_region, cluster.remove_region, cluster.put_store
+        save_region, delete_region, save_store = self.save_region, self.delete_region, self.save_store
+
+        def _put_region(region):
+            put_region(region)
+            save_region(region)
+
+        def _remove_region(region_id):
+            remove_region(region_id)
+            delete_region(region_id)
+
+        def _put_store(store):
+            put_store(store)
+            save_store(store)
+
+        cluster.put_region, cluster.remove_region, cluster.put_store = _put_region, _remove_region, _put_store
+        self._driver = driver
+        self._originals = (cluster, put_region, remove_region, put_store)
+
+    def detach(self) -> None:
+        if self._driver is None:
+            return
+        cluster = self._originals[0]
+        for name in ("put_region", "remove_region", "put_store"):
+            cluster.__dict__.pop(name, None)
+        self._driver = None
+
+    # -- reading ---------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {t: self._db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("stores", "regions")}
+
+    def load_config(self) -> dict | None:
+        with self._lock:
+            return self._get_meta("config")
+
+    def load_rules(self) -> Any:
+        with self._lock:
+            return self._get_meta("rules")
+
+    def load_schedulers(self) -> dict[str, dict] | None:
+        with self._lock:
+            return self._get_meta("schedulers")
+
+    def load_into(self, driver, attach: bool = True) -> LoadReport:
+        """Restore everything saved into ``driver`` (a fresh one), then (by
+        default) follow its changes from now on."""
+        t0 = time.perf_counter()
+        rep = LoadReport()
+        with self._lock:
+            # config first: the cluster's down time and the rules depend on it
+            cfg = self._get_meta("config")
+            if cfg:
+                for name, value in cfg.items():
+                    try:
+                        driver.set_config(name, value)
+                        rep.config_items += 1
+                    except ValueError as e:  # an item this build no longer knows
+                        log.warning("storage %s: config item %s not restored: %s", self.path, name, e)
+            rules = self._get_meta("rules")
+            if rules is not None:
+                restore_rules(driver, rules)
+                rep.rules = True
+            specs = self._get_meta("schedulers")
+            if specs is not None:
+                for name in list(driver.schedulers):
+                    if name not in specs:
+                        driver.remove_scheduler(name)
+                for name, args in specs.items():
+                    if name not in driver.schedulers:
+                        try:
+                            driver.add_scheduler(name, **(args or {}))
+                        except (ValueError, KeyError, TypeError) as e:
+                            log.warning("storage %s: scheduler %s not restored: %s", self.path, name, e)
+                            continue
+                rep.schedulers = {n: dict(specs.get(n) or {}) for n in driver.schedulers}
+            else:
+                rep.schedulers = {n: {} for n in driver.schedulers}
+            # stores: kept with their administrative state; counted as just heard
+            # from (as PD does after a restart) so they are not down at once.
+            now = driver.clock()
+            for sid, data in self._db.execute("SELECT id, data FROM stores"):
+                try:
+                    store = parse_store_heartbeat(json.loads(data)).store
+                except (HeartbeatError, ValueError) as e:
+                    raise StorageError(f"{self.path}: stores row {sid} is damaged: {e}") from None
+                store.last_heartbeat = now
+                driver.cluster.put_store(store)
+                rep.stores += 1
+            regions = []
+            max_peer = 0
+            for rid, data in self._db.execute("SELECT id, data FROM regions"):
+                try:
+                    r = parse_region_heartbeat(json.loads(data)).region
+                except (HeartbeatError, ValueError) as e:
+                    raise StorageError(f"{self.path}: regions row {rid} is damaged: {e}") from None
+                regions.append(r)
+            # in key order, so the cluster's sorted start-key index only appends
+            regions.sort(key=lambda r: r.start_key)
+            put = driver.cluster.put_region
+            written = self._written
+            for r in regions:
+                put(r)
+                written[r.id] = (r.epoch.conf_ver, r.epoch.version, r.leader.id if r.leader else None)
+                for p in r.peers:
+                    if p.id > max_peer:
+                        max_peer = p.id
+            rep.regions = len(regions)
+            hwm = self._get_meta("peer_id_hwm") or 0
+            hwm = max(int(hwm), max_peer)
+            if hwm:
+                driver.ids.advance_past(hwm)
+            self._hwm_cache = hwm
+            rep.peer_id_hwm = hwm
+        if attach:
+            self.attach(driver)
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+
+def rules_to_json(driver) -> Any:
+    return driver.rules.to_json()
+
+
+def restore_rules(driver, data: Any) -> None:
+    """Replace ``driver.rules`` by the rules in ``data`` (``RuleManager.to_json``
+    form). The new manager is built and validated before it replaces the old
+    one, so a bad document changes nothing (ValueError)."""
+    from opforge.placement.rules import RuleManager
+
+    driver.rules = RuleManager.from_json(data, driver.config)
+
+
+__all__ = ["Storage", "StorageError", "LoadReport", "peek_next_peer_id", "region_to_json", "store_to_json",
+           "restore_rules", "rules_to_json", "StoreState"]

@@ -1,0 +1,402 @@
+"""The placement driver's HTTP service, against a real uvicorn server on loopback.
+
+Each test starts the server in a background thread on 127.0.0.1 and a port
+the OS picked (every wait bounded), and talks to it with the worker client
+(``placement.client``), raw urllib, or ``ctl.main``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from opforge.placement import ctl  # noqa: E402
+from opforge.placement.client import HeartbeatLoop, PDClient, PDError  # noqa: E402
+from opforge.placement.driver import Driver  # noqa: E402
+from opforge.placement.service import API, create_app, serve  # noqa: E402
+from opforge.placement.storage import Storage  # noqa: E402
+
+TOKEN = "s3cret-test-token"
+GiB = 1 << 30
+
+
+class Server:
+    """uvicorn in a thread, on a socket bound to 127.0.0.1:0."""
+
+    def __init__(self, db=None, tick_interval=0.05, driver=None, token=TOKEN):
+        self.driver = driver or Driver()
+        self.storage = Storage(db) if db else None
+        self.app = create_app(self.driver, self.storage, token=token, tick_interval=tick_interval)
+        self.svc = self.app.state.pd
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False)
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert self.thread.is_alive(), "the server thread died while starting"
+            assert time.monotonic() < deadline, "the server did not start within 10 s"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the server did not stop within 10 s"
+        self.sock.close()
+        if self.storage is not None:
+            self.storage.close()
+
+    def client(self, token=TOKEN):
+        return PDClient(self.url, token, timeout=10)
+
+
+def _store(sid, zone=None):
+    return {"store_id": sid, "address": f"gpu{sid}", "labels": {"zone": zone or f"z{sid}"},
+            "capacity": 100 * GiB, "available": 80 * GiB}
+
+
+def _key(i):
+    return i.to_bytes(4, "big").hex() if i else ""
+
+
+def _region(rid, stores=(1, 2, 3), leader=1, conf_ver=1, version=1, size=64, peer_base=None, last=None):
+    base = rid * 10 if peer_base is None else peer_base
+    peers = [{"id": base + s, "store_id": s, "role": "voter"} for s in stores]
+    return {"schema_version": 1, "region_id": rid, "start_key": _key(rid), "end_key": _key(rid + 1) if
+            last is None or rid < last else "", "epoch": {"conf_ver": conf_ver, "version": version},
+            "peers": peers, "leader_peer_id": base + leader, "approximate_size": size, "approximate_keys": 1000}
+
+
+def _raw(url, method="GET", body=None, token=TOKEN, raw_body=None):
+    data = raw_body if raw_body is not None else (None if body is None else json.dumps(body).encode())
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def _cluster(c, n_stores=3, n_regions=30, leader=1):
+    for s in range(1, n_stores + 1):
+        c.register_store(_store(s))
+    for rid in range(1, n_regions + 1):
+        c.region_heartbeat(_region(rid, stores=(1, 2, 3), leader=leader, last=n_regions))
+
+
+# --------------------------------------------------------------------------
+
+def test_every_request_needs_the_bearer_token():
+    with Server() as srv:
+        for path in ("health", "stores", "schema/heartbeat", "config"):
+            status, body = _raw(f"{srv.url}{API}/{path}", token=None)
+            assert status == 401 and "authorization" in body["error"].lower()
+            status, body = _raw(f"{srv.url}{API}/{path}", token="wrong")
+            assert status == 401
+        status, _ = _raw(f"{srv.url}{API}/heartbeat/region", "POST", _region(1), token="x" * 200)
+        assert status == 401
+        assert not srv.driver.cluster.regions  # nothing got through
+        status, body = _raw(f"{srv.url}{API}/health")
+        assert status == 200 and body["status"] == "ok"
+        with pytest.raises(PDError) as e:
+            srv.client("nope").stores()
+        assert e.value.status == 401
+
+
+def test_schema_is_versioned_and_describes_both_heartbeats():
+    with Server(tick_interval=0) as srv:
+        schema = srv.client().heartbeat_schema()
+        assert schema["schema_version"] == 1
+        region = schema["region_heartbeat"]
+        assert {"region_id", "epoch", "peers", "leader_peer_id"} <= set(region["required"])
+        assert region["$id"].endswith("/v1")
+        assert "capacity" in schema["store_heartbeat"]["required"]
+
+
+def test_concurrent_clients_register_and_heartbeat():
+    n_threads, per_thread = 8, 40
+    with Server(tick_interval=0.05) as srv:
+        c = srv.client()
+        for s in range(1, 5):
+            c.register_store(_store(s))
+
+        def worker(t):
+            cl = srv.client()
+            out = []
+            for i in range(per_thread):
+                rid = t * per_thread + i + 1
+                out.append(cl.region_heartbeat(_region(rid, stores=(1, 2, 3), leader=1 + rid % 3)))
+            cl.store_heartbeat(_store(1 + t % 4))
+            return out
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(n_threads) as pool:
+            results = [f.result(timeout=30) for f in [pool.submit(worker, t) for t in range(n_threads)]]
+        assert time.monotonic() - t0 < 30
+        answers = [r for rs in results for r in rs]
+        assert len(answers) == n_threads * per_thread
+        assert all(set(r) == {"region_id", "operator_id", "step"} for r in answers)
+        regions = c.regions(limit=1000)
+        assert regions["count"] == n_threads * per_thread
+        assert c.health()["refused_heartbeats"] == 0
+        # paging covers every region exactly once
+        seen, offset = set(), 0
+        while offset is not None:
+            page = c.regions(offset=offset, limit=97)
+            seen |= {r["region_id"] for r in page["regions"]}
+            offset = page["next_offset"]
+        assert seen == set(range(1, n_threads * per_thread + 1))
+        st = c.store(1)
+        assert st["region_count"] == n_threads * per_thread and st["leader_count"] > 0
+
+
+def test_heartbeat_responses_carry_steps_once_schedulers_propose_operators():
+    with Server(tick_interval=0.05) as srv:
+        c = srv.client()
+        _cluster(c, n_stores=3, n_regions=30, leader=1)  # store 1 leads everything
+        deadline = time.monotonic() + 15
+        step_resp = None
+        while step_resp is None and time.monotonic() < deadline:
+            for rid in range(1, 31):
+                r = c.region_heartbeat(_region(rid, leader=1, last=30))
+                if r["step"] is not None:
+                    step_resp = r
+                    break
+            else:
+                time.sleep(0.05)
+        assert step_resp is not None, f"no step within 15 s; operators: {c.operators()}"
+        step = step_resp["step"]
+        assert step["kind"] == "TransferLeader" and step["from_store"] == 1 and step["to_store"] in (2, 3)
+        ops = c.operators()
+        assert any(op["region_id"] == step_resp["region_id"] for op in ops["running"])
+        # the leader does it; the next heartbeat shows it and the operator ends SUCCESS
+        rid = step_resp["region_id"]
+        done = c.region_heartbeat(_region(rid, leader=step["to_store"], last=30))
+        assert done["step"] is None
+        hist = c.operators()["history"]
+        assert any(op["region_id"] == rid and op["status"] == "success" for op in hist)
+
+        # batches carry steps too: an admin operator on a region nobody touched
+        target = next(i for i in range(1, 31) if c.region(i)["operator"] is None)
+        c.add_operator("transfer-leader", target, to_store=3)
+        got = c.region_heartbeats([_region(i, leader=1, last=30) for i in range(1, 31)])
+        assert got["accepted"] == 30 and got["refused"] == 0
+        mine = [s for s in got["steps"] if s["region_id"] == target]
+        assert mine and mine[0]["step"] == {"kind": "TransferLeader", "from_store": 1, "to_store": 3}
+
+
+def test_malformed_input_is_refused_with_the_field_named_and_the_server_keeps_serving():
+    with Server(tick_interval=0.05) as srv:
+        c = srv.client()
+        _cluster(c, n_regions=3)
+        url = f"{srv.url}{API}/heartbeat/region"
+        good = _region(1, last=3)
+        cases = [
+            (dict(good, epoch={"conf_ver": "x", "version": 1}), "conf_ver"),
+            ({k: v for k, v in good.items() if k != "peers"}, "peers"),
+            (dict(good, leader_peer_id=424242), "leader_peer_id"),
+            (dict(good, region_id=-3), "region_id"),
+            (dict(good, start_key="zz"), "start_key"),
+            (dict(good, peers=[{"id": 11, "store_id": 99}], leader_peer_id=11), "unknown store 99"),
+            (dict(good, down_peers=[{"a": 1}]), "down_peers"),
+            (dict(good, schema_version=7), "schema_version"),
+            ([1, 2, 3], "JSON object"),
+        ]
+        for body, needle in cases:
+            status, resp = _raw(url, "POST", body)
+            assert status == 400, (body, resp)
+            assert needle in resp["error"], (needle, resp)
+        status, resp = _raw(url, "POST", raw_body=b"{not json")
+        assert status == 400 and "not valid JSON" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/heartbeat/store", "POST", {"store_id": 1, "capacity": 1,
+                                                                          "available": 5})
+        assert status == 400 and "available" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/heartbeat/store", "POST", _store(77))
+        assert status == 400 and "not registered" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/stores/abc")
+        assert status == 400 and "store_id" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/config", "PUT", {"max_replicas": "many"})
+        assert status == 400 and "max_replicas" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/config", "PUT", {"no_such_item": 1})
+        assert status == 400 and "no_such_item" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/rules", "PUT", {"rules": [{"group_id": "pd", "id": "x"}]})
+        assert status == 400 and "missing field" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/operators", "POST", {"kind": "fly", "region_id": 1})
+        assert status == 400 and "fly" in resp["error"]
+        status, resp = _raw(f"{srv.url}{API}/regions/999")
+        assert status == 404
+        # a batch: the bad ones are named by index, the good ones applied
+        got = c.region_heartbeats([_region(2, last=3), dict(good, epoch=None), _region(3, last=3)])
+        assert got["accepted"] == 2 and got["refused"] == 1
+        assert got["errors"][0]["index"] == 1 and "epoch" in got["errors"][0]["error"]
+        # still serving, state intact
+        assert c.region_heartbeat(good)["region_id"] == 1
+        h = c.health()
+        assert h["status"] == "ok" and h["regions"] == 3 and h["refused_heartbeats"] >= 8
+        assert c.config()["max_replicas"] == 3
+
+
+def test_restart_on_the_same_database_keeps_everything(tmp_path):
+    db = tmp_path / "pd.sqlite"
+    rules = {"rules": [{"group_id": "pd", "id": "default", "role": "voter", "count": 3,
+                        "location_labels": ["zone"]},
+                       {"group_id": "gpu", "id": "learner", "role": "learner", "count": 1,
+                        "start_key": "00000010", "end_key": "00000020"}],
+             "groups": [{"id": "gpu", "index": 1, "override": False}]}
+    with Server(db=db, tick_interval=0.05) as srv:
+        c = srv.client()
+        _cluster(c, n_stores=4, n_regions=40)
+        c.set_store_state(4, "offline")
+        c.set_config({"leader_schedule_limit": 7, "location_labels": "zone", "max_store_down_time": 45.5})
+        c.remove_scheduler("hot-region")
+        c.add_scheduler("evict-leader", store_ids=[2])
+        c.set_rules(rules)
+        # split region 40 (the last) into 40 and 41; then merge 39 away into 38
+        c.region_heartbeat(dict(_region(40, version=2), end_key=_key(40) + "80"))
+        c.region_heartbeat(dict(_region(41, version=2, last=41), start_key=_key(40) + "80"))
+        c.region_heartbeat(dict(_region(38, version=3), end_key=_key(40)))  # covers 39
+        # an admin add-peer allocates a peer id that no heartbeat has reported yet
+        c.add_operator("remove-peer", 6, from_store=3)
+        c.set_store_state(4, "up")
+        op = c.add_operator("add-peer", 7, to_store=4)
+        allocated = op["steps"][0]["peer_id"]
+        before = {"stores": c.stores(), "regions": c.regions(limit=1000), "config": c.config(),
+                  "schedulers": c.schedulers()["schedulers"], "rules": c.rules()}
+        c.set_store_state(4, "offline")
+        before["stores"] = c.stores()
+    assert before["regions"]["count"] == 40  # 39 merged away, 41 split off
+
+    with Server(db=db, tick_interval=0.05) as srv:
+        c = srv.client()
+        assert srv.svc.load_report.regions == 40 and srv.svc.load_report.stores == 4
+        stores = c.stores()
+        assert [s["store_id"] for s in stores["stores"]] == [1, 2, 3, 4]
+        assert {s["store_id"]: s["state"] for s in stores["stores"]} == {1: "up", 2: "up", 3: "up", 4: "offline"}
+        assert {s["store_id"]: s["labels"] for s in stores["stores"]} == \
+            {s["store_id"]: s["labels"] for s in before["stores"]["stores"]}
+        regions = c.regions(limit=1000)
+        assert regions["count"] == 40
+        strip = lambda rs: sorted((r["region_id"], r["start_key"], r["end_key"], json.dumps(r["epoch"]),
+                                   json.dumps(r["peers"]), r["leader_peer_id"]) for r in rs["regions"])
+        assert strip(regions) == strip(before["regions"])
+        assert 39 not in {r["region_id"] for r in regions["regions"]}
+        assert c.config() == before["config"]
+        assert c.config()["leader_schedule_limit"] == 7 and c.config()["location_labels"] == ["zone"]
+        assert c.schedulers()["schedulers"] == before["schedulers"]
+        assert "hot-region" not in before["schedulers"] and "evict-leader" in before["schedulers"]
+        assert c.schedulers()["args"]["evict-leader"] == {"store_ids": [2]}
+        assert c.rules() == before["rules"]
+        assert any(r["group_id"] == "gpu" for r in c.rules()["rules"])
+        # the peer-id high-water mark survived: new peers never reuse an allocated id
+        c.set_store_state(4, "up")
+        op = c.add_operator("add-peer", 9, to_store=4)
+        assert op["steps"][0]["peer_id"] > allocated
+        # the old region 38 replaced 39: a heartbeat for 39's range with the old version is refused
+        with pytest.raises(PDError) as e:
+            c.region_heartbeat(_region(39))
+        assert e.value.status == 400
+
+
+def test_ctl_commands_against_the_live_server(capsys, monkeypatch):
+    with Server(tick_interval=0.05) as srv:
+        c = srv.client()
+        _cluster(c, n_stores=4, n_regions=10)
+        base = ["--url", srv.url, "--token", TOKEN]
+
+        def run(*argv, code=0):
+            rc = ctl.main([*base, *argv])
+            out, err = capsys.readouterr()
+            assert rc == code, (argv, out, err)
+            return json.loads(out) if rc == 0 and out.strip().startswith(("{", "[")) else (out, err)
+
+        assert [s["store_id"] for s in run("stores")["stores"]] == [1, 2, 3, 4]
+        assert run("regions", "--limit", "5")["count"] == 10
+        assert len(run("regions", "--limit", "5")["regions"]) == 5
+        assert run("region", "3")["region_id"] == 3
+        assert "running" in run("operators")
+        assert "balance-region" in run("scheduler", "show")["schedulers"]
+        assert "evict-leader" in run("scheduler", "add", "evict-leader", "store_ids=[2]")["schedulers"]
+        assert "evict-leader" not in run("scheduler", "remove", "evict-leader")["schedulers"]
+        assert run("config", "set", "region_schedule_limit", "99")["region_schedule_limit"] == 99
+        assert run("store", "state", "4", "offline")["state"] == "offline"
+        assert run("store", "state", "4", "up")["state"] == "up"
+        op = run("operator", "add", "move-peer", "5", "3", "4")
+        assert op["region_id"] == 5 and [s["kind"] for s in op["steps"]][0] == "AddLearner"
+        ops_now = run("operators")  # running, or queued behind store 4's add-peer limit
+        assert any(o["region_id"] == 5 for o in ops_now["running"] + ops_now["waiting"]), ops_now
+        assert run("operator", "remove", "5")["status"] == "canceled"
+        # errors: refused (1), bad usage (2); pd-ctl text on stderr
+        _, err = run("config", "set", "max_replicas", "lots", code=1)
+        assert "max_replicas" in err
+        _, err = run("operator", "add", "transfer-leader", "5", code=2)
+        assert "usage" in err
+        _, err = run("stores", "--token", "bad", code=1)
+        assert "401" in err
+        monkeypatch.setenv("OPFORGE_PD_URL", srv.url)
+        monkeypatch.setenv("OPFORGE_PD_TOKEN", TOKEN)
+        assert ctl.main(["-o", "table", "stores"]) == 0
+        out, _ = capsys.readouterr()
+        assert "gpu1" in out and "address" in out and "zone=z4" in out
+
+
+def test_heartbeat_loop_hands_steps_to_the_executor():
+    with Server(tick_interval=0) as srv:  # no background ticks: only the admin operator runs
+        c = srv.client()
+        for s in (1, 2, 3):
+            c.register_store(_store(s))
+        regions = {rid: _region(rid, last=5) for rid in range(1, 6)}
+
+        class Worker:
+            def __init__(self):
+                self.steps = []
+
+            def execute(self, region_id, operator_id, step):
+                self.steps.append((region_id, operator_id, step))
+                if step["kind"] == "TransferLeader":  # do it: the next heartbeat shows it
+                    r = regions[region_id]
+                    r["leader_peer_id"] = next(p["id"] for p in r["peers"] if p["store_id"] == step["to_store"])
+
+        worker = Worker()
+        loop = HeartbeatLoop(c, lambda: _store(1), lambda: list(regions.values()), worker,
+                             interval=0.02, batch_size=2)
+        loop.run_once()
+        assert worker.steps == []
+        op = c.add_operator("transfer-leader", 4, to_store=2)
+        loop.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(h["status"] == "success" for h in c.operators()["history"]):
+            time.sleep(0.02)
+        loop.stop()
+        assert worker.steps and worker.steps[0][:2] == (4, op["id"])
+        assert worker.steps[0][2] == {"kind": "TransferLeader", "from_store": 1, "to_store": 2}
+        assert c.region(4)["leader_store_id"] == 2
+        assert loop.failures == 0 and loop.refused == 0
+
+
+def test_serve_refuses_to_start_without_a_token(monkeypatch):
+    monkeypatch.delenv("OPFORGE_PD_TOKEN", raising=False)
+    with pytest.raises(SystemExit, match="token"):
+        serve(port=0, token=None)
+    with pytest.raises(ValueError, match="token"):
+        create_app(Driver(), token="")
