@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from rich.console import Console
 
@@ -11,7 +13,26 @@ from opforge.bench import harness
 from opforge.runtime import device as devmod
 
 
-def run(console: Console | None = None) -> dict:
+def placement_step(console: Console, out_dir: str) -> bool:
+    """A short placement-driver simulation: a 4th GPU worker joins 3 loaded ones."""
+    from dataclasses import replace
+
+    from opforge.placement.simulator import runner
+    from opforge.placement.simulator.cases import AddStore, RegionSpec, round_robin
+    from opforge.placement.simulator.cases.add_nodes import CASE, _store
+
+    case = replace(CASE, name="demo-scale-out", description="3 -> 4 stores, 600 regions of 32 MiB",
+                   regions=RegionSpec(count=600, replicas=3, size_mib=32, placement=round_robin),
+                   events=[AddStore(0, _store(4))], max_ticks=600)
+    os.makedirs(out_dir, exist_ok=True)
+    plot = os.path.join(out_dir, "placement-scale-out.png")
+    result = runner.run_case(case, plot=plot)
+    console.print(runner.table([result]))
+    console.print(f"per-store counts over time: {plot}")
+    return result.passed
+
+
+def run(console: Console | None = None, out_dir: str = "demo-output") -> dict:
     console = console or Console()
     console.rule("opforge demo")
     doctor.run(console)
@@ -29,4 +50,6 @@ def run(console: Console | None = None) -> dict:
     console.print("\n[bold]a small benchmark[/bold] (quick grid):")
     result = harness.run(quick=True, crossover=False, host=True, console=console)
     harness.report(result, console)
+    console.print("\n[bold]the placement driver[/bold]: scale-out from 3 to 4 GPU workers (simulated)")
+    placement_step(console, out_dir)
     return result

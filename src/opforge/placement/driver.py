@@ -132,6 +132,9 @@ class Driver:
             self.merge_checker.note_split(region.id, now)
         self.cluster.put_region(region)
         self.ids.advance_past(max(p.id for p in region.peers))
+        hot = self.schedulers.get("hot-region")
+        if hot is not None:
+            hot.observe(region, self.config)  # hot regions are found from heartbeats, not by scanning
         step = self.controller.dispatch(region, now)
         op = self.controller.get(region.id)
         return RegionHeartbeatResponse(region.id, step, op.id if op is not None and step is not None else None)
@@ -202,7 +205,9 @@ class Driver:
     def remove_scheduler(self, name: str) -> None:
         if name not in self.schedulers:
             raise ValueError(f"scheduler {name!r} is not running; running: {sorted(self.schedulers)}")
-        del self.schedulers[name]
+        scheduler = self.schedulers.pop(name)
+        for store_id in list(getattr(scheduler, "store_ids", ())):  # evict-leader: lift its pause now
+            scheduler.remove_store(store_id)
 
     def set_config(self, name: str, value) -> None:
         self.config.set(name, value)
