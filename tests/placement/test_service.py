@@ -23,7 +23,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from opforge.placement import ctl  # noqa: E402
 from opforge.placement.client import HeartbeatLoop, PDClient, PDError  # noqa: E402
 from opforge.placement.driver import Driver  # noqa: E402
-from opforge.placement.service import API, create_app, serve  # noqa: E402
+from opforge.placement.heartbeat import HeartbeatError, parse_region_heartbeat  # noqa: E402
+from opforge.placement.service import API, create_app, parse_known_region, serve  # noqa: E402
 from opforge.placement.storage import Storage  # noqa: E402
 
 TOKEN = "s3cret-test-token"
@@ -400,3 +401,94 @@ def test_serve_refuses_to_start_without_a_token(monkeypatch):
         serve(port=0, token=None)
     with pytest.raises(ValueError, match="token"):
         create_app(Driver(), token="")
+
+
+def test_fast_parse_of_known_regions_matches_the_parser_or_defers_to_it():
+    known_hb = dict(_region(7, size=64), down_peers=[], written_bytes=5)
+    known = parse_region_heartbeat(known_hb).region
+    regions = {7: known}
+    variants = [
+        known_hb, dict(known_hb, written_bytes=999, approximate_size=3, query_num=4),
+        {k: v for k, v in known_hb.items() if k not in ("written_bytes", "schema_version", "down_peers")},
+        dict(known_hb, leader_peer_id=72), dict(known_hb, epoch={"conf_ver": 2, "version": 1}),
+        dict(known_hb, epoch={"conf_ver": True, "version": 1}), dict(known_hb, written_bytes=True),
+        dict(known_hb, written_bytes=-1), dict(known_hb, written_bytes=1.5), dict(known_hb, down_peers=[71]),
+        dict(known_hb, pending_peers={}), dict(known_hb, start_key="00"), dict(known_hb, schema_version=2),
+        dict(known_hb, peers=list(reversed(known_hb["peers"]))),
+        dict(known_hb, peers=[dict(known_hb["peers"][0], role="learner")] + known_hb["peers"][1:]),
+        dict(known_hb, peers=[dict(known_hb["peers"][0], id=71.0)] + known_hb["peers"][1:]),
+        dict(known_hb, region_id=8), [known_hb],
+    ]
+    fast_hits = 0
+    for d in variants:
+        fast = parse_known_region(d, regions)
+        try:
+            slow = parse_region_heartbeat(d).region
+        except (HeartbeatError, TypeError):
+            slow = None
+        if fast is not None:
+            fast_hits += 1
+            assert slow is not None and fast.region == slow, d
+    assert fast_hits == 3
+
+
+def test_storage_writes_only_changed_regions_in_batches_and_reloads_them(tmp_path):
+    from opforge.placement.storage import PEER_ID_RESERVE, StorageError, _stored_region, region_to_json
+
+    db = tmp_path / "s.sqlite"
+    st = Storage(db, batch_size=1000)
+    d = Driver(schedulers=())
+    st.load_into(d)
+    for s in (1, 2, 3):
+        d.put_store(parse_store(_store(s)))
+    for rid in range(1, 101):
+        d.handle_region_heartbeat(_region(rid, last=100))
+    st.flush()
+    assert st.regions_written == 100 and st.counts() == {"stores": 3, "regions": 100}
+    for rid in range(1, 101):  # flow changes only: nothing to write
+        d.handle_region_heartbeat(dict(_region(rid, last=100), written_bytes=rid))
+    st.flush()
+    assert st.regions_written == 100
+    d.handle_region_heartbeat(_region(5, leader=2))  # leader moved: written
+    d.handle_region_heartbeat(dict(_region(98, version=2), end_key=_key(100)))  # merged 99 in: 99 deleted
+    st.flush()
+    assert st.regions_written == 102 and st.counts()["regions"] == 99
+    allocated = d.ids()
+    st.close()
+
+    d2 = Driver(schedulers=())
+    st2 = Storage(db)
+    rep = st2.load_into(d2)
+    assert rep.regions == 99 and rep.stores == 3 and 99 not in d2.cluster.regions
+    assert d2.cluster.regions[5].leader.store_id == 2 and d2.cluster.regions[98].end_key == bytes.fromhex(_key(100))
+    meta = lambda c: {r.id: (r.start_key, r.end_key, r.epoch, r.peers, r.leader, r.approximate_size)
+                      for r in c.regions.values()}
+    assert meta(d2.cluster) == meta(d.cluster)  # flow figures are not history: not rewritten
+    assert d2.ids() > allocated and rep.peer_id_hwm >= allocated
+    assert d2.cluster.region_for_key(bytes.fromhex(_key(42))).id == 42
+    st2.close()
+
+    # the quick row decoder agrees with the parser, and defers to it off the beaten path
+    r = d.cluster.regions[7]
+    assert _stored_region(region_to_json(r)) == r
+    learner = dict(region_to_json(r), peers=[dict(p, role="learner") if i == 2 else p
+                                             for i, p in enumerate(region_to_json(r)["peers"])])
+    assert _stored_region(learner) == parse_region_heartbeat(learner).region
+    assert _stored_region(dict(region_to_json(r), down_peers=[71])) is None
+    assert _stored_region(dict(region_to_json(r), approximate_size="9")) is None
+
+    # a damaged row is refused with its id named
+    import sqlite3
+    con = sqlite3.connect(db)
+    con.execute("UPDATE regions SET data = ? WHERE id = 3", ('{"region_id": 3, "epoch": 5}',))
+    con.commit()
+    con.close()
+    with pytest.raises(StorageError, match="row 3"):
+        Storage(db).load_into(Driver(schedulers=()))
+    assert PEER_ID_RESERVE > 0
+
+
+def parse_store(d):
+    from opforge.placement.heartbeat import parse_store_heartbeat
+
+    return parse_store_heartbeat(d).store

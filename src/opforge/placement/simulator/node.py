@@ -44,9 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from opforge.placement.simulator.simulated_cluster import SimRegion, SimulatedCluster
 
 MIB = 1 << 20
-SLOW_STEPS = (AddLearner, AddPeer)
 SPLIT_MERGE_STEPS = (SplitRegion, MergeRegion)
-CONF_CHANGE_STEPS = (AddLearner, AddPeer, PromoteLearner, RemovePeer, ChangePeerV2Enter, ChangePeerV2Leave)
 
 
 @dataclass
@@ -56,7 +54,7 @@ class Task:
     region_id: int
     step: Step
     operator_id: int | None
-    conf_ver: int  # the region's epoch when the step was received
+    conf_ver: int  # the region epoch the driver answered (the heartbeat's): the step is for that state
     version: int
     ready_at: float
     duplicate: bool = False  # a replay of a step already run (fault injection)
@@ -215,14 +213,16 @@ def apply_step(sim: "SimulatedCluster", node: Node, task: Task) -> StepOutcome:
     """Run one step as the region's leader on ``node``. Checks everything a
     real leader would; changes the true cluster through ``sim``."""
     region = sim.regions.get(task.region_id)
+    step = task.step
     if region is None:
         return _drop("region gone")
+    if isinstance(step, MergeRegion) and step.is_passive:
+        return _drop("passive merge step (the target only waits)")
     leader = region.leader
     if leader is None or leader.store_id != node.id:
         return _drop("not the leader any more")
     if (region.conf_ver, region.version) != (task.conf_ver, task.version):
         return _drop("epoch changed since the step was received")
-    step = task.step
     if isinstance(step, TransferLeader):
         if step.to_store == node.id:
             return _drop("already the leader")
@@ -234,8 +234,11 @@ def apply_step(sim: "SimulatedCluster", node: Node, task: Task) -> StepOutcome:
         sim.set_leader(region, p, cause=task)
         return StepOutcome(True)
     if isinstance(step, (AddLearner, AddPeer)):
-        if region.peer_on(step.to_store) is not None or any(p.id == step.peer_id for p in region.peers):
-            return _drop("peer already there")
+        there = region.peer_on(step.to_store)
+        if there is not None and there.id == step.peer_id:
+            return _drop("already applied (the new peer is catching up)")
+        if there is not None or any(p.id == step.peer_id for p in region.peers):
+            return _drop("the store already holds a peer of the region")
         if step.to_store not in sim.nodes or sim.nodes[step.to_store].removed:
             return _drop("unknown store")
         role = PeerRole.LEARNER if isinstance(step, AddLearner) else PeerRole.VOTER
@@ -305,8 +308,6 @@ def apply_step(sim: "SimulatedCluster", node: Node, task: Task) -> StepOutcome:
             return _drop("no key to split at")
         return StepOutcome(True, new_regions=tuple(new_ids))
     if isinstance(step, MergeRegion):
-        if step.is_passive:
-            return _drop("the target only waits")
         if step.from_region != region.id or region.version != step.start_version:
             return _drop("not this region's merge")
         target = sim.regions.get(step.to_region)

@@ -4,9 +4,11 @@
 clock and a ``SimulatedCluster`` of ``Node`` workers), then ticks: events
 fire at their tick, the simulated workers run (``SimulatedCluster.step``),
 the driver schedules, and the case's criterion is checked every tick from
-``Case.first_check_tick`` on. The case passes at the first tick the criterion
-holds; the run goes on for ``settle_ticks`` more to see whether it keeps
-holding (``held``) and to catch moves that undo earlier ones.
+``Case.first_check_tick`` on. The criterion is *met* when it holds for
+``hold_ticks`` ticks in a row (``ticks`` is the first of them); the run goes on
+for ``settle_ticks`` more to see whether it keeps holding (``held``) and to
+catch moves that undo earlier ones. A case *passes* when the criterion was
+met and still holds at the end.
 
 Metrics in ``CaseResult``:
 
@@ -36,14 +38,13 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from opforge.placement.cluster import PeerRole
 from opforge.placement.config import ScheduleConfig
 from opforge.placement.driver import DEFAULT_SCHEDULERS, Driver
 from opforge.placement.operator.operator import OpKind, OpStatus
-from opforge.placement.simulator.cases import Case, Check, build_regions, get_case, list_cases
+from opforge.placement.simulator.cases import Case, Check, build_regions, get_case, list_cases, rule_violations
 from opforge.placement.simulator.simulated_cluster import SimConfig, SimulatedCluster
 
 __all__ = ["CaseResult", "CaseRun", "list_cases", "plot_case", "run_case", "table"]
@@ -59,8 +60,8 @@ class CaseResult:
     description: str
     criterion: str
     seed: int
-    passed: bool
-    ticks: int | None  # the tick at which the criterion first held
+    passed: bool  # reached, and still held at the end of the run
+    ticks: int | None  # the tick at which the criterion was first met (for hold_ticks in a row)
     held: bool  # the criterion still held at the end of the run
     ticks_run: int
     max_ticks: int
@@ -195,15 +196,19 @@ def run_case(name: str | Case, seed: int = 0, plot: str | None = None, *, max_ti
     limit = max_ticks if max_ticks is not None else case.max_ticks
     first = case.first_check_tick
     passed_at: int | None = None
-    last = Check(False, "not checked")
+    streak_from: int | None = None  # first tick of the current run of passing checks
+    hold = max(1, case.hold_ticks)
     for _ in range(limit):
         run.step()
         tick = run.tick - 1
-        if tick >= first:
-            last = case.check(run)
-            if passed_at is None and last.ok:
-                passed_at = tick
-        if passed_at is not None and tick >= passed_at + case.settle_ticks:
+        if tick >= first and passed_at is None:
+            if case.check(run).ok:
+                streak_from = tick if streak_from is None else streak_from
+                if tick - streak_from + 1 >= hold:
+                    passed_at = streak_from
+            else:
+                streak_from = None
+        if passed_at is not None and tick >= passed_at + hold - 1 + case.settle_ticks:
             break
     final = case.check(run)
     run.collect_operators()
@@ -234,11 +239,9 @@ def _result(run: CaseRun, passed_at: int | None, final: Check, wall: float, limi
     examples = [f"region {b.region_id} {b.kind} {a.from_store}->{a.to_store} at {a.tick:g} "
                 f"(op #{a.operator_id}, {_desc(run, a.operator_id)}), back at {b.tick:g} "
                 f"(op #{b.operator_id}, {_desc(run, b.operator_id)})" for a, b in sim.reversed_moves[:5]]
-    from opforge.placement.simulator.cases import rule_violations
-
     return CaseResult(
         name=case.name, description=case.description, criterion=case.criterion, seed=run.seed,
-        passed=passed_at is not None, ticks=passed_at, held=final.ok, ticks_run=run.tick, max_ticks=limit,
+        passed=passed_at is not None and final.ok, ticks=passed_at, held=final.ok, ticks_run=run.tick, max_ticks=limit,
         message=final.message,
         operators={d: dict(c) for d, c in sorted(by_desc.items())}, operators_by_kind=dict(by_kind),
         operator_status=status, total_operators=total, canceled_share=share(OpStatus.CANCELED),
@@ -310,7 +313,12 @@ def plot_case(result: CaseResult, path: str) -> str:
         if result.ticks is not None:
             ax.axvline(result.ticks, color="green", linestyle="--", linewidth=1.0)
     axes[1].legend(fontsize=7, loc="best", ncol=2)
-    status = f"passed at tick {result.ticks}" if result.passed else "did not pass"
+    if result.passed:
+        status = f"passed at tick {result.ticks}"
+    elif result.ticks is not None:
+        status = f"met at tick {result.ticks} but did not hold"
+    else:
+        status = "did not pass"
     fig.suptitle(f"{result.name}: {status}; {result.total_operators} operators, "
                  f"{result.moved_mib:,.0f} MiB moved", fontsize=10)
     fig.tight_layout()

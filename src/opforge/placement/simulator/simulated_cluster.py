@@ -36,7 +36,7 @@ first starting at ``b""`` and the last ending at ``b""`` (= +infinity).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store, StoreState
@@ -83,7 +83,7 @@ class SimRegion:
 
     __slots__ = ("id", "start", "end", "conf_ver", "version", "peers", "leader_id", "size", "keys",
                  "write_rate", "read_rate", "write_keys_rate", "read_keys_rate", "query_rate", "pending",
-                 "leader_lost_at", "last_hb")
+                 "import_rate", "import_keys_rate", "leader_lost_at", "last_hb")
 
     def __init__(self, rid: int, start: bytes, end: bytes, peers: tuple[Peer, ...], leader_id: int | None,
                  size: float, keys: int = 0, conf_ver: int = 1, version: int = 1):
@@ -96,6 +96,7 @@ class SimRegion:
         self.keys = keys
         self.write_rate = self.read_rate = 0.0  # bytes per second
         self.write_keys_rate = self.read_keys_rate = self.query_rate = 0.0
+        self.import_rate = self.import_keys_rate = 0.0  # this tick's import writes (not inherited by splits)
         self.pending: set[int] = set()  # peer ids still receiving their snapshot
         self.leader_lost_at: float | None = None
         self.last_hb = -1.0
@@ -121,9 +122,10 @@ class SimRegion:
         return [p for p in self.peers if p.is_voter]
 
     def __repr__(self) -> str:
-        peers = ",".join(f"{p.store_id}{'*' if p.id == self.leader_id else ''}{'' if p.role == PeerRole.VOTER else p.role.value[0]}"
-                         for p in self.peers)
-        return f"SimRegion({self.id} [{self.start.hex()},{self.end.hex()}) v{self.conf_ver}/{self.version} {peers} {self.size:.0f}MiB)"
+        peers = ",".join(f"{p.store_id}{'*' if p.id == self.leader_id else ''}"
+                         f"{'' if p.role == PeerRole.VOTER else p.role.value[0]}" for p in self.peers)
+        return (f"SimRegion({self.id} [{self.start.hex()},{self.end.hex()}) v{self.conf_ver}/{self.version} "
+                f"{peers} {self.size:.0f}MiB)")
 
 
 def quorum_ok(peers, alive: Callable[[int], bool]) -> bool:
@@ -216,6 +218,7 @@ class SimulatedCluster:
         self.nodes: dict[int, Node] = {}
         self.regions: dict[int, SimRegion] = {}
         self.imports: list[ImportSpot] = []
+        self._import_touched: set[int] = set()
         self.dirty: set[int] = set()  # regions whose leader heartbeats at the end of this tick
         self._leaderless: set[int] = set()
         self._replays: list[_Replay] = []
@@ -569,6 +572,11 @@ class SimulatedCluster:
         self.now = now + 1.0
 
     def _run_loads(self, now: float) -> None:
+        for rid in self._import_touched:
+            r = self.regions.get(rid)
+            if r is not None:
+                r.import_rate = r.import_keys_rate = 0.0
+        self._import_touched = set()
         for spot in self.imports:
             if now >= spot.until:
                 continue
@@ -578,19 +586,20 @@ class SimulatedCluster:
             self._unindex(r)
             r.size += spot.mib_per_tick
             r.keys += int(spot.mib_per_tick * spot.keys_per_mib)
-            r.write_rate = spot.mib_per_tick * MIB
-            r.write_keys_rate = spot.mib_per_tick * spot.keys_per_mib
+            r.import_rate += spot.mib_per_tick * MIB
+            r.import_keys_rate += spot.mib_per_tick * spot.keys_per_mib
+            self._import_touched.add(r.id)
             self._index(r)
         self.imports = [s for s in self.imports if now < s.until]
         # traffic for the store heartbeats
         for r in self.regions.values():
-            if r.write_rate or r.read_rate or r.query_rate:
+            if r.write_rate or r.read_rate or r.query_rate or r.import_rate:
                 lead = r.leader
                 for p in r.peers:
                     n = self.nodes.get(p.store_id)
                     if n is not None and n.alive:
-                        n.bytes_written += r.write_rate
-                        n.keys_written += r.write_keys_rate
+                        n.bytes_written += r.write_rate + r.import_rate
+                        n.keys_written += r.write_keys_rate + r.import_keys_rate
                 if lead is not None:
                     n = self.nodes.get(lead.store_id)
                     if n is not None and n.alive:
@@ -691,15 +700,16 @@ class SimulatedCluster:
             n = self.nodes.get(p.store_id)
             if n is None or n.removed or (not n.alive and n.down_since is not None
                                           and self.now - n.down_since >= down_after):
-                down.append(p.id)
-            elif p.id in r.pending or not n.alive:
-                pending.append(p.id)
-        interval = 1.0
+                down.append(p.id)  # silent too long
+            if p.id in r.pending or n is None or not n.alive:
+                pending.append(p.id)  # behind the leader's log (a silent peer lags too)
+        interval = 1.0  # flows are reported per second (the hot-region scheduler's report_interval)
         return Region(
             id=r.id, start_key=r.start, end_key=r.end, epoch=RegionEpoch(r.conf_ver, r.version), peers=r.peers,
             leader=r.leader, approximate_size=max(1, int(round(r.size))), approximate_keys=int(r.keys),
-            written_bytes=int(r.write_rate * interval), read_bytes=int(r.read_rate * interval),
-            written_keys=int(r.write_keys_rate * interval), read_keys=int(r.read_keys_rate * interval),
+            written_bytes=int((r.write_rate + r.import_rate) * interval), read_bytes=int(r.read_rate * interval),
+            written_keys=int((r.write_keys_rate + r.import_keys_rate) * interval),
+            read_keys=int(r.read_keys_rate * interval),
             query_num=int(r.query_rate * interval), down_peers=tuple(down), pending_peers=tuple(pending))
 
     def _send_region_heartbeat(self, rid: int) -> None:

@@ -243,6 +243,7 @@ class Case:
     setup: Callable[["CaseRun"], None] | None = None  # e.g. placement rules
     events: list[Event] = field(default_factory=list)
     check_from: int | None = None  # first tick the criterion may pass (default: after the last event)
+    hold_ticks: int = 5  # the criterion must hold this many ticks in a row to pass
     settle_ticks: int = 30  # ticks run after passing, to see whether it holds (and reversals)
     ideal: Callable[["CaseRun"], float | None] | None = None  # MiB that must move at least
     ideal_doc: str = ""
