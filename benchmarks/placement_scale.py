@@ -25,7 +25,6 @@ import argparse
 import cProfile
 import gc
 import http.client
-import io
 import json
 import os
 import platform
@@ -44,10 +43,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 from opforge.placement.cluster import Peer, Region, RegionEpoch, Store  # noqa: E402
 from opforge.placement.driver import Driver  # noqa: E402
-from opforge.placement.heartbeat import RegionHeartbeat, parse_region_heartbeat  # noqa: E402
+from opforge.placement.heartbeat import parse_region_heartbeat  # noqa: E402
 
 GiB = 1 << 30
 TOKEN = "bench-token"
+PROFILE_N = 20_000  # heartbeats under cProfile (steady state)
 
 
 def rss_mib() -> float:
@@ -139,7 +139,7 @@ def bench_core(n_regions: int, n_stores: int, rounds: int, tmpdir: str) -> dict:
     res["parse_and_apply_dicts_per_s"] = rate(lambda: [handle(h) for h in hbs])
     prof = cProfile.Profile()
     prof.enable()
-    for h in hbs:
+    for h in hbs[:PROFILE_N]:
         handle(h)
     prof.disable()
     res["profile_parse_and_apply"] = top_profile(prof)
@@ -153,7 +153,7 @@ def bench_core(n_regions: int, n_stores: int, rounds: int, tmpdir: str) -> dict:
     res["fast_parse_and_apply_per_s"] = rate(lambda: [handle(parse_known_region(h, regions)) for h in hbs])
     prof = cProfile.Profile()
     prof.enable()
-    for hb in fast:
+    for hb in fast[:PROFILE_N]:
         handle(hb)
     prof.disable()
     res["profile_apply_parsed"] = top_profile(prof)
@@ -495,12 +495,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp:
         if "core" not in a.skip:
             print(f"(a) driver core, {a.core_regions} regions ...", flush=True)
-            out["core"] = bench_core(a.core_regions, 32, 3, tmp)
+            t0 = time.perf_counter()
+            out["core"] = bench_core(a.core_regions, 32, 2, tmp)
+            out["core"]["bench_s"] = round(time.perf_counter() - t0, 1)
         if "http" not in a.skip:
             print("(b) HTTP batch endpoint ...", flush=True)
             try:
+                t0 = time.perf_counter()
                 out["http"] = bench_http(min(a.core_regions, 100_000), 32, 5000, a.http_seconds, tmp,
                                          clients=2)
+                out["http"]["bench_s"] = round(time.perf_counter() - t0, 1)
             except Exception as e:  # noqa: BLE001
                 out["http"] = {"error": repr(e)}
         if "round" not in a.skip:
@@ -509,7 +513,9 @@ def main(argv=None) -> int:
             for n in sizes:
                 print(f"(c) one scheduling round at {n} regions ...", flush=True)
                 try:
+                    t0 = time.perf_counter()
                     out["round"].append(bench_round(n, 32, ticks=5))
+                    out["round"][-1]["bench_s"] = round(time.perf_counter() - t0, 1)
                 except MemoryError:
                     out["round"].append({"regions": n, "error": "MemoryError"})
                     break

@@ -479,9 +479,14 @@ class TestSplitChecker:
         ctx = ctx_for(c)
         sc = SplitChecker()
         assert sc.check(c.regions[1], ctx) == []
-        hot = c.regions[3].clone(written_bytes=8 << 20, read_bytes=1 << 20)
-        c.put_region(hot)
+        warm_but_small = c.regions[2].clone(written_bytes=8 << 20, read_bytes=1 << 20)
+        c.put_region(warm_but_small)
         ctx.now += 1  # averages are taken once per tick
+        assert sc.check(warm_but_small, ctx) == []  # 9x the mean, but under 30 MiB/s: move it, don't split
+        c.put_region(c.regions[2].clone(written_bytes=1 << 20, read_bytes=0))
+        hot = c.regions[3].clone(written_bytes=32 << 20, read_bytes=1 << 20)
+        c.put_region(hot)
+        ctx.now += 1
         assert [o.desc for o in sc.check(hot, ctx)] == ["split-hot"]
         by_queries = c.regions[4].clone(query_num=5000)
         c.put_region(by_queries)

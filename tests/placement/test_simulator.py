@@ -23,23 +23,14 @@ from opforge.placement.simulator.node import Task
 from opforge.placement.simulator.simulated_cluster import quorum_ok
 from opforge.placement.operator.step import RemovePeer
 
-# Cases that fail because of a defect in another module, with the defect.
-KNOWN_DRIVER_DEFECTS: dict[str, str] = {
-    "hot-read": "checkers/split_checker.py load rule (split when flow > 4x the mean and >= 1 MiB/s) splits every "
-                "hot region until each piece is below hot_region_bytes_threshold (8 MiB/s), so hot-region never "
-                "sees a hot region to balance (with SplitChecker.is_hot disabled it passes at tick 154 and holds)",
-    "hot-write": "the split_checker load rule, as for hot-read (with SplitChecker.is_hot disabled it passes at "
-                 "tick 169 and holds)",
-    "leader-in-zone": "balance-leader ignores placement rules when it picks a leader target (filter."
-                      "leader_target_reason has no rule-fit check): it moves leaders out of z1 and the rule "
-                      "checker's fix-leader-role moves them back, forever (without balance-leader it passes at "
-                      "tick 136 and holds)",
-}
+# Cases that fail because of a known defect in a driver module, with the defect
+# named (none today: keep the mechanism for the next one).
+KNOWN_DRIVER_DEFECTS: dict[str, str] = {}
 
 
 def _param(name: str):
     if name in KNOWN_DRIVER_DEFECTS:
-        return pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_DRIVER_DEFECTS[name], strict=False))
+        return pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_DRIVER_DEFECTS[name], strict=True))
     return name
 
 
@@ -106,12 +97,6 @@ def test_same_seed_same_run():
         b.total_operators, b.moved_mib, b.steps, b.series["regions"])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "operator/controller.py queues operators refused by the kind limits for up to EXPIRE_AFTER (now 60 s) "
-    "and promotes them later without rechecking them, while influence() and the driver's busy set count "
-    "only running operators: balance-leader proposes 4 transfers a tick against an imbalance the queue "
-    "already covers, so when steps are slowed (here: a third dropped and resent) the queue floods with "
-    "60-second-old transfers that overshoot (store 1: 600 -> 73 leaders, mean 200) and then flow back"))
 def test_dropped_steps_are_resent():
     """Leaders that ignore a third of the steps: the driver resends, the case still passes."""
     r = runner.run_case("balance-leader", sim_config={"step_drop_prob": 0.33})

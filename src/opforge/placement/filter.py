@@ -252,6 +252,19 @@ def leader_target_reason(ctx: ScheduleContext, region: Region, store: Store | No
         return NOT_FOLLOWER
     if p.id in region.down_peers or p.id in region.pending_peers:
         return PEER_UNHEALTHY
+    return leader_rule_reason(ctx, region, store)
+
+
+def leader_rule_reason(ctx: ScheduleContext, region: Region, store: Store) -> str | None:
+    """Placement rules that say where a region's leader lives (role "leader",
+    with label constraints) bind balance-leader too, or the rule checker and
+    the balancer would move the same leader back and forth."""
+    rules = ctx.rules
+    if rules is None or not hasattr(rules, "rules_for"):
+        return None
+    for rule in rules.rules_for(region):
+        if rule.role == "leader" and rule.label_constraints and not rule.matches_store(store):
+            return "placement rules put this region's leader elsewhere"
     return None
 
 

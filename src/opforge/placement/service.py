@@ -36,6 +36,7 @@ import gc
 import hashlib
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -433,7 +434,6 @@ class PDService:
             c = self.driver.cluster
             if store_id is None:
                 total = len(c.regions)
-                import itertools
                 page = list(itertools.islice(c.regions.values(), offset, offset + limit))
             else:
                 ids = sorted(c.region_ids_on(store_id))

@@ -3,28 +3,34 @@
 What a restarted service needs so that it loses nothing: stores (with their
 administrative state), regions, placement rules, the schedule config, the
 running schedulers (with their arguments), and the peer-id high-water mark
-(so no peer id handed to a worker is ever handed out again).
+(so no peer id handed to a worker is ever handed out again: the file holds a
+reservation ``PEER_ID_RESERVE`` ahead of the allocator, as PD's id allocator
+does, see ``Storage._reserve_peer_ids``).
 
 Everything is JSON in TEXT columns -- no pickle. Stores and regions are
 written in their heartbeat wire form (``heartbeat.*.to_json``) and read back
-through ``parse_*``, so a damaged row is refused with a clear message.
+through a quick decoder for rows in exactly that form, else through
+``parse_*``; a damaged row is refused with its id named (``StorageError``).
 
 Region heartbeats can arrive at 10^5 per second, so regions are written in
 batches: ``save_region`` only notes the region (and only when its metadata --
-epoch, leader -- changed since it was last written); ``flush`` writes every
-noted region, store and deletion in one transaction. ``save_region`` flushes
-by itself once ``batch_size`` regions are waiting or ``flush_interval``
-seconds have passed; the service also flushes on each tick and at shutdown.
-A crash can lose at most the last unflushed window; what it loses there is
-only what the workers will report again with their next heartbeats.
+epoch, leader -- changed since it was last written, a tuple compare);
+``flush`` writes every noted region, store, deletion and setting in one
+transaction. ``save_region`` flushes by itself once ``batch_size`` regions
+wait; the service flushes every ``flush_interval`` (0.5 s) and at shutdown.
+A crash can lose at most the last unflushed window, which the workers report
+again with their next heartbeats.
 
 Flow statistics (bytes written/read per interval) are not history worth
 keeping: a region whose epoch and leader are unchanged is not rewritten, even
-if its size or flow changed. Sizes written are those of the last metadata change.
+if its size or flow changed. Sizes written are those of the last metadata
+change; the next heartbeat after a restart brings them up to date.
 
-``attach(driver)`` makes the storage follow every change to the driver's
-cluster (region puts and removals, store puts), so regions that a split or
-merge replaces are deleted from the file as well.
+``attach(driver)`` (done by ``load_into``) makes the storage follow every
+change to the driver's cluster (region puts and removals, store puts), so
+regions that a split or merge replaces are deleted from the file as well.
+Administrative state that does not go through the cluster (store state,
+config, rules, schedulers) is saved by the service with ``save_*``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store, StoreState
+from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store
 from opforge.placement.heartbeat import SCHEMA_VERSION, HeartbeatError, RegionHeartbeat, StoreHeartbeat, \
     parse_region_heartbeat, parse_store_heartbeat
 
@@ -453,4 +459,4 @@ def restore_rules(driver, data: Any) -> None:
 
 
 __all__ = ["Storage", "StorageError", "LoadReport", "peek_next_peer_id", "region_to_json", "store_to_json",
-           "restore_rules", "rules_to_json", "StoreState"]
+           "restore_rules", "rules_to_json"]

@@ -16,7 +16,9 @@ A region gets a ``split_region`` operator when, in this order:
    the cluster has at least ``min_regions`` regions and either
    ``B > load_factor * mean_B and B >= min_load_bytes`` or
    ``Q > load_factor * mean_Q and Q >= min_load_queries``
-   (defaults: 4x the average, 1 MiB, 1000 queries) -> ``split-hot``.
+   (defaults: 4x the average, 30 MiB and 3000 queries per second: TiKV's
+   load-base-split thresholds; below them a hot region is the hot-region
+   scheduler's to move, not to split) -> ``split-hot``.
    The sums behind the means are taken once per tick (per ``ctx.now``), so
    a patrol over all regions stays linear.
 
@@ -42,7 +44,7 @@ class SplitChecker:
     name = "split-checker"
 
     def __init__(self, rules: RuleManager | None = None, boundaries: Iterable[bytes] = (), *,
-                 load_factor: float = 4.0, min_load_bytes: int = 1 << 20, min_load_queries: int = 1000,
+                 load_factor: float = 4.0, min_load_bytes: int = 30 << 20, min_load_queries: int = 3000,
                  min_regions: int = 4):
         self.rules = rules  # None: ctx.rules when set (no rules: no rule boundaries)
         self._boundaries: list[bytes] = []

@@ -291,6 +291,11 @@ class OperatorController:
         if op.status == OpStatus.SUCCESS:
             self._finish(op, OpStatus.SUCCESS, now)
             return None
+        if isinstance(step, RemovePeer) and region.leader is not None and region.leader.store_id == step.from_store:
+            # An election put the leader on the peer we were about to remove: a
+            # leader cannot remove itself, so give up and let a checker replan (PD does too).
+            self._finish(op, OpStatus.CANCELED, now, "the leader moved onto the peer to remove")
+            return None
         if op.is_timed_out(region, now):
             self._finish(op, OpStatus.TIMEOUT, now, f"step {op.current} ({type(step).__name__}) timed out")
             return None
@@ -310,7 +315,10 @@ class OperatorController:
         return op
 
     def _region_gone(self, op: Operator, now: float) -> None:
-        if op.is_merge_source and op.status == OpStatus.STARTED:
+        # A started merge source disappears when it merges; a started split's
+        # region is replaced (for a moment) by the halves it split into.
+        done = op.is_merge_source or bool(op.kind & OpKind.SPLIT)
+        if done and op.status == OpStatus.STARTED:
             op.current = len(op.steps)
             self._finish(op, OpStatus.SUCCESS, now)
         else:

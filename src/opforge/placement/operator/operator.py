@@ -10,11 +10,11 @@ from enum import Enum, IntEnum, IntFlag
 from opforge.placement.cluster import Region, RegionEpoch
 from opforge.placement.operator.step import MergeRegion, Step
 
-# An operator created but not started within this many seconds has expired.
-# PD pushes a new operator's first step at once and uses 3 s; our steps ride
-# on region heartbeats, so an operator starts at its region's next heartbeat:
-# allow a few heartbeat intervals.
-EXPIRE_AFTER = 60.0
+# An operator created but not started within this many seconds has expired
+# (PD's value). PD pushes a new operator's first step at once; here steps ride
+# on region heartbeat replies, so a worker whose region has an operator
+# heartbeats that region promptly (the simulator and client.HeartbeatLoop do).
+EXPIRE_AFTER = 3.0
 
 
 class OpKind(IntFlag):
@@ -100,10 +100,14 @@ class Operator:
         Membership changes the operator itself makes bump conf_ver, and a merge or
         split it runs bumps version; anything beyond the steps' own budget is stale."""
         conf_budget = sum(1 for s in self.steps if type(s).__name__ in _CONF_CHANGES)
-        version_budget = sum(1 for s in self.steps if type(s).__name__ in ("SplitRegion", "MergeRegion"))
-        return (region.epoch.conf_ver < self.epoch.conf_ver or region.epoch.version < self.epoch.version
-                or region.epoch.conf_ver > self.epoch.conf_ver + conf_budget
-                or region.epoch.version > self.epoch.version + version_budget)
+        version_budget = sum(1 for s in self.steps if type(s).__name__ == "SplitRegion")
+        if region.epoch.conf_ver < self.epoch.conf_ver or region.epoch.version < self.epoch.version:
+            return True
+        if region.epoch.conf_ver > self.epoch.conf_ver + conf_budget:
+            return True
+        # A merge sets the target's version to max(source, target) + 1: any rise is its own.
+        merging = any(type(s).__name__ == "MergeRegion" for s in self.steps)
+        return not merging and region.epoch.version > self.epoch.version + version_budget
 
     def is_timed_out(self, region: Region, now: float) -> bool:
         if self.status == OpStatus.CREATED:
