@@ -24,12 +24,12 @@ from typing import Callable, Iterable, Iterator
 
 from opforge.placement.cluster import Cluster, Region, Store, StoreState
 from opforge.placement.context import ScheduleContext
+from opforge.placement.location import REPLICA_BASE_SCORE, compare_location, distinct_score  # noqa: F401
 
 MIB = 1024 * 1024
 # A store sending or receiving this many snapshots at once takes no more work
 # (PD's max-snapshot-count); one with this many pending peers takes no new one.
 MAX_SNAPSHOT_COUNT = 64
-REPLICA_BASE_SCORE = 100.0
 
 # reasons
 STORE_MISSING = "store-missing"
@@ -123,34 +123,6 @@ def leader_transfer_paused(cluster: Cluster, store_id: int, now: float) -> str |
 
 
 # -- location ----------------------------------------------------------------
-def _label(store: Store, key: str) -> str:
-    return store.labels.get(key, "").lower()
-
-
-def compare_location(a: Store, b: Store, labels: list[str]) -> int:
-    """The first level of ``labels`` at which two stores differ, or -1 if they
-    share a location. A missing label matches anything (as in PD)."""
-    for i, key in enumerate(labels):
-        va, vb = _label(a, key), _label(b, key)
-        if va and vb and va != vb:
-            return i
-    return -1
-
-
-def distinct_score(location_labels: list[str], stores_of_region: Iterable[Store], candidate: Store) -> float:
-    """How far apart ``candidate`` is from the region's other stores (higher is
-    better spread); the candidate itself, if among them, is skipped."""
-    n = len(location_labels)
-    score = 0.0
-    for s in stores_of_region:
-        if s.id == candidate.id:
-            continue
-        i = compare_location(s, candidate, location_labels)
-        if i != -1:
-            score += REPLICA_BASE_SCORE ** (n - i - 1)
-    return score
-
-
 def _region_stores(cluster: Cluster, region: Region, without: int | None = None) -> list[Store]:
     out = []
     for p in region.peers:

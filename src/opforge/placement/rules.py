@@ -38,13 +38,13 @@ from typing import Callable, Iterable, Mapping
 
 from opforge.placement.cluster import Cluster, Peer, PeerRole, Region, Store, StoreState
 from opforge.placement.config import ScheduleConfig
+from opforge.placement.location import REPLICA_BASE_SCORE, compare_location, distinct_score, isolation_score  # noqa: F401
 
 CONSTRAINT_OPS = ("in", "notIn", "exists", "notExists")
 ROLES = ("voter", "leader", "follower", "learner")
 VOTER_ROLES = ("voter", "leader", "follower")
 DEFAULT_GROUP_ID = "pd"
 DEFAULT_RULE_ID = "default"
-REPLICA_BASE_SCORE = 100  # isolation: a pair differing at label i of n scores 100 ** (n - i - 1)
 
 
 def _is_exclusive_label(key: str) -> bool:
@@ -306,43 +306,8 @@ class RuleGroup:
 # --------------------------------------------------------------------------
 # fit
 # --------------------------------------------------------------------------
-def location_distance_index(a: Store, b: Store, labels: Iterable[str]) -> int:
-    """The first of ``labels`` on which the two stores differ, or -1. A label
-    missing on either store does not tell them apart (PD's CompareLocation)."""
-    for i, key in enumerate(labels):
-        va, vb = a.labels.get(key, ""), b.labels.get(key, "")
-        if va and vb and va != vb:
-            return i
-    return -1
-
-
-def isolation_score(stores: list[Store], labels: tuple[str, ...]) -> float:
-    """Sum over pairs of 100 ** (n - i - 1), i the first label they differ on:
-    the higher, the better the stores are spread (PD's fit isolation score)."""
-    if not labels or len(stores) <= 1:
-        return 0.0
-    score = 0.0
-    n = len(labels)
-    for i, a in enumerate(stores):
-        for b in stores[i + 1:]:
-            idx = location_distance_index(a, b, labels)
-            if idx != -1:
-                score += REPLICA_BASE_SCORE ** (n - idx - 1)
-    return score
-
-
-def distinct_score(labels: Iterable[str], others: Iterable[Store], store: Store) -> float:
-    """How far ``store`` is from each of ``others`` (PD's DistinctScore)."""
-    labels = tuple(labels)
-    n = len(labels)
-    score = 0.0
-    for o in others:
-        if o.id == store.id:
-            continue
-        idx = location_distance_index(store, o, labels)
-        if idx != -1:
-            score += REPLICA_BASE_SCORE ** (n - idx - 1)
-    return score
+# The location arithmetic is shared with the schedulers' filters.
+location_distance_index = compare_location
 
 
 @dataclass
