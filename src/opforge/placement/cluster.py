@@ -282,15 +282,21 @@ class Cluster:
     def region_ids_on(self, store_id: int) -> set[int]:
         return self.leader_region_ids(store_id) | self.follower_region_ids(store_id) | self.learner_region_ids(store_id)
 
-    def random_region(self, ids: set[int], rng: random.Random, healthy_only: bool = True,
-                      tries: int = 16) -> Region | None:
-        """A random region among ``ids`` (healthy ones preferred, as PD's RandRegion)."""
-        if not ids:
+    def random_region_id(self, rng: random.Random) -> int | None:
+        """A region id drawn uniformly from the whole cluster, in O(1)."""
+        if not self._starts:
             return None
-        pool = list(ids) if len(ids) <= 4 * tries else None
-        for _ in range(tries):
-            rid = rng.choice(pool) if pool is not None else rng.choice(tuple(ids))
-            r = self.regions.get(rid)
-            if r is not None and (not healthy_only or r.is_healthy()):
-                return r
-        return None
+        return self._start_to_id[self._starts[rng.randrange(len(self._starts))]]
+
+    def scan(self, start_key: bytes = b"", end_key: bytes = b""):
+        """Regions overlapping ``[start_key, end_key)`` (b"" = to the end), in key order, lazily."""
+        i = max(bisect.bisect_right(self._starts, start_key) - 1, 0)
+        while i < len(self._starts):
+            key = self._starts[i]
+            i += 1
+            if end_key != b"" and key >= end_key:
+                return
+            r = self.regions.get(self._start_to_id.get(key, -1))
+            if r is None or (r.end_key != b"" and r.end_key <= start_key):
+                continue
+            yield r

@@ -277,10 +277,8 @@ def sample_regions(cluster: Cluster, ids: set[int], rng: random.Random, n: int,
     if size == 0 or n <= 0:
         return
     draws = max(4 * n, 16) if draws is None else max(int(draws), 1)
-    starts = getattr(cluster, "_starts", None)
-    start_to_id = getattr(cluster, "_start_to_id", None)
-    total = len(starts) if starts is not None else 0
-    if start_to_id is None or total == 0 or size <= _SMALL or size * 64 < total:
+    total = len(cluster.regions)
+    if total == 0 or size <= _SMALL or size * 64 < total:
         # Small (or sparse, where probing would mostly miss): draw from the set itself.
         for rid in rng.sample(list(ids), min(size, draws, max(max_probes, 1))):
             r = cluster.regions.get(rid)
@@ -293,7 +291,7 @@ def sample_regions(cluster: Cluster, ids: set[int], rng: random.Random, n: int,
     seen: set[int] = set()
     probes = min(_MAX_PROBES, max_probes, max(64, draws * (total // size + 1)))
     for _ in range(probes):
-        rid = start_to_id.get(starts[rng.randrange(total)])
+        rid = cluster.random_region_id(rng)
         if rid is None or rid in seen or rid not in ids:
             continue
         seen.add(rid)
@@ -316,24 +314,7 @@ def pick_region(ctx: ScheduleContext, ids: set[int], accept: Callable[[Region], 
 def regions_from(cluster: Cluster, start_key: bytes, end_key: bytes = b"") -> Iterator[Region]:
     """Regions in key order whose range overlaps ``[start_key, end_key)``
     (``end_key`` b"" = to the end), lazily."""
-    starts = getattr(cluster, "_starts", None)
-    start_to_id = getattr(cluster, "_start_to_id", None)
-    if starts is None or start_to_id is None:  # no key index: scan (not expected)
-        rs = sorted((r for r in cluster.regions.values()
-                     if (end_key == b"" or r.start_key < end_key) and (r.end_key == b"" or r.end_key > start_key)),
-                    key=lambda r: r.start_key)
-        yield from rs
-        return
-    i = max(bisect.bisect_right(starts, start_key) - 1, 0)
-    while i < len(starts):
-        key = starts[i]
-        if end_key != b"" and key >= end_key:
-            return
-        r = cluster.regions.get(start_to_id.get(key, -1))
-        i += 1
-        if r is None or (r.end_key != b"" and r.end_key <= start_key):
-            continue
-        yield r
+    yield from cluster.scan(start_key, end_key)
 
 
 class RangeView:
