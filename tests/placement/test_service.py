@@ -199,7 +199,7 @@ def test_heartbeat_responses_carry_steps_once_schedulers_propose_operators():
         assert any(op["region_id"] == rid and op["status"] == "success" for op in hist)
 
         # batches carry steps too: an admin operator on a region nobody touched
-        target = next(i for i in range(1, 31) if c.region(i)["operator"] is None)
+        target = next(i for i in range(1, 31) if i != rid and c.region(i)["operator"] is None)
         c.add_operator("transfer-leader", target, to_store=3)
         got = c.region_heartbeats([_region(i, leader=1, last=30) for i in range(1, 31)])
         assert got["accepted"] == 30 and got["refused"] == 0

@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     serve.add_argument("--db", default="pd.sqlite", help="SQLite file for cluster metadata")
 
     ctl = cmds.add_parser("ctl", help="pd-ctl style admin commands against a running service")
+    ctl.add_argument("--url", help="service address (or OPFORGE_PD_URL)")
+    ctl.add_argument("--token", help="bearer token (or OPFORGE_PD_TOKEN)")
     ctl.add_argument("rest", nargs=argparse.REMAINDER, help="stores | regions | operators | scheduler add NAME | ...")
 
 
@@ -54,5 +56,6 @@ def run(args, console) -> int:
     if args.pd_command == "ctl":
         from opforge.placement import ctl
 
-        return ctl.main(args.rest)
+        head = (["--url", args.url] if args.url else []) + (["--token", args.token] if args.token else [])
+        return ctl.main(head + args.rest)
     return 2

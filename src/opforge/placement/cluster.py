@@ -143,6 +143,8 @@ class Cluster:
         self._leader_size: dict[int, int] = {}
         self._starts: list[bytes] = []  # sorted start keys
         self._start_to_id: dict[bytes, int] = {}
+        self.total_flow_bytes = 0  # written + read bytes of every region's last heartbeat
+        self.total_queries = 0
 
     # -- stores ----------------------------------------------------------
     def put_store(self, store: Store) -> None:
@@ -167,17 +169,18 @@ class Cluster:
     # -- regions ---------------------------------------------------------
     def put_region(self, region: Region) -> None:
         old = self.regions.get(region.id)
+        same_key = old is not None and old.start_key == region.start_key
         if old is not None:
-            self._unindex(old)
+            self._unindex(old, keep_key=same_key)
         self.regions[region.id] = region
-        self._index(region)
+        self._index(region, keep_key=same_key)
 
     def remove_region(self, region_id: int) -> None:
         old = self.regions.pop(region_id, None)
         if old is not None:
             self._unindex(old)
 
-    def _index(self, r: Region) -> None:
+    def _index(self, r: Region, keep_key: bool = False) -> None:
         lid = r.leader.id if r.leader else None
         for p in r.peers:
             self._ensure_store_index(p.store_id)
@@ -189,15 +192,19 @@ class Cluster:
             else:
                 self._followers[p.store_id].add(r.id)
             self._region_size[p.store_id] += r.approximate_size
+        self.total_flow_bytes += r.written_bytes + r.read_bytes
+        self.total_queries += r.query_num
+        if keep_key:  # a heartbeat of a known region at the same start key: the key index stands
+            return
         if r.start_key in self._start_to_id and self._start_to_id[r.start_key] != r.id:
-            # A region that starts at the same key replaces the old one (split/merge
-            # reported out of order): the newer epoch has already won in put_region's caller.
+            # Another region still starts here (a split or merge reported out of
+            # order): the newer one, already checked by the driver, takes the key.
             self._drop_start(r.start_key)
         if r.start_key not in self._start_to_id:
             bisect.insort(self._starts, r.start_key)
         self._start_to_id[r.start_key] = r.id
 
-    def _unindex(self, r: Region) -> None:
+    def _unindex(self, r: Region, keep_key: bool = False) -> None:
         lid = r.leader.id if r.leader else None
         for p in r.peers:
             if p.id == lid:
@@ -208,7 +215,9 @@ class Cluster:
             else:
                 self._followers[p.store_id].discard(r.id)
             self._region_size[p.store_id] -= r.approximate_size
-        if self._start_to_id.get(r.start_key) == r.id:
+        self.total_flow_bytes -= r.written_bytes + r.read_bytes
+        self.total_queries -= r.query_num
+        if not keep_key and self._start_to_id.get(r.start_key) == r.id:
             self._drop_start(r.start_key)
 
     def _drop_start(self, key: bytes) -> None:

@@ -59,7 +59,7 @@ class Driver:
             self.add_scheduler(name)
         self.merge_checker = MergeChecker()
         self.checkers = [RuleChecker(), self.merge_checker, SplitChecker()]
-        self._patrol_cursor = 0
+        self._patrol_key = b""  # where the next patrol window starts
         self.errors = 0  # refused heartbeats, for operators of the driver
 
     # -- stores ----------------------------------------------------------
@@ -185,16 +185,23 @@ class Driver:
         return all(self.controller.add(op, now) for op in ops)
 
     def _patrol_window(self) -> list[Region]:
-        ids = list(self.cluster.regions)
-        if not ids:
-            return []
-        n = min(self.config.patrol_regions_per_tick, len(ids))
-        start = self._patrol_cursor % len(ids)
-        self._patrol_cursor = start + n
-        window = ids[start:start + n]
-        if len(window) < n:
-            window += ids[: n - len(window)]
-        return [self.cluster.regions[i] for i in window]
+        """The next ``patrol_regions_per_tick`` regions in key order, wrapping
+        around: every region is checked once per full patrol, at O(window) a tick."""
+        n = min(self.config.patrol_regions_per_tick, len(self.cluster.regions))
+        window: list[Region] = []
+        for r in self.cluster.scan(self._patrol_key):
+            if len(window) >= n:
+                break
+            if r.start_key >= self._patrol_key or not window:
+                window.append(r)
+        if len(window) < n:  # wrap to the start of the key space
+            seen = {r.id for r in window}
+            for r in self.cluster.scan(b""):
+                if len(window) >= n or r.id in seen:
+                    break
+                window.append(r)
+        self._patrol_key = window[-1].end_key if window and window[-1].end_key else b""
+        return window
 
     # -- admin -------------------------------------------------------------
     def add_scheduler(self, name: str, **args) -> None:

@@ -144,6 +144,9 @@ def parse_region_heartbeat(d: Any) -> RegionHeartbeat:
     ids = {p.id for p in peers}
     down = tuple(_field(d, "down_peers", list, where, []))
     pending = tuple(_field(d, "pending_peers", list, where, []))
+    for name, values in (("down_peers", down), ("pending_peers", pending)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise HeartbeatError(f"{where}: {name} must list peer ids (integers)")
     if not set(down) <= ids or not set(pending) <= ids:
         raise HeartbeatError(f"{where}: down_peers and pending_peers must name peers of the region")
     region = Region(

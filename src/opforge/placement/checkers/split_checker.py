@@ -19,8 +19,8 @@ A region gets a ``split_region`` operator when, in this order:
    (defaults: 4x the average, 30 MiB and 3000 queries per second: TiKV's
    load-base-split thresholds; below them a hot region is the hot-region
    scheduler's to move, not to split) -> ``split-hot``.
-   The sums behind the means are taken once per tick (per ``ctx.now``), so
-   a patrol over all regions stays linear.
+   The sums behind the means are the cluster's running totals, so the
+   rule costs O(1) per region.
 
 For 2 and 3, :meth:`SplitChecker.suggest_split_keys` gives the keys when it
 knows some (boundaries inside the region); an empty tuple lets the leader
@@ -53,7 +53,6 @@ class SplitChecker:
         self.min_load_bytes = min_load_bytes
         self.min_load_queries = min_load_queries
         self.min_regions = min_regions
-        self._load_cache: tuple | None = None  # ((cluster id, now, region count), loads)
 
     def add_boundaries(self, keys: Iterable[bytes]) -> None:
         """Keys a region should never span (e.g. where tables or partitions start)."""
@@ -97,24 +96,15 @@ class SplitChecker:
         return []
 
     # -- load --------------------------------------------------------------
-    def _loads(self, ctx: ScheduleContext) -> tuple[int, int, dict[int, tuple[int, int]]]:
-        """Total bytes and queries over the cluster's regions, and each region's
-        share, taken once per tick (``ctx.now``) so a patrol stays linear."""
-        cluster = ctx.cluster
-        key = (id(cluster), ctx.now, len(cluster.regions))
-        if self._load_cache is None or self._load_cache[0] != key:
-            per = {r.id: (r.written_bytes + r.read_bytes, r.query_num) for r in cluster.regions.values()}
-            self._load_cache = (key, (sum(b for b, _ in per.values()), sum(q for _, q in per.values()), per))
-        return self._load_cache[1]
-
     def is_hot(self, region: Region, ctx: ScheduleContext) -> bool:
         """The load rule of the module docstring."""
-        b_sum, q_sum, per = self._loads(ctx)
-        n = len(per)
-        if region.id in per:  # the average is over the other regions
+        cluster = ctx.cluster
+        b_sum, q_sum, n = cluster.total_flow_bytes, cluster.total_queries, len(cluster.regions)
+        known = cluster.regions.get(region.id)
+        if known is not None:  # the average is over the other regions
             n -= 1
-            b_sum -= per[region.id][0]
-            q_sum -= per[region.id][1]
+            b_sum -= known.written_bytes + known.read_bytes
+            q_sum -= known.query_num
         if n + 1 < self.min_regions or n <= 0:
             return False
         b = region.written_bytes + region.read_bytes
