@@ -125,6 +125,17 @@ def test_every_request_needs_the_bearer_token():
         assert e.value.status == 401
 
 
+def test_openapi_spec_lists_the_heartbeat_and_admin_paths_behind_the_token():
+    with Server(tick_interval=0) as srv:
+        status, _ = _raw(f"{srv.url}{API}/openapi.json", token=None)
+        assert status == 401
+        status, spec = _raw(f"{srv.url}{API}/openapi.json")
+        assert status == 200 and spec["openapi"].startswith("3.")
+        for path in ("heartbeat/store", "heartbeat/region", "heartbeat/regions", "stores", "operators",
+                     "schedulers", "config", "rules"):
+            assert f"{API}/{path}" in spec["paths"], path
+
+
 def test_schema_is_versioned_and_describes_both_heartbeats():
     with Server(tick_interval=0) as srv:
         schema = srv.client().heartbeat_schema()

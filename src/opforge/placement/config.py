@@ -34,7 +34,7 @@ class ScheduleConfig:
     hot_region_bytes_threshold: float = 8 * 1024 * 1024
     hot_region_keys_threshold: float = 8 * 1024
     hot_region_query_threshold: float = 128
-    patrol_regions_per_tick: int = 4096
+    patrol_regions_per_tick: int = 2048  # checkers per tick; a full patrol spans ticks, like PD's
 
     def set(self, name: str, value) -> None:
         """Set one field from text or a value, with a clear error for a wrong name or type."""

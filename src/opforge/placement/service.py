@@ -754,7 +754,7 @@ def create_app(driver, storage: Storage | None = None, *, token: str, tick_inter
                 storage.close()
 
     app = FastAPI(title="opforge placement driver", version=str(SCHEMA_VERSION), lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url=None, redoc_url=None, openapi_url="/pd/api/v1/openapi.json")
     app.state.pd = svc
     app.add_middleware(BearerAuth, token=token)
 
