@@ -158,32 +158,6 @@ def bench_core(n_regions: int, n_stores: int, rounds: int, tmpdir: str) -> dict:
     prof.disable()
     res["profile_apply_parsed"] = top_profile(prof)
 
-    # what-if (benchmark only, not the product): Cluster.put_region skipping the
-    # sorted start-key list when a heartbeat leaves a region's keys and peers alone
-    from opforge.placement.cluster import Cluster
-    orig_put = Cluster.put_region
-
-    def put_region_same_shape(self, region):
-        old = self.regions.get(region.id)
-        if (old is not None and old.start_key == region.start_key and old.end_key == region.end_key
-                and old.peers == region.peers and old.leader == region.leader):
-            delta = region.approximate_size - old.approximate_size
-            if delta:
-                for p in region.peers:
-                    self._region_size[p.store_id] += delta
-                self._leader_size[region.leader.store_id] += delta
-            self.regions[region.id] = region
-            return
-        orig_put(self, region)
-
-    Cluster.put_region = put_region_same_shape
-    try:
-        res["what_if_apply_parsed_per_s"] = rate(lambda: [handle(hb) for hb in fast])
-        res["what_if_fast_parse_and_apply_per_s"] = rate(lambda: [handle(parse_known_region(h, regions))
-                                                                  for h in hbs])
-    finally:
-        Cluster.put_region = orig_put
-
     # the service's batch path with storage (what POST heartbeat/regions runs, minus HTTP)
     db = os.path.join(tmpdir, "core.sqlite")
     d2 = Driver(schedulers=())
@@ -535,13 +509,6 @@ def notes(out: dict) -> list[str]:
     """Where the time goes, in words, from the figures measured."""
     n = []
     core = out.get("core") or {}
-    if core.get("what_if_apply_parsed_per_s") and core.get("apply_parsed_per_s"):
-        n.append(f"(a) Driver.handle_region_heartbeat applies {core['apply_parsed_per_s']:,}/s at "
-                 f"{core['regions']:,} regions; with Cluster.put_region leaving the sorted start-key list alone "
-                 f"when a region's keys are unchanged it would be {core['what_if_apply_parsed_per_s']:,}/s "
-                 f"(fast parse + apply {core.get('what_if_fast_parse_and_apply_per_s', 0):,}/s): "
-                 "cluster.py _unindex->_drop_start (list.pop) and _index (bisect.insort) move O(N) pointers "
-                 "on every heartbeat.")
     if core.get("parse_per_s") and core.get("fast_parse_known_per_s"):
         n.append(f"(a) parse_region_heartbeat: {core['parse_per_s']:,}/s; the service's fast path for known, "
                  f"unchanged regions: {core['fast_parse_known_per_s']:,}/s.")
@@ -568,8 +535,6 @@ def print_table(out: dict) -> None:
                      ("parse_and_apply_dicts_per_s", "Driver.handle_region_heartbeat (dicts, steady)"),
                      ("fast_parse_known_per_s", "service fast parse (known, unchanged regions)"),
                      ("fast_parse_and_apply_per_s", "fast parse + Driver.handle_region_heartbeat"),
-                     ("what_if_apply_parsed_per_s", "  what-if put_region keeps the key index (apply)"),
-                     ("what_if_fast_parse_and_apply_per_s", "  what-if ... fast parse + apply"),
                      ("first_insert_per_s", "first insert (new regions)"),
                      ("service_batch_steady_per_s", "service batch path + storage (steady)"),
                      ("service_batch_steady_incl_json_decode_per_s", "  ... incl. JSON decode"),
