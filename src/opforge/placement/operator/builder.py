@@ -6,7 +6,7 @@ leader never sits on a peer about to be removed)."""
 
 from __future__ import annotations
 
-import itertools
+import threading
 
 from opforge.placement.cluster import Region
 from opforge.placement.operator.operator import Operator, OpKind, Priority
@@ -19,15 +19,24 @@ class PeerIds:
     """Allocates peer ids that no region has used (PD's id allocator)."""
 
     def __init__(self, start: int = 1_000_000):
-        self._next = itertools.count(start)
+        self._next = start
+        self._lock = threading.Lock()
 
     def __call__(self) -> int:
-        return next(self._next)
+        with self._lock:
+            n = self._next
+            self._next += 1
+            return n
+
+    def peek(self) -> int:
+        """The id the next call will hand out (not taken)."""
+        return self._next
 
     def advance_past(self, used: int) -> None:
-        """Never hand out an id at or below ``used`` (after loading a cluster)."""
-        nxt = next(self._next)
-        self._next = itertools.count(max(nxt, used + 1))
+        """Never hand out an id at or below ``used`` (a heartbeat or a reload saw it)."""
+        if used >= self._next:
+            with self._lock:
+                self._next = max(self._next, used + 1)
 
 
 def transfer_leader(desc: str, region: Region, to_store: int, now: float,
