@@ -170,6 +170,18 @@ class Cluster:
     def put_region(self, region: Region) -> None:
         old = self.regions.get(region.id)
         same_key = old is not None and old.start_key == region.start_key
+        if same_key and old.peers == region.peers and old.leader == region.leader:
+            # The common heartbeat: same members, new sizes and flows. Adjust the totals only.
+            dsize = region.approximate_size - old.approximate_size
+            if dsize:
+                for p in region.peers:
+                    self._region_size[p.store_id] += dsize
+                if region.leader is not None:
+                    self._leader_size[region.leader.store_id] += dsize
+            self.total_flow_bytes += region.written_bytes + region.read_bytes - old.written_bytes - old.read_bytes
+            self.total_queries += region.query_num - old.query_num
+            self.regions[region.id] = region
+            return
         if old is not None:
             self._unindex(old, keep_key=same_key)
         self.regions[region.id] = region
