@@ -48,7 +48,7 @@ def render(r: dict) -> str:
     if r.get("crossover_summary"):
         lines += [
             "",
-            "## Variant crossover (fp32 add, each variant forced; µs per call)",
+            "## Variant crossover (each variant forced; µs per call)",
             "",
             "A call costs the slower of the GPU time and the host's launch time, so on small tensors the "
             "launcher decides: torch's C++ launch beats Triton's Python launcher. Dispatch follows these "

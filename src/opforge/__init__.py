@@ -15,10 +15,13 @@ from opforge.ops.elementwise import (  # noqa: E402
     abs, add, div, exp, gelu, gelu_backward, gelu_tanh, log, maximum, minimum, mul, neg, relu,
     rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
 )
+from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
+from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
 
 __all__ = [
     "__version__", "explain",
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
+    "layer_norm", "rms_norm", "softmax", "log_softmax",
 ]

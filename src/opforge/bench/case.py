@@ -34,6 +34,10 @@ class BenchCase:
     peers: dict[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
     variant: str | None = None  # force a variant (crossover sweeps)
     graph: bool = False  # launch-bound: time CUDA-graph replays on both sides
+    # The registry op's arguments for the bench arguments, when the public call
+    # takes them differently (e.g. layer_norm's shape and eps): used to ask
+    # dispatch which variant ran, and to time a forced variant directly.
+    op_args: Callable[..., tuple] | None = None
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -68,13 +72,14 @@ def run_case(case: BenchCase, device: torch.device, ceilings: Ceilings, *, quick
     ctx = dispatch.force_variant(case.op, case.variant) if case.variant else contextlib.nullcontext()
     with ctx:
         out = case.run(*args)
-        decision = dispatch.decide(op, args, tune=False)
+        dargs = case.op_args(*args) if case.op_args is not None else args
+        decision = dispatch.decide(op, dargs, tune=False)
         ref = case.reference(*[a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
                                else a for a in args])
         err = rel_err(out, ref)
         # A forced variant is timed directly: the sweep compares kernels, and
         # dispatch costs the same whichever variant it picks.
-        timed = (lambda: decision.variant.run(decision.config, *args)) if case.variant else (lambda: case.run(*args))
+        timed = (lambda: decision.variant.run(decision.config, *dargs)) if case.variant else (lambda: case.run(*args))
         ms = _time(timed, device, quick=quick, graph=case.graph)
     peers = {}
     for name, fn in case.peers.items():

@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from opforge.bench import elementwise, overhead
+from opforge.bench import elementwise, norm, overhead, softmax
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
 from opforge.runtime import roofline
 
 SCHEMA_VERSION = 1
-FAMILIES = {"elementwise": elementwise}
+FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
@@ -78,20 +78,21 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
 
 
 def crossover_summary(entries: list[dict]) -> list[dict]:
-    """The fastest variant at each size, per layout: where dispatch should switch."""
-    best: dict[tuple[str, str], dict] = {}
+    """The fastest variant at each size, per op and layout: where dispatch should switch."""
+    best: dict[tuple[str, str, str], dict] = {}
     for e in entries:
         if "median_ms" not in e:
             continue
-        k = ("transposed" if "ᵀ" in e["shape"] else "contiguous", e["shape"])
+        layout = f"{e['op'].split('::')[1]} {e['dtype']}, {'transposed' if 'ᵀ' in e['shape'] else 'contiguous'}"
+        k = (layout, e["shape"])
         if k not in best or e["median_ms"] < best[k]["median_ms"]:
-            best[k] = {"layout": k[0], "shape": e["shape"], "bytes": e["bytes"], "fastest": e["variant"],
+            best[k] = {"layout": layout, "shape": e["shape"], "bytes": e["bytes"], "fastest": e["variant"],
                        "median_ms": e["median_ms"]}
     rows = sorted(best.values(), key=lambda r: (r["layout"], r["bytes"]))
     for r in rows:
-        others = {e["variant"]: e["median_ms"] for e in entries
-                  if e.get("shape") == r["shape"] and "median_ms" in e}
-        r["all_ms"] = others
+        r["all_ms"] = {e["variant"]: e["median_ms"] for e in entries
+                       if e.get("shape") == r["shape"] and "median_ms" in e
+                       and r["layout"].startswith(e["op"].split("::")[1] + " ")}
     return rows
 
 
@@ -121,7 +122,7 @@ def table(result: dict) -> Table:
 def report(result: dict, console: Console) -> None:
     console.print(table(result))
     if result.get("crossover_summary"):
-        ct = Table(title="crossover: fastest variant by size (fp32 add; µs per call, host overhead included)")
+        ct = Table(title="crossover: fastest variant by size (µs per call, host overhead included)")
         for col in ("layout", "shape", "fastest", "times µs"):
             ct.add_column(col)
         for r in result["crossover_summary"]:

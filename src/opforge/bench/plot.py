@@ -48,7 +48,8 @@ def crossover_png(crossover: list[dict], path: Path | str, title: str) -> None:
     """Median time against size, one line per forced variant, one panel per layout."""
     groups: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for e in crossover:
-        layout = "transposed a" if "ᵀ" in e["shape"] else "contiguous"
+        layout = (f"{e['op'].split('::')[1]} {e['dtype']}, "
+                  + ("transposed a" if "ᵀ" in e["shape"] else "contiguous"))
         groups.setdefault(layout, {}).setdefault(e["variant"], []).append((e["bytes"], e["median_ms"]))
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, (layout, lines) in zip(axes[0], sorted(groups.items())):
@@ -59,7 +60,7 @@ def crossover_png(crossover: list[dict], path: Path | str, title: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("bytes moved")
         ax.set_ylabel("median µs per call")
-        ax.set_title(f"fp32 add, {layout}")
+        ax.set_title(layout)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(title)

@@ -1,0 +1,407 @@
+"""Softmax ops: ``opforge.softmax(x, dim=-1)`` and ``opforge.log_softmax(x, dim=-1)``.
+
+Torch semantics: the dtype is preserved (fp16, bf16, fp32, fp64; arithmetic
+in fp32, or fp64 for fp64), any dim, any leading shape, empty tensors,
+0-dim tensors. NaN and infinities behave as torch's.
+
+Layout. The kernels reduce the last dim of a 2-D ``[rows, cols]`` view whose
+column stride is 1. ``dim`` is moved last with ``movedim`` (a view); the
+input is copied to a contiguous tensor only when that view cannot be seen as
+``[rows, cols]`` with unit column stride (``dim`` is not the innermost dim,
+or the leading dims do not collapse, e.g. a transposed input). The output is
+allocated dense in the moved layout and returned moved back: for the last dim
+that is a contiguous tensor; for another dim it is a permuted view of a dense
+tensor (same values and shape as torch's, different strides; no extra copy).
+
+Each op is a registry entry with four variants, in dispatch order:
+``triton_row`` (the row in registers, cols <= ``ROW_LIMIT``),
+``triton_online`` (online softmax over column blocks, any cols),
+``torch_eager`` (torch's own kernel, CUDA) and ``reference`` (plain torch).
+The backward ops ``softmax_backward(grad, output, dim)`` and
+``log_softmax_backward(grad, output, dim)`` are registry and torch.library
+ops too, with the same variants: autograd calls them, so they are
+dispatched, tuned and selftested like the forward ops.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from opforge.ops.library import define, direct_ok
+from opforge.runtime import dispatch, registry
+from opforge.runtime.registry import Op, Variant
+
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+FORWARD = ("softmax", "log_softmax")
+BACKWARD = ("softmax_backward", "log_softmax_backward")
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (plain torch, float64-capable)
+# ---------------------------------------------------------------------------
+def _softmax_ref(x, dim):
+    return torch.softmax(x, dim)
+
+
+def _log_softmax_ref(x, dim):
+    return torch.log_softmax(x, dim)
+
+
+def _softmax_backward_ref(g, y, dim):
+    return y * (g - (g * y).sum(dim, keepdim=True))
+
+
+def _log_softmax_backward_ref(g, y, dim):
+    return g - torch.exp(y) * g.sum(dim, keepdim=True)
+
+
+REFERENCE = {
+    "softmax": _softmax_ref,
+    "log_softmax": _log_softmax_ref,
+    "softmax_backward": _softmax_backward_ref,
+    "log_softmax_backward": _log_softmax_backward_ref,
+}
+
+
+def _eager_backward(name):
+    def run(g, y, dim):
+        if name == "softmax_backward":
+            return torch.ops.aten._softmax_backward_data(g, y, dim, g.dtype)
+        return torch.ops.aten._log_softmax_backward_data(g, y, dim, g.dtype)
+    return run
+
+
+EAGER = {
+    "softmax": lambda x, dim: torch.softmax(x, dim),
+    "log_softmax": lambda x, dim: torch.log_softmax(x, dim),
+    "softmax_backward": _eager_backward("softmax_backward"),
+    "log_softmax_backward": _eager_backward("log_softmax_backward"),
+}
+
+
+# ---------------------------------------------------------------------------
+# Validation and layout
+# ---------------------------------------------------------------------------
+def _check_tensor(where: str, arg: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_complex():
+        raise TypeError(f"{where}: complex tensors are not supported (got {arg} of {t.dtype})")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{where}: {arg} must be a floating-point tensor, got {t.dtype}")
+
+
+def _check_dim(where: str, x: torch.Tensor, dim) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{where}: dim must be an int, got {type(dim).__name__}")
+    n = max(x.dim(), 1)
+    if not -n <= dim < n:
+        raise ValueError(f"{where}: dim {dim} is out of range for a tensor with {x.dim()} dims "
+                         f"(expected {-n} <= dim < {n})")
+
+
+def validate(name: str, x, dim=-1) -> None:
+    where = f"opforge.{name}"
+    _check_tensor(where, "input", x)
+    _check_dim(where, x, dim)
+
+
+def validate_backward(name: str, g, y, dim=-1) -> None:
+    where = f"opforge.{name}"
+    _check_tensor(where, "grad", g)
+    _check_tensor(where, "output", y)
+    if g.shape != y.shape:
+        raise ValueError(f"{where}: grad has shape {tuple(g.shape)} but output has {tuple(y.shape)}")
+    if g.dtype != y.dtype:
+        raise TypeError(f"{where}: grad is {g.dtype} but output is {y.dtype}; they must match")
+    if g.device != y.device:
+        raise ValueError(f"{where}: grad is on {g.device} but output is on {y.device}")
+    _check_dim(where, g, dim)
+
+
+def _norm_dim(t: torch.Tensor, dim: int) -> int:
+    return dim % t.dim() if t.dim() else 0
+
+
+def allocate_out(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Dense in the moved layout (``dim`` last), returned with ``dim`` back in place."""
+    if x.dim() == 0:
+        return torch.empty((), dtype=x.dtype, device=x.device)
+    d = _norm_dim(x, dim)
+    shape = list(x.shape)
+    moved = shape[:d] + shape[d + 1:] + [shape[d]]
+    return torch.empty(moved, dtype=x.dtype, device=x.device).movedim(-1, d)
+
+
+def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` as ``[rows, cols]`` with unit column stride: a view when the layout
+    allows, else a contiguous copy."""
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    m = t.movedim(_norm_dim(t, dim), -1)
+    cols = m.shape[-1]
+    rows = m.numel() // cols if cols else 0
+    if m.stride(-1) == 1 or cols <= 1:
+        try:
+            v = m.view(rows, cols)
+            if v.stride(1) == 1 or cols <= 1:
+                return v
+        except RuntimeError:
+            pass
+    return m.contiguous().view(rows, cols)
+
+
+def _cols(t: torch.Tensor, dim: int) -> int:
+    return t.shape[_norm_dim(t, dim)] if t.dim() else 1
+
+
+# ---------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _bucket_size(n: int) -> str:
+    return str(n) if n <= 16 else str(_pow2(n))
+
+
+def _geometry(t: torch.Tensor, dim: int) -> tuple[int, int]:
+    cols = _cols(t, dim)
+    return (t.numel() // cols if cols else 0), cols
+
+
+def _make_variants(name: str) -> list[Variant]:
+    from opforge.kernels import softmax as K
+
+    backward = name in BACKWARD
+    log = name.startswith("log_")
+
+    if backward:
+        def row_run(cfg, g, y, dim=-1):
+            dx = allocate_out(g, dim)
+            if dx.numel():
+                K.launch_row_backward(_rows(g, dim), _rows(y, dim), _rows(dx, dim), log, cfg)
+            return dx
+
+        def online_run(cfg, g, y, dim=-1):
+            dx = allocate_out(g, dim)
+            if dx.numel():
+                K.launch_online_backward(_rows(g, dim), _rows(y, dim), _rows(dx, dim), log, cfg)
+            return dx
+    else:
+        def row_run(cfg, x, dim=-1):
+            y = allocate_out(x, dim)
+            if y.numel():
+                K.launch_row_forward(_rows(x, dim), _rows(y, dim), log, cfg)
+            return y
+
+        def online_run(cfg, x, dim=-1):
+            y = allocate_out(x, dim)
+            if y.numel():
+                K.launch_online_forward(_rows(x, dim), _rows(y, dim), log, cfg)
+            return y
+
+    def _dim(rest):
+        return rest[-1] if rest and not isinstance(rest[-1], torch.Tensor) else -1
+
+    def row_check(t, *rest):
+        cols = _cols(t, _dim(rest))
+        if cols > K.ROW_LIMIT:
+            return f"rows of {cols} columns exceed the row-resident limit {K.ROW_LIMIT}"
+        return None
+
+    def bucket(t, *rest):
+        # ":c" when dim is the unit-stride one (no copy), ":t" when it is moved by a copy.
+        dim = _dim(rest)
+        rows, cols = _geometry(t, dim)
+        unit = t.dim() == 0 or t.stride(_norm_dim(t, dim)) == 1 or cols <= 1
+        return f"{_bucket_size(rows)}x{_bucket_size(cols)}:{'c' if unit else 't'}"
+
+    def row_default(t, *rest):
+        return K.row_default_config(*_geometry(t, _dim(rest)))
+
+    def row_configs(t, *rest):
+        return K.row_configs(*_geometry(t, _dim(rest)))
+
+    def online_default(t, *rest):
+        return K.online_default_config(*_geometry(t, _dim(rest)))
+
+    def online_configs(t, *rest):
+        return K.online_configs(*_geometry(t, _dim(rest)))
+
+    def eager_run(cfg, *args):
+        return EAGER[name](*args)
+
+    def reference_run(cfg, *args):
+        out = allocate_out(args[0], args[-1])
+        return out.copy_(REFERENCE[name](*args))
+
+    version_row, version_online = K.ROW_VERSION, K.ONLINE_VERSION
+    what = "gradient" if backward else "row"
+    return [
+        Variant("triton_row", row_run, version=version_row, dtypes=FLOATS, check=row_check,
+                configs=row_configs, default_config=row_default, bucket=bucket,
+                description=f"the whole {what} in registers, several short rows per program; "
+                            f"cols <= {K.ROW_LIMIT}"),
+        Variant("triton_online", online_run, version=version_online, dtypes=FLOATS,
+                configs=online_configs, default_config=online_default, bucket=bucket,
+                description="one program per row over column blocks (running max and sum), "
+                            "then a second pass that writes; any cols"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+                description="torch's own softmax kernel"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Selftest inputs
+# ---------------------------------------------------------------------------
+def sample_inputs(name: str, device: torch.device) -> list[tuple]:
+    """Random inputs reaching every variant: short rows, long rows (70000
+    columns: the online kernel only), another dim, a transposed input,
+    magnitudes near 1e4; each float dtype."""
+    g = torch.Generator(device="cpu").manual_seed(sum(map(ord, name)))
+    backward = name in BACKWARD
+
+    def rand(shape, dtype, scale=3.0):
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(device)
+
+    def make(x, dim):
+        if not backward:
+            return (x, dim)
+        fwd = torch.log_softmax if name.startswith("log_") else torch.softmax
+        y = fwd(x.double(), dim).to(x.dtype)
+        return (rand(x.shape, x.dtype, 1.0), y, dim)
+
+    out = []
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        out += [make(rand((67, 130), dt), -1), make(rand((5, 7, 33), dt), 1),
+                make(rand((130, 67), dt).t(), -1), make(rand((9, 1000), dt), -1)]
+    out.append(make(rand((3, 70000), torch.float32), -1))
+    out.append(make(rand((4, 300), torch.float32, 1e4), -1))
+    out.append(make(rand((2, 20000), torch.bfloat16), -1))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registration: registry entry + torch.library op + autograd
+# ---------------------------------------------------------------------------
+def _register_op(name: str) -> Op:
+    backward = name in BACKWARD
+    if backward:
+        op = Op(
+            name=name,
+            reference=REFERENCE[name],
+            tensors=lambda g, y, dim=-1: (g, y),
+            memo_key=lambda g, y, dim=-1: (g.dtype, g.shape, g.stride(), y.stride(), y.dtype, g.device, dim),
+            dtype_key=lambda g, y, dim=-1: f"{g.dtype}".replace("torch.", ""),
+            variants=_make_variants(name),
+            validate=functools.partial(validate_backward, name),
+            samples=functools.partial(sample_inputs, name),
+            doc=f"gradient of {name[:-len('_backward')]} from its output",
+        )
+    else:
+        op = Op(
+            name=name,
+            reference=REFERENCE[name],
+            tensors=lambda x, dim=-1: (x,),
+            memo_key=lambda x, dim=-1: (x.dtype, x.shape, x.stride(), x.device, dim),
+            dtype_key=lambda x, dim=-1: f"{x.dtype}".replace("torch.", ""),
+            variants=_make_variants(name),
+            validate=functools.partial(validate, name),
+            samples=functools.partial(sample_inputs, name),
+            doc=f"{name} over one dim",
+        )
+    return registry.register(op)
+
+
+OPS = {name: _register_op(name) for name in FORWARD + BACKWARD}
+
+
+def _define_backward(name: str) -> None:
+    op = OPS[name]
+    log = name.startswith("log_")
+
+    def impl(g, y, dim):
+        return dispatch.call(op, g, y, dim)
+
+    def fake(g, y, dim):
+        validate_backward(name, g, y, dim)
+        return allocate_out(g, dim)
+
+    def setup(ctx, inputs, output):
+        g, y, dim = inputs
+        ctx.save_for_backward(g, y)
+        ctx.dim = dim
+
+    def backward(ctx, gg):
+        # Second derivatives, in plain torch (double backward is rare).
+        g, y = ctx.saved_tensors
+        dim = ctx.dim
+        if log:
+            ey = torch.exp(y)
+            d_g = gg - (gg * ey).sum(dim, keepdim=True)
+            d_y = -gg * ey * g.sum(dim, keepdim=True)
+        else:
+            s = (g * y).sum(dim, keepdim=True)
+            d_g = y * (gg - (gg * y).sum(dim, keepdim=True))
+            d_y = gg * (g - s) - g * (gg * y).sum(dim, keepdim=True)
+        return d_g, d_y, None
+
+    define(f"{name}(Tensor grad, Tensor output, int dim) -> Tensor", impl, fake, backward, setup)
+
+
+def _define_forward(name: str) -> None:
+    op = OPS[name]
+
+    def impl(x, dim):
+        return dispatch.call(op, x, dim)
+
+    def fake(x, dim):
+        validate(name, x, dim)
+        return allocate_out(x, dim)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.dim = inputs[1]
+
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return getattr(torch.ops.opforge, f"{name}_backward")(g, y, ctx.dim), None
+
+    define(f"{name}(Tensor self, int dim) -> Tensor", impl, fake, backward, setup)
+
+
+for _n in BACKWARD:
+    _define_backward(_n)
+for _n in FORWARD:
+    _define_forward(_n)
+
+
+def _public(name: str):
+    """The torch-style function: the registered op, with a direct path to the
+    dispatcher when nothing (autograd, tracing, modes) needs torch.library."""
+    packet = getattr(torch.ops.opforge, name).default
+    op = OPS[name]
+    call = dispatch.call
+
+    def fn(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        if direct_ok(input) and type(dim) is int:
+            return call(op, input, dim)
+        validate(name, input, dim)
+        return packet(input, dim)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"``torch.{name}(input, dim)`` over ``dim`` (default the last), dtype preserved, "
+                  f"run by opforge's dispatcher.")
+    return fn
+
+
+softmax = _public("softmax")
+log_softmax = _public("log_softmax")
+
+__all__ = ["softmax", "log_softmax"]
