@@ -40,6 +40,19 @@ class BenchCase:
     op_args: Callable[..., tuple] | None = None
 
 
+def compiled_peer(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """torch.compile of ``fn``, specialized to each shape like a user's model.
+
+    Each bench shape is a recompile of the same function: lift dynamo's
+    recompile limit, or later shapes would silently fall back to eager.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
+    return torch.compile(fn, dynamic=False)
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ over finite values; inf when out is non-finite where the
     reference, rounded to out's dtype, is finite (or the other way round).

@@ -8,7 +8,7 @@ import math
 import torch
 
 import opforge
-from opforge.bench.case import BenchCase
+from opforge.bench.case import BenchCase, compiled_peer
 from opforge.ops.elementwise import REFERENCE
 
 # FLOPs per output element, counted as a reader would (a special function as one).
@@ -27,19 +27,6 @@ def _rand(shape, dtype, device, positive=False):
     return x.to(dtype)
 
 
-def _compiled(name: str):
-    """torch.compile of the op, specialized to each shape like a user's model.
-
-    Each bench shape is a recompile of the same function: lift dynamo's
-    recompile limit, or later shapes would silently fall back to eager.
-    """
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
-    return torch.compile(REFERENCE[name], dynamic=False)
-
-
 def unary_case(name, shape, dtype, *, graph=False, variant=None, peers=True, compile_peer=True) -> BenchCase:
     n = math.prod(shape)
     es = torch.empty((), dtype=dtype).element_size()
@@ -48,7 +35,7 @@ def unary_case(name, shape, dtype, *, graph=False, variant=None, peers=True, com
     if peers:
         peer_fns["torch eager"] = REFERENCE[name]
         if compile_peer:
-            peer_fns["torch.compile"] = _compiled(name)
+            peer_fns["torch.compile"] = compiled_peer(REFERENCE[name])
     return BenchCase(
         op=name, label="x".join(map(str, shape)), dtype=dtype,
         make_args=lambda dev: (_rand(shape, dtype, dev, name in POSITIVE_ONLY),),
@@ -78,7 +65,7 @@ def binary_case(name, shape, other_shape, dtype, *, transpose_a=False, graph=Fal
     if peers:
         peer_fns["torch eager"] = REFERENCE[name]
         if compile_peer:
-            peer_fns["torch.compile"] = _compiled(name)
+            peer_fns["torch.compile"] = compiled_peer(REFERENCE[name])
     shape_label = label or ("x".join(map(str, shape)) + ("ᵀ" if transpose_a else "") +
                             (" ⊙ " + ("x".join(map(str, other_shape)) if other_shape else "scalar")))
     return BenchCase(

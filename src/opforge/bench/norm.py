@@ -9,18 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from opforge.bench.case import BenchCase
+from opforge.bench.case import BenchCase, compiled_peer
 from opforge.ops import norm as N
 
 FLOPS_PER_ELEMENT = 8
-
-
-def _compiled(fn):
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
-    return torch.compile(fn, dynamic=False)
 
 
 def _ln_eager(x, w=None, b=None):
@@ -59,7 +51,7 @@ def norm_case(name: str, shape, dtype, *, params: bool = True, graph: bool = Fal
         if compile_peer:
             ref = N.rms_norm_reference if is_rms else N.layer_norm_reference
             eps = 1e-6 if is_rms else 1e-5
-            peer_fns["torch.compile"] = _compiled(lambda x, *p: ref(x, (cols,), eps, *p))
+            peer_fns["torch.compile"] = compiled_peer(lambda x, *p: ref(x, (cols,), eps, *p))
     return BenchCase(
         op=name, label=f"{rows}x{cols}" + ("" if params else " (no affine)"), dtype=dtype,
         make_args=make, run=run, reference=reference,

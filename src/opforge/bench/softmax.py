@@ -13,19 +13,10 @@ import math
 
 import torch
 
-from opforge.bench.case import BenchCase
+from opforge.bench.case import BenchCase, compiled_peer
 from opforge.ops import softmax as S
 
 FLOPS_PER_ELEMENT = 5
-
-
-def _compiled(name: str):
-    """torch.compile of the reference, specialized to each shape (see bench.elementwise)."""
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
-    return torch.compile(S.REFERENCE[name], dynamic=False)
 
 
 def softmax_case(name: str, shape, dtype, *, dim: int = -1, graph=False, variant=None, peers=True,
@@ -37,7 +28,7 @@ def softmax_case(name: str, shape, dtype, *, dim: int = -1, graph=False, variant
     if peers:
         peer_fns["torch eager"] = S.REFERENCE[name]
         if compile_peer:
-            peer_fns["torch.compile"] = _compiled(name)
+            peer_fns["torch.compile"] = compiled_peer(S.REFERENCE[name])
 
     def make(dev):
         return (torch.randn(shape, device=dev, dtype=torch.float32).mul_(3).to(dtype), dim)
