@@ -51,6 +51,7 @@ from numbers import Number
 import torch
 import torch.nn.functional as F
 
+from opforge.ops.layout import bucket_size, pow2
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
@@ -187,14 +188,6 @@ def validate(name: str, x, normalized_shape, eps, weight=None, bias=None, grad=N
 # ---------------------------------------------------------------------------
 # Variants
 # ---------------------------------------------------------------------------
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _bucket_size(n: int) -> str:
-    return str(n) if n <= 16 else str(_pow2(n))
-
-
 def _geom(x: torch.Tensor, shape) -> tuple[int, int]:
     cols = _numel(shape)
     rows = x.numel() // cols if cols else 0
@@ -272,10 +265,10 @@ def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
 
     def row_configs(*args):
         rows, cols = geom(*args)
-        bc = _pow2(max(cols, 1))
+        bc = pow2(max(cols, 1))
         out = []
         for br in (1, 2, 4, 8, 16):
-            if br * bc > 16384 or (br > 1 and br > _pow2(max(rows, 1))):
+            if br * bc > 16384 or (br > 1 and br > pow2(max(rows, 1))):
                 continue
             for w in (1, 2, 4, 8, 16):
                 if 32 * w <= max(br * bc, 32) and br * bc // (32 * w) <= 64:
@@ -294,7 +287,7 @@ def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
 
     def bucket(*args):
         rows, cols = geom(*args)
-        return f"{_bucket_size(rows)}x{_bucket_size(cols)}"
+        return f"{bucket_size(rows)}x{bucket_size(cols)}"
 
     strategy_run = _backward_run if backward else _forward_run
     if backward:

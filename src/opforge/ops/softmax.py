@@ -29,6 +29,7 @@ import functools
 
 import torch
 
+from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
@@ -84,90 +85,37 @@ EAGER = {
 # ---------------------------------------------------------------------------
 # Validation and layout
 # ---------------------------------------------------------------------------
-def _check_tensor(where: str, arg: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-    if t.is_complex():
-        raise TypeError(f"{where}: complex tensors are not supported (got {arg} of {t.dtype})")
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{where}: {arg} must be a floating-point tensor, got {t.dtype}")
-
-
-def _check_dim(where: str, x: torch.Tensor, dim) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{where}: dim must be an int, got {type(dim).__name__}")
-    n = max(x.dim(), 1)
-    if not -n <= dim < n:
-        raise ValueError(f"{where}: dim {dim} is out of range for a tensor with {x.dim()} dims "
-                         f"(expected {-n} <= dim < {n})")
-
-
 def validate(name: str, x, dim=-1) -> None:
     where = f"opforge.{name}"
-    _check_tensor(where, "input", x)
-    _check_dim(where, x, dim)
+    check_tensor(where, "input", x)
+    check_dim(where, x, dim)
 
 
 def validate_backward(name: str, g, y, dim=-1) -> None:
     where = f"opforge.{name}"
-    _check_tensor(where, "grad", g)
-    _check_tensor(where, "output", y)
+    check_tensor(where, "grad", g)
+    check_tensor(where, "output", y)
     if g.shape != y.shape:
         raise ValueError(f"{where}: grad has shape {tuple(g.shape)} but output has {tuple(y.shape)}")
     if g.dtype != y.dtype:
         raise TypeError(f"{where}: grad is {g.dtype} but output is {y.dtype}; they must match")
     if g.device != y.device:
         raise ValueError(f"{where}: grad is on {g.device} but output is on {y.device}")
-    _check_dim(where, g, dim)
-
-
-def _norm_dim(t: torch.Tensor, dim: int) -> int:
-    return dim % t.dim() if t.dim() else 0
+    check_dim(where, g, dim)
 
 
 def allocate_out(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Dense in the moved layout (``dim`` last), returned with ``dim`` back in place."""
-    if x.dim() == 0:
-        return torch.empty((), dtype=x.dtype, device=x.device)
-    d = _norm_dim(x, dim)
-    shape = list(x.shape)
-    moved = shape[:d] + shape[d + 1:] + [shape[d]]
-    return torch.empty(moved, dtype=x.dtype, device=x.device).movedim(-1, d)
-
-
-def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """``t`` as ``[rows, cols]`` with unit column stride: a view when the layout
-    allows, else a contiguous copy."""
-    if t.dim() == 0:
-        return t.reshape(1, 1)
-    m = t.movedim(_norm_dim(t, dim), -1)
-    cols = m.shape[-1]
-    rows = m.numel() // cols if cols else 0
-    if m.stride(-1) == 1 or cols <= 1:
-        try:
-            v = m.view(rows, cols)
-            if v.stride(1) == 1 or cols <= 1:
-                return v
-        except RuntimeError:
-            pass
-    return m.contiguous().view(rows, cols)
+    return empty_moved(x, dim)
 
 
 def _cols(t: torch.Tensor, dim: int) -> int:
-    return t.shape[_norm_dim(t, dim)] if t.dim() else 1
+    return t.shape[norm_dim(t, dim)] if t.dim() else 1
 
 
 # ---------------------------------------------------------------------------
 # Variants
 # ---------------------------------------------------------------------------
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _bucket_size(n: int) -> str:
-    return str(n) if n <= 16 else str(_pow2(n))
-
-
 def _geometry(t: torch.Tensor, dim: int) -> tuple[int, int]:
     cols = _cols(t, dim)
     return (t.numel() // cols if cols else 0), cols
@@ -183,25 +131,25 @@ def _make_variants(name: str) -> list[Variant]:
         def row_run(cfg, g, y, dim=-1):
             dx = allocate_out(g, dim)
             if dx.numel():
-                K.launch_row_backward(_rows(g, dim), _rows(y, dim), _rows(dx, dim), log, cfg)
+                K.launch_row_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
             return dx
 
         def online_run(cfg, g, y, dim=-1):
             dx = allocate_out(g, dim)
             if dx.numel():
-                K.launch_online_backward(_rows(g, dim), _rows(y, dim), _rows(dx, dim), log, cfg)
+                K.launch_online_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
             return dx
     else:
         def row_run(cfg, x, dim=-1):
             y = allocate_out(x, dim)
             if y.numel():
-                K.launch_row_forward(_rows(x, dim), _rows(y, dim), log, cfg)
+                K.launch_row_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
             return y
 
         def online_run(cfg, x, dim=-1):
             y = allocate_out(x, dim)
             if y.numel():
-                K.launch_online_forward(_rows(x, dim), _rows(y, dim), log, cfg)
+                K.launch_online_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
             return y
 
     def _dim(rest):
@@ -217,8 +165,8 @@ def _make_variants(name: str) -> list[Variant]:
         # ":c" when dim is the unit-stride one (no copy), ":t" when it is moved by a copy.
         dim = _dim(rest)
         rows, cols = _geometry(t, dim)
-        unit = t.dim() == 0 or t.stride(_norm_dim(t, dim)) == 1 or cols <= 1
-        return f"{_bucket_size(rows)}x{_bucket_size(cols)}:{'c' if unit else 't'}"
+        unit = t.dim() == 0 or t.stride(norm_dim(t, dim)) == 1 or cols <= 1
+        return f"{bucket_size(rows)}x{bucket_size(cols)}:{'c' if unit else 't'}"
 
     def row_default(t, *rest):
         return K.row_default_config(*_geometry(t, _dim(rest)))
