@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
-# Usage (device tool): bash benchmarks/run_h200.sh PHASE...   phases: check bench tune sanitize
+# Usage (device tool): bash benchmarks/run_h200.sh PHASE...
+#   phases: check gpu-tests bench tune tune-bench sanitize
+#   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COLUMNS=160
@@ -15,8 +17,14 @@ for phase in "$@"; do
     bench)
       python3 -m opforge bench --refresh-ceilings --json "$OUT/h200-$stamp.json" \
         --plot "$OUT/h200-$stamp-roofline.png" --crossover-plot "$OUT/h200-$stamp-crossover.png" ;;
+    gpu-tests)
+      OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -q -p no:cacheprovider ;;
     tune)
       OPFORGE_AUTOTUNE=exhaustive python3 -m opforge tune --preset elementwise --export "$OUT/h200.jsonl" ;;
+    tune-bench)
+      fams=(); for f in ${TUNE_FAMILIES:-softmax norm}; do fams+=(--family "$f"); done
+      OPFORGE_AUTOTUNE=exhaustive python3 -m opforge tune --preset bench "${fams[@]}" \
+        --budget "${TUNE_BUDGET:-300}" --export "$OUT/h200-bench.jsonl" ;;
     sanitize)
       python3 -m opforge selftest --sanitize ;;
   esac

@@ -25,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--refresh-ceilings", action="store_true", help="measure the ceilings again")
 
     t = sub.add_parser("tune", help="pre-tune shapes offline; import/export JSON lines")
-    t.add_argument("--preset", choices=["elementwise"], help="a prepared list of shapes")
+    t.add_argument("--preset", choices=["elementwise", "bench"],
+                   help="a prepared list of shapes ('bench': every shape of the bench grid)")
+    t.add_argument("--family", action="append", help="with --preset bench: only these op families")
+    t.add_argument("--budget", type=float, help="stop starting new shapes after this many seconds")
     t.add_argument("--op", help="op name, e.g. add")
     t.add_argument("--shape", action="append", default=[], help="e.g. 4096x4096 (repeatable)")
     t.add_argument("--other", default="same", help="binary ops: 'same', 'scalar', 'none' or a shape")

@@ -6,18 +6,61 @@ the tuned table shipped for the H200) instead of benchmarking mid-job.
 
 from __future__ import annotations
 
+import time
+from typing import Callable, NamedTuple
+
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opforge.bench import elementwise as elementwise_bench
-from opforge.runtime import autotune, dispatch, registry
+from opforge.runtime import autotune, dispatch, jit, registry
 from opforge.runtime import device as devmod
 from opforge.runtime.cache import autotune_cache
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64}
-PRESETS = {"elementwise": elementwise_bench.tune_shapes}
+
+
+class Job(NamedTuple):
+    """One op on one input: ``make(device)`` returns the registry op's arguments."""
+
+    op: str
+    label: str
+    make: Callable[[torch.device], tuple]
+
+
+def elementwise_jobs(quick: bool, families=None) -> list[Job]:
+    return [Job(name, f"{'x'.join(map(str, shape))} {str(dtype)[6:]}",
+                lambda dev, shape=shape, other=other, dtype=dtype: _args(shape, other, dtype, dev))
+            for name, shape, other, dtype in elementwise_bench.tune_shapes(quick)]
+
+
+def bench_jobs(quick: bool, families=None) -> list[Job]:
+    """Every shape of the bench grid (cases and crossover sweeps) of ``families``
+    (default: all), once per op, shape and dtype."""
+    from opforge.bench.harness import FAMILIES
+
+    dev = devmod.default_device()
+    jobs, seen = [], set()
+    for fam in families or list(FAMILIES):
+        module = FAMILIES[fam]
+        cases = list(module.cases(dev, quick)) + list(getattr(module, "crossover_cases", lambda d, q: [])(dev, quick))
+        for case in cases:
+            key = (case.op, case.label, case.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+
+            def make(device, case=case):
+                args = case.make_args(device)
+                return case.op_args(*args) if case.op_args is not None else args
+
+            jobs.append(Job(case.op, f"{case.label} {str(case.dtype)[6:]}", make))
+    return jobs
+
+
+PRESETS = {"elementwise": elementwise_jobs, "bench": bench_jobs}
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -36,25 +79,36 @@ def _args(shape, other, dtype, device):
     return (a, torch.randn(other, device=device).to(dtype))
 
 
-def tune_shapes(jobs, *, exhaustive: bool = True, console: Console | None = None) -> list:
-    """Tune each (op, shape, other, dtype) job; returns the stored entries.
+def tune_jobs(jobs: list[Job], *, exhaustive: bool = True, budget_s: float | None = None,
+              console: Console | None = None) -> list:
+    """Tune each job's supported variants; returns the stored entries.
 
-    Each config is timed for about 30 ms (median of CUDA-event repeats), which
-    separates configs that differ by more than a few percent."""
+    A job's candidate configs are compiled first, in parallel threads (most of
+    a compile runs outside the GIL), then each config is timed for about 30 ms
+    (median of CUDA-event repeats), which separates configs that differ by
+    more than a few percent. ``budget_s`` stops before a job that would start
+    past it (the rest are reported as skipped)."""
     console = console or Console()
     device = devmod.default_device()
     cache = autotune_cache()
     stored = []
+    start = time.monotonic()
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("tuning", total=len(jobs))
-        for name, shape, other, dtype in jobs:
-            op = registry.get(name)
-            args = _args(shape, other, dtype, device)
-            progress.update(task, description=f"{name} {'x'.join(map(str, shape))} {str(dtype)[6:]}")
+        for i, job in enumerate(jobs):
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                console.print(f"[yellow]time budget of {budget_s:.0f} s spent: {len(jobs) - i} jobs not tuned[/yellow]")
+                break
+            op = registry.get(job.op)
+            args = job.make(device)
+            progress.update(task, description=f"{job.op} {job.label}")
             supported = [v for v in op.variants
                          if v.kind != "reference" and dispatch.reject_reason(op, v, args) is None]
-            for v in supported if exhaustive else supported[:1]:
+            chosen = supported if exhaustive else supported[:1]
+            if device.type == "cuda" and any(v.kind == "triton" for v in chosen):
+                jit.warmup(job.op, *args, all_configs=True)
+            for v in chosen:
                 entry = autotune.tune(op, v, args, cache, quick=True)
                 if entry is not None:
                     stored.append(entry)
@@ -74,16 +128,17 @@ def run(args, console: Console | None = None) -> int:
         console.print(f"imported {n} entries from {args.import_path} into {cache.path}")
     jobs = []
     if args.preset:
-        jobs += PRESETS[args.preset](args.quick)
+        jobs += PRESETS[args.preset](args.quick, args.family)
     if args.op:
         dtype = DTYPES[args.dtype]
         for text in args.shape:
             shape = parse_shape(text)
-            other = {"none": None, "scalar": "scalar", "same": shape}.get(args.other)
-            jobs.append((args.op, shape, other if args.other in ("none", "scalar", "same")
-                         else parse_shape(args.other), dtype))
+            other = parse_shape(args.other) if args.other not in ("none", "scalar", "same") else \
+                {"none": None, "scalar": "scalar", "same": shape}[args.other]
+            jobs.append(Job(args.op, f"{text} {args.dtype}",
+                            lambda dev, shape=shape, other=other: _args(shape, other, dtype, dev)))
     if jobs:
-        entries = tune_shapes(jobs, exhaustive=args.mode == "exhaustive", console=console)
+        entries = tune_jobs(jobs, exhaustive=args.mode == "exhaustive", budget_s=args.budget, console=console)
         console.print(f"tuned {len(jobs)} shapes: {len(entries)} entries stored in {cache.path}")
     if args.export_path:
         n = cache.export_jsonl(args.export_path)

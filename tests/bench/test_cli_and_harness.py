@@ -86,3 +86,20 @@ def test_selftest_passes_real_variants_and_catches_a_wrong_one():
     off_by_one = dataclasses.replace(strided, run=lambda cfg, a, b=None: strided.run(cfg, a, b) + 1)
     bad = selftest.check_variant(op, off_by_one, torch.device("cpu"))
     assert bad.failed == good.passed and bad.passed == 0
+
+
+def test_tune_bench_preset_tunes_the_grid_of_a_family(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    from opforge.bench import softmax as softmax_bench
+    from opforge.tune import bench_jobs
+
+    jobs = bench_jobs(True, ["softmax"])
+    labels = {(j.op, j.label) for j in jobs}
+    assert len(labels) == len(jobs)  # each op, shape and dtype once
+    assert len(jobs) >= len(softmax_bench.cases(torch.device("cpu"), True))
+    out = tmp_path / "tuned.jsonl"
+    assert cli.main(["tune", "--preset", "bench", "--quick", "--family", "softmax", "--mode", "on",
+                     "--budget", "60", "--export", str(out)]) == 0
+    entries = read_jsonl(out.read_text())
+    assert {e.key.op for e in entries} == {"opforge::softmax", "opforge::log_softmax"}
+    assert all(e.key.variant.startswith("triton_") for e in entries)

@@ -16,7 +16,7 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 BOUND = {F32: 1e-5, BF16: 1e-2, F16: 1e-3, F64: 1e-12}
 FNS = {"softmax": softmax, "log_softmax": log_softmax}
 REF = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}
-VARIANTS = ("triton_row", "triton_online")
+VARIANTS = ("triton_row", "triton_split", "triton_online")
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked lanes: -inf - -inf
@@ -168,3 +168,21 @@ def test_int64_offsets_flag():
     small, big = torch.empty(4, 8), torch.empty_strided((2, 8), (2**31, 1), device="meta")
     assert not _needs_int64(4, 8, (small,), 32)
     assert _needs_int64(2, 8, (big,), 32)
+
+
+def test_split_variant_cuts_long_rows_into_parts(gen):
+    """The interpreter runs one program at a time, so there the split kernel takes
+    rows that fit one chunk; longer rows are named as the reason it steps aside."""
+    from opforge.kernels import softmax as K
+    from opforge.runtime import dispatch
+
+    assert K.split_parts(70000, K.split_default_config(512, 70000)["CHUNK"]) > 1
+    cfg = K.split_default_config(512, 262144)
+    assert K.split_parts(262144, cfg["CHUNK"]) <= K.SPLIT_MAX_PARTS and cfg["CHUNK"] <= 16384
+    d = dispatch.explain("softmax", rand((2, 20000), gen, F32), -1)
+    assert "interpreter" in d.rejected["triton_split"]
+    with pytest.raises(RuntimeError, match="interpreter"):
+        OPS["softmax"].variant("triton_split").run({"CHUNK": 16, "num_warps": 1}, rand((2, 40), gen), -1)
+    x = rand((3, 40), gen)
+    one = OPS["softmax"].variant("triton_split").run({"CHUNK": 64, "num_warps": 1}, x, -1)
+    check(one, ref("softmax", x), F32)

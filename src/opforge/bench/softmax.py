@@ -14,6 +14,7 @@ import math
 import torch
 
 from opforge.bench.case import BenchCase, compiled_peer
+from opforge.kernels.softmax import ROW_LIMIT
 from opforge.ops import softmax as S
 
 FLOPS_PER_ELEMENT = 5
@@ -57,6 +58,8 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
         softmax_case("softmax", (8192, 8192), f32),
         softmax_case("softmax", (2048, 65536), bf16),
         softmax_case("softmax", (512, 262144), bf16),
+        softmax_case("softmax", (1024, 65536), f32),
+        softmax_case("log_softmax", (512, 262144), f32),
         softmax_case("log_softmax", (32768, 8192), bf16),
         softmax_case("softmax", (4096, 4096), bf16, dim=0, label="4096x4096 dim=0"),
         softmax_case("softmax", (64, 1024), bf16, graph=True),
@@ -64,13 +67,15 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
 
 
 def crossover_cases(device: torch.device, quick: bool) -> list[BenchCase]:
-    """Row-resident vs online kernel over row lengths (where the row kernel stops paying)."""
-    exps = range(8, 13, 2) if (quick or device.type != "cuda") else range(8, 15)
+    """Row-resident vs split vs online kernel over row lengths (where each stops paying)."""
+    exps = range(8, 13, 2) if (quick or device.type != "cuda") else range(8, 19)
     out = []
     for e in exps:
         cols = 1 << e
         rows = max(1, (1 << (12 if quick or device.type != "cuda" else 26)) // cols)
-        for v in ("triton_row", "triton_online") + (("torch_eager",) if device.type == "cuda" else ()):
+        for v in ("triton_row", "triton_split", "triton_online") + (("torch_eager",) if device.type == "cuda" else ()):
+            if v == "triton_row" and cols > ROW_LIMIT or v == "triton_split" and device.type != "cuda":
+                continue
             out.append(softmax_case("softmax", (rows, cols), torch.bfloat16, variant=v, peers=False,
                                     label=f"{rows}x{cols}"))
     return out

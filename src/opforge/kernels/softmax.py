@@ -10,7 +10,17 @@ Two strategies, each with a forward and a backward kernel:
   blocks of ``BLOCK``, keeping a running max ``m`` and a running sum ``s`` of
   ``exp(x - m)`` (rescaled by ``exp(m_old - m_new)`` when the max grows), then
   a second pass writes the output. Reads the row twice; the row never has to
-  fit on chip, so 262144 columns and more work.
+  fit on chip, so any row length works.
+* ``split``: a long row is cut into ``P`` chunks of ``CHUNK`` columns, one
+  program each (``rows * P`` programs fill the GPU even when rows are few).
+  A program keeps its chunk in registers, publishes the chunk's max and sum
+  to a ``[rows, P]`` workspace, waits at a per-row barrier (an atomic arrival
+  counter), combines the row's ``P`` partials and writes its chunk: one read,
+  one write, like the row kernel, for rows up to ``SPLIT_MAX_PARTS * CHUNK``.
+  The barrier is safe because programs start in launch order and a row's
+  ``P <= 64`` programs are far fewer than the GPU holds at once. The Triton
+  interpreter runs programs one by one, so there the split kernel only takes
+  rows that fit one chunk.
 
 Arithmetic runs in fp32 for 16-bit floats and fp32, fp64 for fp64; results
 are rounded once, at the store. The max is subtracted before ``exp`` (1e4 does
@@ -34,6 +44,12 @@ import triton.language as tl
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
+SPLIT_VERSION = "1"
+
+# Most programs one row may be split into: far below the programs the GPU
+# holds at once (132 SMs, at least one program each), so a row's programs are
+# always co-resident and the barrier cannot deadlock.
+SPLIT_MAX_PARTS = 64
 
 # Longest row the row-resident kernels take (values are fp32 in registers).
 ROW_LIMIT = 16384
@@ -168,6 +184,92 @@ def online_backward_kernel(
 
 
 # ---------------------------------------------------------------------------
+# Split (cooperative) kernels: a row is cut into P chunks, one program each;
+# the chunk stays in registers while the P programs of a row exchange their
+# partial statistics through a small workspace. One read, one write.
+# ---------------------------------------------------------------------------
+@triton.jit
+def _row_barrier(count_ptr, row, P):
+    """Wait until all P programs of ``row`` have published their partials.
+
+    The release on the increment orders the partial stores before it; the
+    acquire on the polls orders the partial loads after it. All P programs
+    of a row are co-resident because programs start in launch order and
+    P is far below the number that fit on the GPU (see ``split_parts``).
+    """
+    tl.atomic_add(count_ptr + row, 1, sem="release")
+    arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+    while arrived < P:
+        arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+
+
+@triton.jit
+def split_forward_kernel(
+    x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, cols, sx, sy, P,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // P
+    part = pid % P
+    if INT64:
+        row = row.to(tl.int64)
+    c = part * CHUNK + tl.arange(0, CHUNK)
+    mask = c < cols
+    x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF).to(COMPUTE)
+    m = tl.max(x, axis=0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(x - m_sub), axis=0)
+    tl.store(m_ptr + row * P + part, m)
+    tl.store(s_ptr + row * P + part, s)
+    _row_barrier(count_ptr, row, P)
+    # Combine the row's P partials (every program of the row does the same sum,
+    # in the same order: the result is identical across the row).
+    p = tl.arange(0, P_BLOCK)
+    ms = tl.load(m_ptr + row * P + p, mask=p < P, other=_NEG_INF, volatile=True)
+    ss = tl.load(s_ptr + row * P + p, mask=p < P, other=0.0, volatile=True)
+    big = tl.max(ms, axis=0)
+    # A row of all -inf has big = -inf: x - big is NaN below, as in torch.
+    big_sub = tl.where(big == float("-inf"), 0.0, big)
+    total = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp(ms - big_sub)), axis=0)
+    if LOG:
+        out = x - (big + tl.log(total))
+    else:
+        out = tl.exp(x - big) / total
+    tl.store(y_ptr + row * sy + c, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def split_backward_kernel(
+    g_ptr, y_ptr, dx_ptr, s_ptr, count_ptr, cols, sg, sy, sdx, P,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // P
+    part = pid % P
+    if INT64:
+        row = row.to(tl.int64)
+    c = part * CHUNK + tl.arange(0, CHUNK)
+    mask = c < cols
+    g = tl.load(g_ptr + row * sg + c, mask=mask, other=0.0).to(COMPUTE)
+    y = tl.load(y_ptr + row * sy + c, mask=mask, other=0.0).to(COMPUTE)
+    if LOG:
+        s = tl.sum(g, axis=0)
+    else:
+        s = tl.sum(g * y, axis=0)
+    tl.store(s_ptr + row * P + part, s)
+    _row_barrier(count_ptr, row, P)
+    p = tl.arange(0, P_BLOCK)
+    total = tl.sum(tl.load(s_ptr + row * P + p, mask=p < P, other=0.0, volatile=True), axis=0)
+    if LOG:
+        dx = g - tl.exp(y) * total
+    else:
+        dx = y * (g - total)
+    tl.store(dx_ptr + row * sdx + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------
 # Launch helpers. Tensors are 2-D [rows, cols] with stride(1) == 1.
 # ---------------------------------------------------------------------------
 _INT32_MAX = 2**31 - 1
@@ -262,4 +364,81 @@ def launch_online_backward(g, y, dx, log: bool, config: dict) -> None:
         g, y, dx, cols, g.stride(0), y.stride(0), dx.stride(0),
         LOG=log, COMPUTE=compute_dtype(dx.dtype), BLOCK=block,
         INT64=_needs_int64(rows, cols, (g, y, dx), block), num_warps=config.get("num_warps", 8),
+    )
+
+
+def split_parts(cols: int, chunk: int) -> int:
+    return triton.cdiv(max(cols, 1), chunk)
+
+
+def split_default_config(rows: int, cols: int) -> dict:
+    """Chunks of 16384 (32 fp32 values a thread with 16 warps: no spills),
+    halved while the grid would not give every SM two programs."""
+    chunk = min(16384, max(2048, triton.next_power_of_2(max(cols, 1))))
+    while chunk > 2048 and rows * split_parts(cols, chunk) < 2 * 132:
+        chunk //= 2
+    while split_parts(cols, chunk) > SPLIT_MAX_PARTS:
+        chunk *= 2
+    return {"CHUNK": chunk, "num_warps": 16 if chunk >= 16384 else (8 if chunk >= 8192 else 4)}
+
+
+def split_configs(rows: int, cols: int) -> list[dict]:
+    out = [{"CHUNK": ch, "num_warps": w} for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16)
+           if split_parts(cols, ch) <= SPLIT_MAX_PARTS and 4 <= ch // (32 * w) <= 64]
+    return out or [split_default_config(rows, cols)]
+
+
+def _split_workspace(rows: int, parts: int, n: int, dtype, device):
+    """``n`` partial arrays of ``rows * parts`` and the per-row arrival counters."""
+    import torch
+
+    partials = [torch.empty(rows * parts, dtype=dtype, device=device) for _ in range(n)]
+    return partials, torch.zeros(rows, dtype=torch.int32, device=device)
+
+
+def _check_parts(parts: int) -> None:
+    from opforge.runtime.device import interpret_mode
+
+    if parts > SPLIT_MAX_PARTS:
+        raise ValueError(f"split softmax: {parts} parts per row exceed {SPLIT_MAX_PARTS}; use a larger CHUNK")
+    if parts > 1 and interpret_mode():
+        # The interpreter runs programs one after another: a barrier between
+        # the programs of a row would wait forever.
+        raise RuntimeError("split softmax: programs of a row wait for each other, which the Triton "
+                           "interpreter cannot run; use CHUNK >= cols there")
+
+
+def launch_split_forward(x, y, log: bool, config: dict) -> None:
+    import torch
+
+    rows, cols = x.shape
+    if rows == 0 or cols == 0:
+        return
+    chunk = config.get("CHUNK", 16384)
+    parts = split_parts(cols, chunk)
+    _check_parts(parts)
+    (m, s), count = _split_workspace(rows, parts, 2, torch.float64 if y.dtype == torch.float64 else torch.float32,
+                                     x.device)
+    split_forward_kernel[(rows * parts,)](
+        x, y, m, s, count, cols, x.stride(0), y.stride(0), parts,
+        LOG=log, COMPUTE=compute_dtype(y.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
+        INT64=_needs_int64(rows, cols, (x, y), chunk), num_warps=config.get("num_warps", 16),
+    )
+
+
+def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
+    import torch
+
+    rows, cols = g.shape
+    if rows == 0 or cols == 0:
+        return
+    chunk = config.get("CHUNK", 16384)
+    parts = split_parts(cols, chunk)
+    _check_parts(parts)
+    (s,), count = _split_workspace(rows, parts, 1, torch.float64 if dx.dtype == torch.float64 else torch.float32,
+                                   g.device)
+    split_backward_kernel[(rows * parts,)](
+        g, y, dx, s, count, cols, g.stride(0), y.stride(0), dx.stride(0), parts,
+        LOG=log, COMPUTE=compute_dtype(dx.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
+        INT64=_needs_int64(rows, cols, (g, y, dx), chunk), num_warps=config.get("num_warps", 16),
     )

@@ -15,6 +15,8 @@ tensor (same values and shape as torch's, different strides; no extra copy).
 
 Each op is a registry entry with four variants, in dispatch order:
 ``triton_row`` (the row in registers, cols <= ``ROW_LIMIT``),
+``triton_split`` (a long row cut into chunks held in registers by
+cooperating programs, up to ``SPLIT_MAX_PARTS`` chunks),
 ``triton_online`` (online softmax over column blocks, any cols),
 ``torch_eager`` (torch's own kernel, CUDA) and ``reference`` (plain torch).
 The backward ops ``softmax_backward(grad, output, dim)`` and
@@ -32,6 +34,7 @@ import torch
 from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
+from opforge.runtime.device import interpret_mode
 from opforge.runtime.registry import Op, Variant
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -134,6 +137,12 @@ def _make_variants(name: str) -> list[Variant]:
                 K.launch_row_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
             return dx
 
+        def split_run(cfg, g, y, dim=-1):
+            dx = allocate_out(g, dim)
+            if dx.numel():
+                K.launch_split_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
+            return dx
+
         def online_run(cfg, g, y, dim=-1):
             dx = allocate_out(g, dim)
             if dx.numel():
@@ -144,6 +153,12 @@ def _make_variants(name: str) -> list[Variant]:
             y = allocate_out(x, dim)
             if y.numel():
                 K.launch_row_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
+            return y
+
+        def split_run(cfg, x, dim=-1):
+            y = allocate_out(x, dim)
+            if y.numel():
+                K.launch_split_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
             return y
 
         def online_run(cfg, x, dim=-1):
@@ -160,6 +175,21 @@ def _make_variants(name: str) -> list[Variant]:
         if cols > K.ROW_LIMIT:
             return f"rows of {cols} columns exceed the row-resident limit {K.ROW_LIMIT}"
         return None
+
+    def split_check(t, *rest):
+        rows, cols = _geometry(t, _dim(rest))
+        parts = K.split_parts(cols, K.split_default_config(rows, cols)["CHUNK"])
+        if parts > K.SPLIT_MAX_PARTS:
+            return f"rows of {cols} columns need more than {K.SPLIT_MAX_PARTS} programs each"
+        if parts > 1 and interpret_mode():
+            return "the programs of a row wait for each other, which the interpreter cannot run"
+        return None
+
+    def split_default(t, *rest):
+        return K.split_default_config(*_geometry(t, _dim(rest)))
+
+    def split_configs(t, *rest):
+        return K.split_configs(*_geometry(t, _dim(rest)))
 
     def bucket(t, *rest):
         # ":c" when dim is the unit-stride one (no copy), ":t" when it is moved by a copy.
@@ -187,14 +217,17 @@ def _make_variants(name: str) -> list[Variant]:
         out = allocate_out(args[0], args[-1])
         return out.copy_(REFERENCE[name](*args))
 
-    version_row, version_online = K.ROW_VERSION, K.ONLINE_VERSION
     what = "gradient" if backward else "row"
     return [
-        Variant("triton_row", row_run, version=version_row, dtypes=FLOATS, check=row_check,
+        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
                 configs=row_configs, default_config=row_default, bucket=bucket,
                 description=f"the whole {what} in registers, several short rows per program; "
                             f"cols <= {K.ROW_LIMIT}"),
-        Variant("triton_online", online_run, version=version_online, dtypes=FLOATS,
+        Variant("triton_split", split_run, version=K.SPLIT_VERSION, dtypes=FLOATS, check=split_check,
+                configs=split_configs, default_config=split_default, bucket=bucket,
+                description=f"a long {what} cut into chunks held in registers by cooperating programs "
+                            f"that exchange partial sums; one read, one write"),
+        Variant("triton_online", online_run, version=K.ONLINE_VERSION, dtypes=FLOATS,
                 configs=online_configs, default_config=online_default, bucket=bucket,
                 description="one program per row over column blocks (running max and sum), "
                             "then a second pass that writes; any cols"),

@@ -1,0 +1,66 @@
+"""Shapes the interpreter cannot reach: rows split across cooperating programs,
+and tensors past 2**31 elements (64-bit offsets). Skipped without CUDA; run on
+the lent H200 with ``OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu``."""
+
+import os
+
+import pytest
+import torch
+
+import opforge
+from opforge.ops.softmax import REFERENCE
+from opforge.runtime import dispatch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("OPFORGE_INTERPRET") == "1",
+    reason="needs a CUDA device (and OPFORGE_INTERPRET=0)",
+)
+
+BIG = 2**31 + 4099  # past the int32 offset range, not a multiple of any block
+
+
+def _close(out, want, tol):
+    err = (out.double() - want.double()).norm() / want.double().norm()
+    assert float(err) <= tol, float(err)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(64, 262144), (300, 70001), (3, 1048576)])
+def test_split_softmax_matches_torch(name, shape):
+    x = torch.randn(shape, device="cuda") * 4
+    x[1, 5] = float("nan")
+    d = dispatch.explain(name, x, -1)
+    assert d.variant.name == "triton_split", d.rejected
+    fn, ref = getattr(opforge, name), getattr(torch, name)
+    out, want = fn(x, -1), ref(x.double(), -1)
+    assert torch.isnan(out[1]).all()
+    keep = torch.ones(shape[0], dtype=torch.bool, device="cuda")
+    keep[1] = False
+    _close(out[keep], want[keep], 1e-5)
+    g = torch.randn_like(x)
+    back = getattr(torch.ops.opforge, f"{name}_backward")
+    oracle = REFERENCE[f"{name}_backward"]
+    y = ref(x[keep], -1)
+    assert dispatch.explain(f"{name}_backward", g[keep], y, -1).variant.name == "triton_split"
+    _close(back(g[keep], y, -1), oracle(g[keep].double(), y.double(), -1), 1e-5)
+
+
+def test_split_softmax_is_the_same_across_runs():
+    x = torch.randn(128, 200000, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(opforge.softmax(x), opforge.softmax(x))
+
+
+def test_elementwise_past_int32_offsets():
+    x = torch.full((BIG,), 0.5, device="cuda", dtype=torch.bfloat16)
+    x[-1] = 2.0
+    y = opforge.mul(x, 3.0)
+    assert float(y[-1]) == 6.0 and float(y[0]) == 1.5 and float(y[2**31 + 7]) == 1.5
+
+
+def test_softmax_and_norm_past_int32_offsets():
+    rows, cols = BIG // 8192 + 1, 8192
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    tail = slice(rows - 3, rows)
+    _close(opforge.softmax(x)[tail], torch.softmax(x[tail].float(), -1), 1e-2)
+    _close(opforge.rms_norm(x, (cols,), eps=1e-6)[tail],
+           torch.nn.functional.rms_norm(x[tail].float(), (cols,), eps=1e-6), 1e-2)
