@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a prepared list of shapes ('bench': every shape of the bench grid)")
     t.add_argument("--family", action="append", help="with --preset bench: only these op families")
     t.add_argument("--budget", type=float, help="stop starting new shapes after this many seconds")
+    t.add_argument("--show", action="store_true", help="print every config's time")
     t.add_argument("--op", help="op name, e.g. add")
     t.add_argument("--shape", action="append", default=[], help="e.g. 4096x4096 (repeatable)")
     t.add_argument("--other", default="same", help="binary ops: 'same', 'scalar', 'none' or a shape")

@@ -80,14 +80,14 @@ def _args(shape, other, dtype, device):
 
 
 def tune_jobs(jobs: list[Job], *, exhaustive: bool = True, budget_s: float | None = None,
-              console: Console | None = None) -> list:
+              show: bool = False, console: Console | None = None) -> list:
     """Tune each job's supported variants; returns the stored entries.
 
     A job's candidate configs are compiled first, in parallel threads (most of
     a compile runs outside the GIL), then each config is timed for about 30 ms
     (median of CUDA-event repeats), which separates configs that differ by
     more than a few percent. ``budget_s`` stops before a job that would start
-    past it (the rest are reported as skipped)."""
+    past it (the rest are reported as skipped). ``show`` prints every config's time."""
     console = console or Console()
     device = devmod.default_device()
     cache = autotune_cache()
@@ -109,7 +109,12 @@ def tune_jobs(jobs: list[Job], *, exhaustive: bool = True, budget_s: float | Non
             if device.type == "cuda" and any(v.kind == "triton" for v in chosen):
                 jit.warmup(job.op, *args, all_configs=True)
             for v in chosen:
-                entry = autotune.tune(op, v, args, cache, quick=True)
+                report = None
+                if show:
+                    def report(cfg, ms, v=v):
+                        shown = "failed" if ms is None else f"{ms * 1e3:9.1f} µs"
+                        progress.console.print(f"  {job.op} {job.label} {v.name} {cfg}: {shown}")
+                entry = autotune.tune(op, v, args, cache, quick=True, on_config=report)
                 if entry is not None:
                     stored.append(entry)
             progress.advance(task)
@@ -138,7 +143,8 @@ def run(args, console: Console | None = None) -> int:
             jobs.append(Job(args.op, f"{text} {args.dtype}",
                             lambda dev, shape=shape, other=other: _args(shape, other, dtype, dev)))
     if jobs:
-        entries = tune_jobs(jobs, exhaustive=args.mode == "exhaustive", budget_s=args.budget, console=console)
+        entries = tune_jobs(jobs, exhaustive=args.mode == "exhaustive", budget_s=args.budget,
+                            show=args.show, console=console)
         console.print(f"tuned {len(jobs)} shapes: {len(entries)} entries stored in {cache.path}")
     if args.export_path:
         n = cache.export_jsonl(args.export_path)

@@ -44,7 +44,7 @@ import triton.language as tl
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
-SPLIT_VERSION = "1"
+SPLIT_VERSION = "2"
 
 # Most programs one row may be split into: far below the programs the GPU
 # holds at once (132 SMs, at least one program each), so a row's programs are
@@ -219,7 +219,8 @@ def split_forward_kernel(
     x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF).to(COMPUTE)
     m = tl.max(x, axis=0)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(tl.exp(x - m_sub), axis=0)
+    e = tl.exp(x - m_sub)  # kept: the output is e rescaled, one exp per element
+    s = tl.sum(e, axis=0)
     tl.store(m_ptr + row * P + part, m)
     tl.store(s_ptr + row * P + part, s)
     _row_barrier(count_ptr, row, P)
@@ -229,13 +230,15 @@ def split_forward_kernel(
     ms = tl.load(m_ptr + row * P + p, mask=p < P, other=_NEG_INF, volatile=True)
     ss = tl.load(s_ptr + row * P + p, mask=p < P, other=0.0, volatile=True)
     big = tl.max(ms, axis=0)
-    # A row of all -inf has big = -inf: x - big is NaN below, as in torch.
     big_sub = tl.where(big == float("-inf"), 0.0, big)
     total = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp(ms - big_sub)), axis=0)
     if LOG:
+        # A row of all -inf has big = -inf: x - big is NaN, as in torch.
         out = x - (big + tl.log(total))
     else:
-        out = tl.exp(x - big) / total
+        # exp(m - big) is 0 for a chunk of all -inf, and 0 / 0 = NaN for a row
+        # of all -inf, as in torch.
+        out = e * (tl.exp(m - big_sub) / total)
     tl.store(y_ptr + row * sy + c, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -372,18 +375,19 @@ def split_parts(cols: int, chunk: int) -> int:
 
 
 def split_default_config(rows: int, cols: int) -> dict:
-    """Chunks of 16384 (32 fp32 values a thread with 16 warps: no spills),
-    halved while the grid would not give every SM two programs."""
-    chunk = min(16384, max(2048, triton.next_power_of_2(max(cols, 1))))
-    while chunk > 2048 and rows * split_parts(cols, chunk) < 2 * 132:
+    """Chunks of 8192 with 8 warps (32 values a thread): the fastest on the H200
+    at 32768-262144 columns in bf16 and fp32 (benchmarks/sweep.py, 2026-11-29).
+    Halved while the grid would not give every SM two programs."""
+    chunk = min(8192, max(1024, triton.next_power_of_2(max(cols, 1))))
+    while chunk > 1024 and rows * split_parts(cols, chunk) < 2 * 132:
         chunk //= 2
     while split_parts(cols, chunk) > SPLIT_MAX_PARTS:
         chunk *= 2
-    return {"CHUNK": chunk, "num_warps": 16 if chunk >= 16384 else (8 if chunk >= 8192 else 4)}
+    return {"CHUNK": chunk, "num_warps": max(2, min(16, chunk // 1024))}
 
 
 def split_configs(rows: int, cols: int) -> list[dict]:
-    out = [{"CHUNK": ch, "num_warps": w} for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16)
+    out = [{"CHUNK": ch, "num_warps": w} for ch in (1024, 2048, 4096, 8192, 16384) for w in (2, 4, 8, 16)
            if split_parts(cols, ch) <= SPLIT_MAX_PARTS and 4 <= ch // (32 * w) <= 64]
     return out or [split_default_config(rows, cols)]
 
