@@ -1,7 +1,7 @@
 """Time every candidate config of the Triton variants of an op taking (input, dim).
 
 A tool for choosing default configs: ``python3 benchmarks/sweep.py softmax
-2048x65536:bf16 512x262144:bf16`` prints each config's time (the fastest
+2048x65536:bf16 4096x4096:bf16:0`` (shape:dtype:dim) prints each config's time (the fastest
 is also stored in the autotune cache, as ``opforge tune`` does).
 """
 
@@ -18,10 +18,10 @@ def main(argv: list[str]) -> int:
     op, specs = argv[0], argv[1:]
     jobs = []
     for spec in specs:
-        shape_text, _, dtype_text = spec.partition(":")
-        shape, dtype = parse_shape(shape_text), DTYPES[dtype_text or "fp32"]
-        jobs.append(Job(op, spec, lambda dev, shape=shape, dtype=dtype:
-                        (torch.randn(shape, device=dev).mul_(3).to(dtype), -1)))
+        shape_text, dtype_text, dim_text = (spec.split(":") + ["fp32", "-1"])[:3]
+        shape, dtype, dim = parse_shape(shape_text), DTYPES[dtype_text], int(dim_text)
+        jobs.append(Job(op, spec, lambda dev, shape=shape, dtype=dtype, dim=dim:
+                        (torch.randn(shape, device=dev).mul_(3).to(dtype), dim)))
     tune_jobs(jobs, exhaustive=True, show=True)
     return 0
 

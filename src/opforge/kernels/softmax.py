@@ -11,6 +11,10 @@ Two strategies, each with a forward and a backward kernel:
   ``exp(x - m)`` (rescaled by ``exp(m_old - m_new)`` when the max grows), then
   a second pass writes the output. Reads the row twice; the row never has to
   fit on chip, so any row length works.
+* ``col``: softmax over a dim that is not innermost, of a contiguous tensor
+  seen as ``[outer, R, inner]``: a program owns ``BLOCK_I`` adjacent columns
+  (loads coalesced along ``inner``) and runs the online recurrence down ``R``,
+  then writes. No transpose copy; reads twice (the second read mostly from L2).
 * ``split``: a long row is cut into ``P`` chunks of ``CHUNK`` columns, one
   program each (``rows * P`` programs fill the GPU even when rows are few).
   A program keeps its chunk in registers, publishes the chunk's max and sum
@@ -45,6 +49,7 @@ import triton.language as tl
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
 SPLIT_VERSION = "2"
+COL_VERSION = "1"
 
 # Most programs one row may be split into: far below the programs the GPU
 # holds at once (132 SMs, at least one program each), so a row's programs are
@@ -273,6 +278,97 @@ def split_backward_kernel(
 
 
 # ---------------------------------------------------------------------------
+# Column kernels: softmax over a dim that is not innermost, of a contiguous
+# tensor seen as [outer, R, inner]. A program owns BLOCK_I adjacent columns
+# (coalesced along inner) and walks R in blocks of BLOCK_R rows.
+# ---------------------------------------------------------------------------
+@triton.jit
+def col_forward_kernel(
+    x_ptr, y_ptr, R, inner, n_tiles,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    o = pid // n_tiles
+    i = (pid % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    if INT64:
+        o = o.to(tl.int64)
+    base = o * R * inner
+    rr = tl.arange(0, BLOCK_R)
+    imask = i[None, :] < inner
+    m = tl.full([BLOCK_I], float("-inf"), COMPUTE)
+    s = tl.zeros([BLOCK_I], dtype=COMPUTE)
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + rr
+        if INT64:
+            r = r.to(tl.int64)
+        mask = (r[:, None] < R) & imask
+        x = tl.load(x_ptr + base + r[:, None] * inner + i[None, :], mask=mask, other=_NEG_INF).to(COMPUTE)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
+        m = m_new
+    if LOG:
+        shift = m + tl.log(s)
+    else:
+        inv = 1.0 / s
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + rr
+        if INT64:
+            r = r.to(tl.int64)
+        mask = (r[:, None] < R) & imask
+        offs = base + r[:, None] * inner + i[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        if LOG:
+            out = x - shift[None, :]
+        else:
+            out = tl.exp(x - m[None, :]) * inv[None, :]
+        tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def col_backward_kernel(
+    g_ptr, y_ptr, dx_ptr, R, inner, n_tiles,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    o = pid // n_tiles
+    i = (pid % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    if INT64:
+        o = o.to(tl.int64)
+    base = o * R * inner
+    rr = tl.arange(0, BLOCK_R)
+    imask = i[None, :] < inner
+    acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=COMPUTE)
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + rr
+        if INT64:
+            r = r.to(tl.int64)
+        mask = (r[:, None] < R) & imask
+        offs = base + r[:, None] * inner + i[None, :]
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        if LOG:
+            acc += g
+        else:
+            acc += g * tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    total = tl.sum(acc, axis=0)
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + rr
+        if INT64:
+            r = r.to(tl.int64)
+        mask = (r[:, None] < R) & imask
+        offs = base + r[:, None] * inner + i[None, :]
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        if LOG:
+            dx = g - tl.exp(y) * total[None, :]
+        else:
+            dx = y * (g - total[None, :])
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------
 # Launch helpers. Tensors are 2-D [rows, cols] with stride(1) == 1.
 # ---------------------------------------------------------------------------
 _INT32_MAX = 2**31 - 1
@@ -446,3 +542,40 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
         LOG=log, COMPUTE=compute_dtype(dx.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
         INT64=_needs_int64(rows, cols, (g, y, dx), chunk), num_warps=config.get("num_warps", 16),
     )
+
+
+def col_default_config(outer: int, R: int, inner: int) -> dict:
+    """Up to 128 columns a program, halved (down to 16) until every SM has two
+    programs; about 2048 elements a block of rows."""
+    bi = min(128, triton.next_power_of_2(max(inner, 1)))
+    while bi > 16 and outer * triton.cdiv(inner, bi) < 2 * 132:
+        bi //= 2
+    br = max(1, min(2048 // bi, triton.next_power_of_2(max(R, 1))))
+    return {"BLOCK_R": br, "BLOCK_I": bi, "num_warps": 4}
+
+
+def col_configs(outer: int, R: int, inner: int) -> list[dict]:
+    return [{"BLOCK_R": br, "BLOCK_I": bi, "num_warps": w}
+            for bi in (16, 32, 64, 128, 256) for br in (4, 8, 16, 32, 64) for w in (2, 4, 8)
+            if 512 <= br * bi <= 8192 and br * bi // (32 * w) <= 64 and bi <= max(16, 2 * inner)]
+
+
+def _col_launch(kernel, tensors, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
+    if outer == 0 or R == 0 or inner == 0:
+        return
+    bi, br = config.get("BLOCK_I", 64), config.get("BLOCK_R", 32)
+    n_tiles = triton.cdiv(inner, bi)
+    kernel[(outer * n_tiles,)](
+        *tensors, R, inner, n_tiles,
+        LOG=log, COMPUTE=compute_dtype(tensors[-1].dtype), BLOCK_R=br, BLOCK_I=bi,
+        INT64=outer * R * inner + br * bi > _INT32_MAX, num_warps=config.get("num_warps", 4),
+    )
+
+
+def launch_col_forward(x, y, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
+    """``x`` and ``y`` contiguous, seen as [outer, R, inner]; softmax over R."""
+    _col_launch(col_forward_kernel, (x, y), outer, R, inner, log, config)
+
+
+def launch_col_backward(g, y, dx, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
+    _col_launch(col_backward_kernel, (g, y, dx), outer, R, inner, log, config)

@@ -28,6 +28,7 @@ dispatched, tuned and selftested like the forward ops.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -107,13 +108,49 @@ def validate_backward(name: str, g, y, dim=-1) -> None:
     check_dim(where, g, dim)
 
 
+def column_case(x: torch.Tensor, dim: int) -> bool:
+    """A contiguous tensor reduced over a dim that is not innermost: the column
+    kernels take it as it lies, and the output is contiguous like the input."""
+    if x.dim() < 2 or x.numel() == 0 or not x.is_contiguous():
+        return False
+    d = norm_dim(x, dim)
+    return d < x.dim() - 1 and x.shape[d] > 1 and math.prod(x.shape[d + 1:]) > 1
+
+
 def allocate_out(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Dense in the moved layout (``dim`` last), returned with ``dim`` back in place."""
+    """Contiguous in the column case, else dense in the moved layout (``dim``
+    last) returned with ``dim`` back in place. The layout depends only on the
+    input, never on the variant, so the fake implementation can match it."""
+    if column_case(x, dim):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return empty_moved(x, dim)
 
 
 def _cols(t: torch.Tensor, dim: int) -> int:
     return t.shape[norm_dim(t, dim)] if t.dim() else 1
+
+
+def _three_d(x: torch.Tensor, dim: int) -> tuple[int, int, int]:
+    d = norm_dim(x, dim)
+    R = x.shape[d]
+    inner = math.prod(x.shape[d + 1:])
+    return x.numel() // (R * inner), R, inner
+
+
+def _run_rows(launch, out: torch.Tensor, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+    """Run a row kernel into ``out``, through a moved-layout buffer when ``out``
+    cannot be seen as rows (the column case, forced onto a row kernel)."""
+    if out.numel() == 0:
+        return out
+    buffer = out
+    rows = rows_view(out, dim)
+    if rows.data_ptr() != out.data_ptr():  # rows_view had to copy
+        buffer = empty_moved(out, dim)
+        rows = rows_view(buffer, dim)
+    launch(*[rows_view(t, dim) for t in inputs], rows)
+    if buffer is not out:
+        out.copy_(buffer)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -130,42 +167,38 @@ def _make_variants(name: str) -> list[Variant]:
     backward = name in BACKWARD
     log = name.startswith("log_")
 
-    if backward:
-        def row_run(cfg, g, y, dim=-1):
-            dx = allocate_out(g, dim)
-            if dx.numel():
-                K.launch_row_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
-            return dx
+    def rows_variant(forward_launch, backward_launch):
+        if backward:
+            def run(cfg, g, y, dim=-1):
+                return _run_rows(lambda *t: backward_launch(*t, log, cfg), allocate_out(g, dim), dim, g, y)
+        else:
+            def run(cfg, x, dim=-1):
+                return _run_rows(lambda *t: forward_launch(*t, log, cfg), allocate_out(x, dim), dim, x)
+        return run
 
-        def split_run(cfg, g, y, dim=-1):
-            dx = allocate_out(g, dim)
-            if dx.numel():
-                K.launch_split_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
-            return dx
+    row_run = rows_variant(K.launch_row_forward, K.launch_row_backward)
+    split_run = rows_variant(K.launch_split_forward, K.launch_split_backward)
+    online_run = rows_variant(K.launch_online_forward, K.launch_online_backward)
 
-        def online_run(cfg, g, y, dim=-1):
-            dx = allocate_out(g, dim)
-            if dx.numel():
-                K.launch_online_backward(rows_view(g, dim), rows_view(y, dim), rows_view(dx, dim), log, cfg)
-            return dx
-    else:
-        def row_run(cfg, x, dim=-1):
-            y = allocate_out(x, dim)
-            if y.numel():
-                K.launch_row_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
-            return y
+    def col_run(cfg, *args):
+        *tensors, dim = args
+        out = allocate_out(tensors[0], dim)
+        if out.numel():
+            launch = K.launch_col_backward if backward else K.launch_col_forward
+            launch(*tensors, out, *_three_d(out, dim), log, cfg)
+        return out
 
-        def split_run(cfg, x, dim=-1):
-            y = allocate_out(x, dim)
-            if y.numel():
-                K.launch_split_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
-            return y
+    def col_check(*args):
+        *tensors, dim = args
+        if not all(column_case(t, dim) for t in tensors):
+            return "takes contiguous inputs reduced over a dim that is not innermost"
+        return None
 
-        def online_run(cfg, x, dim=-1):
-            y = allocate_out(x, dim)
-            if y.numel():
-                K.launch_online_forward(rows_view(x, dim), rows_view(y, dim), log, cfg)
-            return y
+    def col_default(*args):
+        return K.col_default_config(*_three_d(args[0], args[-1]))
+
+    def col_configs(*args):
+        return K.col_configs(*_three_d(args[0], args[-1]))
 
     def _dim(rest):
         return rest[-1] if rest and not isinstance(rest[-1], torch.Tensor) else -1
@@ -192,11 +225,13 @@ def _make_variants(name: str) -> list[Variant]:
         return K.split_configs(*_geometry(t, _dim(rest)))
 
     def bucket(t, *rest):
-        # ":c" when dim is the unit-stride one (no copy), ":t" when it is moved by a copy.
+        # ":c" when dim is the unit-stride one (no copy), ":k" for the column case
+        # (contiguous, dim not innermost), ":t" when dim is moved by a copy.
         dim = _dim(rest)
         rows, cols = _geometry(t, dim)
         unit = t.dim() == 0 or t.stride(norm_dim(t, dim)) == 1 or cols <= 1
-        return f"{bucket_size(rows)}x{bucket_size(cols)}:{'c' if unit else 't'}"
+        layout = "c" if unit else ("k" if column_case(t, dim) else "t")
+        return f"{bucket_size(rows)}x{bucket_size(cols)}:{layout}"
 
     def row_default(t, *rest):
         return K.row_default_config(*_geometry(t, _dim(rest)))
@@ -219,6 +254,10 @@ def _make_variants(name: str) -> list[Variant]:
 
     what = "gradient" if backward else "row"
     return [
+        Variant("triton_col", col_run, version=K.COL_VERSION, dtypes=FLOATS, check=col_check,
+                configs=col_configs, default_config=col_default, bucket=bucket,
+                description="over a dim that is not innermost of a contiguous tensor: columns "
+                            "coalesced, online max and sum down the dim, no transpose copy"),
         Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
                 configs=row_configs, default_config=row_default, bucket=bucket,
                 description=f"the whole {what} in registers, several short rows per program; "
