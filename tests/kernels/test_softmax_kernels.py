@@ -200,20 +200,26 @@ def test_column_kernel_over_outer_dims(name, dtype, gen):
     x[1, 4, 2] = float("nan")
     x[2, :, 5] = float("-inf")
     for dim in (0, 1, -2):
-        assert dispatch.explain(name, x, dim).variant.name == "triton_col"
+        assert dispatch.explain(name, x, dim).variant.name == "triton_col_split"
         out = FNS[name](x, dim)
         assert out.is_contiguous()
         torch.testing.assert_close(out.double(), ref(name, x, dim), equal_nan=True,
                                    atol=BOUND[dtype], rtol=BOUND[dtype])
-    small = OPS[name].variant("triton_col").run({"BLOCK_R": 4, "BLOCK_I": 8, "num_warps": 1}, x, 1)
-    torch.testing.assert_close(small.double(), ref(name, x, 1), equal_nan=True, atol=BOUND[dtype], rtol=BOUND[dtype])
+    for variant, cfg in (("triton_col", {"BLOCK_R": 4, "BLOCK_I": 8, "num_warps": 1}),
+                         ("triton_col_split", {"CHUNK_R": 64, "BLOCK_I": 8, "num_warps": 1})):
+        small = OPS[name].variant(variant).run(cfg, x, 1)
+        torch.testing.assert_close(small.double(), ref(name, x, 1), equal_nan=True,
+                                   atol=BOUND[dtype], rtol=BOUND[dtype])
     y = REF[name](x.double(), 1)
     g = rand(x.shape, gen, F64)
     back = OPS[f"{name}_backward"]
-    assert dispatch.explain(f"{name}_backward", g, y, 1).variant.name == "triton_col"
+    assert dispatch.explain(f"{name}_backward", g, y, 1).variant.name == "triton_col_split"
     want = back.reference(g, y, 1)
-    got = back.variant("triton_col").run({"BLOCK_R": 4, "BLOCK_I": 8, "num_warps": 1}, g, y, 1)
-    torch.testing.assert_close(got, want, equal_nan=True)
+    for variant, cfg in (("triton_col", {"BLOCK_R": 4, "BLOCK_I": 8, "num_warps": 1}),
+                         ("triton_col_split", {"CHUNK_R": 64, "BLOCK_I": 8, "num_warps": 1})):
+        torch.testing.assert_close(back.variant(variant).run(cfg, g, y, 1), want, equal_nan=True)
+    big = rand((5000, 2), gen, dtype)
+    assert "interpreter" in dispatch.explain(name, big, 0).rejected["triton_col_split"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

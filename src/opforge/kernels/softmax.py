@@ -15,6 +15,9 @@ Two strategies, each with a forward and a backward kernel:
   seen as ``[outer, R, inner]``: a program owns ``BLOCK_I`` adjacent columns
   (loads coalesced along ``inner``) and runs the online recurrence down ``R``,
   then writes. No transpose copy; reads twice (the second read mostly from L2).
+  ``col_split`` cuts ``R`` into chunks held in registers by cooperating
+  programs, as ``split`` does for rows: one read, one write, and enough
+  programs when ``outer * inner`` is small.
 * ``split``: a long row is cut into ``P`` chunks of ``CHUNK`` columns, one
   program each (``rows * P`` programs fill the GPU even when rows are few).
   A program keeps its chunk in registers, publishes the chunk's max and sum
@@ -50,6 +53,7 @@ ROW_VERSION = "1"
 ONLINE_VERSION = "1"
 SPLIT_VERSION = "2"
 COL_VERSION = "1"
+COL_SPLIT_VERSION = "1"
 
 # Most programs one row may be split into: far below the programs the GPU
 # holds at once (132 SMs, at least one program each), so a row's programs are
@@ -368,6 +372,84 @@ def col_backward_kernel(
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def col_split_forward_kernel(
+    x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, R, inner, n_tiles, P,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK_R: tl.constexpr, BLOCK_I: tl.constexpr,
+    P_BLOCK: tl.constexpr, INT64: tl.constexpr,
+):
+    """The column tile's R rows cut into P chunks of CHUNK_R, one program each,
+    exchanging per-column partials through a [groups, P, BLOCK_I] workspace."""
+    pid = tl.program_id(0)
+    group = pid // P
+    part = pid % P
+    o = group // n_tiles
+    i = (group % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    r = part * CHUNK_R + tl.arange(0, CHUNK_R)
+    if INT64:
+        o = o.to(tl.int64)
+        r = r.to(tl.int64)
+    offs = o * R * inner + r[:, None] * inner + i[None, :]
+    mask = (r[:, None] < R) & (i[None, :] < inner)
+    x = tl.load(x_ptr + offs, mask=mask, other=_NEG_INF).to(COMPUTE)
+    m = tl.max(x, axis=0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp(x - m_sub[None, :])
+    cols = tl.arange(0, BLOCK_I)
+    slot = (group * P + part) * BLOCK_I + cols
+    tl.store(m_ptr + slot, m)
+    tl.store(s_ptr + slot, tl.sum(e, axis=0))
+    _row_barrier(count_ptr, group, P)
+    p = tl.arange(0, P_BLOCK)
+    slots = (group * P + p[:, None]) * BLOCK_I + cols[None, :]
+    ms = tl.load(m_ptr + slots, mask=p[:, None] < P, other=_NEG_INF, volatile=True)
+    ss = tl.load(s_ptr + slots, mask=p[:, None] < P, other=0.0, volatile=True)
+    big = tl.max(ms, axis=0)
+    big_sub = tl.where(big == float("-inf"), 0.0, big)
+    total = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp(ms - big_sub[None, :])), axis=0)
+    if LOG:
+        out = x - (big + tl.log(total))[None, :]
+    else:
+        out = e * (tl.exp(m - big_sub) / total)[None, :]
+    tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def col_split_backward_kernel(
+    g_ptr, y_ptr, dx_ptr, s_ptr, count_ptr, R, inner, n_tiles, P,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK_R: tl.constexpr, BLOCK_I: tl.constexpr,
+    P_BLOCK: tl.constexpr, INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    group = pid // P
+    part = pid % P
+    o = group // n_tiles
+    i = (group % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    r = part * CHUNK_R + tl.arange(0, CHUNK_R)
+    if INT64:
+        o = o.to(tl.int64)
+        r = r.to(tl.int64)
+    offs = o * R * inner + r[:, None] * inner + i[None, :]
+    mask = (r[:, None] < R) & (i[None, :] < inner)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    if LOG:
+        s = tl.sum(g, axis=0)
+    else:
+        s = tl.sum(g * y, axis=0)
+    cols = tl.arange(0, BLOCK_I)
+    tl.store(s_ptr + (group * P + part) * BLOCK_I + cols, s)
+    _row_barrier(count_ptr, group, P)
+    p = tl.arange(0, P_BLOCK)
+    slots = (group * P + p[:, None]) * BLOCK_I + cols[None, :]
+    total = tl.sum(tl.load(s_ptr + slots, mask=p[:, None] < P, other=0.0, volatile=True), axis=0)
+    if LOG:
+        dx = g - tl.exp(y) * total[None, :]
+    else:
+        dx = y * (g - total[None, :])
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------------
 # Launch helpers. Tensors are 2-D [rows, cols] with stride(1) == 1.
 # ---------------------------------------------------------------------------
@@ -488,12 +570,13 @@ def split_configs(rows: int, cols: int) -> list[dict]:
     return out or [split_default_config(rows, cols)]
 
 
-def _split_workspace(rows: int, parts: int, n: int, dtype, device):
-    """``n`` partial arrays of ``rows * parts`` and the per-row arrival counters."""
+def _split_workspace(numel: int, groups: int, n: int, dtype, device):
+    """``n`` partial arrays of ``numel`` values and one arrival counter per group
+    of cooperating programs."""
     import torch
 
-    partials = [torch.empty(rows * parts, dtype=dtype, device=device) for _ in range(n)]
-    return partials, torch.zeros(rows, dtype=torch.int32, device=device)
+    partials = [torch.empty(numel, dtype=dtype, device=device) for _ in range(n)]
+    return partials, torch.zeros(groups, dtype=torch.int32, device=device)
 
 
 def _check_parts(parts: int) -> None:
@@ -517,7 +600,7 @@ def launch_split_forward(x, y, log: bool, config: dict) -> None:
     chunk = config.get("CHUNK", 16384)
     parts = split_parts(cols, chunk)
     _check_parts(parts)
-    (m, s), count = _split_workspace(rows, parts, 2, torch.float64 if y.dtype == torch.float64 else torch.float32,
+    (m, s), count = _split_workspace(rows * parts, rows, 2, torch.float64 if y.dtype == torch.float64 else torch.float32,
                                      x.device)
     split_forward_kernel[(rows * parts,)](
         x, y, m, s, count, cols, x.stride(0), y.stride(0), parts,
@@ -535,7 +618,7 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
     chunk = config.get("CHUNK", 16384)
     parts = split_parts(cols, chunk)
     _check_parts(parts)
-    (s,), count = _split_workspace(rows, parts, 1, torch.float64 if dx.dtype == torch.float64 else torch.float32,
+    (s,), count = _split_workspace(rows * parts, rows, 1, torch.float64 if dx.dtype == torch.float64 else torch.float32,
                                    g.device)
     split_backward_kernel[(rows * parts,)](
         g, y, dx, s, count, cols, g.stride(0), y.stride(0), dx.stride(0), parts,
@@ -579,3 +662,55 @@ def launch_col_forward(x, y, outer: int, R: int, inner: int, log: bool, config: 
 
 def launch_col_backward(g, y, dx, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
     _col_launch(col_backward_kernel, (g, y, dx), outer, R, inner, log, config)
+
+
+def col_split_default_config(outer: int, R: int, inner: int) -> dict:
+    """64 columns (128-byte rows in bf16) by up to 128 rows a program: 8192
+    values, 32 a thread with 8 warps; the chunk doubles while a tile needs more
+    than ``SPLIT_MAX_PARTS`` programs."""
+    bi = min(64, triton.next_power_of_2(max(inner, 1)))
+    chunk = max(1, min(8192 // bi, triton.next_power_of_2(max(R, 1))))
+    while triton.cdiv(R, chunk) > SPLIT_MAX_PARTS:
+        chunk *= 2
+    return {"CHUNK_R": chunk, "BLOCK_I": bi, "num_warps": max(1, min(16, chunk * bi // 1024))}
+
+
+def col_split_configs(outer: int, R: int, inner: int) -> list[dict]:
+    out = [{"CHUNK_R": ch, "BLOCK_I": bi, "num_warps": w}
+           for bi in (16, 32, 64, 128) for ch in (32, 64, 128, 256, 512) for w in (4, 8, 16)
+           if triton.cdiv(R, ch) <= SPLIT_MAX_PARTS and 1024 <= ch * bi <= 16384
+           and 4 <= ch * bi // (32 * w) <= 64 and bi <= max(16, 2 * inner)]
+    return out or [col_split_default_config(outer, R, inner)]
+
+
+def col_split_parts(R: int, config: dict) -> int:
+    return triton.cdiv(max(R, 1), config["CHUNK_R"])
+
+
+def _col_split_launch(kernel, tensors, n_partials, outer, R, inner, log, config) -> None:
+    import torch
+
+    if outer == 0 or R == 0 or inner == 0:
+        return
+    bi, chunk = config["BLOCK_I"], config["CHUNK_R"]
+    parts = col_split_parts(R, config)
+    _check_parts(parts)
+    n_tiles = triton.cdiv(inner, bi)
+    groups = outer * n_tiles
+    wide = tensors[-1].dtype == torch.float64
+    partials, count = _split_workspace(groups * parts * bi, groups, n_partials,
+                                       torch.float64 if wide else torch.float32, tensors[0].device)
+    kernel[(groups * parts,)](
+        *tensors, *partials, count, R, inner, n_tiles, parts,
+        LOG=log, COMPUTE=compute_dtype(tensors[-1].dtype), CHUNK_R=chunk, BLOCK_I=bi,
+        P_BLOCK=triton.next_power_of_2(parts), INT64=outer * R * inner + chunk * bi > _INT32_MAX,
+        num_warps=config.get("num_warps", 8),
+    )
+
+
+def launch_col_split_forward(x, y, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
+    _col_split_launch(col_split_forward_kernel, (x, y), 2, outer, R, inner, log, config)
+
+
+def launch_col_split_backward(g, y, dx, outer: int, R: int, inner: int, log: bool, config: dict) -> None:
+    _col_split_launch(col_split_backward_kernel, (g, y, dx), 1, outer, R, inner, log, config)

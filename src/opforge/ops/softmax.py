@@ -180,13 +180,30 @@ def _make_variants(name: str) -> list[Variant]:
     split_run = rows_variant(K.launch_split_forward, K.launch_split_backward)
     online_run = rows_variant(K.launch_online_forward, K.launch_online_backward)
 
-    def col_run(cfg, *args):
-        *tensors, dim = args
-        out = allocate_out(tensors[0], dim)
-        if out.numel():
-            launch = K.launch_col_backward if backward else K.launch_col_forward
-            launch(*tensors, out, *_three_d(out, dim), log, cfg)
-        return out
+    def columns_variant(forward_launch, backward_launch):
+        def run(cfg, *args):
+            *tensors, dim = args
+            out = allocate_out(tensors[0], dim)
+            if out.numel():
+                (backward_launch if backward else forward_launch)(*tensors, out, *_three_d(out, dim), log, cfg)
+            return out
+        return run
+
+    col_run = columns_variant(K.launch_col_forward, K.launch_col_backward)
+    col_split_run = columns_variant(K.launch_col_split_forward, K.launch_col_split_backward)
+
+    def col_split_check(*args):
+        reason = col_check(*args)
+        if reason is None and interpret_mode():
+            if K.col_split_parts(_three_d(args[0], args[-1])[1], col_split_default(*args)) > 1:
+                return "the programs of a column wait for each other, which the interpreter cannot run"
+        return reason
+
+    def col_split_default(*args):
+        return K.col_split_default_config(*_three_d(args[0], args[-1]))
+
+    def col_split_configs(*args):
+        return K.col_split_configs(*_three_d(args[0], args[-1]))
 
     def col_check(*args):
         *tensors, dim = args
@@ -254,6 +271,11 @@ def _make_variants(name: str) -> list[Variant]:
 
     what = "gradient" if backward else "row"
     return [
+        Variant("triton_col_split", col_split_run, version=K.COL_SPLIT_VERSION, dtypes=FLOATS,
+                check=col_split_check, configs=col_split_configs, default_config=col_split_default,
+                bucket=bucket,
+                description="over a dim that is not innermost: the dim cut into chunks held in registers "
+                            "by cooperating programs; one read, one write"),
         Variant("triton_col", col_run, version=K.COL_VERSION, dtypes=FLOATS, check=col_check,
                 configs=col_configs, default_config=col_default, bucket=bucket,
                 description="over a dim that is not innermost of a contiguous tensor: columns "
