@@ -62,6 +62,8 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
         softmax_case("log_softmax", (512, 262144), f32),
         softmax_case("log_softmax", (32768, 8192), bf16),
         softmax_case("softmax", (4096, 4096), bf16, dim=0, label="4096x4096 dim=0"),
+        softmax_case("softmax", (8192, 8192), f32, dim=0, label="8192x8192 dim=0"),
+        softmax_case("softmax", (64, 1024, 1024), bf16, dim=1, label="64x1024x1024 dim=1"),
         softmax_case("softmax", (64, 1024), bf16, graph=True),
     ]
 

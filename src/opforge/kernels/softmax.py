@@ -664,15 +664,22 @@ def launch_col_backward(g, y, dx, outer: int, R: int, inner: int, log: bool, con
     _col_launch(col_backward_kernel, (g, y, dx), outer, R, inner, log, config)
 
 
-def col_split_default_config(outer: int, R: int, inner: int) -> dict:
-    """64 columns (128-byte rows in bf16) by up to 128 rows a program: 8192
-    values, 32 a thread with 8 warps; the chunk doubles while a tile needs more
-    than ``SPLIT_MAX_PARTS`` programs."""
-    bi = min(64, triton.next_power_of_2(max(inner, 1)))
+def col_split_default_config(outer: int, R: int, inner: int, itemsize: int = 4) -> dict:
+    """Tiles of 8192 values: 16 columns by 512 rows with 4 warps for 16-bit
+    types, 32 by 256 with 8 warps for 32-bit (the fastest on the H200 at
+    4096x4096 bf16 and 8192x8192 fp32 over dim 0, benchmarks/sweep.py,
+    2026-11-29); the chunk doubles while a tile needs more than
+    ``SPLIT_MAX_PARTS`` programs."""
+    bi = min(16 if itemsize <= 2 else 32, triton.next_power_of_2(max(inner, 1)))
     chunk = max(1, min(8192 // bi, triton.next_power_of_2(max(R, 1))))
     while triton.cdiv(R, chunk) > SPLIT_MAX_PARTS:
         chunk *= 2
-    return {"CHUNK_R": chunk, "BLOCK_I": bi, "num_warps": max(1, min(16, chunk * bi // 1024))}
+    return {"CHUNK_R": chunk, "BLOCK_I": bi, "num_warps": 4 if itemsize <= 2 else 8}
+
+
+# The walking column kernel is faster once it has this many column tiles of
+# 64 (64x1024x1024 bf16 over dim 1: 121 µs against 137 µs split).
+COL_WALK_MIN_TILES = 4 * 132
 
 
 def col_split_configs(outer: int, R: int, inner: int) -> list[dict]:

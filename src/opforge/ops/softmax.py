@@ -194,13 +194,17 @@ def _make_variants(name: str) -> list[Variant]:
 
     def col_split_check(*args):
         reason = col_check(*args)
-        if reason is None and interpret_mode():
-            if K.col_split_parts(_three_d(args[0], args[-1])[1], col_split_default(*args)) > 1:
-                return "the programs of a column wait for each other, which the interpreter cannot run"
-        return reason
+        if reason is not None:
+            return reason
+        outer, R, inner = _three_d(args[0], args[-1])
+        if outer * -(-inner // 64) >= K.COL_WALK_MIN_TILES:
+            return "enough column tiles to fill the GPU without cutting the dim (triton_col is faster)"
+        if interpret_mode() and K.col_split_parts(R, col_split_default(*args)) > 1:
+            return "the programs of a column wait for each other, which the interpreter cannot run"
+        return None
 
     def col_split_default(*args):
-        return K.col_split_default_config(*_three_d(args[0], args[-1]))
+        return K.col_split_default_config(*_three_d(args[0], args[-1]), args[0].element_size())
 
     def col_split_configs(*args):
         return K.col_split_configs(*_three_d(args[0], args[-1]))
