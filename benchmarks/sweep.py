@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
     op, specs = argv[0], argv[1:]
     jobs = []
     for spec in specs:
-        shape_text, dtype_text, dim_text = (spec.split(":") + ["fp32", "-1"])[:3]
+        parts = spec.split(":")
+        shape_text, dtype_text, dim_text = parts[0], *(parts[1:] + ["fp32", "-1"][len(parts) - 1:])
         shape, dtype, dim = parse_shape(shape_text), DTYPES[dtype_text], int(dim_text)
         jobs.append(Job(op, spec, lambda dev, shape=shape, dtype=dtype, dim=dim:
                         (torch.randn(shape, device=dev).mul_(3).to(dtype), dim)))
