@@ -16,6 +16,8 @@ from opforge.ops.elementwise import (  # noqa: E402
     rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
 )
 from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
+from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
+from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
 
@@ -23,5 +25,6 @@ __all__ = [
     "__version__", "explain",
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
-    "layer_norm", "rms_norm", "softmax", "log_softmax",
+    "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
+    "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax",
 ]

@@ -80,3 +80,40 @@ def test_column_split_softmax_matches_torch(name, shape, dim):
     y = ref(x, dim)
     back = getattr(torch.ops.opforge, f"{name}_backward")
     _close(back(g, y, dim), REFERENCE[f"{name}_backward"](g.double(), y.double(), dim), 1e-5)
+
+
+def test_norms_past_int32_offsets_on_every_row_kernel():
+    import torch.nn.functional as F
+
+    for cols, variant in ((8192, "triton_row"), (65536, "triton_split")):
+        rows = 2**31 // cols + 2
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        tail = slice(rows - 4, rows)
+        with dispatch.force_variant("rms_norm", variant), dispatch.force_variant("layer_norm", variant):
+            _close(opforge.rms_norm(x, (cols,), eps=1e-6)[tail], F.rms_norm(x[tail].float(), (cols,), eps=1e-6), 1e-2)
+            _close(opforge.layer_norm(x, (cols,))[tail], F.layer_norm(x[tail].float(), (cols,)), 1e-2)
+        del x
+    rows = 2**31 // 8192 + 2
+    x = torch.randn(rows, 8192, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    out, new_res = opforge.add_rms_norm(x, r, (8192,), eps=1e-6)
+    tail = slice(rows - 4, rows)
+    assert torch.equal(new_res[tail], x[tail] + r[tail])
+    _close(out[tail], F.rms_norm((x[tail] + r[tail]).float(), (8192,), eps=1e-6), 1e-2)
+
+
+def test_add_rms_norm_is_exact_on_the_residual_and_replays_in_a_graph():
+    x = torch.randn(256, 65536, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    w = torch.rand(65536, device="cuda", dtype=torch.bfloat16) + 0.5
+    out, new_res = opforge.add_rms_norm(x, r, (65536,), w, eps=1e-6)
+    assert torch.equal(new_res, x + r)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_res = opforge.add_rms_norm(x, r, (65536,), w, eps=1e-6)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_res, x + r)
+    _close(g_out, torch.nn.functional.rms_norm((x + r).float(), (65536,), w.float(), eps=1e-6), 1e-2)

@@ -23,6 +23,7 @@ from opforge.runtime.dispatch import force_variant
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 TOL = {F32: 1e-5, F64: 1e-12, F16: 1e-3, BF16: 1e-2}
 VARIANTS = ("triton_row", "triton_looped")
+FWD_VARIANTS = ("triton_row", "triton_split", "triton_looped")
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -53,6 +54,8 @@ def _params(shape, dtype, gen, is_rms, with_w=True, with_b=True):
 
 
 def _fwd(name, variant, x, shape, eps, w, b, cfg=None):
+    if variant == "triton_split" and cfg is None:
+        cfg = {"CHUNK": 32, "num_warps": 4}  # several pieces a row at these sizes (dispatch would not split)
     op = registry.get(name)
     v = op.variant(variant)
     args = (x, shape, eps, w) if name == "rms_norm" else (x, shape, eps, w, b)
@@ -82,11 +85,11 @@ def _unpack(packed, x, w, b):
 # Forward
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [F32, BF16, F16, F64])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", FWD_VARIANTS)
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 def test_forward_matches_float64(name, variant, dtype, gen):
     is_rms = name == "rms_norm"
-    x = torch.randn((37, 100), generator=gen, dtype=F64).to(dtype)
+    x = torch.randn((13, 100), generator=gen, dtype=F64).to(dtype)
     w, b = _params((100,), dtype, gen, is_rms)
     y = _fwd(name, variant, x, (100,), 1e-5, w, b)
     assert y.dtype == dtype and y.shape == x.shape
@@ -111,28 +114,28 @@ def test_row_tiles_of_several_rows(block_r, gen):
     assert rel_err(y, _ref_forward(False, x, (24,), 1e-5, w, b)) <= 1e-5
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", FWD_VARIANTS)
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 def test_large_mean_is_stable(name, variant, gen):
     # 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance in fp32.
     is_rms = name == "rms_norm"
     x = (1e4 + torch.randn((8, 300), generator=gen, dtype=F64)).float()
-    y = _fwd(name, variant, x, (300,), 1e-5, None, None,
-             cfg={"BLOCK_C": 64} if variant == "triton_looped" else None)
+    cfg = {"triton_looped": {"BLOCK_C": 64}, "triton_split": {"CHUNK": 64}}.get(variant)
+    y = _fwd(name, variant, x, (300,), 1e-5, None, None, cfg=cfg)
     assert rel_err(y, _ref_forward(is_rms, x, (300,), 1e-5, None, None)) <= 1e-5
     if not is_rms:
         assert abs(float(y.double().std(dim=1, unbiased=False).mean()) - 1.0) < 1e-3
 
 
-@pytest.mark.parametrize("strategy", ["row", "looped"])
+@pytest.mark.parametrize("strategy", ["row", "split", "looped"])
 @pytest.mark.parametrize("is_rms", [False, True])
 def test_kernel_stats_outputs(strategy, is_rms, gen):
     x = torch.randn((9, 50), generator=gen) * 2 + 3
     y = torch.empty_like(x)
     mean = torch.empty(9)
     rstd = torch.empty(9)
-    launch = K.launch_fwd_row if strategy == "row" else K.launch_fwd_looped
-    cfg = {"BLOCK_R": 2} if strategy == "row" else {"BLOCK_C": 16}
+    launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped}[strategy]
+    cfg = {"row": {"BLOCK_R": 2}, "split": {"CHUNK": 16}, "looped": {"BLOCK_C": 16}}[strategy]
     launch(x, y, None, None, None if is_rms else mean, rstd, 1e-5, is_rms, cfg)
     x64 = x.double()
     if is_rms:
@@ -143,7 +146,7 @@ def test_kernel_stats_outputs(strategy, is_rms, gen):
     torch.testing.assert_close(rstd.double(), want_rstd, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", FWD_VARIANTS)
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 def test_nan_propagates_to_its_row_only(name, variant, gen):
     x = torch.randn((4, 20), generator=gen)
@@ -155,7 +158,7 @@ def test_nan_propagates_to_its_row_only(name, variant, gen):
     torch.testing.assert_close(y[[0, 3]], want[[0, 3]])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", FWD_VARIANTS)
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 def test_size_one_rows_and_empty(name, variant, gen):
     is_rms = name == "rms_norm"
@@ -170,16 +173,106 @@ def test_size_one_rows_and_empty(name, variant, gen):
 
 
 def test_int64_offsets_switch():
-    assert not K._int64(1024, 1024, 1024)
-    assert K._int64(1 << 16, 1 << 15, 1)
-    assert K._int64((1 << 31) // 4096, 4096, 4096)
+    assert not K.needs_int64(1024, 1024, 1024)
+    assert K.needs_int64(1 << 16, 1 << 15, 1)
+    assert K.needs_int64((1 << 31) // 4096, 4096, 4096)
+    assert not K.needs_int64(1, (1 << 31) - 8194, 8192)
+    assert K.needs_int64(1, (1 << 31) - 8193, 8192)
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: records each launch's grid and constexprs."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.log.append((self.name, grid, kw))
+        return launch
+
+
+@pytest.mark.parametrize("rows,cols,want", [(4096, 4096, False), (1 << 16, 1 << 15, True), (3, 1 << 30, True)])
+def test_launchers_pass_int64_past_2_31(monkeypatch, rows, cols, want):
+    # Meta tensors: the launch helpers see the real shapes, nothing is allocated.
+    log = []
+    for name in ("norm_fwd_row_kernel", "norm_split_stats_kernel", "norm_split_apply_kernel",
+                 "norm_fwd_looped_kernel", "norm_bwd_row_kernel", "norm_bwd_looped_kernel"):
+        monkeypatch.setattr(K, name, _Recorder(log, name))
+    x = torch.empty((rows, cols), device="meta", dtype=BF16)
+    K.launch_fwd_split(x, x, None, None, None, None, 1e-5, False, {"CHUNK": 8192}, res=x, s=x)
+    K.launch_fwd_looped(x, x, None, None, None, None, 1e-5, False, {})
+    K.launch_bwd_looped(x, x, None, x, None, None, 1e-5, False, False, 4, {}, dres=x)
+    if cols <= K.ROW_MAX:
+        K.launch_fwd_row(x, x, None, None, None, None, 1e-5, True, {"BLOCK_R": 1}, res=x, s=x)
+        K.launch_bwd_row(x, x, None, x, None, None, 1e-5, True, False, 4, {"BLOCK_R": 1})
+    assert len(log) >= 4
+    for name, grid, kw in log:
+        assert kw["INT64"] is want, name
+    split = [g for n, g, _ in log if n.startswith("norm_split")]
+    assert split[0] == (rows * -(-cols // 8192),) and split[0] == split[1]
+
+
+def test_default_configs():
+    # bf16 keeps the measured shape (8 warps for an 8192 tile); fp32 gets 64 bytes a thread.
+    assert K.row_default_config(32768, 8192, 2) == {"BLOCK_R": 1, "num_warps": 8}
+    assert K.row_default_config(8192, 8192, 4) == {"BLOCK_R": 1, "num_warps": 16}
+    assert K.row_default_config(4096, 128, 4)["BLOCK_R"] == 16
+    # backward: about 256 elements a warp (ptxas spills the 8-warp 8192-column backward)
+    assert K.row_backward_default_config(4096, 8192, 2) == {"BLOCK_R": 1, "num_warps": 32}
+    assert K.row_backward_default_config(4096, 4096, 2)["num_warps"] == 16
+    assert K.row_backward_default_config(4096, 64, 2) == {"BLOCK_R": 16, "num_warps": 4}
+    assert registry.get("rms_norm_backward").variant("triton_row").default_config(
+        torch.empty(8, 8192), torch.empty(8, 8192), (8192,), 1e-5)["num_warps"] == 32
+    # split: 8192-column pieces when rows are many, smaller until 4 programs per SM
+    assert K.split_default_config(1024, 65536, 2)["CHUNK"] == 8192
+    assert K.split_default_config(4, 65536, 2, sms=132)["CHUNK"] == K.SPLIT_MIN_CHUNK
+    assert K.split_default_config(256, 262144, 4)["num_warps"] == 16
+    assert K.split_default_config(3, 100, 4)["CHUNK"] == 128
+
+
+def test_split_dispatch_rules():
+    op = registry.get("layer_norm")
+    long = torch.empty((2, K.ROW_MAX + 1))
+    assert op.variant("triton_split").check(long, (K.ROW_MAX + 1,), 1e-5) is None
+    few = torch.empty((8, 2 * K.SPLIT_MIN_CHUNK))
+    assert op.variant("triton_split").check(few, (2 * K.SPLIT_MIN_CHUNK,), 1e-5) is None
+    many = torch.empty((200, 8192))
+    assert "fill the GPU" in op.variant("triton_split").check(many, (8192,), 1e-5)
+    short = torch.empty((2, 64))
+    assert "nothing to split" in op.variant("triton_split").check(short, (64,), 1e-5)
+    from opforge.runtime import dispatch
+    assert dispatch.explain("rms_norm", long, (K.ROW_MAX + 1,), 1e-5).variant.name == "triton_split"
+    assert dispatch.explain("rms_norm", many, (8192,), 1e-5).variant.name == "triton_row"
+
+
+@pytest.mark.parametrize("chunk", [16])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_split_several_pieces(name, dtype, chunk, gen):
+    # 77 columns in pieces of 16 or 32: a ragged last piece, unequal counts in Chan's merge.
+    is_rms = name == "rms_norm"
+    x = (torch.randn((3, 77), generator=gen, dtype=F64) * 3 + 5).to(dtype)
+    w, b = _params((77,), dtype, gen, is_rms)
+    y = _fwd(name, "triton_split", x, (77,), 1e-5, w, b, cfg={"CHUNK": chunk, "num_warps": 4})
+    assert rel_err(y, _ref_forward(is_rms, x, (77,), 1e-5, w, b)) <= TOL[dtype]
+
+
+def test_split_merges_more_pieces_than_a_block(monkeypatch, gen):
+    # Pass 2 loops over the per-piece statistics when they outnumber its block.
+    monkeypatch.setattr(K, "_PART_BLOCK", 4)
+    x = torch.randn((2, 100), generator=gen) + 2
+    for is_rms in (False, True):
+        y = torch.empty_like(x)
+        K.launch_fwd_split(x, y, None, None, None, None, 1e-5, is_rms, {"CHUNK": 16})
+        assert rel_err(y, _ref_forward(is_rms, x, (100,), 1e-5, None, None)) <= 1e-5
 
 
 def test_row_variant_rejects_long_rows():
     op = registry.get("layer_norm")
     x = torch.empty((1, K.ROW_MAX + 1))
     reason = op.variant("triton_row").check(x, (K.ROW_MAX + 1,), 1e-5)
-    assert reason and "triton_looped" in reason
+    assert reason and "triton_split" in reason
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +342,20 @@ def test_vendor_variants_match_reference(name, gen):
     packed = registry.get(name + "_backward").variant("torch_eager").run({}, dy, *fargs)
     ref = registry.get(name + "_backward").reference(dy, *fargs)
     assert rel_err(packed, ref) <= 1e-12
+
+
+@pytest.mark.parametrize("strategy", ["row", "looped"])
+def test_backward_adds_residual_gradient(strategy, gen):
+    # HAS_DRES: the kernel adds a second incoming gradient to dx before the store.
+    x = torch.randn((7, 40), generator=gen)
+    dy, dres = torch.randn((7, 40), generator=gen), torch.randn((7, 40), generator=gen)
+    w, b = _params((40,), F32, gen, False)
+    cfg = {"BLOCK_R": 2, "PROGRAMS": 3} if strategy == "row" else {"BLOCK_C": 16, "PROGRAMS": 3}
+    packed = torch.empty(x.numel() + 80)
+    N.backward_into(packed, dy, x, 7, 40, 1e-5, w, b, False, strategy, cfg, grad_res=dres)
+    dx, dw, db = _ref_grads(False, x, (40,), 1e-5, w, b, dy)
+    assert rel_err(packed[:280].view(7, 40), dx + dres.double()) <= 1e-5
+    assert rel_err(packed[280:320], dw) <= 1e-5 and rel_err(packed[320:], db) <= 1e-5
 
 
 def test_selftest_samples_pass_every_triton_variant():

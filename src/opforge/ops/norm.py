@@ -32,8 +32,12 @@ registry / selftest contract (a variant returns a tensor) and the
 ``torch.library`` schema simple.
 
 Variants, in dispatch order: ``triton_row`` (rows of up to ``ROW_MAX``
-elements held in registers), ``triton_looped`` (any row length, walked in
-column blocks), ``torch_eager`` (aten's kernels; CUDA only) and ``reference``.
+elements held in registers), ``triton_split`` (forward only: long rows, or
+rows too few to fill the SMs, cut into column pieces, one program each, with a
+second pass that merges the pieces' statistics), ``triton_looped`` (any row
+length, walked in column blocks; the long-row backward), ``torch_eager``
+(aten's kernels; CUDA only) and ``reference``. The fused residual-add forms
+(``ops.residual_norm``) reuse these kernels and ``backward_into``.
 
 Autograd: the public ``torch.ops.opforge.layer_norm`` / ``rms_norm`` save
 ``x``, ``weight`` (and ``bias``); their backward calls the registered backward
@@ -201,7 +205,7 @@ def _tkey(t):
 def _forward_run(is_rms: bool, strategy: str):
     from opforge.kernels import norm as K
 
-    launch = K.launch_fwd_row if strategy == "row" else K.launch_fwd_looped
+    launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped}[strategy]
 
     def run(cfg, x, shape, eps, weight=None, bias=None):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -215,38 +219,98 @@ def _forward_run(is_rms: bool, strategy: str):
     return run
 
 
-def _backward_run(is_rms: bool, strategy: str):
+def backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms: bool, strategy: str, cfg,
+                  grad_res=None):
+    """Run a backward kernel into ``packed`` = ``[dx.flatten(), dweight?, dbias?]``.
+
+    ``grad_res`` (the fused residual ops): a gradient added to ``dx`` in the kernel.
+    """
     from opforge.kernels import norm as K
 
+    n = rows * cols
+    has_w, has_b = weight is not None, bias is not None
+    if n == 0:
+        packed[n:].zero_()  # no rows: dweight = dbias = 0, as torch gives
+        return packed
     launch = K.launch_bwd_row if strategy == "row" else K.launch_bwd_looped
+    xc = x.contiguous().view(rows, cols)
+    gc = grad.contiguous().view(rows, cols)
+    tiles = rows if strategy == "looped" else -(-rows // cfg.get("BLOCK_R", 1))
+    programs = K.backward_programs(tiles, x.device, cfg)
+    ct = K.torch_compute_dtype(x.dtype)
+    alloc = torch.zeros if strategy == "looped" else torch.empty
+    dw_part = alloc((programs, cols), dtype=ct, device=x.device) if has_w else None
+    db_part = alloc((programs, cols), dtype=ct, device=x.device) if has_b else None
+    launch(gc, xc, weight.contiguous() if has_w else None, packed[:n].view(rows, cols), dw_part, db_part,
+           float(eps), is_rms, has_b, programs, cfg,
+           dres=None if grad_res is None else grad_res.contiguous().view(rows, cols))
+    # Deterministic second stage: a fixed-order reduction over the [programs, cols] partials.
+    off = n
+    for part in (dw_part, db_part):
+        if part is not None:
+            packed[off:off + cols].copy_(part.sum(dim=0))
+            off += cols
+    return packed
 
+
+def _backward_run(is_rms: bool, strategy: str):
     def run(cfg, grad, x, shape, eps, weight=None, bias=None):
         rows, cols = _geom(x, shape)
         n = x.numel()
-        has_w, has_b = weight is not None, bias is not None
-        packed = torch.empty(n + cols * (has_w + has_b), dtype=x.dtype, device=x.device)
-        if n == 0:
-            packed[n:].zero_()  # no rows: dweight = dbias = 0, as torch gives
-            return packed
-        xc = x.contiguous().view(rows, cols)
-        gc = grad.contiguous().view(rows, cols)
-        tiles = rows if strategy == "looped" else -(-rows // cfg.get("BLOCK_R", 1))
-        programs = K.backward_programs(tiles, x.device, cfg)
-        ct = K.torch_compute_dtype(x.dtype)
-        alloc = torch.zeros if strategy == "looped" else torch.empty
-        dw_part = alloc((programs, cols), dtype=ct, device=x.device) if has_w else None
-        db_part = alloc((programs, cols), dtype=ct, device=x.device) if has_b else None
-        launch(gc, xc, weight.contiguous() if has_w else None, packed[:n].view(rows, cols), dw_part, db_part,
-               float(eps), is_rms, has_b, programs, cfg)
-        # Deterministic second stage: a fixed-order reduction over the [programs, cols] partials.
-        off = n
-        for part in (dw_part, db_part):
-            if part is not None:
-                packed[off:off + cols].copy_(part.sum(dim=0))
-                off += cols
-        return packed
+        packed = torch.empty(n + cols * ((weight is not None) + (bias is not None)), dtype=x.dtype, device=x.device)
+        return backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms, strategy, cfg)
 
     return run
+
+
+def row_configs(rows: int, cols: int) -> list[dict]:
+    """Autotune candidates of the row-resident kernels (tiles up to 16384 elements)."""
+    from opforge.kernels import norm as K
+
+    bc = pow2(max(cols, 1))
+    out = []
+    for br in (1, 2, 4, 8, 16):
+        if br * bc > 16384 or (br > 1 and br > pow2(max(rows, 1))):
+            continue
+        for w in (1, 2, 4, 8, 16, 32):
+            if 32 * w <= max(br * bc, 32) and 4 <= br * bc // (32 * w) <= 64 or (br * bc < 128 and w == 1):
+                out.append({"BLOCK_R": br, "num_warps": w})
+    return out or [K.row_default_config(rows, cols)]
+
+
+def split_configs(rows: int, cols: int) -> list[dict]:
+    """Autotune candidates of the split kernels: piece sizes x warps."""
+    from opforge.kernels import norm as K
+
+    top = max(K.SPLIT_MIN_CHUNK, min(K.ROW_MAX, pow2(max(cols, 1))))
+    out = []
+    chunk = K.SPLIT_MIN_CHUNK
+    while chunk <= top:
+        for w in (4, 8, 16):
+            if 4 <= chunk // (32 * w) <= 64:
+                out.append({"CHUNK": chunk, "num_warps": w})
+        chunk *= 2
+    return out
+
+
+def split_check(rows: int, cols: int, sms: int = 132) -> str | None:
+    """Split only pays for long rows, or for rows too few to fill the SMs."""
+    from opforge.kernels import norm as K
+
+    if cols <= K.ROW_MAX:
+        if cols < 2 * K.SPLIT_MIN_CHUNK:
+            return (f"rows of {cols} elements are shorter than two pieces of {K.SPLIT_MIN_CHUNK}: "
+                    "nothing to split (use triton_row)")
+        if rows >= sms:
+            return (f"rows of {cols} elements fit the row-resident kernel and {rows} rows fill the GPU "
+                    "(split pays only for long or few rows)")
+    return None
+
+
+def _sms(x: torch.Tensor) -> int:
+    if x.device.type == "cuda":
+        return torch.cuda.get_device_properties(x.device).multi_processor_count
+    return 132
 
 
 def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
@@ -260,23 +324,15 @@ def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
     def row_check(*args):
         rows, cols = geom(*args)
         if cols > K.ROW_MAX:
-            return f"rows of {cols} elements exceed the row-resident limit {K.ROW_MAX} (use triton_looped)"
+            return f"rows of {cols} elements exceed the row-resident limit {K.ROW_MAX} (use triton_split)"
         return None
 
-    def row_configs(*args):
-        rows, cols = geom(*args)
-        bc = pow2(max(cols, 1))
-        out = []
-        for br in (1, 2, 4, 8, 16):
-            if br * bc > 16384 or (br > 1 and br > pow2(max(rows, 1))):
-                continue
-            for w in (1, 2, 4, 8, 16):
-                if 32 * w <= max(br * bc, 32) and br * bc // (32 * w) <= 64:
-                    out.append({"BLOCK_R": br, "num_warps": w})
-        return out or [K.row_default_config(rows, cols)]
-
     def row_default(*args):
-        return K.row_default_config(*geom(*args))
+        pick = K.row_backward_default_config if backward else K.row_default_config
+        return pick(*geom(*args), args[x_at].element_size())
+
+    def split_default(*args):
+        return K.split_default_config(*geom(*args), args[x_at].element_size(), _sms(args[x_at]))
 
     def looped_configs(*args):
         return [{"BLOCK_C": bc, "num_warps": w} for bc in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
@@ -321,11 +377,21 @@ def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
         return out.contiguous()
 
     what = "backward" if backward else "forward"
+    split = []
+    if not backward:
+        split = [Variant("triton_split", strategy_run(is_rms, "split"), version=K.SPLIT_VERSION, dtypes=FLOATS,
+                         check=lambda *a: split_check(*geom(*a), _sms(a[x_at])),
+                         configs=lambda *a: split_configs(*geom(*a)),
+                         default_config=split_default, bucket=bucket,
+                         description="forward: rows cut into column pieces, one program each; piece "
+                                     "statistics merged (Chan) in a second pass (long or few rows)")]
     return [
         Variant("triton_row", strategy_run(is_rms, "row"), version=K.ROW_VERSION, dtypes=FLOATS,
-                check=row_check, configs=row_configs, default_config=row_default, bucket=bucket,
+                check=row_check, configs=lambda *a: row_configs(*geom(*a)), default_config=row_default,
+                bucket=bucket,
                 description=f"{what}: tiles of whole rows held in registers (cols <= {K.ROW_MAX}); "
                             "exact two-pass mean/variance"),
+        *split,
         Variant("triton_looped", strategy_run(is_rms, "looped"), version=K.LOOPED_VERSION, dtypes=FLOATS,
                 configs=looped_configs, default_config=looped_default, bucket=bucket,
                 description=f"{what}: one row per program walked in column blocks; two-pass statistics"),
@@ -342,7 +408,8 @@ def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
 def sample_inputs(name: str, is_rms: bool, backward: bool, device: torch.device) -> list[tuple]:
     """Inputs that reach every variant: with/without weight (and bias), leading
     dims, a transposed (non-contiguous) input, a large mean, and a row longer
-    than ``ROW_MAX`` (only ``triton_looped`` and the vendor take it)."""
+    than ``ROW_MAX`` (``triton_split``, ``triton_looped`` and the vendor take
+    it); on CUDA also bandwidth-sized shapes (many long rows, many short rows)."""
     from opforge.kernels.norm import ROW_MAX
 
     g = torch.Generator(device="cpu").manual_seed(7 if is_rms else 11)
@@ -359,6 +426,9 @@ def sample_inputs(name: str, is_rms: bool, backward: bool, device: torch.device)
             (rand((130, 24), dt).t(), (130,), False),
             (rand((2, ROW_MAX + 100), dt), (ROW_MAX + 100,), True),
         ]
+        if device.type == "cuda" and dt in (torch.float32, torch.bfloat16):
+            cases += [(rand((300, 4 * ROW_MAX + 5), dt, shift=2.0), (4 * ROW_MAX + 5,), True),
+                      (rand((4096, 1000), dt), (1000,), True)]
         for x, shape, with_params in cases:
             params = ()
             if with_params:
