@@ -1,5 +1,6 @@
 """The public tensor API. Importing a family registers its ops."""
 
+from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
 from opforge.ops import norm  # noqa: F401
 from opforge.ops import reduce  # noqa: F401
