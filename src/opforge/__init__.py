@@ -20,6 +20,7 @@ from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
 from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
 from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
+from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
 
 __all__ = [
@@ -27,5 +28,5 @@ __all__ = [
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
-    "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax",
+    "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax", "transpose", "permute",
 ]

@@ -117,3 +117,25 @@ def test_add_rms_norm_is_exact_on_the_residual_and_replays_in_a_graph():
     torch.cuda.synchronize()
     assert torch.equal(g_res, x + r)
     _close(g_out, torch.nn.functional.rms_norm((x + r).float(), (65536,), w.float(), eps=1e-6), 1e-2)
+
+
+def test_transpose_past_int32_offsets():
+    x = torch.arange(BIG, device="cuda", dtype=torch.int32)[: (BIG // 4096) * 4096].view(-1, 4096)
+    out = opforge.transpose(x, 0, 1)
+    assert out.shape == (4096, x.shape[0]) and out.is_contiguous()
+    assert torch.equal(out[:, -3:], x[-3:].t()) and torch.equal(out[-2:, :5], x[:5, -2:].t())
+
+
+def test_reductions_and_cross_entropy_past_int32_offsets():
+    x = torch.ones(BIG, device="cuda", dtype=torch.int8)
+    x[-1] = 5
+    assert int(opforge.sum(x)) == BIG + 4  # int8 sums in int64: exact
+    assert int(opforge.argmax(x)) == BIG - 1
+    f = x.to(torch.bfloat16)
+    assert int(opforge.argmax(f)) == BIG - 1 and float(opforge.amax(f)) == 5.0
+    rows, cols = 2**31 // 32000 + 2, 32000
+    logits = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, cols, (rows,), device="cuda")
+    loss = opforge.cross_entropy(logits, target, reduction="none")
+    tail = slice(rows - 4, rows)
+    _close(loss[tail], torch.nn.functional.cross_entropy(logits[tail].float(), target[tail], reduction="none"), 1e-2)

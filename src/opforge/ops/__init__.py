@@ -6,4 +6,5 @@ from opforge.ops import norm  # noqa: F401
 from opforge.ops import reduce  # noqa: F401
 from opforge.ops import residual_norm  # noqa: F401
 from opforge.ops import softmax  # noqa: F401
+from opforge.ops import transpose  # noqa: F401
 
