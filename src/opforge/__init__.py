@@ -19,6 +19,7 @@ from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
 from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
 from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
 from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
+from opforge.ops.scan import compact, cummax, cummin, cumprod, cumsum, nonzero, segmented_cumsum  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
@@ -29,4 +30,5 @@ __all__ = [
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
     "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax", "transpose", "permute",
+    "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
 ]

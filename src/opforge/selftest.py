@@ -39,6 +39,23 @@ def _upcast(args):
     return [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
 
 
+def _compare(out, ref64) -> tuple[bool, float]:
+    """``out`` against the float64 reference: relative error within the dtype's
+    bound for floats, equality for integers; tuples (values, indices) element-wise."""
+    if isinstance(out, (tuple, list)):
+        if not isinstance(ref64, (tuple, list)) or len(ref64) != len(out):
+            return False, float("inf")
+        results = [_compare(o, r) for o, r in zip(out, ref64)]
+        return all(ok for ok, _ in results), max(err for _, err in results)
+    if out.dtype.is_floating_point:
+        err = rel_err(out, ref64)
+        ok = err <= REL_ERR_BOUND.get(out.dtype, 0.0)
+    else:
+        err = 0.0 if torch.equal(out.cpu(), ref64.to(out.dtype).cpu()) else float("inf")
+        ok = err == 0.0
+    return ok and tuple(out.shape) == tuple(ref64.shape), err
+
+
 def check_variant(op, variant, device) -> VariantResult:
     res = VariantResult(op.qualname, variant.name)
     for args in op.samples(device):
@@ -49,16 +66,7 @@ def check_variant(op, variant, device) -> VariantResult:
             out = variant.run(variant.default_config(*args), *args)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            ref64 = op.reference(*_upcast([a for a in args if a is not None]))
-            ref = ref64.to(out.dtype) if not out.dtype.is_floating_point else ref64
-            if out.dtype.is_floating_point:
-                err = rel_err(out, ref)
-                ok = err <= REL_ERR_BOUND.get(out.dtype, 0.0)
-            else:
-                err = 0.0 if torch.equal(out.cpu(), ref.cpu()) else float("inf")
-                ok = err == 0.0
-            if tuple(out.shape) != tuple(ref64.shape):
-                ok = False
+            ok, err = _compare(out, op.reference(*_upcast([a for a in args if a is not None])))
         except Exception as e:
             ok, err = False, float("inf")
             res.failures.append(f"{_describe(args)}: {type(e).__name__}: {e}"[:400])

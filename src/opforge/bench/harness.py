@@ -16,14 +16,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from opforge.bench import cross_entropy, elementwise, norm, overhead, reduce, softmax, transpose
+from opforge.bench import cross_entropy, elementwise, norm, overhead, reduce, scan, softmax, transpose
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
 from opforge.runtime import roofline
 
 SCHEMA_VERSION = 1
 FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduce": reduce,
-            "cross_entropy": cross_entropy, "transpose": transpose}
+            "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,

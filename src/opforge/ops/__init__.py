@@ -5,6 +5,7 @@ from opforge.ops import elementwise  # noqa: F401
 from opforge.ops import norm  # noqa: F401
 from opforge.ops import reduce  # noqa: F401
 from opforge.ops import residual_norm  # noqa: F401
+from opforge.ops import scan  # noqa: F401
 from opforge.ops import softmax  # noqa: F401
 from opforge.ops import transpose  # noqa: F401
 

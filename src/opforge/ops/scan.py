@@ -1,0 +1,969 @@
+"""Scan ops: ``cumsum``, ``cumprod``, ``cummax``, ``cummin``,
+``segmented_cumsum``, ``compact`` and ``nonzero``.
+
+Torch semantics. ``cumsum``/``cumprod`` promote integer and bool inputs to
+int64 unless ``dtype`` is given (the input is then cast to ``dtype`` first, as
+torch does); floats keep their dtype, with fp32 arithmetic for 16-bit floats
+and fp64 for fp64. ``exclusive`` shifts the scan by one (position 0 is the
+identity), ``reverse`` scans from the end. ``cummax``/``cummin`` return
+``(values, indices)`` like torch: ties take the last index; a NaN propagates
+and each later NaN moves the index to itself. Any leading shape, any dim
+(negative too), non-contiguous inputs, empty tensors and 0-dim tensors.
+
+Layout. A scan over the innermost (unit-stride) dim runs on the ``[rows,
+cols]`` view (``rows_view``: a view when the layout allows, else a copy) and
+writes a dense output with ``dim`` innermost (``empty_moved``). A scan over
+another dim of a contiguous tensor runs in place on ``[outer, L, inner]``
+(``triton_columns``), output contiguous (a few long columns instead take a
+transposing copy and the tile scans: one program per column would idle the
+GPU). Variants of ``cumsum``/``cumprod``,
+in dispatch order: ``triton_lookback`` (single-pass decoupled look-back over
+tiles; rows of at least ``TILE_MIN_COLS``), ``triton_reduce_scan`` (the
+3-phase reduce-then-scan, same rows), ``triton_columns``, ``triton_row`` (one
+program walks a row, several short rows a program), ``torch_eager`` (CUDA) and
+``reference``.
+
+``segmented_cumsum(x, flags=|offsets=)`` restarts the sum at each segment
+start (``flags``: bool, same shape; ``offsets``: CSR starts like
+``cu_seqlens``, turned into flags on the device; their values are not checked,
+which would cost a host sync). A 2-D input is scanned along its last dim,
+each row starting a segment.
+
+``compact(x, mask)`` is ``x[mask]`` (mask of x's shape, or a 1-D mask over
+dim 0 selecting rows); ``nonzero(mask)`` is ``torch.nonzero``. Both need the
+number of kept elements to size the output: one device-to-host sync
+(``mask.sum()``) unless ``size=`` is given, in which case the output has
+``size`` rows: the first kept ones, then ``fill_value`` (like
+``torch.nonzero_static``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
+from opforge.ops.library import define, direct_ok
+from opforge.runtime import dispatch, registry
+from opforge.runtime.registry import Op, Variant
+
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+# Dtypes the Triton kernels take (bool goes through them as a 0/1 integer).
+SCAN_DTYPES = FLOATS | INTS | {torch.bool}
+MINMAX_DTYPES = FLOATS | INTS
+SCANS = ("cumsum", "cumprod")
+MINMAX = ("cummax", "cummin")
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (plain torch, float64-capable)
+# ---------------------------------------------------------------------------
+def out_dtype(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """torch's rule for cumsum/cumprod: integers and bool accumulate to int64."""
+    if dtype is not None:
+        return dtype
+    return x.dtype if x.dtype.is_floating_point else torch.int64
+
+
+def _shifted(t: torch.Tensor, dim: int, ident) -> torch.Tensor:
+    """``t`` shifted one step along ``dim``: position 0 gets the identity."""
+    if t.shape[dim] == 0:
+        return t
+    head = torch.full_like(t.narrow(dim, 0, 1), ident)
+    return torch.cat([head, t.narrow(dim, 0, t.shape[dim] - 1)], dim)
+
+
+def _scan_ref(fn, ident, x, dim, exclusive=False, reverse=False, dtype=None):
+    t = x.to(out_dtype(x, dtype))
+    if t.dim() == 0:
+        return (torch.full_like(t, ident) if exclusive else t).clone()
+    d = norm_dim(t, dim)
+    if reverse:
+        t = t.flip(d)
+    if exclusive:
+        t = _shifted(t, d, ident)
+    y = fn(t, d)
+    return y.flip(d) if reverse else y
+
+
+def _cumsum_ref(x, dim, exclusive=False, reverse=False, dtype=None):
+    return _scan_ref(torch.cumsum, 0, x, dim, exclusive, reverse, dtype)
+
+
+def _cumprod_ref(x, dim, exclusive=False, reverse=False, dtype=None):
+    return _scan_ref(torch.cumprod, 1, x, dim, exclusive, reverse, dtype)
+
+
+def _cummax_ref(x, dim):
+    return tuple(torch.cummax(x, dim))
+
+
+def _cummin_ref(x, dim):
+    return tuple(torch.cummin(x, dim))
+
+
+def _segment_starts(flags: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """Bool starts in scan order, on the flattened ``[rows, cols]`` data (each row starts one)."""
+    f = flags.reshape(-1, flags.shape[-1]) if flags.dim() else flags.reshape(1, 1)
+    if reverse:  # scanning from the end: a segment starts at the element before a start
+        f = torch.cat([f[:, 1:], torch.ones_like(f[:, :1])], 1).flip(1)
+    f = f.clone()
+    if f.shape[1]:
+        f[:, 0] = True
+    return f.reshape(-1)
+
+
+def _segmented_ref(x, flags, exclusive=False, reverse=False):
+    """Computed in float64 (int64 for integers) and rounded once to the output dtype."""
+    t = x.to(torch.float64 if x.is_floating_point() else torch.int64)
+    shape = t.shape
+    if t.numel() == 0:
+        return t.clone()
+    cols = shape[-1] if t.dim() else 1
+    v = t.reshape(-1, cols)
+    if reverse:
+        v = v.flip(1)
+    v = v.reshape(-1)
+    starts = _segment_starts(flags, reverse)
+    if exclusive:
+        v = torch.where(starts, torch.zeros_like(v), torch.cat([v[:1], v[:-1]]))
+    finite = bool(torch.isfinite(v).all()) if v.is_floating_point() else True
+    if finite:
+        c = torch.cumsum(v, 0)
+        base = c - v
+        pos = torch.where(starts, torch.arange(v.numel(), device=v.device), 0)
+        y = c - base.gather(0, torch.cummax(pos, 0).values)
+    else:  # inf - inf must not leak across segments: scan each segment alone
+        bounds = torch.nonzero(starts).flatten().tolist() + [v.numel()]
+        y = torch.cat([v[a:b].cumsum(0) for a, b in zip(bounds[:-1], bounds[1:])])
+    y = y.reshape(-1, cols)
+    if reverse:
+        y = y.flip(1)
+    return y.reshape(shape).to(out_dtype(x, None))
+
+
+def _segmented_eager(x, flags, exclusive=False, reverse=False):
+    """torch's way (the bench peer): one cumsum, minus the prefix at each segment start
+    (in fp32 for 16-bit floats: their cumsum would lose the small sums)."""
+    t = x.to(out_dtype(x, None))
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return _segmented_eager(x.float(), flags, exclusive, reverse).to(t.dtype)
+    if t.numel() == 0:
+        return t.clone()
+    cols = t.shape[-1] if t.dim() else 1
+    v = t.reshape(-1, cols)
+    if reverse:
+        v = v.flip(1)
+    v = v.reshape(-1)
+    starts = _segment_starts(flags, reverse)
+    if exclusive:
+        v = torch.where(starts, torch.zeros_like(v), torch.cat([v[:1], v[:-1]]))
+    c = torch.cumsum(v, 0)
+    pos = torch.where(starts, torch.arange(v.numel(), device=v.device), 0)
+    y = c - (c - v).gather(0, torch.cummax(pos, 0).values)
+    y = y.reshape(-1, cols)
+    return (y.flip(1) if reverse else y).reshape(t.shape)
+
+
+def _compact_ref(x, mask, size=None, fill_value=0):
+    m = mask if mask.shape == x.shape else mask.reshape(-1)
+    out = x[m]
+    if size is None:
+        return out
+    res = torch.full((size, *out.shape[1:]), fill_value, dtype=x.dtype, device=x.device)
+    k = min(size, out.shape[0])
+    res[:k] = out[:k]
+    return res
+
+
+def _nonzero_ref(mask, size=None, fill_value=-1):
+    if size is None:
+        return torch.nonzero(mask)
+    return torch.nonzero_static(mask, size=size, fill_value=fill_value)
+
+
+REFERENCE = {
+    "cumsum": _cumsum_ref, "cumprod": _cumprod_ref, "cummax": _cummax_ref, "cummin": _cummin_ref,
+    "segmented_cumsum": _segmented_ref, "compact": _compact_ref, "nonzero": _nonzero_ref,
+}
+EAGER = dict(REFERENCE, segmented_cumsum=_segmented_eager)
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+def _check_flag(where, name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be a bool, got {type(value).__name__}")
+
+
+def _check_dtype_arg(where, dtype):
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{where}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
+    if dtype.is_complex or dtype not in SCAN_DTYPES:
+        raise TypeError(f"{where}: dtype {dtype} is not supported (expected a real float, integer or bool dtype)")
+
+
+def validate_scan(name, x, dim, exclusive=False, reverse=False, dtype=None):
+    where = f"opforge.{name}"
+    check_tensor(where, "input", x, floating=False)
+    check_dim(where, x, dim)
+    _check_dtype_arg(where, dtype)
+    _check_flag(where, "exclusive", exclusive)
+    _check_flag(where, "reverse", reverse)
+
+
+def validate_minmax(name, x, dim):
+    where = f"opforge.{name}"
+    check_tensor(where, "input", x, floating=False)
+    check_dim(where, x, dim)
+
+
+def validate_segmented(x, flags, exclusive=False, reverse=False):
+    where = "opforge.segmented_cumsum"
+    check_tensor(where, "input", x, floating=False)
+    if x.dim() not in (1, 2):
+        raise ValueError(f"{where}: input must be 1-D or 2-D (segments along the last dim), got {x.dim()} dims")
+    if not isinstance(flags, torch.Tensor):
+        raise TypeError(f"{where}: flags must be a torch.Tensor, got {type(flags).__name__}")
+    if flags.dtype != torch.bool:
+        raise TypeError(f"{where}: flags must be a bool tensor, got {flags.dtype}")
+    if flags.shape != x.shape:
+        raise ValueError(f"{where}: flags has shape {tuple(flags.shape)} but input has {tuple(x.shape)}")
+    if flags.device != x.device:
+        raise ValueError(f"{where}: flags is on {flags.device} but input is on {x.device}")
+    _check_flag(where, "exclusive", exclusive)
+    _check_flag(where, "reverse", reverse)
+
+
+def _rows_mode(x, mask) -> bool:
+    return mask.shape != x.shape and mask.dim() == 1 and x.dim() >= 1 and mask.shape[0] == x.shape[0]
+
+
+def _check_size(where, size):
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"{where}: size must be an int or None, got {type(size).__name__}")
+    if size < 0:
+        raise ValueError(f"{where}: size must be >= 0, got {size}")
+
+
+def validate_compact(x, mask, size=None, fill_value=0):
+    where = "opforge.compact"
+    check_tensor(where, "input", x, floating=False)
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype}")
+    if mask.shape != x.shape and not _rows_mode(x, mask):
+        raise ValueError(f"{where}: mask has shape {tuple(mask.shape)}; expected input's shape "
+                         f"{tuple(x.shape)} or a 1-D mask of {x.shape[0] if x.dim() else 0} rows")
+    if mask.device != x.device:
+        raise ValueError(f"{where}: mask is on {mask.device} but input is on {x.device}")
+    _check_size(where, size)
+
+
+def validate_nonzero(mask, size=None, fill_value=-1):
+    where = "opforge.nonzero"
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype} (use mask != 0)")
+    _check_size(where, size)
+
+
+# ---------------------------------------------------------------------------
+# Geometry helpers
+# ---------------------------------------------------------------------------
+def _geometry(t: torch.Tensor, dim: int) -> tuple[int, int]:
+    cols = t.shape[norm_dim(t, dim)] if t.dim() else 1
+    return (t.numel() // cols if cols else 0), cols
+
+
+def _innermost(t: torch.Tensor, dim: int) -> bool:
+    """The scanned dim is the unit-stride one (or all other dims are trivial)."""
+    if t.dim() <= 1:
+        return True
+    d = norm_dim(t, dim)
+    return t.stride(d) == 1 or t.shape[d] <= 1 or t.numel() == t.shape[d]
+
+
+def _few_long_columns(t: torch.Tensor, dim: int) -> bool:
+    """A non-innermost dim with at most 16 columns beside it and long enough for the tile
+    scans: a transposing copy then the look-back beats one program per few columns."""
+    from opforge.kernels import scan as K
+
+    outer, L, inner = _three(t, dim)
+    return not _innermost(t, dim) and outer * inner <= 16 and L >= K.TILE_MIN_COLS
+
+
+def _three(t: torch.Tensor, dim: int) -> tuple[int, int, int]:
+    d = norm_dim(t, dim)
+    outer = 1
+    for s in t.shape[:d]:
+        outer *= s
+    inner = 1
+    for s in t.shape[d + 1:]:
+        inner *= s
+    return outer, t.shape[d], inner
+
+
+def _columns_layout(t: torch.Tensor, dim: int) -> bool:
+    """Outputs are contiguous when a contiguous input is scanned over a non-innermost
+    dim (the in-place column scan), else dense with ``dim`` innermost."""
+    return t.dim() > 1 and t.is_contiguous() and not _innermost(t, dim)
+
+
+def alloc_out(x: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The output every variant (and the fake) returns for ``x``: same layout rule for all."""
+    if _columns_layout(x, dim):
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    return empty_moved(x, dim, dtype)
+
+
+def _via_rows(x: torch.Tensor, dim: int, dtypes, launch):
+    """Run a row kernel on ``[rows, cols]`` views into dense moved buffers, then give them
+    ``alloc_out``'s layout (a copy only for a forced row kernel over a column layout)."""
+    bufs = [empty_moved(x, dim, dt) for dt in dtypes]
+    if x.numel():
+        launch(rows_view(x, dim), *[rows_view(b, dim) for b in bufs])
+    if _columns_layout(x, dim):
+        bufs = [b.contiguous() for b in bufs]
+    return bufs
+
+
+def _bucket(t, dim):
+    rows, cols = _geometry(t, dim)
+    return f"{bucket_size(rows)}x{bucket_size(cols)}:{'c' if _innermost(t, dim) else 't'}"
+
+
+# ---------------------------------------------------------------------------
+# Variants: cumsum / cumprod
+# ---------------------------------------------------------------------------
+def _make_scan_variants(name: str) -> list[Variant]:
+    from opforge.kernels import scan as K
+
+    kop = K.SUM if name == "cumsum" else K.PROD
+
+    def alloc(x, dim, dtype):
+        return alloc_out(x, dim, out_dtype(x, dtype))
+
+    def row_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+        return _via_rows(x, dim, (out_dtype(x, dtype),),
+                         lambda xv, yv: K.launch_row_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
+
+    def lookback_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+        return _via_rows(x, dim, (out_dtype(x, dtype),),
+                         lambda xv, yv: K.launch_lookback_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
+
+    def rts_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+        return _via_rows(x, dim, (out_dtype(x, dtype),),
+                         lambda xv, yv: K.launch_reduce_then_scan(xv, yv, kop, exclusive, reverse, cfg))[0]
+
+    def col_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+        y = torch.empty(x.shape, dtype=out_dtype(x, dtype), device=x.device)
+        K.launch_col_scan(x, y, None, *_three(x, dim), kop, exclusive, reverse, cfg)
+        return y
+
+    def tile_check(x, dim, *rest):
+        if not _innermost(x, dim) and not _few_long_columns(x, dim):
+            return "dim is not the unit-stride dim (triton_columns scans it in place)"
+        cols = _geometry(x, dim)[1]
+        if cols < K.TILE_MIN_COLS:
+            return f"rows of {cols} < {K.TILE_MIN_COLS} elements: one program per row is enough"
+        return None
+
+    def col_check(x, dim, *rest):
+        if _innermost(x, dim):
+            return "dim is the unit-stride dim (the row kernels take it)"
+        if not x.is_contiguous():
+            return "input is not contiguous (the row kernel takes a copy)"
+        if _few_long_columns(x, dim):
+            return "a few long columns: too few programs (the tile scans take a transposed copy)"
+        return None
+
+    def bucket(x, dim, *rest):
+        return _bucket(x, dim)
+
+    def geo(fn):
+        return lambda x, dim, *rest: fn(*_geometry(x, dim))
+
+    def col_geo(fn):
+        return lambda x, dim, *rest: fn(*_three(x, dim))
+
+    def eager_run(cfg, *args):
+        return EAGER[name](*args)
+
+    def reference_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+        return alloc(x, dim, dtype).copy_(REFERENCE[name](x, dim, exclusive, reverse, dtype))
+
+    return [
+        Variant("triton_lookback", lookback_run, version=K.LOOKBACK_VERSION, dtypes=SCAN_DTYPES,
+                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
+                bucket=bucket,
+                description="single-pass chained scan with decoupled look-back over tiles (one read, "
+                            f"one write); rows >= {K.TILE_MIN_COLS}"),
+        Variant("triton_reduce_scan", rts_run, version=K.REDUCE_SCAN_VERSION, dtypes=SCAN_DTYPES,
+                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
+                bucket=bucket,
+                description="reduce-then-scan: tile totals, their scan, then tile scans (two reads)"),
+        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=SCAN_DTYPES, check=col_check,
+                configs=col_geo(K.col_configs), default_config=col_geo(K.col_default_config), bucket=bucket,
+                description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
+        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
+                configs=geo(K.row_configs), default_config=geo(K.row_default_config), bucket=bucket,
+                description="one program walks a row in blocks with a carried prefix; any row length"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
+                description=f"torch.{name}"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Variants: cummax / cummin
+# ---------------------------------------------------------------------------
+def _make_minmax_variants(name: str) -> list[Variant]:
+    from opforge.kernels import scan as K
+
+    kop = K.MAX if name == "cummax" else K.MIN
+
+    def alloc(x, dim):
+        return alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+
+    def row_run(cfg, x, dim):
+        y, i = _via_rows(x, dim, (x.dtype, torch.int64),
+                         lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, kop, False, False, cfg))
+        return y, i
+
+    def col_run(cfg, x, dim):
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        i = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+        K.launch_col_scan(x, y, i, *_three(x, dim), kop, False, False, cfg)
+        return y, i
+
+    def col_check(x, dim):
+        if _innermost(x, dim):
+            return "dim is the unit-stride dim (the row kernel takes it)"
+        if not x.is_contiguous():
+            return "input is not contiguous (the row kernel takes a copy)"
+        return None
+
+    def eager_run(cfg, x, dim):
+        return REFERENCE[name](x, dim)
+
+    def reference_run(cfg, x, dim):
+        y, i = alloc(x, dim)
+        vy, vi = REFERENCE[name](x, dim)
+        return y.copy_(vy), i.copy_(vi)
+
+    return [
+        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=MINMAX_DTYPES, check=col_check,
+                configs=lambda x, dim: K.col_configs(*_three(x, dim)),
+                default_config=lambda x, dim: K.col_default_config(*_three(x, dim)),
+                bucket=_bucket, description="(value, index) scan down a non-innermost dim, column tiles"),
+        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=MINMAX_DTYPES,
+                configs=lambda x, dim: K.row_configs(*_geometry(x, dim)),
+                default_config=lambda x, dim: K.row_default_config(*_geometry(x, dim)),
+                bucket=_bucket, description="(value, index) scan of rows in blocks with a carried pair"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=MINMAX_DTYPES,
+                bucket=_bucket, description=f"torch.{name}"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Variants: segmented_cumsum, compact, nonzero
+# ---------------------------------------------------------------------------
+def _segmented_variants() -> list[Variant]:
+    from opforge.kernels import scan as K
+
+    def as_rows(t):
+        return t.reshape(1, -1) if t.dim() == 1 else t
+
+    def run(cfg, x, flags, exclusive=False, reverse=False):
+        y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
+        if y.numel():
+            K.launch_lookback_scan(as_rows(x.contiguous()), as_rows(y), as_rows(flags.contiguous()),
+                                   K.SUM, exclusive, reverse, cfg)
+        return y
+
+    def geo(fn):
+        return lambda x, *rest: fn(*(_geometry(x, -1) if x.dim() else (1, 1)))
+
+    def bucket(x, *rest):
+        return _bucket(x, -1) if x.dim() else "1x1:c"
+
+    def eager_run(cfg, *args):
+        return _segmented_eager(*args)
+
+    def reference_run(cfg, *args):
+        return _segmented_ref(*args)
+
+    return [
+        Variant("triton_lookback", run, version=K.LOOKBACK_VERSION, dtypes=None,
+                check=lambda x, *rest: None if x.dtype in SCAN_DTYPES else f"dtype {x.dtype} not supported",
+                configs=geo(K.tile_configs), default_config=geo(K.tile_default_config), bucket=bucket,
+                description="segmented (flag, value) scan with decoupled look-back; a tile holding a "
+                            "segment start publishes its inclusive prefix before looking back"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
+                description="torch: one cumsum minus the prefix at each segment start"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+def _count(mask: torch.Tensor, size) -> int:
+    """The output length: ``size`` when given, else the number kept (a host sync)."""
+    return int(mask.sum()) if size is None else size
+
+
+def _compact_variants() -> list[Variant]:
+    from opforge.kernels import scan as K
+
+    def run(cfg, x, mask, size=None, fill_value=0):
+        k = _count(mask, size)
+        m = mask.contiguous().reshape(-1)
+        if _rows_mode(x, mask):
+            rows = x.shape[0]
+            idx = torch.full((k,), rows, dtype=torch.int64, device=x.device)
+            K.launch_compact(None, m, idx, True, cfg)
+            xc = x.reshape(rows, -1)
+            got = xc.index_select(0, idx.clamp(max=max(rows - 1, 0))) if rows else xc.new_empty((k, xc.shape[1]))
+            if size is not None:
+                got = torch.where((idx < rows)[:, None], got, torch.full_like(got, fill_value))
+            return got.reshape((k, *x.shape[1:]))
+        out = (torch.empty((k,), dtype=x.dtype, device=x.device) if size is None
+               else torch.full((k,), fill_value, dtype=x.dtype, device=x.device))
+        K.launch_compact(x.contiguous().reshape(-1), m, out, False, cfg)
+        return out
+
+    def check(x, mask, *rest):
+        return None if x.dtype in SCAN_DTYPES - {torch.bool} else f"dtype {x.dtype} not supported"
+
+    def default(x, mask, *rest):
+        return K.compact_default_config(mask.numel())
+
+    def configs(x, mask, *rest):
+        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
+
+    def bucket(x, mask, *rest):
+        return f"{bucket_size(mask.numel())}:{'rows' if _rows_mode(x, mask) else 'elems'}"
+
+    return [
+        Variant("triton_lookback", run, version=K.COMPACT_VERSION, check=check, configs=configs,
+                default_config=default, bucket=bucket,
+                description="look-back scan of the mask gives each kept element its slot; the tile "
+                            "scatters (rows: kept row indices, then a gather)"),
+        Variant("torch_eager", lambda cfg, *a: _compact_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
+                description="x[mask]"),
+        Variant("reference", lambda cfg, *a: _compact_ref(*a), kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+def _nonzero_variants() -> list[Variant]:
+    from opforge.kernels import scan as K
+
+    def run(cfg, mask, size=None, fill_value=-1):
+        k = _count(mask, size)
+        n = mask.numel()
+        flat = torch.full((k,), -1, dtype=torch.int64, device=mask.device)
+        K.launch_compact(None, mask.contiguous().reshape(-1), flat, True, cfg)
+        if mask.dim() == 0:
+            return flat.new_empty((k, 0))
+        coords = torch.stack(torch.unravel_index(flat.clamp(min=0, max=max(n - 1, 0)), mask.shape), 1)
+        if size is not None:
+            coords = torch.where((flat >= 0)[:, None], coords, torch.full_like(coords, fill_value))
+        return coords
+
+    def default(mask, *rest):
+        return K.compact_default_config(mask.numel())
+
+    def configs(mask, *rest):
+        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
+
+    def bucket(mask, *rest):
+        return bucket_size(mask.numel())
+
+    return [
+        Variant("triton_lookback", run, version=K.COMPACT_VERSION, configs=configs, default_config=default,
+                bucket=bucket, description="look-back scan of the mask; kept flat indices, then unravel"),
+        Variant("torch_eager", lambda cfg, *a: _nonzero_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
+                description="torch.nonzero / torch.nonzero_static"),
+        Variant("reference", lambda cfg, *a: _nonzero_ref(*a), kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Selftest inputs
+# ---------------------------------------------------------------------------
+def sample_inputs(name: str, device: torch.device) -> list[tuple]:
+    """Random inputs reaching every variant: short rows, rows of 70000 (the tile
+    scans), another dim of a contiguous tensor (columns), a transposed input,
+    each float dtype and int32."""
+    g = torch.Generator(device="cpu").manual_seed(sum(map(ord, name)))
+
+    def rand(shape, dtype, scale=1.0):
+        if not dtype.is_floating_point:
+            return torch.randint(-3, 4, shape, generator=g).to(dtype).to(device)
+        if name == "cumprod":  # products of values near 1 stay finite
+            return (1 + 0.01 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype).to(device)
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(device)
+
+    def bools(shape, p=0.5):
+        return (torch.rand(shape, generator=g) < p).to(device)
+
+    dts = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32)
+    out: list[tuple] = []
+    if name in SCANS:
+        for dt in dts:
+            out += [(rand((67, 130), dt), -1, False, False), (rand((5, 7, 33), dt), 1, True, False),
+                    (rand((130, 67), dt).t(), -1, False, True), (rand((9, 1000), dt), 0, False, False)]
+        out += [(rand((3, 70000), torch.float32), -1, False, False),
+                (rand((200000,), torch.float32), 0, True, True),
+                (rand((2, 40000), torch.bfloat16), -1, False, False),
+                (rand((70000,), torch.int32), 0, False, False),
+                (rand((300, 500), torch.int64), 1, False, False, torch.float64)]
+    elif name in MINMAX:
+        for dt in dts:
+            out += [(rand((67, 130), dt), -1), (rand((5, 7, 33), dt), 1), (rand((130, 67), dt).t(), -1),
+                    (rand((9, 1000), dt), 0)]
+        out.append((rand((3, 70000), torch.float32), -1))
+    elif name == "segmented_cumsum":
+        for dt in dts:
+            out += [(rand((1000,), dt), bools((1000,), 0.05), False, False),
+                    (rand((4, 300), dt), bools((4, 300), 0.02), True, False),
+                    (rand((777,), dt), bools((777,), 0.01), False, True)]
+        out.append((rand((300000,), torch.float32), bools((300000,), 0.001), True, True))
+    elif name == "compact":
+        for dt in dts:
+            out += [(rand((1000,), dt), bools((1000,))), (rand((30, 40), dt), bools((30, 40), 0.3)),
+                    (rand((50, 7), dt), bools((50,)))]
+        out += [(rand((300000,), torch.float32), bools((300000,))),
+                (rand((5000,), torch.float32), bools((5000,)), 3000, 0.0)]
+    elif name == "nonzero":
+        out += [(bools((1000,)),), (bools((30, 40), 0.3),), (bools((4, 5, 6), 0.1),), (bools((300000,)),),
+                (bools((2000,)), 1500, -1)]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+def _dt(dtype):
+    return "" if dtype is None else f"->{dtype}".replace("torch.", "")
+
+
+def _register() -> dict[str, Op]:
+    ops = {}
+    for name in SCANS:
+        ops[name] = registry.register(Op(
+            name=name, reference=REFERENCE[name],
+            tensors=lambda x, *rest: (x,),
+            memo_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
+                (x.dtype, x.shape, x.stride(), x.device, dim, exclusive, reverse, dtype),
+            dtype_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
+                f"{x.dtype}".replace("torch.", "") + _dt(dtype),
+            variants=_make_scan_variants(name), validate=functools.partial(validate_scan, name),
+            samples=functools.partial(sample_inputs, name),
+            doc=f"{name} over one dim (exclusive / reverse)",
+        ))
+    for name in MINMAX:
+        ops[name] = registry.register(Op(
+            name=name, reference=REFERENCE[name],
+            tensors=lambda x, dim: (x,),
+            memo_key=lambda x, dim: (x.dtype, x.shape, x.stride(), x.device, dim),
+            dtype_key=lambda x, dim: f"{x.dtype}".replace("torch.", ""),
+            variants=_make_minmax_variants(name), validate=functools.partial(validate_minmax, name),
+            samples=functools.partial(sample_inputs, name),
+            doc=f"{name} over one dim: (values, indices)",
+        ))
+    ops["segmented_cumsum"] = registry.register(Op(
+        name="segmented_cumsum", reference=_segmented_ref,
+        tensors=lambda x, flags, *rest: (x, flags),
+        memo_key=lambda x, flags, exclusive=False, reverse=False:
+            (x.dtype, x.shape, x.stride(), flags.stride(), x.device, exclusive, reverse),
+        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
+        variants=_segmented_variants(), validate=validate_segmented,
+        samples=functools.partial(sample_inputs, "segmented_cumsum"),
+        doc="cumsum restarting at segment starts (flags)",
+    ))
+    ops["compact"] = registry.register(Op(
+        name="compact", reference=_compact_ref,
+        tensors=lambda x, mask, *rest: (x,),
+        memo_key=lambda x, mask, size=None, fill_value=0:
+            (x.dtype, x.shape, x.stride(), mask.shape, mask.stride(), x.device, size),
+        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
+        variants=_compact_variants(), validate=validate_compact,
+        samples=functools.partial(sample_inputs, "compact"),
+        doc="x[mask], stable (stream compaction)",
+    ))
+    ops["nonzero"] = registry.register(Op(
+        name="nonzero", reference=_nonzero_ref,
+        tensors=lambda mask, *rest: (mask,),
+        memo_key=lambda mask, size=None, fill_value=-1: (mask.dtype, mask.shape, mask.stride(), mask.device, size),
+        dtype_key=lambda mask, *rest: "bool",
+        variants=_nonzero_variants(), validate=validate_nonzero,
+        samples=functools.partial(sample_inputs, "nonzero"),
+        doc="indices of the true elements, [n, ndim] int64",
+    ))
+    return ops
+
+
+OPS = _register()
+
+
+def _define_scans() -> None:
+    for name in SCANS:
+        op = OPS[name]
+
+        def impl(x, dim, exclusive, reverse, dtype, op=op):
+            return dispatch.call(op, x, dim, exclusive, reverse, dtype)
+
+        def fake(x, dim, exclusive, reverse, dtype, name=name):
+            validate_scan(name, x, dim, exclusive, reverse, dtype)
+            return alloc_out(x, dim, out_dtype(x, dtype))
+
+        def setup(ctx, inputs, output):
+            x, dim, exclusive, reverse, dtype = inputs
+            ctx.dim, ctx.exclusive, ctx.reverse, ctx.in_dtype = dim, exclusive, reverse, x.dtype
+            ctx.save_for_backward(x, output)
+
+        if name == "cumsum":
+            def backward(ctx, g):
+                # d/dx of a scan is the scan the other way round (same exclusivity), through opforge.
+                if not ctx.in_dtype.is_floating_point:
+                    return None, None, None, None, None
+                gx = torch.ops.opforge.cumsum(g, ctx.dim, ctx.exclusive, not ctx.reverse, None)
+                return gx.to(ctx.in_dtype), None, None, None, None
+        else:
+            def backward(ctx, g):
+                # torch's cumprod gradient (handles zeros), through the reference's autograd.
+                if not ctx.in_dtype.is_floating_point:
+                    return None, None, None, None, None
+                x, _ = ctx.saved_tensors
+                with torch.enable_grad():
+                    xx = x.detach().requires_grad_()
+                    y = _cumprod_ref(xx, ctx.dim, ctx.exclusive, ctx.reverse, g.dtype)
+                    (gx,) = torch.autograd.grad(y, xx, g, create_graph=g.requires_grad)
+                return gx.to(ctx.in_dtype), None, None, None, None
+
+        define(f"{name}(Tensor self, int dim, bool exclusive, bool reverse, ScalarType? dtype) -> Tensor",
+               impl, fake, backward, setup)
+
+
+def _define_minmax() -> None:
+    for name in MINMAX:
+        op = OPS[name]
+
+        def impl(x, dim, op=op):
+            return dispatch.call(op, x, dim)
+
+        def fake(x, dim, name=name):
+            validate_minmax(name, x, dim)
+            return alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+
+        def setup(ctx, inputs, output):
+            x, dim = inputs
+            ctx.dim, ctx.shape = dim, x.shape
+            ctx.save_for_backward(output[1])
+            ctx.mark_non_differentiable(output[1])
+
+        def backward(ctx, gv, gi):
+            (idx,) = ctx.saved_tensors
+            if gv.dim() == 0:
+                return gv.clone(), None
+            gx = torch.zeros(ctx.shape, dtype=gv.dtype, device=gv.device)
+            return gx.scatter_add(norm_dim(gv, ctx.dim), idx, gv), None
+
+        define(f"{name}(Tensor self, int dim) -> (Tensor values, Tensor indices)", impl, fake, backward, setup)
+
+
+def _define_segmented() -> None:
+    op = OPS["segmented_cumsum"]
+
+    def impl(x, flags, exclusive, reverse):
+        return dispatch.call(op, x, flags, exclusive, reverse)
+
+    def fake(x, flags, exclusive, reverse):
+        validate_segmented(x, flags, exclusive, reverse)
+        return torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
+
+    def setup(ctx, inputs, output):
+        x, flags, exclusive, reverse = inputs
+        ctx.exclusive, ctx.reverse, ctx.in_dtype = exclusive, reverse, x.dtype
+        ctx.save_for_backward(flags)
+
+    def backward(ctx, g):
+        if not ctx.in_dtype.is_floating_point:
+            return None, None, None, None
+        (flags,) = ctx.saved_tensors
+        gx = torch.ops.opforge.segmented_cumsum(g, flags, ctx.exclusive, not ctx.reverse)
+        return gx.to(ctx.in_dtype), None, None, None
+
+    define("segmented_cumsum(Tensor self, Tensor flags, bool exclusive, bool reverse) -> Tensor",
+           impl, fake, backward, setup)
+
+
+def _compact_shape(x, mask, n):
+    return (n,) if not _rows_mode(x, mask) else (n, *x.shape[1:])
+
+
+def _define_compact() -> None:
+    op = OPS["compact"]
+
+    def impl(x, mask, size, fill_value):
+        return dispatch.call(op, x, mask, size, fill_value)
+
+    def fake(x, mask, size, fill_value):
+        validate_compact(x, mask, size, fill_value)
+        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
+        return x.new_empty(_compact_shape(x, mask, n))
+
+    def setup(ctx, inputs, output):
+        x, mask, size, fill_value = inputs
+        ctx.shape = x.shape
+        ctx.save_for_backward(mask)
+
+    def backward(ctx, g):
+        # Scatter back to the kept positions (padding rows go to a dropped extra row); no host sync.
+        (mask,) = ctx.saved_tensors
+        flat = mask.reshape(-1)
+        n = flat.numel()
+        pos = torch.nonzero_static(flat, size=g.shape[0], fill_value=n).flatten()
+        inner = g.shape[1:]
+        gx = torch.zeros((n + 1, *inner), dtype=g.dtype, device=g.device)
+        gx = gx.index_put((pos,), g)
+        return gx[:n].reshape(ctx.shape), None, None, None
+
+    define("compact(Tensor self, Tensor mask, SymInt? size, Scalar fill_value) -> Tensor",
+           impl, fake, backward, setup)
+
+
+def _define_nonzero() -> None:
+    op = OPS["nonzero"]
+
+    def impl(mask, size, fill_value):
+        return dispatch.call(op, mask, size, fill_value)
+
+    def fake(mask, size, fill_value):
+        validate_nonzero(mask, size, fill_value)
+        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
+        return mask.new_empty((n, mask.dim()), dtype=torch.int64)
+
+    define("nonzero(Tensor mask, SymInt? size, int fill_value) -> Tensor", impl, fake)
+
+
+_define_scans()
+_define_minmax()
+_define_segmented()
+_define_compact()
+_define_nonzero()
+
+
+# ---------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------
+_call = dispatch.call
+
+
+def _scan_public(name: str):
+    packet = getattr(torch.ops.opforge, name).default
+    op = OPS[name]
+
+    def fn(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None, exclusive: bool = False,
+           reverse: bool = False) -> torch.Tensor:
+        if direct_ok(input) and type(dim) is int:
+            return _call(op, input, dim, exclusive, reverse, dtype)
+        validate_scan(name, input, dim, exclusive, reverse, dtype)
+        return packet(input, dim, exclusive, reverse, dtype)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"``torch.{name}(input, dim, dtype=dtype)`` with ``exclusive`` (shift by one, identity "
+                  f"first) and ``reverse`` (scan from the end); integers accumulate to int64.")
+    return fn
+
+
+def _minmax_public(name: str):
+    packet = getattr(torch.ops.opforge, name).default
+    op = OPS[name]
+
+    def fn(input: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if direct_ok(input) and type(dim) is int:
+            return _call(op, input, dim)
+        validate_minmax(name, input, dim)
+        return packet(input, dim)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``torch.{name}(input, dim)``: (values, indices), ties and NaN as torch."
+    return fn
+
+
+cumsum = _scan_public("cumsum")
+cumprod = _scan_public("cumprod")
+cummax = _minmax_public("cummax")
+cummin = _minmax_public("cummin")
+
+
+def offsets_to_flags(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """CSR segment starts (``offsets[0] == 0``, ``offsets[-1] == n``) as bool start flags, on the device."""
+    f = torch.zeros(n + 1, dtype=torch.bool, device=offsets.device)
+    f.index_fill_(0, offsets[:-1].long().clamp(0, n), True)
+    return f[:n]
+
+
+def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
+                     offsets: torch.Tensor | None = None, exclusive: bool = False,
+                     reverse: bool = False) -> torch.Tensor:
+    """Cumulative sum restarting at each segment. ``flags``: bool, same shape,
+    True at each segment's first element; ``offsets``: int32/int64 CSR starts
+    of a 1-D input. Exactly one of them. A 2-D input scans each row."""
+    where = "opforge.segmented_cumsum"
+    if (flags is None) == (offsets is None):
+        raise ValueError(f"{where}: give exactly one of flags= and offsets=")
+    if offsets is not None:
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError(f"{where}: offsets must be a torch.Tensor, got {type(offsets).__name__}")
+        if offsets.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{where}: offsets must be int32 or int64, got {offsets.dtype}")
+        if offsets.dim() != 1 or offsets.numel() < 1:
+            raise ValueError(f"{where}: offsets must be 1-D with at least one entry, got shape "
+                             f"{tuple(offsets.shape)}")
+        check_tensor(where, "input", input, floating=False)
+        if input.dim() != 1:
+            raise ValueError(f"{where}: offsets need a 1-D input, got {input.dim()} dims (use flags=)")
+        flags = offsets_to_flags(offsets.to(input.device), input.shape[0])
+    if direct_ok(input, flags):
+        return _call(OPS["segmented_cumsum"], input, flags, exclusive, reverse)
+    validate_segmented(input, flags, exclusive, reverse)
+    return torch.ops.opforge.segmented_cumsum.default(input, flags, exclusive, reverse)
+
+
+def compact(input: torch.Tensor, mask: torch.Tensor, *, size: int | None = None, fill_value=0) -> torch.Tensor:
+    """``input[mask]``, order kept. ``mask``: bool of input's shape (elements) or
+    1-D over dim 0 (rows). Without ``size`` one host sync counts the kept
+    elements; with it the output has ``size`` rows, padded with ``fill_value``."""
+    if direct_ok(input, mask):
+        return _call(OPS["compact"], input, mask, size, fill_value)
+    validate_compact(input, mask, size, fill_value)
+    return torch.ops.opforge.compact.default(input, mask, size, fill_value)
+
+
+def nonzero(mask: torch.Tensor, *, size: int | None = None, fill_value: int = -1) -> torch.Tensor:
+    """``torch.nonzero(mask)`` (int64 ``[n, ndim]``); with ``size`` like
+    ``torch.nonzero_static`` (no host sync)."""
+    validate_nonzero(mask, size, fill_value)
+    if direct_ok(mask):
+        return _call(OPS["nonzero"], mask, size, fill_value)
+    return torch.ops.opforge.nonzero.default(mask, size, fill_value)
+
+
+__all__ = ["cumsum", "cumprod", "cummax", "cummin", "segmented_cumsum", "compact", "nonzero"]
