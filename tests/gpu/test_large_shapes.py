@@ -139,3 +139,27 @@ def test_reductions_and_cross_entropy_past_int32_offsets():
     loss = opforge.cross_entropy(logits, target, reduction="none")
     tail = slice(rows - 4, rows)
     _close(loss[tail], torch.nn.functional.cross_entropy(logits[tail].float(), target[tail], reduction="none"), 1e-2)
+
+
+def test_cumsum_past_int32_offsets():
+    x = torch.ones(BIG, device="cuda", dtype=torch.int8)
+    out = opforge.cumsum(x, 0)
+    assert out.dtype == torch.int64
+    assert int(out[-1]) == BIG and int(out[2**31]) == 2**31 + 1 and int(out[0]) == 1
+
+
+@pytest.mark.parametrize("variant", ["triton_lookback", "triton_reduce_scan"])
+def test_tile_scans_match_torch_on_long_rows(variant):
+    x = torch.randn(3, 5_000_003, device="cuda")
+    with dispatch.force_variant("cumsum", variant):
+        out = opforge.cumsum(x, -1)
+    _close(out, torch.cumsum(x.double(), -1), 1e-5)
+    flags = torch.rand(5_000_003, device="cuda") < 0.001
+    flags[0] = True
+    seg = opforge.segmented_cumsum(x[0], flags=flags)
+    starts = torch.cumsum(flags.long(), 0) - 1
+    full = torch.cumsum(x[0].double(), 0)
+    base = (full - x[0].double())[flags][starts]
+    _close(seg, full - base, 1e-5)
+    mask = x[1] > 0
+    assert torch.equal(opforge.compact(x[1], mask), x[1][mask])
