@@ -153,7 +153,7 @@ def test_tile_scans_match_torch_on_long_rows(variant):
     x = torch.randn(3, 5_000_003, device="cuda")
     with dispatch.force_variant("cumsum", variant):
         out = opforge.cumsum(x, -1)
-    _close(out, torch.cumsum(x.double(), -1), 1e-5)
+    _close(out, torch.cumsum(x.double(), -1), 1e-4)  # fp32 running sums over 5M terms
     flags = torch.rand(5_000_003, device="cuda") < 0.001
     flags[0] = True
     seg = opforge.segmented_cumsum(x[0], flags=flags)
