@@ -1,0 +1,5 @@
+"""torch.nn-style modules whose forward runs opforge ops."""
+
+from opforge.nn.linear import Linear
+
+__all__ = ["Linear"]

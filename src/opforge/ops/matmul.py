@@ -1,0 +1,605 @@
+"""GEMM op: ``opforge.matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None)``.
+
+Semantics. ``torch.matmul(a, b)`` for 1-D, 2-D and batched operands (``a``
+with any number of leading dims against a 2-D ``b``; or 3-D against 3-D /
+2-D with a batch of 1 broadcast), followed by a fused epilogue applied to the
+accumulator before the single rounding:
+
+    y = act(a @ b + bias) + residual,  cast to out_dtype
+
+``activation`` is one of ``"gelu"`` (exact, erf), ``"gelu_tanh"``, ``"silu"``,
+``"relu"``; ``bias`` is ``[N]`` in the input dtype or fp32; ``residual`` is
+any float tensor broadcastable to the output; ``out_dtype`` defaults to the
+input dtype. ``a`` and ``b`` must have the same dtype (fp16, bf16, fp32,
+fp64). Accumulation is fp32 (fp64 for fp64). fp32 inputs are exact fp32
+unless ``torch.backends.cuda.matmul.allow_tf32`` is on (the torch switch;
+read on every call and part of the dispatch key).
+
+Layout. Every call is one batched problem ``[Bt, M, K] @ [Bt, K, N]``: the
+leading dims of ``a`` against a 2-D ``b`` collapse into M when they can be
+viewed so (the Linear case is one GEMM, whatever the batch), a broadcast
+operand gets batch stride 0, and nothing is copied except an ``a`` whose
+leading dims neither collapse nor form one batch dim. The output is a fresh
+contiguous tensor of ``torch.matmul``'s shape.
+
+Variants, in dispatch order:
+``triton_splitk`` (decode shapes: M <= 64 after collapsing and K long enough
+to cut; deterministic two-pass reduction), ``triton_tma_persistent`` (Hopper
+TMA + wgmma, persistent grouped tiles; 2-D problems whose operands have a unit
+stride and 16-byte alignment; fp16/bf16/fp32), ``triton_tiled`` (portable
+pointer-based tiles, any strides, batched, also fp64), ``torch_eager``
+(cuBLAS plus separate torch epilogue ops) and ``reference`` (plain torch).
+
+Autograd. ``dA = dZ @ B^T``, ``dB = A^T @ dZ``, ``dbias = sum_rows(dZ)``,
+``dresidual = dY``, where ``dZ = dY * act'(Z)``. The pre-activation ``Z`` is
+not saved: with an activation the backward reruns the forward GEMM with a
+*gradient epilogue* (``dY * act'(acc + bias)`` computed in registers), so the
+forward keeps nothing beyond its inputs (no ``M x N`` buffer per layer) at the
+cost of one more GEMM in the backward. All three backward GEMMs go through
+this op on transposed views (no copies where strides allow).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.library import define, direct_ok
+from opforge.runtime import dispatch, registry
+from opforge.runtime import device as devmod
+from opforge.runtime.registry import Op, Variant
+
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+FLOATS = frozenset({F16, BF16, F32, F64})
+TENSOR_CORE = frozenset({F16, BF16, F32})
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu")
+# Internal: the backward's gradient epilogues (residual * act'(z)).
+GRAD_ACTIVATIONS = tuple(f"{a}_grad" for a in ACTIVATIONS)
+WHERE = "opforge.matmul"
+
+
+class Epilogue(NamedTuple):
+    """What follows the GEMM, as the registry op and the dispatch key see it."""
+
+    activation: str | None = None
+    out_dtype: torch.dtype | None = None  # None: the input dtype
+    tf32: bool = False
+    bias: bool = False
+    residual: bool = False
+
+
+def _tf32() -> bool:
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def make_epilogue(a, bias=None, residual=None, activation=None, out_dtype=None, tf32=None) -> Epilogue:
+    if out_dtype is not None and isinstance(a, torch.Tensor) and out_dtype == a.dtype:
+        out_dtype = None
+    return Epilogue(activation, out_dtype, _tf32() if tf32 is None else tf32, bias is not None, residual is not None)
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (plain torch, float64-capable)
+# ---------------------------------------------------------------------------
+def _act(z, name):
+    if name == "relu":
+        return torch.relu(z)
+    if name == "gelu":
+        return F.gelu(z)
+    if name == "gelu_tanh":
+        return F.gelu(z, approximate="tanh")
+    if name == "silu":
+        return F.silu(z)
+    return z
+
+
+def _act_grad(g, z, name):
+    """g * act'(z)."""
+    if name == "relu":
+        return torch.where(z > 0, g, torch.zeros((), dtype=g.dtype, device=g.device))
+    if name == "gelu":
+        return torch.ops.aten.gelu_backward(g, z, approximate="none")
+    if name == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(g, z, approximate="tanh")
+    return torch.ops.aten.silu_backward(g, z)
+
+
+def _split_rest(rest):
+    """(bias, residual, epi) from ``(bias, residual, epi)``, with or without the Nones."""
+    epi = rest[-1]
+    ts = [t for t in rest[:-1] if t is not None]
+    bias = ts.pop(0) if epi.bias else None
+    residual = ts.pop(0) if epi.residual else None
+    return bias, residual, epi
+
+
+def reference(a, b, *rest):
+    """``act(a @ b + bias) + residual`` (or ``residual * act'(a @ b + bias)`` for
+    a gradient epilogue) in fp32, fp64 for fp64 inputs; cast to out_dtype."""
+    bias, residual, epi = _split_rest(rest)
+    cd = F64 if a.dtype == F64 else F32
+    z = torch.matmul(a.to(cd), b.to(cd))
+    if bias is not None:
+        z = z + bias.to(cd)
+    act = epi.activation
+    if act in GRAD_ACTIVATIONS:
+        y = _act_grad(residual.to(cd).expand(z.shape), z, act[: -len("_grad")])
+    else:
+        y = _act(z, act)
+        if residual is not None:
+            y = y + residual.to(cd)
+    return y.to(epi.out_dtype or a.dtype)
+
+
+def _eager(a, b, bias, residual, epi):
+    """cuBLAS for the product, then torch's own ops for the epilogue."""
+    out_dtype = epi.out_dtype or a.dtype
+    if a.dtype in (F16, BF16) and out_dtype in (F32, F64):
+        z = torch.matmul(a.float(), b.float())  # keep the fp32 accumulator's precision
+    else:
+        z = torch.matmul(a, b)
+    if bias is not None:
+        z = z + bias
+    act = epi.activation
+    if act in GRAD_ACTIVATIONS:
+        y = _act_grad(residual.to(z.dtype).expand(z.shape), z, act[: -len("_grad")])
+    else:
+        y = _act(z, act)
+        if residual is not None:
+            y = y + residual
+    return y.to(out_dtype).contiguous()
+
+
+# ---------------------------------------------------------------------------
+# Validation and geometry
+# ---------------------------------------------------------------------------
+def _dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _check_shapes(a, b) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() == 0:
+            raise ValueError(f"{WHERE}: {name} is 0-dim; both arguments need at least 1 dim (as torch.matmul)")
+    if b.dim() > 3:
+        raise ValueError(f"{WHERE}: b has {b.dim()} dims; supported are a [..., M, K] @ b [K, N] "
+                         f"and batched a [B, M, K] @ b [B, K, N]")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.dim() == 1 else b.shape[-2]
+    if ka != kb:
+        raise ValueError(f"{WHERE}: a has K={ka} (its last dim) but b has K={kb}; shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)} cannot be multiplied")
+    if b.dim() == 3:
+        if a.dim() > 3:
+            raise ValueError(f"{WHERE}: a has {a.dim()} dims against a 3-D b; batched matmul takes "
+                             f"a [B, M, K] or [M, K] with b [B, K, N]")
+        ba = a.shape[0] if a.dim() == 3 else 1
+        if ba != b.shape[0] and 1 not in (ba, b.shape[0]):
+            raise ValueError(f"{WHERE}: batch sizes {ba} (a) and {b.shape[0]} (b) differ and neither is 1")
+
+
+def out_shape(a, b) -> tuple[int, ...]:
+    """torch.matmul's output shape for the supported cases."""
+    M = 1 if a.dim() == 1 else a.shape[-2]
+    N = 1 if b.dim() == 1 else b.shape[-1]
+    if b.dim() == 3:
+        batch = (max(a.shape[0] if a.dim() == 3 else 1, b.shape[0]),)
+    else:
+        batch = tuple(a.shape[:-2])
+    shape = batch + (M, N)
+    if b.dim() == 1:
+        shape = shape[:-1]
+    if a.dim() == 1:
+        shape = shape[:-2] + shape[-1:] if b.dim() != 1 else shape[:-1]
+    return shape
+
+
+def validate(a, b, bias=None, residual=None, epi: Epilogue = Epilogue(), *, internal: bool = True) -> None:
+    check_tensor(WHERE, "a", a)
+    check_tensor(WHERE, "b", b)
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in FLOATS:
+            raise TypeError(f"{WHERE}: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{WHERE}: a is {a.dtype} but b is {b.dtype}; they must match (cast one of them)")
+    if a.device != b.device:
+        raise ValueError(f"{WHERE}: a is on {a.device} but b is on {b.device}")
+    _check_shapes(a, b)
+    names = ACTIVATIONS + (GRAD_ACTIVATIONS if internal else ())
+    act = epi.activation
+    if act is not None and (not isinstance(act, str) or act not in names):
+        raise ValueError(f"{WHERE}: activation must be None or one of {', '.join(map(repr, ACTIVATIONS))}, "
+                         f"got {act!r}")
+    od = epi.out_dtype
+    if od is not None and (not isinstance(od, torch.dtype) or od not in FLOATS):
+        raise TypeError(f"{WHERE}: out_dtype must be None, float16, bfloat16, float32 or float64, got {od!r}")
+    N = 1 if b.dim() == 1 else b.shape[-1]
+    if bias is not None:
+        check_tensor(WHERE, "bias", bias)
+        if b.dim() == 1:
+            raise ValueError(f"{WHERE}: bias needs a b with an N dim (b is 1-D)")
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ValueError(f"{WHERE}: bias must have shape ({N},) (N = b.shape[-1]), got {tuple(bias.shape)}")
+        if bias.dtype not in (a.dtype, F32):
+            raise TypeError(f"{WHERE}: bias is {bias.dtype}; expected {a.dtype} (the input dtype) or float32")
+        if bias.device != a.device:
+            raise ValueError(f"{WHERE}: bias is on {bias.device} but a is on {a.device}")
+    if residual is not None:
+        check_tensor(WHERE, "residual", residual)
+        shape = out_shape(a, b)
+        try:
+            ok = torch.broadcast_shapes(residual.shape, shape) == torch.Size(shape)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{WHERE}: residual of shape {tuple(residual.shape)} does not broadcast to the "
+                             f"output shape {tuple(shape)}")
+        if residual.device != a.device:
+            raise ValueError(f"{WHERE}: residual is on {residual.device} but a is on {a.device}")
+    if act in GRAD_ACTIVATIONS and residual is None:
+        raise ValueError(f"{WHERE}: activation {act!r} (a gradient epilogue) needs the gradient as residual")
+
+
+def validate_public(a, b, bias, residual, activation, out_dtype) -> None:
+    validate(a, b, bias, residual, Epilogue(activation, out_dtype, False, bias is not None, residual is not None),
+             internal=False)
+
+
+class Problem(NamedTuple):
+    A: torch.Tensor  # [Bt, M, K]
+    B: torch.Tensor  # [Bt, K, N] (batch stride 0 when broadcast)
+    shape: tuple  # the output's shape
+
+
+def geometry(a, b) -> Problem:
+    """The one batched GEMM of ``a @ b``, as views wherever the strides allow."""
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(1) if b.dim() == 1 else b
+    M, K = a2.shape[-2], a2.shape[-1]
+    N = b2.shape[-1]
+    if b2.dim() == 2:
+        if a2.dim() == 2:
+            A = a2.unsqueeze(0)
+        else:
+            rows = a2.numel() // K if K else a2.shape[:-1].numel()
+            try:
+                A = a2.view(1, rows, K)
+            except RuntimeError:
+                A = a2 if a2.dim() == 3 else a2.reshape(1, rows, K)
+        B = b2.unsqueeze(0).expand(A.shape[0], K, N)
+    else:
+        Bt = max(a2.shape[0] if a2.dim() == 3 else 1, b2.shape[0])
+        A = (a2 if a2.dim() == 3 else a2.unsqueeze(0)).expand(Bt, M, K)
+        B = b2.expand(Bt, K, N)
+    return Problem(A, B, out_shape(a, b))
+
+
+def _residual_3d(residual, shape, Bt, M, N):
+    """The residual (or incoming gradient) as [Bt, M, N]: a view when it can be."""
+    if residual is None:
+        return None
+    return residual.expand(shape).reshape(Bt, M, N)
+
+
+def _act_code(epi) -> int:
+    from opforge.kernels import gemm as K
+
+    act = epi.activation
+    return K.GRAD_ACTIVATIONS[act] if act in GRAD_ACTIVATIONS else K.ACTIVATIONS[act]
+
+
+def _sms(t) -> int:
+    from opforge.kernels.gemm import H200_SMS
+
+    return devmod.device_info(t.device).sm_count if t.device.type == "cuda" else H200_SMS
+
+
+def _gemm_runner(launch):
+    """A variant's run: geometry, output, the empty and K = 0 cases, then ``launch``."""
+    def run(cfg, a, b, bias, residual, epi):
+        A, B, shape = geometry(a, b)
+        Bt, M, K = A.shape
+        N = B.shape[2]
+        C = torch.empty((Bt, M, N), dtype=epi.out_dtype or a.dtype, device=a.device)
+        if C.numel() == 0:
+            return C.view(shape)
+        R = _residual_3d(residual, shape, Bt, M, N)
+        if K == 0:
+            return C.copy_(reference(A, B, bias, R, epi)).view(shape)
+        launch(cfg, A, B, C, bias, R, _act_code(epi), epi.tf32)
+        return C.view(shape)
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------
+def _dims(a, b) -> tuple[int, int, int, int]:
+    A, B, _ = geometry(a, b)
+    return A.shape[0], A.shape[1], B.shape[2], A.shape[2]
+
+
+def _make_variants() -> list[Variant]:
+    from opforge.kernels import gemm as K
+
+    def tiled_launch(cfg, A, B, C, bias, R, act, tf32):
+        K.launch_tiled(A, B, C, bias, R, act, tf32, cfg)
+
+    def tma_launch(cfg, A, B, C, bias, R, act, tf32):
+        K.launch_tma(A[0], B[0], C[0], bias, R[0] if R is not None else None, act, tf32, cfg, _sms(A))
+
+    def batch_check(a, b, *rest):
+        Bt = _dims(a, b)[0]
+        if Bt > K.MAX_GRID_YZ:
+            return f"a batch of {Bt} exceeds the {K.MAX_GRID_YZ} programs of a grid dim"
+        return None
+
+    def tma_check(a, b, *rest):
+        A, B, _ = geometry(a, b)
+        if A.shape[0] != 1:
+            return f"batched problem (batch {A.shape[0]} after collapsing): the TMA kernel takes 2-D problems"
+        if A.numel() and B.numel() and K.tma_layout(A[0], B[0]) is None:  # empty: nothing to load
+            return ("TMA needs each operand with a unit stride on one dim, a 16-byte aligned base "
+                    "and a leading stride that is a multiple of 16 bytes")
+        return None
+
+    def splitk_check(a, b, *rest):
+        Bt, M, N, KK = _dims(a, b)
+        if M > K.SPLITK_MAX_M:
+            return f"M={M} > {K.SPLITK_MAX_M}: enough output tiles without cutting K"
+        reason = batch_check(a, b)
+        if reason:
+            return reason
+        if splitk_default(a, b)["SPLIT_K"] < 2:
+            return f"K={KK} is too short to cut, or the output tiles already fill the GPU"
+        return None
+
+    def es(a):
+        return a.element_size()
+
+    def tile_default(a, b, *rest):
+        return K.tile_default_config(*_dims(a, b), es(a), _sms(a))
+
+    def tile_configs(a, b, *rest):
+        return K.tile_configs(*_dims(a, b), es(a))
+
+    def tma_default(a, b, *rest):
+        return K.tma_default_config(*_dims(a, b)[1:], es(a), _sms(a))
+
+    def tma_configs(a, b, *rest):
+        return K.tma_configs(*_dims(a, b)[1:], es(a))
+
+    def splitk_default(a, b, *rest):
+        return K.splitk_default_config(*_dims(a, b), es(a), _sms(a))
+
+    def splitk_configs(a, b, *rest):
+        return K.splitk_configs(*_dims(a, b), es(a), _sms(a))
+
+    def splitk_launch(cfg, A, B, C, bias, R, act, tf32):
+        K.launch_tiled(A, B, C, bias, R, act, tf32, cfg)
+
+    def eager_run(cfg, a, b, bias, residual, epi):
+        return _eager(a, b, bias, residual, epi)
+
+    def reference_run(cfg, a, b, bias, residual, epi):
+        return reference(a, b, bias, residual, epi).contiguous()
+
+    return [
+        Variant("triton_splitk", _gemm_runner(splitk_launch), version=K.SPLITK_VERSION, dtypes=FLOATS,
+                check=splitk_check, configs=splitk_configs, default_config=splitk_default, bucket=bucket,
+                description="decode shapes (M <= 64): K cut across programs to fill the GPU, fp32 partials "
+                            "summed in a fixed order by a second kernel that runs the epilogue"),
+        Variant("triton_tma_persistent", _gemm_runner(tma_launch), version=K.TMA_VERSION, dtypes=TENSOR_CORE,
+                min_capability=(9, 0), check=tma_check, configs=tma_configs, default_config=tma_default,
+                bucket=bucket,
+                description="Hopper: TMA descriptor loads, wgmma via tl.dot, one program per SM over grouped "
+                            "output tiles, num_stages pipelining; 2-D problems"),
+        Variant("triton_tiled", _gemm_runner(tiled_launch), version=K.TILED_VERSION, dtypes=FLOATS,
+                check=batch_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
+                description="portable: pointer-based block loads with any strides, grouped tiles, batched"),
+        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+                description="cuBLAS for the product, then separate torch ops for the epilogue"),
+        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+                description="plain torch (the oracle and the CPU fallback)"),
+    ]
+
+
+def _major(t: torch.Tensor) -> str:
+    """'r' when the last dim has unit stride, 'c' when the one before has, else 's'."""
+    if t.dim() < 2:
+        return "r"
+    if t.stride(-1) == 1 or t.shape[-1] == 1:
+        return "r"
+    return "c" if t.stride(-2) == 1 or t.shape[-2] == 1 else "s"
+
+
+def bucket(a, b, *rest) -> str:
+    Bt, M, N, K = _dims(a, b)
+    return f"{bucket_size(Bt)}x{bucket_size(M)}x{bucket_size(N)}x{bucket_size(K)}:{_major(a)}{_major(b)}"
+
+
+def _dtype_key(a, b, bias=None, residual=None, epi=Epilogue()) -> str:
+    key = _dtype_name(a.dtype)
+    if epi.out_dtype is not None:
+        key += "->" + _dtype_name(epi.out_dtype)
+    if epi.tf32 and a.dtype == F32:
+        key += "+tf32"
+    return key
+
+
+def _meta(t):
+    return None if t is None else (t.dtype, t.shape, t.stride())
+
+
+def memo_key(a, b, bias=None, residual=None, epi=Epilogue()) -> tuple:
+    # Alignment decides whether TMA can take the operands.
+    return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 16, b.dtype, b.shape, b.stride(),
+            b.device, b.data_ptr() % 16, _meta(bias), _meta(residual), epi)
+
+
+# ---------------------------------------------------------------------------
+# Selftest inputs
+# ---------------------------------------------------------------------------
+def sample_inputs(device: torch.device) -> list[tuple]:
+    """Random inputs reaching every variant and dtype: TMA-aligned 2-D and
+    Linear-shaped problems, transposed operands, unaligned sizes (tiled),
+    batched, decode shapes (split-K), every epilogue, out_dtype, TF32 and the
+    backward's gradient epilogues; a few larger shapes."""
+    g = torch.Generator(device="cpu").manual_seed(2024)
+
+    def rand(*shape, dtype=F32, scale=1.0):
+        return (torch.randn(shape, generator=g, dtype=F64) * scale).to(dtype).to(device)
+
+    def epi(bias=None, residual=None, activation=None, out_dtype=None, tf32=False):
+        return Epilogue(activation, out_dtype, tf32, bias is not None, residual is not None)
+
+    out = []
+    for dt in (BF16, F16, F32):
+        bias = rand(512, dtype=dt)
+        x = rand(3, 40, 384, dtype=dt)
+        w = rand(512, 384, dtype=dt, scale=0.05)
+        out += [
+            (rand(256, 384, dtype=dt), rand(384, 512, dtype=dt, scale=0.05), None, None, epi()),
+            (x, w.t(), bias, None, epi(bias, activation="gelu")),
+            (x, w.t(), bias, rand(3, 40, 512, dtype=dt), epi(bias, True, "silu")),
+            (rand(384, 256, dtype=dt).t(), rand(384, 512, dtype=dt, scale=0.05), None, None, epi(activation="relu")),
+            (rand(197, 301, dtype=dt), rand(301, 259, dtype=dt, scale=0.05), rand(259, dtype=F32), None,
+             epi(True, activation="gelu_tanh")),
+            (rand(4, 33, 70, dtype=dt), rand(4, 70, 45, dtype=dt), None, rand(45, dtype=dt), epi(residual=True)),
+            (rand(8, 4096, dtype=dt), rand(2048, 4096, dtype=dt, scale=0.02).t(), rand(2048, dtype=dt), None,
+             epi(True, activation="silu")),
+            (rand(1, 8192, dtype=dt), rand(8192, 1024, dtype=dt, scale=0.02), None, None, epi()),
+        ]
+    out += [
+        (rand(1024, 1024, dtype=BF16), rand(1024, 1024, dtype=BF16, scale=0.05), None, None, epi()),
+        (rand(512, 2048, dtype=BF16), rand(1536, 2048, dtype=BF16, scale=0.03).t(), None, None,
+         epi(out_dtype=F32)),
+        (rand(256, 512, dtype=F32), rand(512, 256, dtype=F32), None, None, epi(tf32=True)),
+        (rand(37, 45, dtype=F64), rand(45, 29, dtype=F64), rand(29, dtype=F64), None,
+         epi(True, activation="gelu_tanh")),
+        (rand(4, 2048, dtype=F64), rand(2048, 512, dtype=F64), None, None, epi()),
+        (rand(64, 96, dtype=F32), rand(96, 80, dtype=F32), rand(80, dtype=F32), rand(64, 80, dtype=F32),
+         epi(True, True, "gelu_grad")),
+        (rand(64, 96, dtype=BF16), rand(96, 128, dtype=BF16), None, rand(64, 128, dtype=BF16),
+         epi(residual=True, activation="silu_grad")),
+    ]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registration: registry entry + torch.library op + autograd
+# ---------------------------------------------------------------------------
+OP = registry.register(Op(
+    name="matmul",
+    reference=reference,
+    tensors=lambda a, b, bias=None, residual=None, epi=None: tuple(
+        t for t in (a, b, bias, residual) if t is not None),
+    memo_key=memo_key,
+    dtype_key=_dtype_key,
+    variants=_make_variants(),
+    validate=validate,
+    samples=sample_inputs,
+    doc="GEMM with fused bias, activation, residual and output cast",
+))
+
+SCHEMA = ("matmul(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, str? activation=None, "
+          "ScalarType? out_dtype=None) -> Tensor")
+
+
+def _impl(a, b, bias=None, residual=None, activation=None, out_dtype=None):
+    return dispatch.call(OP, a, b, bias, residual, make_epilogue(a, bias, residual, activation, out_dtype))
+
+
+def _fake(a, b, bias=None, residual=None, activation=None, out_dtype=None):
+    validate(a, b, bias, residual, Epilogue(activation, out_dtype, False, bias is not None, residual is not None))
+    return torch.empty(out_shape(a, b), dtype=out_dtype or a.dtype, device=a.device)
+
+
+def _setup(ctx, inputs, output):
+    # torch.library drops trailing arguments left at their schema defaults.
+    a, b, bias, residual, activation, out_dtype = tuple(inputs) + (None,) * (6 - len(inputs))
+    ctx.save_for_backward(a, b, bias if activation is not None else None)
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.res_shape = tuple(residual.shape) if residual is not None else None
+    ctx.res_dtype = residual.dtype if residual is not None else None
+
+
+def _mm(x, y):
+    return torch.ops.opforge.matmul.default(x, y, None, None, None, None)
+
+
+def _backward(ctx, gy):
+    a, b, bias = ctx.saved_tensors
+    act = ctx.activation
+    need_a, need_b, need_bias, need_res = (tuple(ctx.needs_input_grad) + (False,) * 4)[:4]
+    if act in GRAD_ACTIVATIONS:
+        raise NotImplementedError(f"{WHERE}: no second derivative through a gradient epilogue")
+    if act is not None and (need_a or need_b or need_bias):
+        # dZ = dY * act'(a @ b + bias): the forward GEMM again, its epilogue
+        # multiplying by the incoming gradient in registers.
+        gz = torch.ops.opforge.matmul.default(a, b, bias, gy, f"{act}_grad", a.dtype)
+    else:
+        gz = gy if gy.dtype == a.dtype else gy.to(a.dtype)
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(1) if b.dim() == 1 else b
+    K, N = a2.shape[-1], b2.shape[-1]
+    gz_full = gz.reshape(out_shape(a2, b2))
+    da = db = dbias = dres = None
+    if need_a:
+        da = _mm(gz_full, b2.transpose(-1, -2))
+        if da.shape != a2.shape:
+            da = da.sum_to_size(a2.shape)
+        da = da.reshape(a.shape)
+    if need_b:
+        if b2.dim() == 2:
+            db = _mm(a2.reshape(-1, K).t(), gz_full.reshape(-1, N))
+        else:
+            db = _mm(a2.transpose(-1, -2), gz_full)
+            if db.shape != b2.shape:
+                db = db.sum_to_size(b2.shape)
+        db = db.reshape(b.shape)
+    if need_bias and ctx.has_bias:
+        # Without an activation dZ = dY: sum dY itself (not its cast to the input dtype).
+        src = gz_full if act is not None else gy.reshape(gz_full.shape)
+        acc = F64 if src.dtype == F64 else F32
+        dbias = src.reshape(-1, N).sum(0, dtype=acc).to(ctx.bias_dtype)
+    if need_res and ctx.res_shape is not None:
+        dres = gy.sum_to_size(ctx.res_shape) if tuple(gy.shape) != ctx.res_shape else gy
+        dres = dres.to(ctx.res_dtype)
+    return (da, db, dbias, dres, None, None)[: len(ctx.needs_input_grad)]
+
+
+define(SCHEMA, _impl, _fake, _backward, _setup)
+
+_packet = torch.ops.opforge.matmul.default
+_call = dispatch.call
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+
+
+def _plain(t) -> bool:
+    return t is None or (type(t) is _Tensor and not (t.requires_grad and _grad_enabled()))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
+           residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``act(a @ b + bias) + residual`` cast to ``out_dtype`` (default: the input
+    dtype), fused into one GEMM; ``torch.matmul`` semantics for the product.
+
+    ``activation``: None, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"`` or
+    ``"relu"``. Differentiable in ``a``, ``b``, ``bias`` and ``residual``.
+    """
+    if (type(b) is _Tensor and direct_ok(a, b) and _plain(bias) and _plain(residual)
+            and (activation is None or activation in ACTIVATIONS)
+            and (out_dtype is None or type(out_dtype) is torch.dtype)):
+        return _call(OP, a, b, bias, residual, make_epilogue(a, bias, residual, activation, out_dtype))
+    validate_public(a, b, bias, residual, activation, out_dtype)
+    return _packet(a, b, bias, residual, activation, out_dtype)
+
+
+__all__ = ["matmul"]
