@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
-#   phases: check gpu-tests bench tune tune-bench sanitize
+#   phases: check gpu-tests bench bench-each tune tune-bench sanitize
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
@@ -19,6 +19,12 @@ for phase in "$@"; do
         --plot "$OUT/h200-$stamp-roofline.png" --crossover-plot "$OUT/h200-$stamp-crossover.png" ;;
     gpu-tests)
       OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -q -p no:cacheprovider ;;
+    bench-each)
+      # one JSON per family, each under its own time limit, so one slow family cannot starve the rest
+      for f in ${BENCH_FAMILIES:-softmax norm reduce scan cross_entropy transpose fusion quant gemm}; do
+        timeout "${FAMILY_LIMIT:-90}" python3 -m opforge bench --family "$f" --no-crossover --no-host \
+          --json "$OUT/h200-$stamp-$f.json" || echo "bench $f: exit $?"
+      done ;;
     tune)
       OPFORGE_AUTOTUNE=exhaustive python3 -m opforge tune --preset elementwise --export "$OUT/h200.jsonl" ;;
     tune-bench)

@@ -16,19 +16,25 @@ from opforge.ops.elementwise import (  # noqa: E402
     rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
 )
 from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
+from opforge.ops.fused import bias_gelu, swiglu  # noqa: E402
+from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
+from opforge.ops.quant import QuantizedTensor, dequantize, quantize  # noqa: E402
 from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
 from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
 from opforge.ops.scan import compact, cummax, cummin, cumprod, cumsum, nonzero, segmented_cumsum  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
+from opforge.fusion import fuse  # noqa: E402
+from opforge import nn  # noqa: E402
 
 __all__ = [
-    "__version__", "explain",
+    "__version__", "explain", "fuse", "nn",
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
     "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax", "transpose", "permute",
+    "bias_gelu", "swiglu", "matmul", "quantize", "dequantize", "QuantizedTensor",
     "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
 ]

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         from opforge.bench import harness, plot
 
         result = harness.run(quick=args.quick, families=args.family, crossover=not args.no_crossover,
-                             host=not args.no_host, refresh_ceilings=args.refresh_ceilings, console=console)
+                             host=not args.no_host, refresh_ceilings=args.refresh_ceilings, console=console,
+                             checkpoint=args.json_path)
         harness.report(result, console)
         if args.json_path:
             harness.write_json(result, args.json_path)

@@ -16,18 +16,22 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from opforge.bench import cross_entropy, elementwise, norm, overhead, reduce, scan, softmax, transpose
+from opforge.bench import cross_entropy, elementwise, fusion, gemm, norm, overhead, quant, reduce, scan, softmax, transpose
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
 from opforge.runtime import roofline
 
 SCHEMA_VERSION = 1
 FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduce": reduce,
-            "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan}
+            "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan,
+            "fusion": fusion, "quant": quant, "gemm": gemm}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
-        host: bool = True, refresh_ceilings: bool = False, console: Console | None = None) -> dict:
+        host: bool = True, refresh_ceilings: bool = False, console: Console | None = None,
+        checkpoint: str | None = None) -> dict:
+    """Bench the families; with ``checkpoint``, the JSON so far is rewritten there
+    after every case, so a run cut short by a time limit keeps what it measured."""
     console = console or Console()
     dev = devmod.default_device()
     info = devmod.device_info(dev)
@@ -66,7 +70,11 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
                 entry = run_case(case, dev, ceil, quick=quick)
             except torch.cuda.OutOfMemoryError as e:
                 entry = {"op": f"opforge::{case.op}", "shape": case.label, "error": f"out of memory: {e}"[:200]}
+            except Exception as e:  # one broken case is reported, the rest still run
+                entry = {"op": f"opforge::{case.op}", "shape": case.label, "error": f"{type(e).__name__}: {e}"[:300]}
             result[where].append(entry)
+            if checkpoint:
+                write_json(result, checkpoint)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
             progress.advance(task)

@@ -372,8 +372,10 @@ def tile_scan_kernel(
         if EXCL:
             x = tl.where(fs != 0, 0, x)
         sf_, sv = tl.associative_scan((fs, x), 0, _seg_add)
-        tf, tv = tl.reduce((fs, x), 0, _seg_add)
-        total = tv
+        # The tile's total is the scan's last lane: tl.reduce combines lanes in
+        # butterfly order, which is wrong for this non-commutative combine on a GPU.
+        tf = tl.max(fs, 0)
+        total = tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sv, 0), 0)
     else:
         sv = _scan(x, 0, OP)
         total = _total(x, 0, OP)

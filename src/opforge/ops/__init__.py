@@ -2,7 +2,10 @@
 
 from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
+from opforge.ops import fused  # noqa: F401
+from opforge.ops import matmul  # noqa: F401
 from opforge.ops import norm  # noqa: F401
+from opforge.ops import quant  # noqa: F401
 from opforge.ops import reduce  # noqa: F401
 from opforge.ops import residual_norm  # noqa: F401
 from opforge.ops import scan  # noqa: F401

@@ -490,8 +490,9 @@ def _segmented_variants() -> list[Variant]:
     def run(cfg, x, flags, exclusive=False, reverse=False):
         y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
         if y.numel():
-            K.launch_lookback_scan(as_rows(x.contiguous()), as_rows(y), as_rows(flags.contiguous()),
-                                   K.SUM, exclusive, reverse, cfg)
+            f = flags.contiguous()
+            f = f.view(torch.uint8) if f.dtype == torch.bool else f  # bytes, as the kernel reads them
+            K.launch_lookback_scan(as_rows(x.contiguous()), as_rows(y), as_rows(f), K.SUM, exclusive, reverse, cfg)
         return y
 
     def geo(fn):
