@@ -113,6 +113,20 @@ def _scan(v, AXIS: tl.constexpr, OP: tl.constexpr):
 
 
 @triton.jit
+def _last(v, AXIS: tl.constexpr, N: tl.constexpr):
+    """The last lane of ``v`` along ``AXIS`` (of size N) of a 2-D block: a block's
+    total under an order-dependent combine is its inclusive scan's last lane.
+    (``tl.reduce`` combines lanes in butterfly order on a GPU, which is only
+    right for commutative combines; the interpreter goes in order and hides it.)"""
+    lanes = tl.arange(0, N)
+    if AXIS == 0:
+        out = tl.sum(tl.where((lanes == N - 1)[:, None], v, 0), 0)
+    else:
+        out = tl.sum(tl.where((lanes == N - 1)[None, :], v, 0), 1)
+    return out
+
+
+@triton.jit
 def _total(v, AXIS: tl.constexpr, OP: tl.constexpr):
     if OP == 0:
         out = tl.sum(v, AXIS)
@@ -175,13 +189,11 @@ def row_scan_kernel(
             if OP == 2:
                 sv, sidx = tl.associative_scan((x, idx), 1, _max_pair)
                 yv, yi = _max_pair(carry[:, None], carry_i[:, None], sv, sidx)
-                tv, ti = tl.reduce((x, idx), 1, _max_pair)
-                carry, carry_i = _max_pair(carry, carry_i, tv, ti)
+                carry, carry_i = _max_pair(carry, carry_i, _last(sv, 1, BLOCK_C), _last(sidx, 1, BLOCK_C))
             else:
                 sv, sidx = tl.associative_scan((x, idx), 1, _min_pair)
                 yv, yi = _min_pair(carry[:, None], carry_i[:, None], sv, sidx)
-                tv, ti = tl.reduce((x, idx), 1, _min_pair)
-                carry, carry_i = _min_pair(carry, carry_i, tv, ti)
+                carry, carry_i = _min_pair(carry, carry_i, _last(sv, 1, BLOCK_C), _last(sidx, 1, BLOCK_C))
             tl.store(i_ptr + r[:, None] * si + p[None, :], yi.to(tl.int64), mask=m)
         else:
             yv = _combine(carry[:, None], _scan(x, 1, OP), OP)
@@ -238,13 +250,11 @@ def col_scan_kernel(
             if OP == 2:
                 sv, sidx = tl.associative_scan((x, idx), 0, _max_pair)
                 yv, yi = _max_pair(carry[None, :], carry_i[None, :], sv, sidx)
-                tv, ti = tl.reduce((x, idx), 0, _max_pair)
-                carry, carry_i = _max_pair(carry, carry_i, tv, ti)
+                carry, carry_i = _max_pair(carry, carry_i, _last(sv, 0, BLOCK_L), _last(sidx, 0, BLOCK_L))
             else:
                 sv, sidx = tl.associative_scan((x, idx), 0, _min_pair)
                 yv, yi = _min_pair(carry[None, :], carry_i[None, :], sv, sidx)
-                tv, ti = tl.reduce((x, idx), 0, _min_pair)
-                carry, carry_i = _min_pair(carry, carry_i, tv, ti)
+                carry, carry_i = _min_pair(carry, carry_i, _last(sv, 0, BLOCK_L), _last(sidx, 0, BLOCK_L))
             tl.store(i_ptr + out_off, yi.to(tl.int64), mask=m)
         else:
             yv = _combine(carry[None, :], _scan(x, 0, OP), OP)
@@ -372,8 +382,7 @@ def tile_scan_kernel(
         if EXCL:
             x = tl.where(fs != 0, 0, x)
         sf_, sv = tl.associative_scan((fs, x), 0, _seg_add)
-        # The tile's total is the scan's last lane: tl.reduce combines lanes in
-        # butterfly order, which is wrong for this non-commutative combine on a GPU.
+        # The tile's total is the scan's last lane (see ``_last``; 1-D here).
         tf = tl.max(fs, 0)
         total = tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sv, 0), 0)
     else:
