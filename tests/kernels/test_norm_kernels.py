@@ -242,7 +242,8 @@ def test_split_dispatch_rules():
     short = torch.empty((2, 64))
     assert "nothing to split" in op.variant("triton_split").check(short, (64,), 1e-5)
     from opforge.runtime import dispatch
-    assert dispatch.explain("rms_norm", long, (K.ROW_MAX + 1,), 1e-5).variant.name == "triton_split"
+    # Long rows: the looped kernel is ahead of split (measured on the H200); split is tuned in.
+    assert dispatch.explain("rms_norm", long, (K.ROW_MAX + 1,), 1e-5).variant.name == "triton_looped"
     assert dispatch.explain("rms_norm", many, (8192,), 1e-5).variant.name == "triton_row"
 
 

@@ -247,7 +247,7 @@ def test_empty_size1_and_scalar(shape, granularity, gen):
 def test_dequantize_bit_exact_fp32(granularity, block, axis, qdtype, symmetric, gen):
     x = rand((3, 20, 36) if axis == 1 else (20, 36), gen, F32, scale=3.0)
     q = Q.quantize(x, qdtype, granularity, block=block, axis=axis, symmetric=symmetric)
-    with force_variant("dequantize", "triton"):
+    with force_variant("dequantize", "triton_apply"):
         y = Q.dequantize(q, F32)
     lab, _ = _labels(tuple(x.shape), granularity, block, axis)
     s = q.scale.reshape(-1).numpy()[lab]
@@ -261,7 +261,7 @@ def test_dequantize_bit_exact_fp32(granularity, block, axis, qdtype, symmetric, 
 def test_dequantize_half_outputs(out, gen):
     x = rand((16, 64), gen, F32)
     q = Q.quantize(x, I8, "token")
-    with force_variant("dequantize", "triton"):
+    with force_variant("dequantize", "triton_apply"):
         y = Q.dequantize(q, out)
     ref = q.data.double() * q.scale.double()
     assert y.dtype == out
@@ -290,7 +290,7 @@ def test_dequantize_fp8_specials(qdtype):
     # Every fp8 bit pattern (NaN, inf for e5m2, subnormals, -0) decodes exactly.
     data = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(qdtype).reshape(4, 64)
     s = torch.tensor([[2.0], [0.5], [1.0], [3.0]])
-    with force_variant("dequantize", "triton"):
+    with force_variant("dequantize", "triton_apply"):
         y = Q.dequantize(Q.QuantizedTensor(data, s, None, "token"), F32)
     ref = data.float() * s
     assert torch.equal(torch.isnan(y), torch.isnan(ref))

@@ -37,7 +37,7 @@ def test_registered_with_all_variants():
     assert [v.name for v in q.variants] == ["triton_static", "triton_fused", "triton_stats", "torch_eager",
                                             "reference"]
     d = registry.get("opforge::dequantize")
-    assert [v.name for v in d.variants] == ["triton", "torch_eager", "reference"]
+    assert [v.name for v in d.variants] == ["triton_apply", "torch_eager", "reference"]
     for op in (q, d):
         assert op.variant("torch_eager").kind == "vendor" and op.variant("torch_eager").devices == ("cuda",)
         assert op.variant("reference").kind == "reference"

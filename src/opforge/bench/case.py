@@ -38,6 +38,9 @@ class BenchCase:
     # takes them differently (e.g. layer_norm's shape and eps): used to ask
     # dispatch which variant ran, and to time a forced variant directly.
     op_args: Callable[..., tuple] | None = None
+    # False: the reference takes the inputs as they are, not upcast to float64
+    # (ops whose reference defines the arithmetic, e.g. quantize: bit-exact).
+    upcast_reference: bool = True
 
 
 def compiled_peer(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -87,8 +90,8 @@ def run_case(case: BenchCase, device: torch.device, ceilings: Ceilings, *, quick
         out = case.run(*args)
         dargs = case.op_args(*args) if case.op_args is not None else args
         decision = dispatch.decide(op, dargs, tune=False)
-        ref = case.reference(*[a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                               else a for a in args])
+        ref = case.reference(*[a.to(torch.float64) if case.upcast_reference and isinstance(a, torch.Tensor)
+                               and a.is_floating_point() else a for a in args])
         err = rel_err(out, ref)
         # A forced variant is timed directly: the sweep compares kernels, and
         # dispatch costs the same whichever variant it picks.

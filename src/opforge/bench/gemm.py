@@ -71,7 +71,7 @@ def gemm_case(M: int, N: int, K: int, dtype, *, linear: bool = False, batch: int
     fused = bias or residual or activation is not None
     peer_fns = {}
     if peers:
-        peer_fns["cuBLAS + torch epilogue" if fused else "torch eager"] = eager
+        peer_fns["torch eager" if fused else "torch eager"] = eager
         if compile_peer:
             peer_fns["torch.compile"] = compiled_peer(eager)
     nbytes = batch * (M * K + (0 if linear else K * N) + M * N * (2 if residual else 1)) * es

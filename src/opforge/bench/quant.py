@@ -67,7 +67,7 @@ def quantize_case(shape, dtype, qdtype, granularity, *, block=(), symmetric=True
     return BenchCase(
         op="quantize", label=label or f"{'x'.join(map(str, shape))} {tag}", dtype=dtype, make_args=make,
         run=run, reference=reference, flops=FLOPS_PER_ELEMENT * n, nbytes=nbytes,
-        peers=peer_fns, variant=variant, graph=graph, op_args=op_args,
+        peers=peer_fns, variant=variant, graph=graph, op_args=op_args, upcast_reference=False,
     )
 
 

@@ -524,7 +524,7 @@ def _make_dequantize_variants() -> list[Variant]:
         return dequantize_reference(*_dq_args(args))
 
     return [
-        Variant("triton", run, version=K.DEQUANT_VERSION, dtypes=QDTYPES,
+        Variant("triton_apply", run, version=K.DEQUANT_VERSION, dtypes=QDTYPES,
                 configs=lambda *a: K.apply_configs(*geometry(*a)),
                 default_config=lambda *a: K.apply_default_config(*geometry(*a)), bucket=bucket,
                 description="(q - zp) * scale, one read, one write"),
