@@ -103,6 +103,23 @@ def _wins(va, ia, vb, ib, IS_MAX: tl.constexpr):
 
 
 @triton.jit
+def _finish_extreme(acc, acc_i, AXIS: tl.constexpr, OP: tl.constexpr):
+    """Reduce a block of running max/min (OP 2/3) or arg-max/min (OP 4/5) along
+    AXIS: (value, value) or (value, index)."""
+    if OP == 2:
+        val = tl.reduce(acc, AXIS, _max_combine)
+        aux = val
+    elif OP == 3:
+        val = tl.reduce(acc, AXIS, _min_combine)
+        aux = val
+    elif OP == 4:
+        val, aux = tl.reduce((acc, acc_i), AXIS, _argmax_combine)
+    else:
+        val, aux = tl.reduce((acc, acc_i), AXIS, _argmin_combine)
+    return val, aux
+
+
+@triton.jit
 def _argmax_combine(va, ia, vb, ib):
     a = _wins(va, ia, vb, ib, True)
     return tl.where(a, va, vb), tl.where(a, ia, ib)
@@ -199,8 +216,7 @@ def rows_kernel(
     elif OP <= 5:
         first = tl.load(x_ptr + rows * sxm + lo * sxn, mask=rmask, other=0).to(CAST).to(COMPUTE)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=COMPUTE) + first[:, None]
-        if OP >= 4:
-            acc_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=lo.dtype) + lo
+        acc_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=lo.dtype) + lo  # unused (and dropped) for max/min
         for start in range(lo, hi, BLOCK_N):
             c = start + cols
             m = rmask[:, None] & (c < hi)[None, :]
@@ -215,16 +231,7 @@ def rows_kernel(
                 take = _wins(v, ci, acc, acc_i, OP == 4)
                 acc = tl.where(take, v, acc)
                 acc_i = tl.where(take, ci, acc_i)
-        if OP == 2:
-            val = tl.reduce(acc, 1, _max_combine)
-            aux = val
-        elif OP == 3:
-            val = tl.reduce(acc, 1, _min_combine)
-            aux = val
-        elif OP == 4:
-            val, aux = tl.reduce((acc, acc_i), 1, _argmax_combine)
-        else:
-            val, aux = tl.reduce((acc, acc_i), 1, _argmin_combine)
+        val, aux = _finish_extreme(acc, acc_i, 1, OP)
     else:
         n = tl.zeros([BLOCK_M], dtype=COMPUTE)
         val = tl.zeros([BLOCK_M], dtype=COMPUTE)
@@ -281,8 +288,7 @@ def cols_kernel(
     elif OP <= 5:
         first = tl.load(x_ptr + o * sxo + i * sxi + lo * sxr, mask=imask, other=0).to(CAST).to(COMPUTE)
         acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=COMPUTE) + first[None, :]
-        if OP >= 4:
-            acc_i = tl.zeros([BLOCK_R, BLOCK_I], dtype=lo.dtype) + lo
+        acc_i = tl.zeros([BLOCK_R, BLOCK_I], dtype=lo.dtype) + lo  # unused (and dropped) for max/min
         for start in range(lo, hi, BLOCK_R):
             r = start + r_off
             m = (r < hi)[:, None] & imask[None, :]
@@ -297,16 +303,7 @@ def cols_kernel(
                 take = _wins(v, ri, acc, acc_i, OP == 4)
                 acc = tl.where(take, v, acc)
                 acc_i = tl.where(take, ri, acc_i)
-        if OP == 2:
-            val = tl.reduce(acc, 0, _max_combine)
-            aux = val
-        elif OP == 3:
-            val = tl.reduce(acc, 0, _min_combine)
-            aux = val
-        elif OP == 4:
-            val, aux = tl.reduce((acc, acc_i), 0, _argmax_combine)
-        else:
-            val, aux = tl.reduce((acc, acc_i), 0, _argmin_combine)
+        val, aux = _finish_extreme(acc, acc_i, 0, OP)
     else:
         n = tl.zeros([BLOCK_I], dtype=COMPUTE)
         val = tl.zeros([BLOCK_I], dtype=COMPUTE)
@@ -353,9 +350,9 @@ def combine_kernel(
     elif OP <= 5:
         first = tl.load(ws_ptr + p * wsp, mask=pmask, other=0)
         acc = tl.zeros([BLOCK_P, BLOCK_S], dtype=COMPUTE) + first[:, None]
+        acc_i = tl.zeros([BLOCK_P, BLOCK_S], dtype=tl.int64)  # indices: arg-max/min only
         if OP >= 4:
-            first_i = tl.load(ws2_ptr + p * wsp, mask=pmask, other=0)
-            acc_i = tl.zeros([BLOCK_P, BLOCK_S], dtype=tl.int64) + first_i[:, None]
+            acc_i += tl.load(ws2_ptr + p * wsp, mask=pmask, other=0)[:, None]
         for start in range(0, S, BLOCK_S):
             s = start + s_off
             m = pmask[:, None] & (s < S)[None, :]
@@ -371,16 +368,7 @@ def combine_kernel(
                 take = _wins(v, vi, acc, acc_i, OP == 4)
                 acc = tl.where(take, v, acc)
                 acc_i = tl.where(take, vi, acc_i)
-        if OP == 2:
-            val = tl.reduce(acc, 1, _max_combine)
-            aux = val
-        elif OP == 3:
-            val = tl.reduce(acc, 1, _min_combine)
-            aux = val
-        elif OP == 4:
-            val, aux = tl.reduce((acc, acc_i), 1, _argmax_combine)
-        else:
-            val, aux = tl.reduce((acc, acc_i), 1, _argmin_combine)
+        val, aux = _finish_extreme(acc, acc_i, 1, OP)
     else:
         n = tl.zeros([BLOCK_P], dtype=COMPUTE)
         val = tl.zeros([BLOCK_P], dtype=COMPUTE)

@@ -52,8 +52,8 @@ import triton.language as tl
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
 SPLIT_VERSION = "2"
-COL_VERSION = "1"
-COL_SPLIT_VERSION = "1"
+COL_VERSION = "2"
+COL_SPLIT_VERSION = "2"
 
 # Most programs one row may be split into: far below the programs the GPU
 # holds at once (132 SMs, at least one program each), so a row's programs are
@@ -287,27 +287,36 @@ def split_backward_kernel(
 # (coalesced along inner) and walks R in blocks of BLOCK_R rows.
 # ---------------------------------------------------------------------------
 @triton.jit
+def _col_tile(tile, n_tiles, R, inner, BLOCK_I: tl.constexpr, INT64: tl.constexpr):
+    """Column tile ``tile`` of [outer, R, inner]: its outer slice's base offset and its columns."""
+    o = tile // n_tiles
+    i = (tile % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
+    if INT64:
+        o = o.to(tl.int64)
+    return o * R * inner, i
+
+
+@triton.jit
+def _col_block(base, i, r, R, inner, INT64: tl.constexpr):
+    """Offsets and mask of rows ``r`` (a vector) of columns ``i``."""
+    if INT64:
+        r = r.to(tl.int64)
+    return base + r[:, None] * inner + i[None, :], (r[:, None] < R) & (i[None, :] < inner)
+
+
+@triton.jit
 def col_forward_kernel(
     x_ptr, y_ptr, R, inner, n_tiles,
     LOG: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
     INT64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    o = pid // n_tiles
-    i = (pid % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
-    if INT64:
-        o = o.to(tl.int64)
-    base = o * R * inner
+    base, i = _col_tile(tl.program_id(0), n_tiles, R, inner, BLOCK_I, INT64)
     rr = tl.arange(0, BLOCK_R)
-    imask = i[None, :] < inner
     m = tl.full([BLOCK_I], float("-inf"), COMPUTE)
     s = tl.zeros([BLOCK_I], dtype=COMPUTE)
     for r0 in range(0, R, BLOCK_R):
-        r = r0 + rr
-        if INT64:
-            r = r.to(tl.int64)
-        mask = (r[:, None] < R) & imask
-        x = tl.load(x_ptr + base + r[:, None] * inner + i[None, :], mask=mask, other=_NEG_INF).to(COMPUTE)
+        offs, mask = _col_block(base, i, r0 + rr, R, inner, INT64)
+        x = tl.load(x_ptr + offs, mask=mask, other=_NEG_INF).to(COMPUTE)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         s = s * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
@@ -317,11 +326,7 @@ def col_forward_kernel(
     else:
         inv = 1.0 / s
     for r0 in range(0, R, BLOCK_R):
-        r = r0 + rr
-        if INT64:
-            r = r.to(tl.int64)
-        mask = (r[:, None] < R) & imask
-        offs = base + r[:, None] * inner + i[None, :]
+        offs, mask = _col_block(base, i, r0 + rr, R, inner, INT64)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         if LOG:
             out = x - shift[None, :]
@@ -336,21 +341,11 @@ def col_backward_kernel(
     LOG: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
     INT64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    o = pid // n_tiles
-    i = (pid % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
-    if INT64:
-        o = o.to(tl.int64)
-    base = o * R * inner
+    base, i = _col_tile(tl.program_id(0), n_tiles, R, inner, BLOCK_I, INT64)
     rr = tl.arange(0, BLOCK_R)
-    imask = i[None, :] < inner
     acc = tl.zeros([BLOCK_R, BLOCK_I], dtype=COMPUTE)
     for r0 in range(0, R, BLOCK_R):
-        r = r0 + rr
-        if INT64:
-            r = r.to(tl.int64)
-        mask = (r[:, None] < R) & imask
-        offs = base + r[:, None] * inner + i[None, :]
+        offs, mask = _col_block(base, i, r0 + rr, R, inner, INT64)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         if LOG:
             acc += g
@@ -358,11 +353,7 @@ def col_backward_kernel(
             acc += g * tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     total = tl.sum(acc, axis=0)
     for r0 in range(0, R, BLOCK_R):
-        r = r0 + rr
-        if INT64:
-            r = r.to(tl.int64)
-        mask = (r[:, None] < R) & imask
-        offs = base + r[:, None] * inner + i[None, :]
+        offs, mask = _col_block(base, i, r0 + rr, R, inner, INT64)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         if LOG:
@@ -383,14 +374,8 @@ def col_split_forward_kernel(
     pid = tl.program_id(0)
     group = pid // P
     part = pid % P
-    o = group // n_tiles
-    i = (group % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
-    r = part * CHUNK_R + tl.arange(0, CHUNK_R)
-    if INT64:
-        o = o.to(tl.int64)
-        r = r.to(tl.int64)
-    offs = o * R * inner + r[:, None] * inner + i[None, :]
-    mask = (r[:, None] < R) & (i[None, :] < inner)
+    base, i = _col_tile(group, n_tiles, R, inner, BLOCK_I, INT64)
+    offs, mask = _col_block(base, i, part * CHUNK_R + tl.arange(0, CHUNK_R), R, inner, INT64)
     x = tl.load(x_ptr + offs, mask=mask, other=_NEG_INF).to(COMPUTE)
     m = tl.max(x, axis=0)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
@@ -423,14 +408,8 @@ def col_split_backward_kernel(
     pid = tl.program_id(0)
     group = pid // P
     part = pid % P
-    o = group // n_tiles
-    i = (group % n_tiles) * BLOCK_I + tl.arange(0, BLOCK_I)
-    r = part * CHUNK_R + tl.arange(0, CHUNK_R)
-    if INT64:
-        o = o.to(tl.int64)
-        r = r.to(tl.int64)
-    offs = o * R * inner + r[:, None] * inner + i[None, :]
-    mask = (r[:, None] < R) & (i[None, :] < inner)
+    base, i = _col_tile(group, n_tiles, R, inner, BLOCK_I, INT64)
+    offs, mask = _col_block(base, i, part * CHUNK_R + tl.arange(0, CHUNK_R), R, inner, INT64)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     if LOG:
