@@ -17,6 +17,7 @@ from opforge.ops.elementwise import (  # noqa: E402
 )
 from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
 from opforge.ops.fused import bias_gelu, swiglu  # noqa: E402
+from opforge.ops.hashing import group_by, hash_join, segment_reduce  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
 from opforge.ops.quant import QuantizedTensor, dequantize, quantize  # noqa: E402
@@ -35,6 +36,7 @@ __all__ = [
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
     "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax", "transpose", "permute",
+    "hash_join", "group_by", "segment_reduce",
     "bias_gelu", "swiglu", "matmul", "quantize", "dequantize", "QuantizedTensor",
     "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
 ]

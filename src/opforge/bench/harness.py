@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from opforge.bench import cross_entropy, elementwise, fusion, gemm, norm, overhead, quant, reduce, scan, softmax, transpose
+from opforge.bench import (
+    cross_entropy, elementwise, fusion, gemm, hashing, norm, overhead, quant, reduce, scan, softmax, transpose,
+)
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
 from opforge.runtime import roofline
@@ -24,7 +26,8 @@ from opforge.runtime import roofline
 SCHEMA_VERSION = 1
 FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduce": reduce,
             "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan,
-            "fusion": fusion, "quant": quant, "gemm": gemm}
+            "fusion": fusion, "quant": quant, "gemm": gemm,
+            "hashing": hashing}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,

@@ -3,6 +3,7 @@
 from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
 from opforge.ops import fused  # noqa: F401
+from opforge.ops import hashing  # noqa: F401
 from opforge.ops import matmul  # noqa: F401
 from opforge.ops import norm  # noqa: F401
 from opforge.ops import quant  # noqa: F401

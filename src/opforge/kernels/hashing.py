@@ -1,0 +1,304 @@
+"""Open-addressing hash table kernels: the build, probe and labelling passes
+behind ``opforge.hash_join`` and ``opforge.group_by``.
+
+Table layout. ``2**LOG2CAP`` slots plus one spare at index ``CAP`` (where
+masked-off lanes aim their compare-and-swap, since ``tl.atomic_cas`` takes no
+mask). A slot is owned by the first build row that claims it: ``owner[slot]``
+holds that row + 1 (0 = empty), so any key value is legal, INT_MIN and
+INT_MAX included: no key is reserved as the empty marker. The winner also
+copies its key into ``tkeys[slot]``; kernels launched later read the copy
+(one load) instead of chasing ``keys[owner - 1]``. Inside the build kernel a
+loser compares against ``keys[owner - 1]`` (the input, always visible), never
+against the copy, which another program may not have written yet.
+
+Hashing: Fibonacci hashing of the 64-bit key (multiply by 2^64 / phi, keep the
+top ``LOG2CAP`` bits), linear probing. ``COLLIDE=1`` sends every key to slot
+0: the tests use it to walk long probe chains on purpose.
+
+The table always keeps an empty slot (capacity > distinct keys), so every
+probe loop ends. Loops run while any lane of the block is still probing; the
+interpreter runs programs one after another, which is fine here: no program
+waits on another.
+
+Keys are int32 or int64, loaded as int64. Row indices are int64; ``owner``
+is int32, so a build side holds fewer than 2^31 - 1 rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
+HASH_VERSION = "1"
+
+_FIB = tl.constexpr(0x9E3779B97F4A7C15)
+
+# Largest build side the int32 owner array addresses.
+MAX_BUILD_ROWS = (1 << 31) - 2
+
+
+@triton.jit
+def _home(k, LOG2CAP: tl.constexpr, COLLIDE: tl.constexpr):
+    """The first slot a key probes (int64)."""
+    if COLLIDE:
+        return tl.zeros_like(k)
+    h = k.to(tl.uint64, bitcast=True) * _FIB
+    return (h >> (64 - LOG2CAP)).to(tl.int64)
+
+
+@triton.jit
+def insert_kernel(
+    keys_ptr, valid_ptr, owner_ptr, tkeys_ptr, count_ptr, first_ptr, slot_ptr, n,
+    HAS_VALID: tl.constexpr, COUNT: tl.constexpr, FIRST: tl.constexpr,
+    LOG2CAP: tl.constexpr, COLLIDE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Insert each row's key; write the row's slot (``CAP`` for a NULL key).
+    ``COUNT``: count rows per slot (join build). ``FIRST``: the smallest row
+    per slot (group-by, first occurrence), NULL rows into slot ``CAP``."""
+    CAP: tl.constexpr = 1 << LOG2CAP
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    k = tl.load(keys_ptr + rows, mask=inb, other=0).to(tl.int64)
+    active = inb
+    if HAS_VALID:
+        active = active & (tl.load(valid_ptr + rows, mask=inb, other=0) != 0)
+    pos = _home(k, LOG2CAP, COLLIDE)
+    slot = tl.full([BLOCK], CAP, tl.int64)
+    me = (rows + 1).to(tl.int32)
+    zero = tl.zeros([BLOCK], tl.int32)
+    while tl.max(active.to(tl.int32), 0) > 0:
+        target = tl.where(active, pos, CAP)
+        old = tl.atomic_cas(owner_ptr + target, zero, tl.where(active, me, zero))
+        won = active & (old == 0)
+        tl.store(tkeys_ptr + pos, k.to(tkeys_ptr.dtype.element_ty), mask=won)
+        taken = active & (old != 0)
+        other = tl.load(keys_ptr + (old.to(tl.int64) - 1), mask=taken, other=0).to(tl.int64)
+        done = won | (taken & (other == k))
+        slot = tl.where(done, pos, slot)
+        active = active & ~done
+        pos = tl.where(active, (pos + 1) & (CAP - 1), pos)
+    tl.store(slot_ptr + rows, slot, mask=inb)
+    placed = inb & (slot < CAP)
+    if COUNT:
+        tl.atomic_add(count_ptr + slot, tl.full([BLOCK], 1, tl.int32), mask=placed)
+    if FIRST:
+        tl.atomic_min(first_ptr + slot, rows, mask=inb)
+
+
+@triton.jit
+def probe_count_kernel(
+    keys_ptr, valid_ptr, owner_ptr, tkeys_ptr, count_ptr, slot_ptr, cnt_ptr, n,
+    HAS_VALID: tl.constexpr, LOG2CAP: tl.constexpr, COLLIDE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """For each probe row: the slot holding its key (-1: none) and the number
+    of build rows with that key (0 for a miss or a NULL key)."""
+    CAP: tl.constexpr = 1 << LOG2CAP
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    k = tl.load(keys_ptr + rows, mask=inb, other=0).to(tl.int64)
+    active = inb
+    if HAS_VALID:
+        active = active & (tl.load(valid_ptr + rows, mask=inb, other=0) != 0)
+    pos = _home(k, LOG2CAP, COLLIDE)
+    found = tl.full([BLOCK], -1, tl.int64)
+    while tl.max(active.to(tl.int32), 0) > 0:
+        o = tl.load(owner_ptr + pos, mask=active, other=0)
+        full = active & (o != 0)
+        tk = tl.load(tkeys_ptr + pos, mask=full, other=0).to(tl.int64)
+        hit = full & (tk == k)
+        found = tl.where(hit, pos, found)
+        active = full & ~hit
+        pos = tl.where(active, (pos + 1) & (CAP - 1), pos)
+    hit = found >= 0
+    c = tl.load(count_ptr + found, mask=hit, other=0).to(tl.int64)
+    tl.store(slot_ptr + rows, found, mask=inb)
+    tl.store(cnt_ptr + rows, c, mask=inb)
+
+
+@triton.jit
+def probe_write_kernel(
+    slot_ptr, cnt_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr, n,
+    LEFT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Write each probe row's pairs at its offset: the matching build rows in
+    ``perm`` order (ascending build row), or ``(-1, row)`` for a left-join miss."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    s = tl.load(slot_ptr + rows, mask=inb, other=-1)
+    c = tl.load(cnt_ptr + rows, mask=inb, other=0)
+    o = tl.load(off_ptr + rows, mask=inb, other=0)
+    st = tl.load(start_ptr + s, mask=s >= 0, other=0)
+    if LEFT:
+        miss = inb & (c == 0)
+        tl.store(out_b_ptr + o, tl.full([BLOCK], -1, tl.int64), mask=miss)
+        tl.store(out_p_ptr + o, rows, mask=miss)
+    most = tl.max(c, 0)
+    for j in range(0, most):
+        w = inb & (j < c)
+        b = tl.load(perm_ptr + st + j, mask=w, other=0)
+        tl.store(out_b_ptr + o + j, b, mask=w)
+        tl.store(out_p_ptr + o + j, rows, mask=w)
+
+
+@triton.jit
+def first_flags_kernel(slot_ptr, first_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    """A row is its group's first when it is the smallest row of its slot."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    s = tl.load(slot_ptr + rows, mask=inb, other=0)
+    f = tl.load(first_ptr + s, mask=inb, other=-1)
+    tl.store(flag_ptr + rows, (f == rows).to(tl.int8), mask=inb)
+
+
+@triton.jit
+def label_kernel(slot_ptr, flag_ptr, rank_ptr, gslot_ptr, gid_ptr, n, PHASE: tl.constexpr, BLOCK: tl.constexpr):
+    """Phase 0: each group's first row publishes its rank (the group id) to its
+    slot. Phase 1 (a later launch): every row reads its slot's group id."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    s = tl.load(slot_ptr + rows, mask=inb, other=0)
+    if PHASE == 0:
+        f = tl.load(flag_ptr + rows, mask=inb, other=0) != 0
+        r = tl.load(rank_ptr + rows, mask=inb & f, other=0)
+        tl.store(gslot_ptr + s, r, mask=inb & f)
+    else:
+        g = tl.load(gslot_ptr + s, mask=inb, other=0)
+        tl.store(gid_ptr + rows, g, mask=inb)
+
+
+# ---------------------------------------------------------------------------
+# Launch helpers
+# ---------------------------------------------------------------------------
+def default_config(n_build: int) -> dict:
+    return {"BLOCK": 256, "CAP_FACTOR": 2, "COLLIDE": 0}
+
+
+def configs(n_build: int) -> list[dict]:
+    return [{"BLOCK": b, "CAP_FACTOR": f, "COLLIDE": 0} for b in (128, 256, 512, 1024) for f in (2, 4)]
+
+
+def log2_capacity(n: int, factor: int) -> int:
+    """Capacity: a power of two >= factor * n, and > n so an empty slot always remains."""
+    want = max(factor * n, n + 1, 2)
+    return (want - 1).bit_length()
+
+
+def _grid(n: int, block: int):
+    return (triton.cdiv(max(n, 1), block),)
+
+
+def build_table(keys, valid, cfg, *, count: bool, first: bool):
+    """Insert ``keys``: returns ``(log2cap, owner, tkeys, counts, firsts, slots)``
+    (``counts``/``firsts`` None unless asked). ``slots[i]`` is row i's slot,
+    ``CAP`` for a NULL key."""
+    import torch
+
+    n = keys.numel()
+    dev = keys.device
+    log2cap = log2_capacity(n, cfg["CAP_FACTOR"])
+    cap = 1 << log2cap
+    owner = torch.zeros(cap + 1, dtype=torch.int32, device=dev)
+    tkeys = torch.empty(cap + 1, dtype=keys.dtype, device=dev)
+    counts = torch.zeros(cap + 1, dtype=torch.int32, device=dev) if count else owner
+    firsts = torch.full((cap + 1,), n, dtype=torch.int64, device=dev) if first else owner
+    slots = torch.empty(n, dtype=torch.int64, device=dev)
+    if n:
+        insert_kernel[_grid(n, cfg["BLOCK"])](
+            keys, valid if valid is not None else keys, owner, tkeys, counts, firsts, slots, n,
+            HAS_VALID=valid is not None, COUNT=count, FIRST=first,
+            LOG2CAP=log2cap, COLLIDE=cfg["COLLIDE"], BLOCK=cfg["BLOCK"],
+        )
+    return log2cap, owner, tkeys, (counts if count else None), (firsts if first else None), slots
+
+
+def probe_count(keys, valid, table, cfg):
+    """Pass 1 of the probe: ``(slot, count)`` per probe row."""
+    import torch
+
+    log2cap, owner, tkeys, counts = table
+    n = keys.numel()
+    slot = torch.empty(n, dtype=torch.int64, device=keys.device)
+    cnt = torch.empty(n, dtype=torch.int64, device=keys.device)
+    if n:
+        probe_count_kernel[_grid(n, cfg["BLOCK"])](
+            keys, valid if valid is not None else keys, owner, tkeys, counts, slot, cnt, n,
+            HAS_VALID=valid is not None, LOG2CAP=log2cap, COLLIDE=cfg["COLLIDE"], BLOCK=cfg["BLOCK"],
+        )
+    return slot, cnt
+
+
+def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg):
+    """Pass 2 of the probe: the ``total`` pairs, by probe row then build row."""
+    import torch
+
+    dev = slot.device
+    out_b = torch.empty(total, dtype=torch.int64, device=dev)
+    out_p = torch.empty(total, dtype=torch.int64, device=dev)
+    n = slot.numel()
+    if n and total:
+        probe_write_kernel[_grid(n, cfg["BLOCK"])](slot, cnt, offsets, starts, perm, out_b, out_p, n,
+                                                   LEFT=left, BLOCK=cfg["BLOCK"])
+    return out_b, out_p
+
+
+def first_flags(slots, firsts, cfg):
+    import torch
+
+    n = slots.numel()
+    flags = torch.empty(n, dtype=torch.int8, device=slots.device)
+    if n:
+        first_flags_kernel[_grid(n, cfg["BLOCK"])](slots, firsts, flags, n, BLOCK=cfg["BLOCK"])
+    return flags
+
+
+def label(slots, flags, ranks, cap, cfg):
+    """Group id per row from the ranks of the first rows (two launches: the
+    second must see every slot's id)."""
+    import torch
+
+    n = slots.numel()
+    gslot = torch.empty(cap + 1, dtype=torch.int64, device=slots.device)
+    gid = torch.empty(n, dtype=torch.int64, device=slots.device)
+    if n:
+        for phase in (0, 1):
+            label_kernel[_grid(n, cfg["BLOCK"])](slots, flags, ranks, gslot, gid, n, PHASE=phase,
+                                                 BLOCK=cfg["BLOCK"])
+    return gid
+
+
+# ---------------------------------------------------------------------------
+# Aggregation by group id (atomics)
+# ---------------------------------------------------------------------------
+SEGMENT_OPS = {"sum": 0, "min": 1, "max": 2, "count": 3}
+
+
+@triton.jit
+def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_groups,
+                          OP: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+    """Fold each row into its group's accumulator with one atomic; count the
+    rows per group. Rows whose id is outside ``[0, num_groups)`` are skipped."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    g = tl.load(g_ptr + rows, mask=inb, other=-1)
+    m = inb & (g >= 0) & (g < num_groups)
+    if HAS_VALID:
+        m = m & (tl.load(valid_ptr + rows, mask=inb, other=0) != 0)
+    tl.atomic_add(cnt_ptr + g, tl.full([BLOCK], 1, tl.int64), mask=m)
+    if OP != 3:
+        v = tl.load(v_ptr + rows, mask=m, other=0).to(out_ptr.dtype.element_ty)
+        if OP == 0:
+            tl.atomic_add(out_ptr + g, v, mask=m)
+        elif OP == 1:
+            tl.atomic_min(out_ptr + g, v, mask=m)
+        else:
+            tl.atomic_max(out_ptr + g, v, mask=m)
+
+
+def segment_reduce(values, group_ids, valid, out, counts, op: str, cfg) -> None:
+    """Accumulate into ``out`` (pre-filled with the op's identity) and ``counts`` (zeros)."""
+    n = group_ids.numel()
+    if n:
+        segment_reduce_kernel[_grid(n, cfg["BLOCK"])](
+            values, group_ids, valid if valid is not None else group_ids, out, counts, n, out.numel(),
+            OP=SEGMENT_OPS[op], HAS_VALID=valid is not None, BLOCK=cfg["BLOCK"])
