@@ -29,9 +29,10 @@ from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
 from opforge.fusion import fuse  # noqa: E402
 from opforge import nn  # noqa: E402
+from opforge.sql import connect  # noqa: E402
 
 __all__ = [
-    "__version__", "explain", "fuse", "nn",
+    "__version__", "explain", "fuse", "nn", "connect",
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",

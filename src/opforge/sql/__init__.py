@@ -1,0 +1,5 @@
+"""SQL over columnar tables on the device: `import opforge.sql as sql; con = sql.connect(); con.sql(...)`."""
+from opforge.sql.connection import Connection, Relation, connect
+from opforge.sql.errors import NotSupportedError, SqlError
+
+__all__ = ["Connection", "NotSupportedError", "Relation", "SqlError", "connect"]

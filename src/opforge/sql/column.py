@@ -1,0 +1,185 @@
+"""A column on the device: one value tensor, an optional validity mask (None = no NULLs), a logical type
+and, for strings, a sorted host dictionary so that code order is string order."""
+from __future__ import annotations
+
+import bisect
+import datetime
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from opforge.sql import types as T
+
+
+@dataclass
+class Column:
+    values: torch.Tensor
+    valid: torch.Tensor | None
+    type: T.SqlType
+    dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def take(self, idx: torch.Tensor) -> "Column":
+        return Column(self.values[idx], None if self.valid is None else self.valid[idx], self.type, self.dictionary)
+
+    def null_mask(self) -> torch.Tensor:
+        """True where the value is NULL."""
+        if self.valid is None:
+            return torch.zeros(len(self), dtype=torch.bool, device=self.device)
+        return ~self.valid
+
+    def valid_mask(self) -> torch.Tensor:
+        if self.valid is None:
+            return torch.ones(len(self), dtype=torch.bool, device=self.device)
+        return self.valid
+
+    # -- Arrow -------------------------------------------------------------------------------------------
+    @staticmethod
+    def from_arrow(arr: pa.Array | pa.ChunkedArray, device: torch.device | str, name: str = "") -> "Column":
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+        typ = T.from_arrow(arr.type, name)
+        valid = None
+        if arr.null_count:
+            valid = torch.from_numpy(np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)).to(device)
+        if typ.kind == "STRING":
+            if pa.types.is_dictionary(arr.type):
+                arr = arr.cast(arr.type.value_type)
+            if pa.types.is_string_view(arr.type) or pa.types.is_large_string(arr.type):
+                arr = arr.cast(pa.string())
+            enc = pc.dictionary_encode(arr)
+            # UTF-8 byte order (Arrow's sort) is code-point order, the order of Python str
+            order = pc.sort_indices(enc.dictionary).to_numpy(zero_copy_only=False)
+            size = len(enc.dictionary)
+            rank = np.empty(size, dtype=np.int32)
+            rank[order] = np.arange(size, dtype=np.int32)
+            idx = enc.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            codes = rank[idx] if size else np.zeros(len(arr), dtype=np.int32)
+            codes = np.array(codes, dtype=np.int32, copy=True)
+            return Column(torch.from_numpy(codes).to(device), valid, typ,
+                          tuple(enc.dictionary.take(pa.array(order)).to_pylist()))
+        if typ.kind == "DECIMAL":
+            wide = pc.cast(arr, pa.decimal128(38, typ.scale))
+            # reinterpret the unscaled 128-bit integers: value * 10^s exactly
+            unscaled = pa.Array.from_buffers(pa.decimal128(38, 0), len(wide), wide.buffers(), null_count=wide.null_count)
+            vals = pc.cast(unscaled, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        elif typ.kind == "DATE":
+            vals = arr.cast(pa.date32()).cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False)
+        elif typ.kind == "BOOL":
+            vals = arr.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        elif pa.types.is_null(arr.type):
+            vals = np.zeros(len(arr), dtype=np.int32)
+            valid = torch.zeros(len(arr), dtype=torch.bool, device=device)
+        else:
+            vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(torch.empty(0, dtype=typ.torch_dtype).numpy().dtype)
+        return Column(torch.from_numpy(np.array(vals, copy=True)).to(device), valid, typ)
+
+    def to_arrow(self) -> pa.Array:
+        vals = self.values.detach().cpu().numpy()
+        mask = None if self.valid is None else ~self.valid.cpu().numpy()
+        kind = self.type.kind
+        if kind == "STRING":
+            dictionary = pa.array(list(self.dictionary or ()), pa.string())
+            codes = pa.array(vals.astype(np.int32), mask=mask)
+            if len(dictionary) == 0:
+                return pa.nulls(len(vals), pa.string()) if len(vals) else pa.array([], pa.string())
+            return pa.DictionaryArray.from_arrays(codes, dictionary).cast(pa.string())
+        if kind == "DECIMAL":
+            return _scaled_to_decimal(vals, mask, self.type)
+        if kind == "DATE":
+            return pa.array(vals.astype(np.int32), mask=mask).cast(pa.date32())
+        return pa.array(vals, type=T.to_arrow(self.type), mask=mask)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    @staticmethod
+    def constant(value, typ: T.SqlType, n: int, device) -> "Column":
+        """A column of n copies of one Python value (None = NULL)."""
+        if value is None:
+            return Column(torch.zeros(n, dtype=typ.torch_dtype, device=device),
+                          torch.zeros(n, dtype=torch.bool, device=device), typ,
+                          () if typ.kind == "STRING" else None)
+        if typ.kind == "STRING":
+            return Column(torch.zeros(n, dtype=torch.int32, device=device), None, typ, (value,))
+        return Column(torch.full((n,), storage_value(value, typ), dtype=typ.torch_dtype, device=device), None, typ)
+
+
+def storage_value(value, typ: T.SqlType):
+    """A Python literal as the number stored on the device for `typ`."""
+    if typ.kind == "DATE":
+        if isinstance(value, datetime.date):
+            return (value - datetime.date(1970, 1, 1)).days
+        return int(value)
+    if typ.kind == "DECIMAL":
+        from decimal import Decimal
+        return int((Decimal(str(value)) * (10 ** typ.scale)).to_integral_value())
+    if typ.kind == "BOOL":
+        return bool(value)
+    if typ.is_integer:
+        return int(value)
+    return float(value)
+
+
+def _scaled_to_decimal(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
+    # int64 -> decimal128(38, 0) is exact; reinterpreting the scale divides by 10^s exactly.
+    ints = pa.array(vals.astype(np.int64), mask=mask).cast(pa.decimal128(38, 0))
+    buf = ints.buffers()
+    rescaled = pa.Array.from_buffers(pa.decimal128(38, typ.scale), len(ints), buf, null_count=ints.null_count)
+    return rescaled.cast(pa.decimal128(max(typ.precision, typ.scale, 1), typ.scale), safe=False)
+
+
+def merge_dictionaries(*dicts: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """One sorted dictionary covering several, and for each input the code map old -> new."""
+    merged = tuple(sorted(set().union(*dicts)))
+    index = np.asarray(merged, dtype=object)
+    maps = []
+    for d in dicts:
+        if len(d) == 0:
+            maps.append(np.zeros(0, dtype=np.int64))
+        else:
+            maps.append(np.searchsorted(index, np.asarray(d, dtype=object)).astype(np.int64))
+    return merged, maps
+
+
+def recode(col: Column, merged: tuple[str, ...], code_map: np.ndarray) -> Column:
+    """The same strings expressed as codes into `merged`."""
+    if len(code_map) == 0:
+        return Column(torch.zeros_like(col.values), col.valid, col.type, merged)
+    m = torch.from_numpy(code_map).to(col.device)
+    return Column(m[col.values.long()].to(torch.int32), col.valid, col.type, merged)
+
+
+def unify_strings(cols: list[Column]) -> list[Column]:
+    """Columns of strings re-coded against one shared dictionary (needed before comparing codes)."""
+    dicts = [c.dictionary or () for c in cols]
+    if all(d == dicts[0] for d in dicts):
+        return cols
+    merged, maps = merge_dictionaries(*dicts)
+    return [recode(c, merged, m) for c, m in zip(cols, maps)]
+
+
+def map_dictionary(col: Column, fn, out_type: T.SqlType = T.STRING) -> Column:
+    """Apply a per-string Python function once per dictionary entry, then gather through the codes."""
+    words = col.dictionary or ()
+    results = [fn(w) for w in words]
+    if out_type.kind == "STRING":
+        merged = tuple(sorted(set(results)))
+        pos = {w: i for i, w in enumerate(merged)}
+        table = torch.tensor([pos[r] for r in results] or [0], dtype=torch.int32, device=col.device)
+        return Column(table[col.values.long()] if words else torch.zeros_like(col.values), col.valid, out_type, merged)
+    table = torch.tensor(results or [0], dtype=out_type.torch_dtype, device=col.device)
+    vals = table[col.values.long()] if words else torch.zeros(len(col), dtype=out_type.torch_dtype, device=col.device)
+    return Column(vals, col.valid, out_type)
+
+
+def code_bound(dictionary: tuple[str, ...], value: str, side: str = "left") -> int:
+    """Position of `value` in a sorted dictionary (bisect), for comparing codes against a literal."""
+    return (bisect.bisect_left if side == "left" else bisect.bisect_right)(dictionary, value)

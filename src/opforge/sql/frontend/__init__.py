@@ -1,0 +1,1 @@
+"""SQL text -> bound logical plan: parsing (sqlglot), name resolution, subquery decorrelation."""

@@ -1,0 +1,538 @@
+"""Query blocks -> logical plan: FROM/JOIN with a join order that avoids cross products, WHERE with
+subqueries (uncorrelated scalar subqueries evaluated first; EXISTS / IN / correlated scalar subqueries
+decorrelated into semi/anti/left joins on the correlation keys), GROUP BY/HAVING, ORDER BY, LIMIT, UNION, CTEs."""
+from __future__ import annotations
+
+import itertools
+
+from sqlglot import exp
+
+from opforge.sql import plan as P
+from opforge.sql import types as T
+from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, factor_or
+from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.physical.aggregate import result_type
+
+
+class Binder:
+    def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None):
+        """catalog: object with .tables (name -> Table) and .views (name -> sqlglot query);
+        run_scalar: callable(plan) -> Python value of a one-row, one-column plan (uncorrelated subqueries)."""
+        self.catalog, self.run_scalar = catalog, run_scalar
+        self.cids = cid_counter or itertools.count()
+        self.ctes: list[dict[str, exp.Expression]] = []
+
+    def new_col(self, name: str, typ: T.SqlType) -> P.OutCol:
+        return P.OutCol(next(self.cids), name, typ)
+
+    # ---------------------------------------------------------------------------------------- queries
+    def bind_query(self, q: exp.Expression, parent: Scope | None = None) -> tuple[P.Node, Scope]:
+        """Any query expression -> (plan, scope of the block, whose outer_refs tell if it is correlated)."""
+        with_ = q.args.get("with_") or q.args.get("with")
+        if with_ is not None:
+            if with_.args.get("recursive"):
+                raise NotSupportedError("WITH RECURSIVE")
+            frame = {}
+            self.ctes.append(frame)
+            try:
+                for cte in with_.expressions:
+                    ta = cte.args.get("alias")
+                    cols = [c.name for c in ta.columns] if ta is not None and ta.columns else []
+                    frame[cte.alias_or_name.lower()] = (cte.this, cols)
+                q2 = q.copy()
+                q2.set("with_", None)
+                q2.set("with", None)
+                return self.bind_query(q2, parent)
+            finally:
+                self.ctes.pop()
+        if isinstance(q, exp.Subquery):
+            return self.bind_query(q.this, parent)
+        if isinstance(q, exp.Union):
+            return self._union(q, parent)
+        if isinstance(q, (exp.Intersect, exp.Except)):
+            raise NotSupportedError(type(q).__name__.upper())
+        if isinstance(q, exp.Select):
+            return self._select(q, parent)
+        raise NotSupportedError(f"statement {type(q).__name__}")
+
+    def _union(self, q: exp.Union, parent):
+        left, ls = self.bind_query(q.this, parent)
+        right, rs = self.bind_query(q.expression, parent)
+        if len(left.outputs) != len(right.outputs):
+            raise SqlError(f"UNION: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
+        outs = [self.new_col(a.name, _common([a.type, b.type], "UNION")) for a, b in zip(left.outputs, right.outputs)]
+        node: P.Node = P.Union([left, right], outs, all=not q.args.get("distinct"))
+        scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
+        scope.outer_refs = ls.outer_refs + rs.outer_refs
+        order = q.args.get("order")
+        if order is not None:
+            keys = []
+            for o in order.expressions:
+                e = o.this
+                if isinstance(e, exp.Literal) and not e.is_string:
+                    r = outs[int(e.this) - 1]
+                    ref = Ref(r.cid, r.type, r.name)
+                else:
+                    ref = ExprBinder(self, scope).bind(e)
+                keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+            node = P.Sort(node, keys)
+        node = self._limit(q, node)
+        return node, scope
+
+    def _limit(self, q, node):
+        lim, off = q.args.get("limit"), q.args.get("offset")
+        if lim is None and off is None:
+            return node
+        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
+        o = 0 if off is None else self._const_int(off.expression, "OFFSET")
+        return P.Limit(node, n, o)
+
+    def _const_int(self, e, what):
+        if isinstance(e, exp.Literal) and not e.is_string:
+            return int(e.this)
+        raise NotSupportedError(f"{what} must be an integer literal")
+
+    # ------------------------------------------------------------------------------------------ FROM
+    def _relation(self, t: exp.Expression, parent: Scope | None) -> tuple[P.Node, list[ScopeCol]]:
+        alias = t.alias_or_name
+        if isinstance(t, exp.Table):
+            if t.args.get("db") is not None:
+                raise NotSupportedError(f"qualified table name {t.sql()}")
+            name = t.name.lower()
+            for frame in reversed(self.ctes):
+                if name in frame:
+                    return self._derived(frame[name][0], alias, t, frame[name][1])
+            if name in self.catalog.views:
+                return self._derived(self.catalog.views[name], alias, t, [])
+            tables = {k.lower(): k for k in self.catalog.tables}
+            if name not in tables:
+                raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
+            table = self.catalog.tables[tables[name]]
+            outs = [self.new_col(n, c.type) for n, c in zip(table.names, table.columns)]
+            return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
+        if isinstance(t, exp.Subquery):
+            return self._derived(t.this, alias, t, [])
+        raise NotSupportedError(f"FROM item {type(t).__name__}: {t.sql(dialect='duckdb')}")
+
+    def _derived(self, query, alias, t, column_names: list[str]):
+        node, _ = self.bind_query(query, None)
+        names = [o.name for o in node.outputs]
+        ta = t.args.get("alias")
+        cols = [c.name for c in ta.columns] if ta is not None and ta.columns else column_names
+        if len(cols) > len(names):
+            raise SqlError(f"{alias}: {len(cols)} column names given for {len(names)} columns")
+        names = cols + names[len(cols):]
+        # fresh names per reference: wrap in a projection so each use has its own cids
+        outs = [self.new_col(n, o.type) for n, o in zip(names, node.outputs)]
+        proj = P.Project(node, [(oc, Ref(o.cid, o.type, o.name)) for oc, o in zip(outs, node.outputs)])
+        return proj, [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
+
+    def _from(self, q: exp.Select, scope: Scope) -> tuple[P.Node, list[exp.Expression], list[Expr]]:
+        """Binds FROM and JOINs into scope. Returns the plan, the WHERE conjuncts with subqueries (applied
+        after the joins), and the conjuncts that reference an enclosing query (correlation predicates)."""
+        frm = q.args.get("from_") or q.args.get("from")
+        where = q.args.get("where")
+        where_parts = _split_and(where.this) if where is not None else []
+        if frm is None:
+            if q.args.get("joins"):
+                raise SqlError("JOIN without FROM")
+            return P.OneRow(), where_parts, []
+        if isinstance(frm.this, exp.Values) or frm.expressions:
+            raise NotSupportedError(f"FROM {frm.sql()}")
+        node, cols = self._relation(frm.this, scope.parent)
+        scope.cols += cols
+        group: list[tuple[P.Node, set[int]]] = [(node, {c.cid for c in cols})]
+        pending: list[Expr] = []
+        for j in q.args.get("joins") or []:
+            side = (j.side or "").lower()
+            kind = (j.kind or "").lower()
+            if j.args.get("using"):
+                raise NotSupportedError("JOIN ... USING")
+            if j.args.get("method"):
+                raise NotSupportedError(f"{j.args['method']} JOIN")
+            if kind in ("semi", "anti") or side in ("left", "right", "full"):
+                left = self._plan_group(group, pending, scope)
+                pending = []
+                rnode, rcols = self._relation(j.this, scope.parent)
+                scope.cols += rcols
+                on = j.args.get("on")
+                cond = ExprBinder(self, scope).bind(on) if on is not None else None
+                jk = kind if kind in ("semi", "anti") else side
+                node = self._join(left, rnode, jk, conjuncts(cond), {c.cid for c in rcols})
+                if jk in ("semi", "anti"):
+                    scope.cols = [c for c in scope.cols if c not in rcols]
+                group = [(node, {c for c in scope.cids()})]
+            elif kind in ("", "inner", "cross"):
+                rnode, rcols = self._relation(j.this, scope.parent)
+                scope.cols += rcols
+                group.append((rnode, {c.cid for c in rcols}))
+                on = j.args.get("on")
+                if on is not None:
+                    pending += conjuncts(ExprBinder(self, scope).bind(on))
+            else:
+                raise NotSupportedError(f"{kind.upper()} JOIN")
+        # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later
+        rest = []
+        for w in where_parts:
+            if _has_subquery(w):
+                rest.append(w)
+            else:
+                e = ExprBinder(self, scope).bind(w)
+                if e.type.kind != "BOOL":
+                    raise SqlError(f"WHERE: expected a boolean, got {e.type}")
+                pending += factor_or(e)
+        local = scope.cids()
+        correlated = [e for e in pending if not e.cids() <= local]
+        pending = [e for e in pending if e.cids() <= local]
+        node = self._plan_group(group, pending, scope)
+        return node, rest, correlated
+
+    def _join(self, left: P.Node, right: P.Node, kind: str, conds: list[Expr], right_cids: set[int]) -> P.Join:
+        lk, rk, residual = [], [], []
+        left_cids = {o.cid for o in left.outputs}
+        for c in conds:
+            pair = _equi_pair(c, left_cids, right_cids)
+            if pair:
+                lk.append(pair[0])
+                rk.append(pair[1])
+            else:
+                residual.append(c)
+        return P.Join(left, right, kind if (lk or residual or kind != "inner") else "cross", lk, rk,
+                      and_(residual) if residual else None)
+
+    def _plan_group(self, group, conds: list[Expr], scope) -> P.Node:
+        """Left-deep inner joins in FROM order, but the next relation is always one connected to the
+        joined set by an equi predicate when there is one (never a needless cross product)."""
+        conds = list(conds)
+        items = []
+        for node, cids in group:
+            mine = [c for c in conds if c.cids() and c.cids() <= cids]
+            conds = [c for c in conds if not (c.cids() and c.cids() <= cids)]
+            items.append((P.Filter(node, and_(mine)) if mine else node, cids))
+        node, joined = items[0]
+        remaining = items[1:]
+        while remaining:
+            pick = next((i for i, (_, cids) in enumerate(remaining)
+                         if any(_equi_pair(c, joined, cids) for c in conds)), 0)
+            rnode, rcids = remaining.pop(pick)
+            both = joined | rcids
+            use = [c for c in conds if c.cids() <= both]
+            conds = [c for c in conds if not c.cids() <= both]
+            node = self._join(node, rnode, "inner", use, rcids)
+            joined = both
+        if conds:
+            node = P.Filter(node, and_(conds))
+        return node
+
+    # ----------------------------------------------------------------------------- WHERE subqueries
+    def _apply_subquery_conjunct(self, node: P.Node, w: exp.Expression, scope: Scope) -> P.Node:
+        negate = False
+        inner = w
+        while isinstance(inner, exp.Not):
+            negate, inner = not negate, inner.this
+        if isinstance(inner, exp.Paren):
+            inner = inner.this
+        if isinstance(inner, exp.Exists):
+            return self._exists(node, inner.this, scope, "anti" if negate else "semi")
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            x = ExprBinder(self, scope).bind(inner.this)
+            sub, sscope = self.bind_query(inner.args["query"], scope)
+            if sscope.outer_refs:
+                raise NotSupportedError("correlated IN (subquery)")
+            if len(sub.outputs) != 1:
+                raise SqlError(f"IN (subquery): the subquery returns {len(sub.outputs)} columns, expected 1")
+            o = sub.outputs[0]
+            return P.Join(node, sub, "anti" if negate else "semi", [x], [Ref(o.cid, o.type, o.name)],
+                          None, null_aware=negate)
+        # an ordinary predicate with scalar subqueries inside
+        hook_node = [node]
+
+        def hook(subq, sub_scope_parent):
+            hook_node[0], ref = self._decorrelate_scalar(hook_node[0], subq, scope)
+            return ref
+        e = ExprBinder(self, scope, correlated_hook=hook).bind(w)
+        return P.Filter(hook_node[0], e)
+
+    def _exists(self, node, q, scope, kind):
+        if not isinstance(q, exp.Select) or q.args.get("group") or q.args.get("limit"):
+            sub, sscope = self.bind_query(q, scope)
+            if sscope.outer_refs:
+                raise NotSupportedError("correlated EXISTS over a grouped or limited subquery")
+            return self._uncorrelated_exists(node, sub, kind)
+        inner_scope = Scope(parent=scope)
+        inner, rest, correlated = self._from(q, inner_scope)
+        for w in rest:
+            inner = self._apply_subquery_conjunct(inner, w, inner_scope)
+        if not correlated:
+            return self._uncorrelated_exists(node, inner, kind)
+        lk, rk, residual = self._split_correlation(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
+        return P.Join(node, inner, kind, lk, rk, and_(residual) if residual else None)
+
+    def _uncorrelated_exists(self, node, sub, kind):
+        found = self.run_scalar(P.Aggregate(P.Limit(sub, 1), [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])) > 0
+        keep = found if kind == "semi" else not found
+        return node if keep else P.Filter(node, Lit(False, T.BOOL))
+
+    def _split_correlation(self, correlated, outer_cids, inner_cids):
+        lk, rk, residual = [], [], []
+        for c in correlated:
+            pair = _equi_pair(c, outer_cids, inner_cids)
+            if pair:
+                lk.append(pair[0])
+                rk.append(pair[1])
+            else:
+                residual.append(c)
+        return lk, rk, residual
+
+    def scalar_subquery(self, q, scope: Scope, hook):
+        sub, sscope = self.bind_query(q, scope)
+        if sscope.outer_refs:
+            if hook is None:
+                raise NotSupportedError("correlated scalar subquery outside a WHERE conjunct")
+            return hook(q, scope)
+        if len(sub.outputs) != 1:
+            raise SqlError(f"scalar subquery returns {len(sub.outputs)} columns, expected 1")
+        value = self.run_scalar(sub)
+        return Lit(value, sub.outputs[0].type)
+
+    def _decorrelate_scalar(self, node, q, scope):
+        """x op (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...) -> LEFT JOIN on k with the
+        subquery grouped by k; the subquery's value becomes a column."""
+        if not isinstance(q, exp.Select) or q.args.get("group") or len(q.expressions) != 1:
+            raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
+        if any(isinstance(a, exp.Count) for a in q.expressions[0].find_all(exp.Count)):
+            raise NotSupportedError("correlated scalar subquery with COUNT")
+        inner_scope = Scope(parent=scope)
+        inner, rest, correlated = self._from(q, inner_scope)
+        for w in rest:
+            inner = self._apply_subquery_conjunct(inner, w, inner_scope)
+        lk, rk, residual = self._split_correlation(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
+        if residual or not lk:
+            raise NotSupportedError("correlated scalar subquery with non-equality correlation")
+        keys = [(self.new_col(f"k{i}", k.type), k) for i, k in enumerate(rk)]
+        agg_node, proj = self._aggregate_project(q, inner, inner_scope, extra_keys=keys)
+        value = proj.outputs[-1]
+        joined = P.Join(node, proj, "left", lk, [Ref(o.cid, o.type, o.name) for o, _ in keys])
+        return joined, Ref(value.cid, value.type, value.name)
+
+    # --------------------------------------------------------------------------------------- SELECT
+    _SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "group", "having", "order", "limit",
+                    "offset", "distinct", "kind", "hint", "with_", "with"}
+
+    def _select(self, q: exp.Select, parent):
+        for key, value in q.args.items():
+            if value not in (None, False, []) and key not in self._SELECT_ARGS:
+                raise NotSupportedError(f"SELECT clause {key.rstrip('_').upper()}")
+        group = q.args.get("group")
+        if group is not None and any(v for k, v in group.args.items() if k != "expressions"):
+            raise NotSupportedError(f"GROUP BY {', '.join(k.upper() for k, v in group.args.items() if v and k != 'expressions')}")
+        scope = Scope(parent=parent)
+        node, rest, correlated = self._from(q, scope)
+        if correlated:
+            # only reached while probing whether a subquery is correlated: the caller sees
+            # scope.outer_refs and decorrelates (or raises NotSupportedError); this plan is discarded
+            node = P.Filter(node, and_(correlated))
+        for w in rest:
+            node = self._apply_subquery_conjunct(node, w, scope)
+        distinct = q.args.get("distinct")
+        if distinct is not None and distinct.args.get("on") is not None:
+            raise NotSupportedError("DISTINCT ON")
+        _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
+        return self._limit(q, proj), scope
+
+    def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
+        items = []
+        for e in q.expressions:
+            if isinstance(e, exp.Star):
+                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols]
+            elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
+                rel = e.table.lower()
+                cols = [c for c in scope.cols if c.relation.lower() == rel]
+                if not cols:
+                    raise SqlError(f"unknown table {e.table!r} in {e.sql()}")
+                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in cols]
+            elif isinstance(e, exp.Alias):
+                items.append((e.alias, e.this))
+            elif isinstance(e, exp.Column):
+                items.append((e.name, e))
+            else:
+                items.append((e.sql(dialect="duckdb"), e))
+        return items
+
+    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
+        items = self._select_items(q, scope)
+        having = q.args.get("having")
+        order = q.args.get("order")
+        group = q.args.get("group")
+        alias_map = {name.lower(): e for name, e in items if isinstance(e, exp.Expression)}
+        agg_nodes = []
+        sources = [e for _, e in items if isinstance(e, exp.Expression)]
+        if having is not None:
+            sources.append(_expand_aliases(having.this, alias_map, scope))
+        if order is not None:
+            sources += [o.this for o in order.expressions]
+        for s in sources:
+            for a in s.find_all(*AGG_FUNCS):
+                above = _ancestors(a, s)
+                if any(isinstance(p, (exp.Subquery, exp.Select, exp.Exists)) for p in above):
+                    continue  # belongs to a subquery's own block
+                if not any(a is b for b in agg_nodes) and not any(isinstance(p, AGG_FUNCS) for p in above):
+                    agg_nodes.append(a)
+        grouped = bool(agg_nodes) or group is not None or extra_keys
+        binder = ExprBinder(self, scope)
+        if grouped:
+            keys = list(extra_keys)
+            key_cids: dict[int, Ref] = {}
+            replace: dict[str, Ref] = {}
+            for o, e in keys:
+                if isinstance(e, Ref):
+                    key_cids[e.cid] = Ref(o.cid, o.type, o.name)
+            for g in (group.expressions if group is not None else []):
+                gexpr = g
+                if isinstance(g, exp.Literal) and not g.is_string:
+                    gexpr = items[int(g.this) - 1][1]
+                elif isinstance(g, exp.Column) and not g.table and g.name.lower() in alias_map and \
+                        not any(c.name.lower() == g.name.lower() for c in scope.cols):
+                    gexpr = alias_map[g.name.lower()]
+                if isinstance(gexpr, Ref):
+                    bound = gexpr
+                else:
+                    bound = binder.bind(gexpr)
+                name = gexpr.name if isinstance(gexpr, exp.Column) else (gexpr.sql(dialect="duckdb") if isinstance(gexpr, exp.Expression) else gexpr.name)
+                o = self.new_col(name, bound.type)
+                keys.append((o, bound))
+                ref = Ref(o.cid, o.type, o.name)
+                if isinstance(bound, Ref):
+                    key_cids[bound.cid] = ref
+                if isinstance(gexpr, exp.Expression):
+                    replace[gexpr.sql(dialect="duckdb")] = ref
+                    if g is not gexpr:
+                        replace[g.sql(dialect="duckdb")] = ref
+            aggs = []
+            seen: dict[str, Ref] = {}
+            for a in agg_nodes:
+                text = a.sql(dialect="duckdb")
+                if text in seen:
+                    continue
+                call = self._agg_call(a, binder)
+                o = self.new_col(text, call.type)
+                aggs.append((o, call))
+                seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
+            node = P.Aggregate(node, keys, aggs)
+            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True)
+            if having is not None:
+                node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
+        elif having is not None:
+            raise SqlError("HAVING without GROUP BY or aggregates")
+        bound_items = [(name, e if isinstance(e, Ref) else binder.bind(e)) for name, e in items]
+        if grouped:
+            for name, e in bound_items:
+                if isinstance(e, Ref) and e.cid in scope.cids():
+                    raise SqlError(f"column {name!r} must appear in the GROUP BY clause or be used in an aggregate")
+        outs = [self.new_col(name, e.type) for name, e in bound_items]
+        # extra keys (decorrelation) are carried as leading outputs
+        key_outs = [(o, Ref(o.cid, o.type, o.name)) for o, _ in extra_keys]
+        sort_keys = []
+        if order is not None:
+            for o in order.expressions:
+                e = o.this
+                if isinstance(e, exp.Literal) and not e.is_string:
+                    idx = int(e.this) - 1
+                    if not 0 <= idx < len(bound_items):
+                        raise SqlError(f"ORDER BY position {idx + 1} is not in the select list")
+                    k = bound_items[idx][1]
+                    pos = idx
+                elif isinstance(e, exp.Column) and not e.table and e.name.lower() in [n.lower() for n, _ in items]:
+                    pos = [n.lower() for n, _ in items].index(e.name.lower())
+                    k = bound_items[pos][1]
+                else:
+                    pos = None
+                    k = binder.bind(e)
+                    for i, (_, be) in enumerate(bound_items):
+                        if isinstance(be, Ref) and isinstance(k, Ref) and be.cid == k.cid:
+                            pos = i
+                sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+        proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        if distinct:
+            proj = P.Distinct(P.Project(node, proj_exprs))
+            if sort_keys:
+                keys = []
+                for k, pos, d, nf in sort_keys:
+                    if pos is None:
+                        raise SqlError("ORDER BY of a SELECT DISTINCT must use selected columns")
+                    keys.append((Ref(outs[pos].cid, outs[pos].type, outs[pos].name), d, nf))
+                proj = P.Sort(proj, keys)
+            return node, proj
+        if sort_keys:
+            node = P.Sort(node, [(k, d, nf) for k, _, d, nf in sort_keys])
+        return node, P.Project(node, proj_exprs)
+
+    def _agg_call(self, a, binder) -> P.AggCall:
+        name = type(a).__name__.lower()
+        arg = a.this
+        if isinstance(a, exp.Count):
+            if isinstance(arg, exp.Star) or arg is None:
+                return P.AggCall("count_star", None, T.INT64)
+            if isinstance(arg, exp.Distinct):
+                if len(arg.expressions) != 1:
+                    raise NotSupportedError("COUNT(DISTINCT of several columns)")
+                return P.AggCall("count_distinct", binder.bind(arg.expressions[0]), T.INT64)
+            return P.AggCall("count", binder.bind(arg), T.INT64)
+        if isinstance(arg, exp.Distinct):
+            raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
+        e = binder.bind(arg)
+        if name in ("sum", "avg") and not e.type.is_numeric:
+            raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
+        if name in ("sum", "avg") and e.type.kind == "BOOL":
+            e = Func("cast", [e], T.INT32)
+        return P.AggCall(name, e, result_type(name, e.type))
+
+
+def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], scope: Scope) -> exp.Expression:
+    """HAVING may name a select-list alias (as DuckDB allows) when no input column has that name."""
+    names = {c.name.lower() for c in scope.cols}
+
+    def swap(node):
+        if isinstance(node, exp.Column) and not node.table and node.name.lower() in alias_map \
+                and node.name.lower() not in names:
+            return alias_map[node.name.lower()].copy()
+        return node
+    return e.copy().transform(swap)
+
+
+def _ancestors(node, root):
+    out = []
+    p = node.parent
+    while p is not None and p is not root.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _split_and(e: exp.Expression) -> list[exp.Expression]:
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.And):
+        return _split_and(e.this) + _split_and(e.expression)
+    return [e]
+
+
+def _has_subquery(e: exp.Expression) -> bool:
+    return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
+
+
+def _equi_pair(c: Expr, left: set[int], right: set[int]):
+    """(left expr, right expr) when c is `a = b` with a over `left` and b over `right` (either order)."""
+    if not (isinstance(c, Func) and c.name == "cmp" and c.extra == "="):
+        return None
+    a, b = c.args
+    ac, bc = a.cids(), b.cids()
+    if not ac or not bc:
+        return None
+    if ac <= left and bc <= right:
+        return a, b
+    if bc <= left and ac <= right:
+        return b, a
+    return None

@@ -1,0 +1,343 @@
+"""sqlglot expression -> bound Expr with SQL typing (literals, arithmetic, dates, strings, CASE, casts)."""
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+
+from sqlglot import exp
+
+from opforge.sql import types as T
+from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
+from opforge.sql.frontend.scope import Scope
+
+_ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
+_CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+
+def sql_type(dt: exp.DataType) -> T.SqlType:
+    t = dt.this
+    D = exp.DataType.Type
+    simple = {D.INT: T.INT32, D.SMALLINT: T.INT32, D.TINYINT: T.INT32, D.BIGINT: T.INT64, D.DOUBLE: T.FLOAT64,
+              D.FLOAT: T.FLOAT32, D.BOOLEAN: T.BOOL, D.DATE: T.DATE, D.VARCHAR: T.STRING, D.TEXT: T.STRING,
+              D.CHAR: T.STRING}
+    if t in simple:
+        return simple[t]
+    if t == D.DECIMAL:
+        params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
+        p = params[0] if params else 18
+        s = params[1] if len(params) > 1 else (3 if not params else 0)
+        if p > 18:
+            raise NotSupportedError(f"CAST to DECIMAL({p},{s}): wider than 18 digits")
+        return T.decimal(p, s)
+    raise NotSupportedError(f"type {dt.sql(dialect='duckdb')}")
+
+
+def number_literal(text: str) -> Lit:
+    if "e" in text.lower():
+        return Lit(float(text), T.FLOAT64)
+    if "." in text:
+        d = Decimal(text)
+        digits = text.lstrip("-").replace(".", "")  # DuckDB counts leading zeros: 0.06 is DECIMAL(3,2)
+        scale = len(text.split(".")[1])
+        return Lit(d, T.decimal(max(len(digits), scale, 1), scale))
+    v = int(text)
+    return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
+
+
+def _common(types: list[T.SqlType], where: str) -> T.SqlType:
+    types = [t for t in types if t is not None]
+    if not types:
+        return T.INT32
+    out = types[0]
+    for t in types[1:]:
+        if out.kind == "STRING" or t.kind == "STRING" or out.kind == "DATE" or t.kind == "DATE":
+            if out.kind != t.kind:
+                raise SqlError(f"{where}: incompatible types {out} and {t}")
+            continue
+        out = T.common_numeric(out, t)
+    return out
+
+
+def _is_null_lit(e: Expr) -> bool:
+    return isinstance(e, Lit) and e.value is None
+
+
+class ExprBinder:
+    """Binds one expression tree. `replace` maps sqlglot SQL text -> Ref (aggregates / group keys);
+    `key_cids` maps input cid -> group-key Ref; `agg_mode` rejects columns that are not group keys."""
+
+    def __init__(self, query_binder, scope: Scope, replace: dict[str, Ref] | None = None,
+                 key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None):
+        self.qb, self.scope = query_binder, scope
+        self.replace = replace or {}
+        self.key_cids = key_cids or {}
+        self.agg_mode = agg_mode
+        self.correlated_hook = correlated_hook
+
+    def bind(self, node: exp.Expression) -> Expr:
+        if self.replace:
+            hit = self.replace.get(node.sql(dialect="duckdb"))
+            if hit is not None:
+                return hit
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            for cls, op in _ARITH.items():
+                if isinstance(node, cls):
+                    return self._arith(node, op)
+            for cls, op in _CMPS.items():
+                if isinstance(node, cls):
+                    return self._compare(op, self.bind(node.this), self.bind(node.expression))
+            if isinstance(node, AGG_FUNCS):
+                raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
+            raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
+        return method(node)
+
+    # -- leaves ------------------------------------------------------------------------------------------
+    def _Column(self, node):
+        if isinstance(node.this, exp.Star):
+            raise SqlError(f"{node.sql()} is only allowed in the select list")
+        ref = self.scope.resolve(node.name, node.table or None)
+        if self.agg_mode:
+            if ref.cid in self.key_cids:
+                return self.key_cids[ref.cid]
+            if ref.cid in self.scope.cids():
+                raise SqlError(f"column {node.sql()!r} must appear in the GROUP BY clause or be used in an aggregate")
+        return ref
+
+    def _Literal(self, node):
+        if node.is_string:
+            return Lit(node.this, T.STRING)
+        return number_literal(node.this)
+
+    def _Boolean(self, node):
+        return Lit(bool(node.this), T.BOOL)
+
+    def _Null(self, node):
+        return Lit(None, T.INT32)
+
+    def _Paren(self, node):
+        return self.bind(node.this)
+
+    # -- operators ---------------------------------------------------------------------------------------
+    def _interval(self, node: exp.Interval) -> tuple[str, int]:
+        n = node.this
+        amount = int(n.this) if isinstance(n, exp.Literal) else None
+        if amount is None:
+            raise NotSupportedError(f"interval {node.sql()}")
+        unit = (node.unit.name if node.unit is not None else "day").lower().rstrip("s")
+        if unit not in ("day", "month", "year", "week"):
+            raise NotSupportedError(f"interval unit {unit}")
+        return unit, amount
+
+    def _arith(self, node, op):
+        if isinstance(node.expression, exp.Interval) and op in "+-":
+            base = self.bind(node.this)
+            if base.type.kind != "DATE":
+                raise SqlError(f"operator {op}: interval arithmetic needs a DATE, got {base.type}")
+            unit, amount = self._interval(node.expression)
+            amount = -amount if op == "-" else amount
+            if unit in ("day", "week"):
+                return Func("arith", [base, Lit(amount * (7 if unit == "week" else 1), T.INT32)], T.DATE, "+")
+            return Func("add_months", [base], T.DATE, amount * (12 if unit == "year" else 1))
+        a, b = self.bind(node.this), self.bind(node.expression)
+        a, b = self._date_literal_pair(a, b)
+        if _is_null_lit(a) or _is_null_lit(b):
+            t = arith_type(op, b if _is_null_lit(a) else a, b if _is_null_lit(a) else a) if not (_is_null_lit(a) and _is_null_lit(b)) else T.INT32
+            return Lit(None, t)
+        return Func("arith", [a, b], arith_type(op, a, b), op)
+
+    def _Neg(self, node):
+        a = self.bind(node.this)
+        if isinstance(a, Lit) and a.value is not None:
+            return Lit(-a.value, a.type)
+        return Func("neg", [a], a.type)
+
+    def _date_literal_pair(self, a: Expr, b: Expr) -> tuple[Expr, Expr]:
+        """'1998-01-01' compared with a DATE becomes a DATE literal."""
+        if a.type.kind == "DATE" and isinstance(b, Lit) and b.type.kind == "STRING":
+            return a, Lit(_parse_date(b.value), T.DATE)
+        if b.type.kind == "DATE" and isinstance(a, Lit) and a.type.kind == "STRING":
+            return Lit(_parse_date(a.value), T.DATE), b
+        return a, b
+
+    def _compare(self, op, a, b):
+        a, b = self._date_literal_pair(a, b)
+        if not _is_null_lit(a) and not _is_null_lit(b):
+            _common([a.type, b.type], f"comparison {op}")
+        return cmp(op, a, b)
+
+    def _And(self, node):
+        return Func("and", [self._bool(node.this), self._bool(node.expression)], T.BOOL)
+
+    def _Or(self, node):
+        return Func("or", [self._bool(node.this), self._bool(node.expression)], T.BOOL)
+
+    def _Not(self, node):
+        return Func("not", [self._bool(node.this)], T.BOOL)
+
+    def _bool(self, node) -> Expr:
+        e = self.bind(node)
+        if e.type.kind != "BOOL" and not _is_null_lit(e):
+            raise SqlError(f"expected a boolean expression, got {e.type}: {node.sql(dialect='duckdb')}")
+        return e
+
+    def _Is(self, node):
+        if not isinstance(node.expression, exp.Null):
+            raise NotSupportedError(f"IS {node.expression.sql()}")
+        return Func("is_null", [self.bind(node.this)], T.BOOL)
+
+    def _Between(self, node):
+        x = self.bind(node.this)
+        return and_([self._compare(">=", x, self.bind(node.args["low"])), self._compare("<=", x, self.bind(node.args["high"]))])
+
+    def _In(self, node):
+        if node.args.get("query") is not None:
+            raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
+        x = self.bind(node.this)
+        items = []
+        for it in node.expressions:
+            b = self.bind(it)
+            x2, b = self._date_literal_pair(x, b)
+            items.append(b)
+        return Func("in", [x] + items, T.BOOL, False)
+
+    def _Like(self, node):
+        x = self.bind(node.this)
+        pat = node.expression
+        if not (isinstance(pat, exp.Literal) and pat.is_string):
+            raise NotSupportedError("LIKE with a non-literal pattern")
+        if x.type.kind != "STRING":
+            raise SqlError(f"LIKE: expected a string, got {x.type}")
+        if node.args.get("escape") is not None:
+            raise NotSupportedError("LIKE ... ESCAPE")
+        return Func("like", [x], T.BOOL, (pat.this, bool(node.args.get("negate"))))
+
+    def _Escape(self, node):
+        raise NotSupportedError("LIKE ... ESCAPE")
+
+    def _Case(self, node):
+        operand = self.bind(node.this) if node.this is not None else None
+        args, vals = [], []
+        for branch in node.args.get("ifs") or []:
+            cond = self.bind(branch.this)
+            if operand is not None:
+                cond = self._compare("=", operand, cond)
+            v = self.bind(branch.args["true"])
+            args += [cond, v]
+            vals.append(v)
+        default = self.bind(node.args["default"]) if node.args.get("default") is not None else Lit(None, T.INT32)
+        vals.append(default)
+        t = _common([v.type for v in vals if not _is_null_lit(v)], "CASE")
+        args = [Lit(None, t) if _is_null_lit(a) else a for a in args]
+        default = Lit(None, t) if _is_null_lit(default) else default
+        return Func("case", args + [default], t)
+
+    def _If(self, node):
+        return self._Case(exp.Case(ifs=[exp.If(this=node.this, true=node.args["true"])], default=node.args.get("false")))
+
+    def _Coalesce(self, node):
+        args = [self.bind(node.this)] + [self.bind(e) for e in node.expressions]
+        t = _common([a.type for a in args if not _is_null_lit(a)], "COALESCE")
+        return Func("coalesce", [Lit(None, t) if _is_null_lit(a) else a for a in args], t)
+
+    def _Nullif(self, node):
+        a, b = self.bind(node.this), self.bind(node.expression)
+        return Func("nullif", [a, b], a.type)
+
+    def _Cast(self, node):
+        to = sql_type(node.to)
+        x = self.bind(node.this)
+        if isinstance(x, Lit) and x.type.kind == "STRING":
+            if to.kind == "DATE":
+                return Lit(_parse_date(x.value), T.DATE)
+            if to.kind == "STRING":
+                return x
+            if to.is_numeric:
+                return Func("cast", [number_literal(x.value.strip())], to)
+        if to.kind == "STRING":
+            return x if x.type.kind == "STRING" else Func("to_string", [x], T.STRING)
+        if x.type.kind == "STRING":
+            raise NotSupportedError(f"CAST of a string column to {to}")
+        if _is_null_lit(x):
+            return Lit(None, to)
+        return Func("cast", [x], to)
+
+    def _TryCast(self, node):
+        raise NotSupportedError("TRY_CAST")
+
+    def _Substring(self, node):
+        x = self.bind(node.this)
+        start = self._int_lit(node.args.get("start"), "SUBSTRING start")
+        length = node.args.get("length")
+        return Func("substring", [x], T.STRING, (start, None if length is None else self._int_lit(length, "SUBSTRING length")))
+
+    def _int_lit(self, node, what) -> int:
+        e = self.bind(node)
+        if not isinstance(e, Lit) or not isinstance(e.value, int):
+            raise NotSupportedError(f"{what} must be an integer literal")
+        return e.value
+
+    def _string_unary(self, node, name, out):
+        x = self.bind(node.this)
+        if x.type.kind != "STRING":
+            raise SqlError(f"{name.upper()}: expected a string, got {x.type}")
+        return Func(name, [x], out)
+
+    def _Upper(self, node):
+        return self._string_unary(node, "upper", T.STRING)
+
+    def _Lower(self, node):
+        return self._string_unary(node, "lower", T.STRING)
+
+    def _Length(self, node):
+        return self._string_unary(node, "length", T.INT64)
+
+    def _Trim(self, node):
+        return self._string_unary(node, "trim", T.STRING)
+
+    def _DPipe(self, node):
+        return Func("concat", [self.bind(node.this), self.bind(node.expression)], T.STRING)
+
+    def _Concat(self, node):
+        return Func("concat", [self.bind(e) for e in node.expressions], T.STRING)
+
+    def _Extract(self, node):
+        part = node.this.name.lower()
+        x = self.bind(node.expression)
+        if x.type.kind != "DATE":
+            raise SqlError(f"EXTRACT: expected a DATE, got {x.type}")
+        if part not in ("year", "month", "day", "quarter"):
+            raise NotSupportedError(f"EXTRACT({part})")
+        return Func("extract", [x], T.INT64, part)
+
+    def _Year(self, node):
+        return Func("extract", [self.bind(node.this)], T.INT64, "year")
+
+    def _Abs(self, node):
+        x = self.bind(node.this)
+        return Func("abs", [x], x.type)
+
+    def _Round(self, node):
+        x = self.bind(node.this)
+        digits = self._int_lit(node.args["decimals"], "ROUND digits") if node.args.get("decimals") is not None else 0
+        t = T.decimal(x.type.precision, min(x.type.scale, max(digits, 0))) if x.type.kind == "DECIMAL" else x.type
+        return Func("round", [x], t, digits)
+
+    def _Subquery(self, node):
+        return self.qb.scalar_subquery(node.this, self.scope, self.correlated_hook)
+
+    def _Select(self, node):
+        return self.qb.scalar_subquery(node, self.scope, self.correlated_hook)
+
+    def _Exists(self, node):
+        raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+
+
+def _parse_date(text: str) -> int:
+    try:
+        d = datetime.date.fromisoformat(text.strip())
+    except ValueError:
+        raise SqlError(f"invalid DATE literal {text!r}") from None
+    return (d - datetime.date(1970, 1, 1)).days

@@ -1,0 +1,22 @@
+"""Parsing with sqlglot's DuckDB dialect; syntax errors become SqlError naming line and column."""
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from opforge.sql.errors import SqlError
+
+
+def parse(text: str) -> exp.Expression:
+    try:
+        trees = [t for t in sqlglot.parse(text, read="duckdb") if t is not None]
+    except ParseError as e:
+        info = e.errors[0] if e.errors else {}
+        where = f" at line {info.get('line')}, column {info.get('col')}" if info else ""
+        raise SqlError(f"syntax error{where}: {info.get('description', str(e))}") from None
+    except TokenError as e:
+        raise SqlError(f"syntax error: {e}") from None
+    if len(trees) != 1:
+        raise SqlError(f"expected exactly one SQL statement, got {len(trees)}")
+    return trees[0]

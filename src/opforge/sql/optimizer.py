@@ -1,0 +1,155 @@
+"""Rule-based rewrites on the logical plan: constant folding, predicate pushdown (into scans, through
+projections, into join sides and join keys), projection pruning. Join order is chosen by the binder."""
+from __future__ import annotations
+
+from opforge.sql import plan as P
+from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, substitute
+
+
+def optimize(node: P.Node, device) -> P.Node:
+    node = _fold(node, device)
+    node = _push(node, [])
+    return _prune(node, {o.cid for o in node.outputs})
+
+
+# ------------------------------------------------------------------------------------------ folding
+def _fold(node, device):
+    f = lambda e: fold_constants(e, device)  # noqa: E731
+    if isinstance(node, P.Filter):
+        pred = f(node.predicate)
+        child = _fold(node.child, device)
+        if isinstance(pred, Lit) and pred.value is True:
+            return child
+        return P.Filter(child, pred)
+    if isinstance(node, P.Project):
+        return P.Project(_fold(node.child, device), [(o, f(e)) for o, e in node.exprs])
+    if isinstance(node, P.Aggregate):
+        aggs = [(o, P.AggCall(c.func, None if c.arg is None else f(c.arg), c.type)) for o, c in node.aggs]
+        return P.Aggregate(_fold(node.child, device), [(o, f(e)) for o, e in node.keys], aggs)
+    if isinstance(node, P.Join):
+        return P.Join(_fold(node.left, device), _fold(node.right, device), node.kind,
+                      [f(e) for e in node.left_keys], [f(e) for e in node.right_keys],
+                      None if node.residual is None else f(node.residual), node.null_aware)
+    if isinstance(node, P.Sort):
+        return P.Sort(_fold(node.child, device), [(f(e), d, n) for e, d, n in node.keys])
+    if isinstance(node, P.Limit):
+        return P.Limit(_fold(node.child, device), node.limit, node.offset)
+    if isinstance(node, P.Distinct):
+        return P.Distinct(_fold(node.child, device))
+    if isinstance(node, P.Union):
+        return P.Union([_fold(c, device) for c in node.children], node.outputs, node.all)
+    if isinstance(node, P.Scan):
+        return P.Scan(node.table, node.outputs, [f(e) for e in node.filters])
+    return node
+
+
+# ----------------------------------------------------------------------------------------- pushdown
+def _wrap(node, preds):
+    return P.Filter(node, and_(preds)) if preds else node
+
+
+def _cids(node) -> set[int]:
+    return {o.cid for o in node.outputs}
+
+
+def _push(node: P.Node, preds: list[Expr]) -> P.Node:
+    if isinstance(node, P.Filter):
+        return _push(node.child, preds + conjuncts(node.predicate))
+    if isinstance(node, P.Scan):
+        mine = [p for p in preds if p.cids() <= _cids(node)]
+        rest = [p for p in preds if p not in mine]
+        return _wrap(P.Scan(node.table, node.outputs, node.filters + mine), rest)
+    if isinstance(node, P.Project):
+        mapping = {o.cid: e for o, e in node.exprs}
+        down = [substitute(p, mapping) for p in preds if p.cids() <= set(mapping)]
+        stay = [p for p in preds if not p.cids() <= set(mapping)]
+        return _wrap(P.Project(_push(node.child, down), node.exprs), stay)
+    if isinstance(node, P.Join):
+        lc, rc = _cids(node.left), _cids(node.right)
+        kind = node.kind
+        to_left = [p for p in preds if p.cids() <= lc and kind in ("inner", "cross", "left", "semi", "anti")]
+        to_right = [p for p in preds if p.cids() <= rc and p not in to_left and kind in ("inner", "cross", "right")]
+        stay = [p for p in preds if p not in to_left and p not in to_right]
+        lk, rk = list(node.left_keys), list(node.right_keys)
+        residual = conjuncts(node.residual)
+        if kind in ("inner", "cross"):
+            for p in stay:
+                pair = _equi(p, lc, rc)
+                if pair:
+                    lk.append(pair[0])
+                    rk.append(pair[1])
+                else:
+                    residual.append(p)
+            stay = []
+            # a residual over one side only of an inner join filters that side
+            to_left += [p for p in residual if p.cids() <= lc]
+            to_right += [p for p in residual if p.cids() <= rc and p.cids() - lc]
+            residual = [p for p in residual if not (p.cids() <= lc or p.cids() <= rc)]
+            kind = "inner" if (lk or residual) else "cross"
+        elif kind in ("semi", "anti"):
+            # conjuncts of the subquery side only belong below it
+            to_right = [p for p in residual if p.cids() <= rc]
+            residual = [p for p in residual if not p.cids() <= rc]
+        elif kind == "left":
+            to_right = [p for p in residual if p.cids() <= rc]
+            residual = [p for p in residual if not p.cids() <= rc]
+        j = P.Join(_push(node.left, to_left), _push(node.right, to_right), kind, lk, rk,
+                   and_(residual) if residual else None, node.null_aware)
+        return _wrap(j, stay)
+    if isinstance(node, P.Aggregate):
+        keymap = {o.cid: e for o, e in node.keys}
+        down = [substitute(p, keymap) for p in preds if p.cids() and p.cids() <= set(keymap)]
+        stay = [p for p in preds if not (p.cids() and p.cids() <= set(keymap))]
+        return _wrap(P.Aggregate(_push(node.child, down), node.keys, node.aggs), stay)
+    if isinstance(node, P.Sort):
+        return P.Sort(_push(node.child, preds), node.keys)
+    if isinstance(node, P.Distinct):
+        return P.Distinct(_push(node.child, preds))
+    if isinstance(node, P.Limit):
+        return _wrap(P.Limit(_push(node.child, []), node.limit, node.offset), preds)
+    if isinstance(node, P.Union):
+        return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
+    return _wrap(node, preds)
+
+
+def _equi(c, left, right):
+    from opforge.sql.frontend.binder import _equi_pair
+    return _equi_pair(c, left, right)
+
+
+# ------------------------------------------------------------------------------------------ pruning
+def _refs(exprs) -> set[int]:
+    out: set[int] = set()
+    for e in exprs:
+        if e is not None:
+            out |= e.cids()
+    return out
+
+
+def _prune(node: P.Node, need: set[int]) -> P.Node:
+    if isinstance(node, P.Scan):
+        keep = need | _refs(node.filters)
+        outs = [o for o in node.outputs if o.cid in keep] or node.outputs[:1]
+        return P.Scan(node.table, outs, node.filters)
+    if isinstance(node, P.Filter):
+        return P.Filter(_prune(node.child, need | node.predicate.cids()), node.predicate)
+    if isinstance(node, P.Project):
+        exprs = [(o, e) for o, e in node.exprs if o.cid in need]
+        return P.Project(_prune(node.child, _refs(e for _, e in exprs)), exprs)
+    if isinstance(node, P.Aggregate):
+        aggs = [(o, c) for o, c in node.aggs if o.cid in need]
+        child_need = _refs(e for _, e in node.keys) | _refs(c.arg for _, c in aggs)
+        return P.Aggregate(_prune(node.child, child_need), node.keys, aggs)
+    if isinstance(node, P.Join):
+        n = need | _refs(node.left_keys) | _refs(node.right_keys) | _refs([node.residual])
+        return P.Join(_prune(node.left, n & _cids(node.left)), _prune(node.right, n & _cids(node.right)),
+                      node.kind, node.left_keys, node.right_keys, node.residual, node.null_aware)
+    if isinstance(node, P.Sort):
+        return P.Sort(_prune(node.child, need | _refs(e for e, _, _ in node.keys)), node.keys)
+    if isinstance(node, P.Limit):
+        return P.Limit(_prune(node.child, need), node.limit, node.offset)
+    if isinstance(node, P.Distinct):
+        return P.Distinct(_prune(node.child, _cids(node.child)))
+    if isinstance(node, P.Union):
+        return P.Union([_prune(c, _cids(c)) for c in node.children], node.outputs, node.all)
+    return node

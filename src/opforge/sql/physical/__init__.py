@@ -1,0 +1,1 @@
+"""Physical relational operators over whole-column batches (one operator per module)."""

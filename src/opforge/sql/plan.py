@@ -1,0 +1,196 @@
+"""Logical plan nodes. Every node lists its output columns as (cid, name, type); expressions refer to cids."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opforge.sql import types as T
+from opforge.sql.expr import Expr
+
+
+@dataclass(eq=False)
+class OutCol:
+    cid: int
+    name: str
+    type: T.SqlType
+
+
+class Node:
+    outputs: list[OutCol]
+
+    def inputs(self) -> list["Node"]:
+        return []
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(eq=False)
+class Scan(Node):
+    table: str
+    outputs: list[OutCol]
+    filters: list[Expr] = field(default_factory=list)
+
+    def describe(self):
+        cols = ", ".join(o.name for o in self.outputs)
+        f = f" filter=[{' AND '.join(str(x) for x in self.filters)}]" if self.filters else ""
+        return f"Scan {self.table} [{cols}]{f}"
+
+
+@dataclass(eq=False)
+class OneRow(Node):
+    """FROM-less SELECT: one row, no columns."""
+    outputs: list[OutCol] = field(default_factory=list)
+
+    def describe(self):
+        return "OneRow"
+
+
+@dataclass(eq=False)
+class Filter(Node):
+    child: Node
+    predicate: Expr
+
+    @property
+    def outputs(self):
+        return self.child.outputs
+
+    def inputs(self):
+        return [self.child]
+
+    def describe(self):
+        return f"Filter {self.predicate}"
+
+
+@dataclass(eq=False)
+class Project(Node):
+    child: Node
+    exprs: list[tuple[OutCol, Expr]]
+
+    @property
+    def outputs(self):
+        return [o for o, _ in self.exprs]
+
+    def inputs(self):
+        return [self.child]
+
+    def describe(self):
+        return "Project " + ", ".join(f"{o.name}#{o.cid}={e}" for o, e in self.exprs)
+
+
+@dataclass(eq=False)
+class AggCall:
+    func: str  # count count_star count_distinct sum avg min max
+    arg: Expr | None
+    type: T.SqlType
+
+    def __str__(self):
+        return f"{self.func}({'' if self.arg is None else self.arg})"
+
+
+@dataclass(eq=False)
+class Aggregate(Node):
+    child: Node
+    keys: list[tuple[OutCol, Expr]]
+    aggs: list[tuple[OutCol, AggCall]]
+
+    @property
+    def outputs(self):
+        return [o for o, _ in self.keys] + [o for o, _ in self.aggs]
+
+    def inputs(self):
+        return [self.child]
+
+    def describe(self):
+        k = ", ".join(str(e) for _, e in self.keys)
+        a = ", ".join(f"{o.name}#{o.cid}={c}" for o, c in self.aggs)
+        return f"Aggregate keys=[{k}] aggs=[{a}]"
+
+
+@dataclass(eq=False)
+class Join(Node):
+    left: Node
+    right: Node
+    kind: str  # inner left right full semi anti cross
+    left_keys: list[Expr]
+    right_keys: list[Expr]
+    residual: Expr | None = None
+    null_aware: bool = False  # NOT IN: any NULL on the right empties the result
+
+    @property
+    def outputs(self):
+        if self.kind in ("semi", "anti"):
+            return self.left.outputs
+        return self.left.outputs + self.right.outputs
+
+    def inputs(self):
+        return [self.left, self.right]
+
+    def describe(self):
+        keys = ", ".join(f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys))
+        r = f" residual={self.residual}" if self.residual is not None else ""
+        return f"Join {self.kind}{' null-aware' if self.null_aware else ''} [{keys}]{r}"
+
+
+@dataclass(eq=False)
+class Sort(Node):
+    child: Node
+    keys: list[tuple[Expr, bool, bool]]  # expr, descending, nulls_first
+
+    @property
+    def outputs(self):
+        return self.child.outputs
+
+    def inputs(self):
+        return [self.child]
+
+    def describe(self):
+        return "Sort " + ", ".join(f"{e} {'DESC' if d else 'ASC'}{' NULLS FIRST' if nf else ''}" for e, d, nf in self.keys)
+
+
+@dataclass(eq=False)
+class Limit(Node):
+    child: Node
+    limit: int | None
+    offset: int = 0
+
+    @property
+    def outputs(self):
+        return self.child.outputs
+
+    def inputs(self):
+        return [self.child]
+
+    def describe(self):
+        return f"Limit {self.limit} offset {self.offset}"
+
+
+@dataclass(eq=False)
+class Distinct(Node):
+    child: Node
+
+    @property
+    def outputs(self):
+        return self.child.outputs
+
+    def inputs(self):
+        return [self.child]
+
+
+@dataclass(eq=False)
+class Union(Node):
+    children: list[Node]
+    outputs: list[OutCol]
+    all: bool = True
+
+    def inputs(self):
+        return self.children
+
+    def describe(self):
+        return f"Union{' ALL' if self.all else ''}"
+
+
+def explain(node: Node, indent: int = 0) -> str:
+    lines = ["  " * indent + node.describe()]
+    for c in node.inputs():
+        lines.append(explain(c, indent + 1))
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Logical SQL types and their device storage: the one place that maps SQL types to torch and Arrow."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import torch
+
+from opforge.sql.errors import NotSupportedError
+
+
+@dataclass(frozen=True)
+class SqlType:
+    kind: str  # INT32 INT64 FLOAT32 FLOAT64 BOOL DATE DECIMAL STRING
+    precision: int = 0
+    scale: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "DECIMAL":
+            return f"DECIMAL({self.precision},{self.scale})"
+        return self.kind
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _TORCH[self.kind]
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.kind in ("INT32", "INT64", "FLOAT32", "FLOAT64", "DECIMAL", "BOOL")
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("INT32", "INT64")
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind in ("FLOAT32", "FLOAT64")
+
+
+INT32 = SqlType("INT32")
+INT64 = SqlType("INT64")
+FLOAT32 = SqlType("FLOAT32")
+FLOAT64 = SqlType("FLOAT64")
+BOOL = SqlType("BOOL")
+DATE = SqlType("DATE")
+STRING = SqlType("STRING")
+
+
+def decimal(precision: int, scale: int) -> SqlType:
+    return SqlType("DECIMAL", min(precision, 38), scale)
+
+
+_TORCH = {
+    "INT32": torch.int32, "INT64": torch.int64, "FLOAT32": torch.float32, "FLOAT64": torch.float64,
+    "BOOL": torch.bool, "DATE": torch.int32, "DECIMAL": torch.int64, "STRING": torch.int32,
+}
+
+
+def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
+    if pa.types.is_dictionary(t):
+        return from_arrow(t.value_type, where)
+    if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t) or pa.types.is_uint8(t) or pa.types.is_uint16(t):
+        return INT32
+    if pa.types.is_int64(t) or pa.types.is_uint32(t):
+        return INT64
+    if pa.types.is_float16(t) or pa.types.is_float32(t):
+        return FLOAT32
+    if pa.types.is_float64(t):
+        return FLOAT64
+    if pa.types.is_boolean(t):
+        return BOOL
+    if pa.types.is_date(t):
+        return DATE
+    if pa.types.is_decimal(t):
+        if t.precision > 18:
+            raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 18 digits "
+                                    "(decimals are stored as scaled int64)")
+        return decimal(t.precision, t.scale)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return STRING
+    if pa.types.is_null(t):
+        return INT32
+    raise NotSupportedError(f"column {where}: Arrow type {t} is not supported")
+
+
+def to_arrow(t: SqlType) -> pa.DataType:
+    return {
+        "INT32": pa.int32(), "INT64": pa.int64(), "FLOAT32": pa.float32(), "FLOAT64": pa.float64(),
+        "BOOL": pa.bool_(), "DATE": pa.date32(), "STRING": pa.string(),
+    }.get(t.kind) or pa.decimal128(t.precision, t.scale)
+
+
+_RANK = {"BOOL": 0, "INT32": 1, "INT64": 2, "DECIMAL": 3, "FLOAT32": 4, "FLOAT64": 5}
+
+
+def common_numeric(a: SqlType, b: SqlType) -> SqlType:
+    """The type both operands are cast to for comparison or CASE/COALESCE (DuckDB-like)."""
+    if a == b:
+        return a
+    if a.kind == "DECIMAL" and b.kind == "DECIMAL":
+        s = max(a.scale, b.scale)
+        return decimal(max(a.precision - a.scale, b.precision - b.scale) + s, s)
+    hi = a if _RANK[a.kind] >= _RANK[b.kind] else b
+    lo = b if hi is a else a
+    if hi.kind == "DECIMAL" and lo.kind in ("INT32", "INT64", "BOOL"):
+        digits = 19 if lo.kind == "INT64" else 10
+        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale)
+    if hi.kind == "FLOAT32" and lo.kind in ("INT64", "DECIMAL"):
+        return FLOAT64
+    return hi

@@ -1,0 +1,65 @@
+"""Subqueries (scalar, IN, EXISTS, correlated), CTEs and views against DuckDB."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import opforge.sql as sql
+from sql_reference import SqlCheck, random_table
+
+
+@pytest.fixture(scope="module")
+def check():
+    rng = np.random.default_rng(13)
+    return SqlCheck({"t": random_table(rng, 200), "u": random_table(rng, 60)})
+
+
+def test_scalar_subqueries(check):
+    check("SELECT k, i FROM t WHERE i > (SELECT avg(i) FROM t)")
+    check("SELECT k, d FROM t WHERE d > (SELECT max(d) FROM u) - 5000")
+    check("SELECT k FROM t WHERE i > (SELECT max(i) FROM u WHERE i > 1000)")  # empty -> NULL -> no rows
+    check("SELECT k, count(*) FROM t GROUP BY k HAVING count(*) > (SELECT count(*) FROM u) / 2")
+    check("SELECT k, (SELECT max(s) FROM u) AS m, i - (SELECT min(i) FROM u) AS x FROM t")
+
+
+def test_correlated_scalar_subquery(check):
+    check("SELECT k, i FROM t WHERE i > (SELECT avg(u.i) FROM u WHERE u.k = t.k)")
+    check("SELECT k, d FROM t WHERE d < (SELECT 0.5 * sum(u.d) FROM u WHERE u.k = t.k AND u.s = t.s)")
+
+
+def test_in_and_exists(check):
+    check("SELECT k, s FROM t WHERE s IN (SELECT s FROM u WHERE i > 0)")
+    check("SELECT k, s FROM t WHERE k IN (SELECT k FROM u GROUP BY k HAVING count(*) > 10)")
+    check("SELECT k, i FROM t WHERE EXISTS (SELECT * FROM u WHERE u.k = t.k AND u.i > t.i)")
+    check("SELECT k, i FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE u.k = t.k AND u.i > t.i)")
+    check("SELECT k FROM t WHERE EXISTS (SELECT * FROM u WHERE i > 1000)")
+    check("SELECT k FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE i > 1000)")
+    check("SELECT k FROM t WHERE i > 0 AND NOT EXISTS (SELECT 1 FROM u WHERE u.s = t.s)")
+
+
+def test_ctes_and_derived_tables(check):
+    check("WITH g AS (SELECT k, sum(i) AS si FROM t GROUP BY k) SELECT * FROM g WHERE si > 0")
+    check("WITH g(kk, c) AS (SELECT k, count(*) FROM t GROUP BY k), h AS (SELECT * FROM g WHERE c > 5) "
+          "SELECT a.kk, a.c, b.c FROM g a, h b WHERE a.kk = b.kk")
+    check("SELECT x.k, x.n FROM (SELECT k, count(*) AS n FROM t GROUP BY k) AS x WHERE x.n > 3")
+    check("SELECT c_count, count(*) AS custdist FROM (SELECT k, count(i) AS c_count FROM t GROUP BY k) "
+          "AS c (c_custkey, c_count) GROUP BY c_count")
+
+
+def test_views():
+    con = sql.connect("cpu")
+    con.register("t", pa.table({"a": [1, 2, 3, 4], "b": ["x", "y", "x", None]}))
+    con.sql("CREATE VIEW v AS SELECT b, sum(a) AS s FROM t GROUP BY b")
+    assert "v" in con.tables()
+    assert sorted(con.sql("SELECT * FROM v WHERE b IS NOT NULL").fetchall()) == [("x", 4), ("y", 2)]
+    with pytest.raises(sql.SqlError, match="already exists"):
+        con.sql("CREATE VIEW v AS SELECT 1")
+    con.sql("CREATE OR REPLACE VIEW v AS SELECT a FROM t WHERE a > 2")
+    assert con.sql("SELECT count(*) FROM v").fetchall() == [(2,)]
+    con.sql("DROP VIEW v")
+    assert "v" not in con.tables()
+
+
+def test_correlated_count_subquery_is_not_supported(check):
+    # COUNT over an empty correlated group is 0, not NULL: the left-join rewrite would be wrong
+    with pytest.raises(sql.NotSupportedError, match="COUNT"):
+        check.con.sql("SELECT k FROM t WHERE i > (SELECT count(*) FROM u WHERE u.k = t.k)")

@@ -1,0 +1,96 @@
+"""TPC-H generation: cardinalities of the spec, DuckDB's column types, keys, the cache."""
+
+import time
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from opforge.sql.tpch import data
+
+# TPC-H spec 4.2.5 cardinalities at SF 0.01 (lineitem varies with the order sizes; dbgen gives 60175).
+ROWS_SF001 = {
+    "region": 5, "nation": 25, "supplier": 100, "customer": 1500,
+    "part": 2000, "partsupp": 8000, "orders": 15000, "lineitem": 60175,
+}
+
+# DuckDB's tpch extension column types, as DuckDB's DESCRIBE names them.
+DUCKDB_TYPES = {
+    "region": "INTEGER VARCHAR VARCHAR",
+    "nation": "INTEGER VARCHAR INTEGER VARCHAR",
+    "supplier": "BIGINT VARCHAR VARCHAR INTEGER VARCHAR DECIMAL(15,2) VARCHAR",
+    "customer": "BIGINT VARCHAR VARCHAR INTEGER VARCHAR DECIMAL(15,2) VARCHAR VARCHAR",
+    "part": "BIGINT VARCHAR VARCHAR VARCHAR VARCHAR INTEGER VARCHAR DECIMAL(15,2) VARCHAR",
+    "partsupp": "BIGINT BIGINT BIGINT DECIMAL(15,2) VARCHAR",
+    "orders": "BIGINT BIGINT VARCHAR DECIMAL(15,2) DATE VARCHAR VARCHAR INTEGER VARCHAR",
+    "lineitem": "BIGINT BIGINT BIGINT BIGINT DECIMAL(15,2) DECIMAL(15,2) DECIMAL(15,2) DECIMAL(15,2) "
+    "VARCHAR VARCHAR DATE DATE DATE VARCHAR VARCHAR VARCHAR",
+}
+
+
+def test_generate_returns_every_table_with_spec_cardinalities(tpch_paths):
+    assert set(tpch_paths) == set(ROWS_SF001)
+    for name, path in tpch_paths.items():
+        assert path.suffix == ".parquet" and path.is_file()
+        assert pq.ParquetFile(path).metadata.num_rows == ROWS_SF001[name], name
+
+
+def test_column_types_are_duckdb_tpch_types(tpch_paths):
+    con = duckdb.connect()
+    for name, path in tpch_paths.items():
+        described = con.sql(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+        assert " ".join(row[1] for row in described) == DUCKDB_TYPES[name], name
+        assert [row[0] for row in described] == data.SCHEMAS[name].names
+
+
+def test_manifest_records_generator_and_rows(tpch_paths):
+    manifest = data.read_manifest(tpch_paths["region"].parent)
+    assert manifest["generator"].startswith("tpchgen-cli")
+    assert manifest["scale_factor"] == 0.01
+    assert {t: e["rows"] for t, e in manifest["tables"].items()} == ROWS_SF001
+
+
+def test_keys_and_domains_follow_the_spec(tpch_paths):
+    tables = data.load(0.01, tpch_paths["region"].parent.parent)
+    orders = tables["orders"].to_pandas()
+    lineitem = tables["lineitem"].to_pandas()
+    assert orders["o_orderkey"].is_unique
+    assert not lineitem.duplicated(["l_orderkey", "l_linenumber"]).any()
+    assert set(lineitem["l_returnflag"]) == {"A", "N", "R"}
+    assert set(lineitem["l_linestatus"]) == {"F", "O"}
+    assert lineitem["l_orderkey"].isin(orders["o_orderkey"]).all()
+    assert set(tables["region"].column("r_name").to_pylist()) == {"AFRICA", "AMERICA", "ASIA", "EUROPE", "MIDDLE EAST"}
+    assert str(lineitem["l_shipdate"].min()) >= "1992-01-02" and str(lineitem["l_shipdate"].max()) <= "1998-12-01"
+
+
+def test_second_generate_uses_the_cache(tpch_paths, tpch_root):
+    mtimes = {t: p.stat().st_mtime_ns for t, p in tpch_paths.items()}
+    started = time.perf_counter()
+    again = data.generate(0.01, tpch_root)
+    assert time.perf_counter() - started < 0.5
+    assert {t: p.stat().st_mtime_ns for t, p in again.items()} == mtimes
+
+
+def test_incomplete_data_set_is_regenerated(tmp_path):
+    paths = data.generate(0.01, tmp_path)
+    paths["nation"].unlink()
+    assert data.read_manifest(paths["nation"].parent) is None
+    again = data.generate(0.01, tmp_path)
+    assert pq.read_table(again["nation"]).num_rows == 25
+
+
+def test_load_selected_tables_and_bad_names(tpch_root, tpch_paths):
+    tables = data.load(0.01, tpch_root, tables=["nation"])
+    assert list(tables) == ["nation"] and tables["nation"].schema.equals(data.SCHEMAS["nation"])
+    with pytest.raises(ValueError, match="nations"):
+        data.load(0.01, tpch_root, tables=["nations"])
+
+
+@pytest.mark.parametrize("sf", [0, -1, "1", None, True])
+def test_bad_scale_factor_names_the_argument(sf):
+    with pytest.raises(ValueError, match="scale factor sf"):
+        data.data_dir(sf, "/tmp")
+
+
+def test_scale_factor_folder_names():
+    assert data.sf_label(0.01) == "sf0.01" and data.sf_label(10) == "sf10" and data.sf_label(1.0) == "sf1"
