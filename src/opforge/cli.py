@@ -1,4 +1,4 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest, pd."""
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, sql, pd."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("selftest", help="compile and check every variant on this device")
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
 
+    q = sub.add_parser("sql", help="run a SQL query on registered tables, or an interactive shell")
+    q.add_argument("query", nargs="?", help="the query; none: an interactive shell")
+    q.add_argument("--table", action="append", default=[], help="name=path.parquet|path.csv (repeatable)")
+    q.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    q.add_argument("--explain", action="store_true", help="print the plan instead of running the query")
+
     from opforge.placement import cli as pd_cli
 
     pd_cli.add_parser(sub)
@@ -87,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         from opforge import tune
 
         return tune.run(args, console)
+    if args.command == "sql":
+        from opforge.sql import shell
+
+        con = shell.open_connection(args.table, args.device)
+        if args.query is None:
+            return shell.shell(con, console)
+        if args.explain:
+            console.print(con.sql(args.query).explain())
+        else:
+            shell.run_statement(con, args.query, console)
+        return 0
     if args.command == "pd":
         from opforge.placement import cli as pd_cli
 
