@@ -24,6 +24,18 @@ class Node:
         return type(self).__name__
 
 
+class Unary(Node):
+    """A node over one ``child``; unless it says otherwise, its rows keep the child's columns."""
+    child: Node
+
+    @property
+    def outputs(self):
+        return self.child.outputs
+
+    def inputs(self):
+        return [self.child]
+
+
 @dataclass(eq=False)
 class Scan(Node):
     table: str
@@ -46,32 +58,22 @@ class OneRow(Node):
 
 
 @dataclass(eq=False)
-class Filter(Node):
+class Filter(Unary):
     child: Node
     predicate: Expr
-
-    @property
-    def outputs(self):
-        return self.child.outputs
-
-    def inputs(self):
-        return [self.child]
 
     def describe(self):
         return f"Filter {self.predicate}"
 
 
 @dataclass(eq=False)
-class Project(Node):
+class Project(Unary):
     child: Node
     exprs: list[tuple[OutCol, Expr]]
 
     @property
     def outputs(self):
         return [o for o, _ in self.exprs]
-
-    def inputs(self):
-        return [self.child]
 
     def describe(self):
         return "Project " + ", ".join(f"{o.name}#{o.cid}={e}" for o, e in self.exprs)
@@ -88,7 +90,7 @@ class AggCall:
 
 
 @dataclass(eq=False)
-class Aggregate(Node):
+class Aggregate(Unary):
     child: Node
     keys: list[tuple[OutCol, Expr]]
     aggs: list[tuple[OutCol, AggCall]]
@@ -96,9 +98,6 @@ class Aggregate(Node):
     @property
     def outputs(self):
         return [o for o, _ in self.keys] + [o for o, _ in self.aggs]
-
-    def inputs(self):
-        return [self.child]
 
     def describe(self):
         k = ", ".join(str(e) for _, e in self.keys)
@@ -132,48 +131,27 @@ class Join(Node):
 
 
 @dataclass(eq=False)
-class Sort(Node):
+class Sort(Unary):
     child: Node
     keys: list[tuple[Expr, bool, bool]]  # expr, descending, nulls_first
-
-    @property
-    def outputs(self):
-        return self.child.outputs
-
-    def inputs(self):
-        return [self.child]
 
     def describe(self):
         return "Sort " + ", ".join(f"{e} {'DESC' if d else 'ASC'}{' NULLS FIRST' if nf else ''}" for e, d, nf in self.keys)
 
 
 @dataclass(eq=False)
-class Limit(Node):
+class Limit(Unary):
     child: Node
     limit: int | None
     offset: int = 0
-
-    @property
-    def outputs(self):
-        return self.child.outputs
-
-    def inputs(self):
-        return [self.child]
 
     def describe(self):
         return f"Limit {self.limit} offset {self.offset}"
 
 
 @dataclass(eq=False)
-class Distinct(Node):
+class Distinct(Unary):
     child: Node
-
-    @property
-    def outputs(self):
-        return self.child.outputs
-
-    def inputs(self):
-        return [self.child]
 
 
 @dataclass(eq=False)
