@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("selftest", help="compile and check every variant on this device")
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
+    s.add_argument("--op", action="append", help="only these ops (repeatable; 'cumsum', 'cross_entropy*')")
 
     q = sub.add_parser("sql", help="run a SQL query on registered tables, or an interactive shell")
     q.add_argument("query", nargs="?", help="the query; none: an interactive shell")
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         from opforge import selftest
 
         if args.sanitize:
-            return selftest.run_sanitized(console)
-        results = selftest.run(console=console)
+            return selftest.run_sanitized(console, args.op)
+        results = selftest.run(console=console, ops=args.op)
         return 1 if any(r.failed for r in results) else 0
     return 2
 

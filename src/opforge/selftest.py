@@ -90,11 +90,14 @@ def _describe(args) -> str:
     return ", ".join(parts)
 
 
-def run(device: torch.device | None = None, console: Console | None = None) -> list[VariantResult]:
+def run(device: torch.device | None = None, console: Console | None = None,
+        ops: list[str] | None = None) -> list[VariantResult]:
+    """Check every non-reference variant of ``ops`` (default: all registered ops;
+    a name ending in ``*`` selects every op with that prefix)."""
     console = console or Console()
     device = device or devmod.default_device()
     results = []
-    for op in registry.all_ops():
+    for op in select(ops):
         for v in op.variants:
             if v.kind == "reference":
                 continue
@@ -116,7 +119,22 @@ def run(device: torch.device | None = None, console: Console | None = None) -> l
     return results
 
 
-def run_sanitized(console: Console | None = None) -> int:
+def select(names: list[str] | None) -> list:
+    """The registered ops named (``softmax``, ``opforge::softmax``, ``cross_entropy*``)."""
+    every = registry.all_ops()
+    if not names:
+        return every
+    chosen = []
+    for name in names:
+        key = name.split("::", 1)[-1]
+        hits = [op for op in every if (op.name.startswith(key[:-1]) if key.endswith("*") else op.name == key)]
+        if not hits:
+            raise ValueError(f"opforge selftest: no op matches {name!r}; registered: {[o.name for o in every]}")
+        chosen += [op for op in hits if op not in chosen]
+    return chosen
+
+
+def run_sanitized(console: Console | None = None, ops: list[str] | None = None) -> int:
     """Rerun the selftest under compute-sanitizer memcheck; returns its exit code."""
     console = console or Console()
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
@@ -124,6 +142,7 @@ def run_sanitized(console: Console | None = None) -> int:
         console.print("[yellow]compute-sanitizer not found: --sanitize skipped[/yellow]")
         return 0
     cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m", "opforge", "selftest"]
+    cmd += [arg for name in ops or [] for arg in ("--op", name)]
     console.print("running: " + " ".join(cmd))
     proc = subprocess.run(cmd, env=dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1"))
     verdict = "clean" if proc.returncode == 0 else f"exit code {proc.returncode}"

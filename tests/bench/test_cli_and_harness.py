@@ -103,3 +103,16 @@ def test_tune_bench_preset_tunes_the_grid_of_a_family(tmp_path, monkeypatch):
     entries = read_jsonl(out.read_text())
     assert {e.key.op for e in entries} == {"opforge::softmax", "opforge::log_softmax"}
     assert all(e.key.variant.startswith("triton_") for e in entries)
+
+
+def test_selftest_selects_ops_by_name_and_prefix(capsys):
+    from opforge import selftest
+
+    names = [op.name for op in selftest.select(["opforge::cumsum", "cross_entropy*"])]
+    assert names[0] == "cumsum" and set(names[1:]) == {"cross_entropy_forward", "cross_entropy_backward",
+                                                       "cross_entropy_fused"}
+    with pytest.raises(ValueError, match="no op matches"):
+        selftest.select(["no_such_op"])
+    assert cli.main(["selftest", "--op", "neg"]) == 0
+    out = capsys.readouterr().out
+    assert "opforge::neg" in out and "opforge::exp" not in out and " 0 failed" in out
