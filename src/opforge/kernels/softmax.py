@@ -213,18 +213,23 @@ def _row_barrier(count_ptr, row, P):
 
 
 @triton.jit
-def split_forward_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, cols, sx, sy, P,
-    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
-    INT64: tl.constexpr,
-):
-    pid = tl.program_id(0)
+def _row_chunk(pid, P, cols, CHUNK: tl.constexpr, INT64: tl.constexpr):
+    """Program ``pid``'s row, its part of the row, and that part's columns and mask."""
     row = pid // P
     part = pid % P
     if INT64:
         row = row.to(tl.int64)
     c = part * CHUNK + tl.arange(0, CHUNK)
-    mask = c < cols
+    return row, part, c, c < cols
+
+
+@triton.jit
+def split_forward_kernel(
+    x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, cols, sx, sy, P,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    row, part, c, mask = _row_chunk(tl.program_id(0), P, cols, CHUNK, INT64)
     x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF).to(COMPUTE)
     m = tl.max(x, axis=0)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
@@ -257,13 +262,7 @@ def split_backward_kernel(
     LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
     INT64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    row = pid // P
-    part = pid % P
-    if INT64:
-        row = row.to(tl.int64)
-    c = part * CHUNK + tl.arange(0, CHUNK)
-    mask = c < cols
+    row, part, c, mask = _row_chunk(tl.program_id(0), P, cols, CHUNK, INT64)
     g = tl.load(g_ptr + row * sg + c, mask=mask, other=0.0).to(COMPUTE)
     y = tl.load(y_ptr + row * sy + c, mask=mask, other=0.0).to(COMPUTE)
     if LOG:
