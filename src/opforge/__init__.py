@@ -33,11 +33,17 @@ from opforge.sql import connect  # noqa: E402
 
 __all__ = [
     "__version__", "explain", "fuse", "nn", "connect",
+    # elementwise
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
+    "bias_gelu", "swiglu",
+    # row-wise, reductions, scans, data movement, losses
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
-    "cross_entropy", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "softmax", "log_softmax", "transpose", "permute",
-    "hash_join", "group_by", "segment_reduce",
-    "bias_gelu", "swiglu", "matmul", "quantize", "dequantize", "QuantizedTensor",
     "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
+    "transpose", "permute", "cross_entropy",
+    # GEMM and quantization
+    "matmul", "quantize", "dequantize", "QuantizedTensor",
+    # relational kernels
+    "hash_join", "group_by", "segment_reduce",
 ]
