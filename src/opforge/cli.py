@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.query is None:
             return shell.shell(con, console)
         if args.explain:
-            console.print(con.sql(args.query).explain())
+            console.print(con.sql(args.query).explain(), markup=False)
         else:
             shell.run_statement(con, args.query, console)
         return 0

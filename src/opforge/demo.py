@@ -32,6 +32,47 @@ def placement_step(console: Console, out_dir: str) -> bool:
     return result.passed
 
 
+def sql_step(console: Console, out_dir: str, device: torch.device, numbers=(1, 3, 6)) -> bool:
+    """TPC-H at scale factor 0.01: generate it (tpchgen-cli), run a few queries,
+    show a plan, the timings, and whether DuckDB gives the same answers."""
+    import shutil
+    import sys
+    import time
+
+    from opforge.sql.tpch import compare, data, queries
+
+    if not (shutil.which("tpchgen-cli") or os.path.exists(os.path.join(os.path.dirname(sys.executable),
+                                                                       "tpchgen-cli"))):
+        console.print("[yellow]tpchgen-cli is not installed (pip install tpchgen-cli): SQL step skipped[/yellow]")
+        return False
+    paths = data.generate(0.01, root=os.path.join(out_dir, "tpch"))
+    con = opforge.connect(device=device)
+    for name, path in paths.items():
+        con.register(name, str(path))
+    try:
+        from opforge.sql.tpch import reference
+
+        duck = reference.connect(paths)[0]
+    except ImportError:
+        duck = None
+    all_equal = True
+    for n in numbers:
+        text = queries.query(n)
+        start = time.perf_counter()
+        ours = con.sql(text).to_arrow()
+        ms = (time.perf_counter() - start) * 1e3
+        verdict = ""
+        if duck is not None:
+            keys = compare.order_keys(text)
+            same = not compare.compare(ours, reference.run(duck, text), ordered=keys is not None, order_by=keys)
+            all_equal &= same
+            verdict = ", same answer as DuckDB" if same else ", [red]differs from DuckDB[/red]"
+        console.print(f"TPC-H {queries.name(n)}: {ours.num_rows} rows in {ms:.1f} ms on {device}{verdict}")
+    console.print(f"plan of {queries.name(numbers[1])}:")
+    console.print(con.sql(queries.query(numbers[1])).explain(), markup=False)
+    return all_equal
+
+
 def fusion_step(console: Console, x: torch.Tensor, bias: torch.Tensor) -> float:
     """``opforge.fuse``: a Python function of elementwise ops becomes one kernel."""
     def scaled_bias_gelu(x, b, s):
@@ -66,6 +107,8 @@ def run(console: Console | None = None, out_dir: str = "demo-output") -> dict:
     console.print("\n[bold]a small benchmark[/bold] (quick grid):")
     result = harness.run(quick=True, crossover=False, host=True, console=console)
     harness.report(result, console)
+    console.print("\n[bold]SQL[/bold]: TPC-H at scale factor 0.01")
+    sql_step(console, out_dir, dev)
     console.print("\n[bold]the placement driver[/bold]: scale-out from 3 to 4 GPU workers (simulated)")
     placement_step(console, out_dir)
     return result

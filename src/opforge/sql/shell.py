@@ -42,7 +42,7 @@ def run_statement(con: Connection, text: str, console: Console, *, timer: bool =
     start = time.perf_counter()
     rel = con.sql(text)
     if rel.plan is None:
-        console.print(rel.explain())
+        console.print(rel.explain(), markup=False)
         return
     result = rel.to_arrow()
     elapsed = time.perf_counter() - start
@@ -91,7 +91,7 @@ def shell(con: Connection, console: Console, read: Callable[[str], str] = input)
             elif cmd == ".timer":
                 timer = arg.strip().lower() != "off"
             elif cmd == ".explain":
-                _guard(console, lambda: console.print(con.sql(arg.rstrip(";")).explain()))
+                _guard(console, lambda: console.print(con.sql(arg.rstrip(";")).explain(), markup=False))
             else:
                 console.print(".tables  .schema [name]  .timer on|off  .explain QUERY  .quit")
             continue
@@ -106,4 +106,4 @@ def _guard(console: Console, fn: Callable[[], None]) -> None:
     try:
         fn()
     except (SqlError, ValueError, TypeError) as e:  # SqlError and NotSupportedError are ValueErrors
-        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        console.print(f"{type(e).__name__}: {e}", style="red", markup=False)
