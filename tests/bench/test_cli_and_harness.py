@@ -116,3 +116,14 @@ def test_selftest_selects_ops_by_name_and_prefix(capsys):
     assert cli.main(["selftest", "--op", "neg"]) == 0
     out = capsys.readouterr().out
     assert "opforge::neg" in out and "opforge::exp" not in out and " 0 failed" in out
+
+
+def test_profile_cli_reports_compiled_resources(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert cli.main(["profile", "softmax", "--shape", "64x256", "--dtype", "fp32", "--arg", "-1",
+                     "--json", str(out)]) == 0
+    (report,) = json.loads(out.read_text())
+    assert report["kernel"].endswith(":row_forward_kernel") and report["registers"] > 0
+    occ = report["occupancy"]
+    assert occ["blocks_per_sm"] == min(occ["limits"].values())
+    assert "opforge::softmax" in capsys.readouterr().out
