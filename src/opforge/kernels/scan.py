@@ -304,15 +304,10 @@ def _look_back(flag_ptr, agg_ptr, inc_ptr, t, row_first,
 
 
 @triton.jit
-def tile_reduce_kernel(
-    x_ptr, t_ptr, cols, sx, tiles_per_row,
-    OP: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, ACC: tl.constexpr, IDENT: tl.constexpr,
-    BLOCK: tl.constexpr, INT64: tl.constexpr,
-):
-    """Phase 1 of reduce-then-scan: each tile's total (of the shifted row when EXCL)."""
-    t = tl.program_id(0)
-    if INT64:
-        t = t.to(tl.int64)
+def _tile_positions(t, cols, tiles_per_row, BLOCK: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr):
+    """Tile ``t`` of a row scan: its row, its index in the row, its lanes ``j``
+    in scan order, the positions ``p`` they write, the positions ``src`` they
+    read (shifted by one for an exclusive scan) and the read mask."""
     row = t // tiles_per_row
     k = t - row * tiles_per_row
     j = k * BLOCK + tl.arange(0, BLOCK)
@@ -329,6 +324,20 @@ def tile_reduce_kernel(
     else:
         src = p
         lm = j < cols
+    return row, k, j, p, src, lm
+
+
+@triton.jit
+def tile_reduce_kernel(
+    x_ptr, t_ptr, cols, sx, tiles_per_row,
+    OP: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, ACC: tl.constexpr, IDENT: tl.constexpr,
+    BLOCK: tl.constexpr, INT64: tl.constexpr,
+):
+    """Phase 1 of reduce-then-scan: each tile's total (of the shifted row when EXCL)."""
+    t = tl.program_id(0)
+    if INT64:
+        t = t.to(tl.int64)
+    row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
     x = tl.load(x_ptr + row * sx + src, mask=lm, other=0).to(ACC)
     tl.store(t_ptr + t, _total(tl.where(lm, x, IDENT), 0, OP))
 
@@ -353,23 +362,8 @@ def tile_scan_kernel(
         t = tl.program_id(0)
     if INT64:
         t = t.to(tl.int64)
-    row = t // tiles_per_row
-    k = t - row * tiles_per_row
-    j = k * BLOCK + tl.arange(0, BLOCK)
-    if REV:
-        p = cols - 1 - j
-    else:
-        p = j
+    row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
     m = j < cols
-    if EXCL:
-        if REV:
-            src = p + 1
-        else:
-            src = p - 1
-        lm = (j >= 1) & m
-    else:
-        src = p
-        lm = m
     x = tl.load(x_ptr + row * sx + src, mask=lm, other=0).to(ACC)
     x = tl.where(lm, x, IDENT)
     if SEG:
