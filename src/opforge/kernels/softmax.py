@@ -70,17 +70,22 @@ _NEG_INF = tl.constexpr(float("-inf"))
 # Row-resident kernels
 # ---------------------------------------------------------------------------
 @triton.jit
+def _row_tile(pid, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr):
+    """Program ``pid``'s rows, the columns of a whole row, and the tile's mask."""
+    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    if INT64:
+        r = r.to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    return r, c, (r[:, None] < rows) & (c[None, :] < cols)
+
+
+@triton.jit
 def row_forward_kernel(
     x_ptr, y_ptr, rows, cols, sx, sy,
     LOG: tl.constexpr, COMPUTE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    if INT64:
-        r = r.to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    r, c, mask = _row_tile(tl.program_id(0), rows, cols, BLOCK_R, BLOCK_C, INT64)
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=_NEG_INF).to(COMPUTE)
     m = tl.max(x, axis=1)
     z = x - m[:, None]
@@ -99,12 +104,7 @@ def row_backward_kernel(
     LOG: tl.constexpr, COMPUTE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    if INT64:
-        r = r.to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    r, c, mask = _row_tile(tl.program_id(0), rows, cols, BLOCK_R, BLOCK_C, INT64)
     g = tl.load(g_ptr + r[:, None] * sg + c[None, :], mask=mask, other=0.0).to(COMPUTE)
     y = tl.load(y_ptr + r[:, None] * sy + c[None, :], mask=mask, other=0.0).to(COMPUTE)
     if LOG:
