@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
-#   phases: check gpu-tests bench bench-each tune tune-bench sanitize
+#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize
+#   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
@@ -19,10 +20,15 @@ for phase in "$@"; do
         --plot "$OUT/h200-$stamp-roofline.png" --crossover-plot "$OUT/h200-$stamp-crossover.png" ;;
     gpu-tests)
       OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -q -p no:cacheprovider ;;
+    bench-families)
+      fams=(); for f in ${BENCH_FAMILIES:-softmax norm reduce scan cross_entropy transpose fusion quant}; do fams+=(--family "$f"); done
+      timeout "${BENCH_LIMIT:-540}" python3 -m opforge bench "${fams[@]}" --no-crossover --no-host --prewarm "${PREWARM:-12}" \
+        --json "$OUT/h200-$stamp-${BENCH_NAME:-families}.json" --plot "$OUT/h200-$stamp-${BENCH_NAME:-families}-roofline.png" \
+        || echo "bench-families: exit $?" ;;
     bench-each)
       # one JSON per family, each under its own time limit, so one slow family cannot starve the rest
       for f in ${BENCH_FAMILIES:-softmax norm reduce scan cross_entropy transpose fusion quant gemm}; do
-        timeout "${FAMILY_LIMIT:-90}" python3 -m opforge bench --family "$f" --no-crossover --no-host \
+        timeout "${FAMILY_LIMIT:-90}" python3 -m opforge bench --family "$f" --no-crossover --no-host --prewarm "${PREWARM:-12}" \
           --json "$OUT/h200-$stamp-$f.json" || echo "bench $f: exit $?"
       done ;;
     tune)

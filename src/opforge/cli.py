@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
@@ -23,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-crossover", action="store_true", help="skip the variant size sweep")
     b.add_argument("--no-host", action="store_true", help="skip dispatch-overhead and first-call figures")
     b.add_argument("--refresh-ceilings", action="store_true", help="measure the ceilings again")
+    b.add_argument("--prewarm", type=int, default=None, metavar="N",
+                   help="compile every case first in N worker processes (default: on a GPU, half the CPU cores)")
 
     t = sub.add_parser("tune", help="pre-tune shapes offline; import/export JSON lines")
     t.add_argument("--preset", choices=["elementwise", "bench"],
@@ -67,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prewarm_workers(asked: int | None) -> int:
+    """Parallel compilation only pays where timing is serial GPU work; on CPU it would compete with it."""
+    if asked is not None:
+        return asked
+    import torch
+
+    return min(8, (os.cpu_count() or 2) // 2) if torch.cuda.is_available() else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = harness.run(quick=args.quick, families=args.family, crossover=not args.no_crossover,
                              host=not args.no_host, refresh_ceilings=args.refresh_ceilings, console=console,
-                             checkpoint=args.json_path)
+                             checkpoint=args.json_path, prewarm_workers=_prewarm_workers(args.prewarm))
         harness.report(result, console)
         if args.json_path:
             harness.write_json(result, args.json_path)

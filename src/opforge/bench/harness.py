@@ -17,7 +17,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from opforge.bench import (
-    cross_entropy, elementwise, fusion, gemm, hashing, norm, overhead, quant, reduce, scan, softmax, transpose,
+    cross_entropy, elementwise, fusion, gemm, hashing, norm, overhead, prewarm, quant, reduce, scan, softmax,
+    transpose,
 )
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
@@ -32,9 +33,11 @@ FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduc
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
         host: bool = True, refresh_ceilings: bool = False, console: Console | None = None,
-        checkpoint: str | None = None) -> dict:
+        checkpoint: str | None = None, prewarm_workers: int = 0) -> dict:
     """Bench the families; with ``checkpoint``, the JSON so far is rewritten there
-    after every case, so a run cut short by a time limit keeps what it measured."""
+    after every case, so a run cut short by a time limit keeps what it measured.
+    With ``prewarm_workers``, worker processes compile every case first (see
+    :mod:`opforge.bench.prewarm`)."""
     console = console or Console()
     dev = devmod.default_device()
     info = devmod.device_info(dev)
@@ -61,13 +64,19 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
         "crossover": [],
     }
     selected = families or list(FAMILIES)
-    jobs = [(fam, c, "entries") for fam in selected for c in FAMILIES[fam].cases(dev, quick)]
+    jobs = [(fam, i, c, "entries") for fam in selected for i, c in enumerate(FAMILIES[fam].cases(dev, quick))]
     if crossover and (dev.type == "cuda" or devmod.interpret_mode()):
-        jobs += [(fam, c, "crossover") for fam in selected
-                 if hasattr(FAMILIES[fam], "crossover_cases") for c in FAMILIES[fam].crossover_cases(dev, quick)]
+        jobs += [(fam, i, c, "crossover") for fam in selected if hasattr(FAMILIES[fam], "crossover_cases")
+                 for i, c in enumerate(FAMILIES[fam].crossover_cases(dev, quick))]
     with Progress(console=console, transient=True) as progress:
+        if prewarm_workers > 0 and jobs:
+            warm = progress.add_task(f"compiling in {prewarm_workers} worker processes", total=len(jobs))
+            t0 = time.perf_counter()
+            prewarm.prewarm([(fam, where, i) for fam, i, _, where in jobs], prewarm_workers, quick=quick,
+                            progress=progress, task=warm)
+            result["prewarm_s"] = time.perf_counter() - t0
         task = progress.add_task("bench", total=len(jobs))
-        for fam, case, where in jobs:
+        for fam, _, case, where in jobs:
             progress.update(task, description=f"{case.op} {case.label} {case.variant or ''}")
             try:
                 entry = run_case(case, dev, ceil, quick=quick)
