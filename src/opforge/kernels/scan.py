@@ -61,7 +61,7 @@ ROW_VERSION = "1"
 COL_VERSION = "1"
 LOOKBACK_VERSION = "1"
 REDUCE_SCAN_VERSION = "1"
-COMPACT_VERSION = "1"
+COMPACT_VERSION = "2"
 
 SUM, PROD, MAX, MIN = 0, 1, 2, 3
 
@@ -424,6 +424,10 @@ def compact_kernel(
     keep = tl.where(valid & (keep != 0), 1, 0).to(ACC)
     local = tl.cumsum(keep, 0) - keep
     total = tl.sum(keep, 0)
+    if not INDEX:
+        # Issued before the look-back, whose latency it then hides: its mask
+        # must not wait for the prefix.
+        v = tl.load(x_ptr + i, mask=keep != 0, other=0)
     flag_ptr = state_ptr + 1
     if t == 0:
         _publish(flag_ptr, inc_ptr, t, total, 2)
@@ -438,7 +442,6 @@ def compact_kernel(
     if INDEX:
         tl.store(out_ptr + slot, i.to(tl.int64), mask=w)
     else:
-        v = tl.load(x_ptr + i, mask=w, other=0)
         tl.store(out_ptr + slot, v, mask=w)
 
 

@@ -279,10 +279,12 @@ def quantize_reference(x, dtype, granularity="tensor", block=(), axis=-1, symmet
     if scale is None:
         xz = torch.where(x32.abs() < math.inf, x32, torch.zeros((), dtype=torch.float32, device=x.device))
         mx, mn = _group_stats(xz, p)
+        # A tensor divisor: torch divides a CUDA tensor by a Python scalar as a
+        # multiply by its rounded reciprocal, one rounding off the kernels' div_rn.
         if symmetric:
-            s = torch.maximum(mx, -mn) / qmax
+            s = torch.maximum(mx, -mn) / torch.full_like(mx, qmax)
         else:
-            s = (mx - mn) / 255.0
+            s = (mx - mn) / torch.full_like(mx, 255.0)
         s = s.clamp_min(FLT_MIN)
         inv = 1.0 / s
         zp = None if symmetric else (torch.round(-mn * inv) - 128.0).clamp(-128, 127)
