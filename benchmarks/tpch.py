@@ -1,13 +1,16 @@
 """TPC-H on opforge's SQL engine against DuckDB on the same host.
 
     python benchmarks/tpch.py --sf 10 --device cuda [--repeats 5] [--queries 1,3,6] [--out PATH]
+                              [--analyze] [--memory-budget BYTES] [--join-algorithm auto|hash|merge|nested_loop]
 
 Generates (once, cached) TPC-H at the scale factor with tpchgen-cli, loads it
 into an ``opforge.sql`` connection and into an in-memory DuckDB, runs the 22
 queries warm on both, times each end to end (parse + plan + execute + result to
 host; loading reported separately), checks every opforge answer against
 DuckDB's, and writes ``benchmarks/results/tpch-<device>-sf<sf>-<date>.json``
-plus a bar chart of the per-query medians next to it.
+plus a bar chart of the per-query medians next to it. ``--analyze`` adds, per query, the
+EXPLAIN ANALYZE of one more run (per operator: rows, ms, bytes, GB/s, % of copy bandwidth, and
+the registry ops / Triton kernels that ran) under ``operators`` in the JSON.
 """
 
 from __future__ import annotations
@@ -114,6 +117,9 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
     parser.add_argument("--duckdb-threads", type=int, default=None, help="DuckDB threads (default all cores)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tpch-...json)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG bar chart")
+    parser.add_argument("--analyze", action="store_true", help="add each query's EXPLAIN ANALYZE to the JSON")
+    parser.add_argument("--memory-budget", type=int, default=None, help="bytes per hash table before radix partitioning")
+    parser.add_argument("--join-algorithm", default="auto", help="auto (default), hash, merge or nested_loop")
     args = parser.parse_args(argv)
     numbers = parse_queries(args.queries)
 
@@ -137,11 +143,21 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
         def on_query(record):
             progress.update(task, advance=1, description=f"{record.query} done")
 
+        kwargs = {}
+        if args.memory_budget is not None or args.join_algorithm != "auto":
+            kwargs = {"memory_budget": args.memory_budget, "join_algorithm": args.join_algorithm}
+        con = connect(device=args.device, **kwargs)
         result = runner.run_tpch(
-            connect(device=args.device), args.sf, root=args.data_dir, numbers=numbers, repeats=args.repeats,
+            con, args.sf, root=args.data_dir, numbers=numbers, repeats=args.repeats,
             warmup=args.warmup, duckdb_threads=args.duckdb_threads, on_query=on_query,
         )
     doc = report(result, args)
+    if args.analyze:
+        for q, n in zip(doc["queries"], numbers):
+            if q["error"] is None and hasattr(con, "sql"):
+                prof = con.sql(queries.query(n)).analyze()
+                q["analyze_total_ms"] = prof.total_ms
+                q["operators"] = prof.to_arrow().to_pylist()
 
     day = dt.date.today().isoformat()
     out = Path(args.out) if args.out else HERE / "results" / f"tpch-{args.device.replace(':', '')}-sf{args.sf:g}-{day}.json"

@@ -15,14 +15,18 @@ from opforge.ops.elementwise import (  # noqa: E402
     abs, add, div, exp, gelu, gelu_backward, gelu_tanh, log, maximum, minimum, mul, neg, relu,
     rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
 )
+from opforge.ops.attention import attention  # noqa: E402
+from opforge.ops.attention_decode import attention_decode  # noqa: E402
 from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
 from opforge.ops.fused import bias_gelu, swiglu  # noqa: E402
+from opforge.ops.grouped_matmul import grouped_matmul  # noqa: E402
 from opforge.ops.hashing import group_by, hash_join, segment_reduce  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
 from opforge.ops.quant import QuantizedTensor, dequantize, quantize  # noqa: E402
 from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
 from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
+from opforge.ops.scaled_matmul import quantized_matmul, scaled_matmul  # noqa: E402
 from opforge.ops.scan import compact, cummax, cummin, cumprod, cumsum, nonzero, segmented_cumsum  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.ops.transpose import permute, transpose  # noqa: E402
@@ -42,8 +46,10 @@ __all__ = [
     "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
     "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
     "transpose", "permute", "cross_entropy",
+    # attention
+    "attention", "attention_decode",
     # GEMM and quantization
-    "matmul", "quantize", "dequantize", "QuantizedTensor",
+    "matmul", "grouped_matmul", "scaled_matmul", "quantized_matmul", "quantize", "dequantize", "QuantizedTensor",
     # relational kernels
     "hash_join", "group_by", "segment_reduce",
 ]

@@ -49,14 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
     s.add_argument("--op", action="append", help="only these ops (repeatable; 'cumsum', 'cross_entropy*')")
 
-    r = sub.add_parser("profile", help="compiled resources and theoretical occupancy of what an op runs")
-    r.add_argument("op", help="registry op name, e.g. softmax")
-    r.add_argument("--shape", required=True, help="the first tensor argument's shape, e.g. 4096x4096")
-    r.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64")
-    r.add_argument("--arg", action="append", default=[],
-                   help="the registry op's further arguments, as Python literals in order (e.g. --arg -1)")
-    r.add_argument("--variant", help="force a Triton variant (default: what dispatch picks)")
-    r.add_argument("--json", dest="json_path", help="write the report as JSON here")
+    from opforge.profile import cli as profile_cli
+
+    profile_cli.add_parser(sub)
 
     q = sub.add_parser("sql", help="run a SQL query on registered tables, or an interactive shell")
     q.add_argument("query", nargs="?", help="the query; none: an interactive shell")
@@ -116,28 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return tune.run(args, console)
     if args.command == "profile":
-        import ast
-        import json
-        from pathlib import Path
+        from opforge.profile import cli as profile_cli
 
-        import torch
-
-        from opforge import profile
-        from opforge.tune import DTYPES, parse_shape
-
-        x = torch.empty(parse_shape(args.shape), dtype=DTYPES[args.dtype], device="meta")
-        extra = [ast.literal_eval(a) for a in args.arg]
-        try:
-            decision, results = profile.op_resources(args.op, x, *extra, variant=args.variant)
-        except profile.ProfileError as e:
-            console.print(f"opforge profile: {e}", style="red", markup=False)
-            return 1
-        console.print(str(decision), markup=False)
-        for res in results:
-            console.print(str(res), markup=False)
-        if args.json_path:
-            Path(args.json_path).write_text(json.dumps([res.to_dict() for res in results], indent=1) + "\n")
-        return 0
+        return profile_cli.run(args, console)
     if args.command == "sql":
         from opforge.sql import shell
 

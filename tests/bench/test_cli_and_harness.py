@@ -37,7 +37,9 @@ def test_bench_quick_writes_design_json_and_png(tmp_path):
         assert e["variant"].startswith("triton_")  # the interpreter ran our kernels, not the reference
         assert e["correct"] and e["max_rel_err"] < 1e-2
         assert math.isclose(e["tbps"], e["bytes"] / (e["median_ms"] * 1e-3) / 1e12, rel_tol=1e-9)
-        assert e["peers"]["torch eager"]["ratio"] > 0
+        assert all(p["ratio"] > 0 for p in e["peers"].values())
+    # the memory-bound families compare with torch eager even on CPU
+    assert sum("torch eager" in e["peers"] for e in r["entries"]) >= len(r["entries"]) // 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -121,8 +123,9 @@ def test_selftest_selects_ops_by_name_and_prefix(capsys):
 def test_profile_cli_reports_compiled_resources(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert cli.main(["profile", "softmax", "--shape", "64x256", "--dtype", "fp32", "--arg", "-1",
-                     "--json", str(out)]) == 0
-    (report,) = json.loads(out.read_text())
+                     "--no-sweep", "--json", str(out)]) == 0
+    (chosen,) = [row for row in json.loads(out.read_text())["rows"] if row["chosen"]]
+    (report,) = chosen["kernels"]
     assert report["kernel"].endswith(":row_forward_kernel") and report["registers"] > 0
     occ = report["occupancy"]
     assert occ["blocks_per_sm"] == min(occ["limits"].values())

@@ -4,8 +4,8 @@ Most of a GPU bench run is compilation, not measurement: every shape is a
 fresh ``torch.compile`` of its peer (inductor specializes per shape) and a
 JIT of our Triton configs, each a few seconds of one CPU core, while the
 timing of a case takes a fraction of a second. Compilation results are
-cached on disk (inductor's FX graph cache, Triton's kernel cache, opforge's
-compile cache), so worker processes that run every case once, untimed and
+cached on disk (inductor's FX graph cache, Triton's kernel cache), so worker
+processes that run every case once, untimed and
 concurrently, leave the timed run in the parent only cache hits. Timing stays
 serial: only compilation runs in parallel.
 
@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -73,14 +74,19 @@ def prewarm(jobs: list[Job], workers: int, *, quick: bool = False, progress=None
     """
     workers = max(1, min(workers, len(jobs)))
     chunks = [jobs[i::workers] for i in range(workers)]
-    env = dict(os.environ, OPFORGE_PREWARM_QUICK="1" if quick else "0")
-    procs = [subprocess.Popen([sys.executable, "-m", "opforge.bench.prewarm", json.dumps(c)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in chunks]
     bad = 0
-    for p, chunk in zip(procs, chunks):
-        bad += p.wait() != 0
-        if progress is not None:
-            progress.advance(task, len(chunk))
+    # Workers autotune as a first call would, which compiles every config into
+    # the shared Triton cache; but they time configs side by side on a busy
+    # GPU, so their choices go to a private autotune cache that is thrown away
+    # and the parent tunes again, alone on the GPU, from compiled kernels.
+    with tempfile.TemporaryDirectory(prefix="opforge-prewarm-") as private:
+        env = dict(os.environ, OPFORGE_PREWARM_QUICK="1" if quick else "0", OPFORGE_CACHE_DIR=private)
+        procs = [subprocess.Popen([sys.executable, "-m", "opforge.bench.prewarm", json.dumps(c)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in chunks]
+        for p, chunk in zip(procs, chunks):
+            bad += p.wait() != 0
+            if progress is not None:
+                progress.advance(task, len(chunk))
     return bad
 
 

@@ -160,6 +160,48 @@ def _compile_local(fn, signature: dict, constexprs: dict, num_warps: int, num_st
     return res
 
 
+def _compile_launch(fn, args: tuple, kwargs: dict, arch: int) -> dict:
+    """Compile ``fn[grid](*args, **kwargs)`` as the JIT would on sm_``arch``: the
+    same binder gives the same signature, constexprs and specializations
+    (16-byte-aligned pointers, integers divisible by 16), so loads vectorize
+    as they do on the GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("debug", "instrumentation_mode")}
+    bound, specialization, opts = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, opts)
+    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    res = run_ptxas(k.asm["ptx"], arch)
+    md = k.metadata
+    names = [p.name for p in fn.params]
+    sig = {n: t for n, t in signature.items() if t != "constexpr"}
+    const = {names[path[0]]: str(v) for path, v in constexprs.items() if len(path) == 1}
+    res.update(shared_bytes=int(getattr(md, "shared", 0) or 0), num_warps=int(md.num_warps),
+               num_stages=int(getattr(md, "num_stages", options.num_stages)), signature=sig, constexprs=const,
+               kernel=f"{fn.fn.__module__}:{fn.fn.__qualname__}" if hasattr(fn, "fn") else fn.__name__)
+    return res
+
+
+def _compile_captured(fn, a: tuple, kw: dict, arch: int) -> dict:
+    """One captured launch: the JIT's own specialization, else the plain signature."""
+    try:
+        return _compile_launch(fn, a, dict(kw), arch)
+    except ProfileError:
+        raise
+    except Exception:  # a binder this Triton lacks: compile unspecialized
+        sig, const, opts = _signature_of_launch(fn, a, dict(kw))
+        res = _compile_local(fn, sig, const, opts.get("num_warps", 4), opts.get("num_stages", 3), arch)
+        res.update(kernel=f"{fn.fn.__module__}:{fn.fn.__qualname__}", signature=sig,
+                   constexprs={k: str(x) for k, x in const.items()})
+        return res
+
+
 # ---------------------------------------------------------------------------
 # the child process
 # ---------------------------------------------------------------------------
@@ -175,7 +217,7 @@ def _child_env() -> dict:
     return env
 
 
-def _in_child(jobs: list[dict], timeout: float = 600) -> list[dict]:
+def _in_child(jobs: list[dict], timeout: float = 600, raise_errors: bool = True) -> list[dict]:
     r = subprocess.run([sys.executable, "-m", "opforge.profile.resources"], input=pickle.dumps(jobs),
                        capture_output=True, env=_child_env(), timeout=timeout)
     out = r.stdout.decode(errors="replace")
@@ -184,7 +226,7 @@ def _in_child(jobs: list[dict], timeout: float = 600) -> list[dict]:
         raise ProfileError(f"compile child failed ({r.returncode}):\n{r.stderr.decode(errors='replace')[-3000:]}")
     results = json.loads(out[marker + len("\n@@OPFORGE@@"):])
     for res in results:
-        if "error" in res:
+        if "error" in res and raise_errors:
             raise ProfileError(res["error"])
     return results
 
@@ -271,11 +313,8 @@ def _child_op(job: dict) -> list[dict]:
         raise ProfileError(f"{op.qualname} variant {v.name} launched no Triton kernel")
     out = []
     for fn, a, kw in launches:
-        sig, const, opts = _signature_of_launch(fn, a, kw)
-        warps, stages = opts.get("num_warps", 4), opts.get("num_stages", 3)
-        res = _compile_local(fn, sig, const, warps, stages, job["arch"])
-        res.update(kernel=f"{fn.fn.__module__}:{fn.fn.__qualname__}", signature=sig,
-                   constexprs={k: str(x) for k, x in const.items()}, note=note)
+        res = _compile_captured(fn, a, kw, job["arch"])
+        res["note"] = note
         out.append(res)
     return out
 
@@ -287,6 +326,11 @@ def _child_main() -> None:
         try:
             if job["kind"] == "op":
                 results.append({"launches": _child_op(job)})
+            elif job["kind"] == "launch":
+                fn = _resolve(job["fn"])
+                args = tuple(_materialize(a) for a in job["args"])
+                kwargs = {k: _materialize(v) for k, v in job["kwargs"].items()}
+                results.append(_compile_launch(fn, args, kwargs, job["arch"]))
             else:
                 fn = _resolve(job["fn"])
                 results.append(_compile_local(fn, job["signature"], job["constexprs"], job["num_warps"],
@@ -338,31 +382,27 @@ def _env(key: str, value: str):
             os.environ[key] = old
 
 
-def op_resources(op_name: str, *args, arch: int = 90, limits: Limits | None = None,
-                 variant: str | None = None, config: dict | None = None):
-    """Resources of what opforge would run for ``op_name(*args)``.
-
-    Tensors may be on the CPU or ``meta`` (only shapes, strides and dtypes
-    matter). Without CUDA tensors the decision is dispatch's CPU decision under
-    the interpreter rules (a variant the interpreter cannot run, such as a
-    multi-program split, is rejected there although the GPU would take it);
-    ``variant=``/``config=`` override it. Returns ``(decision, [Resources, ...])``,
-    one per kernel the variant launches.
-    """
+def _cpu_args(args: tuple) -> tuple:
     import torch
-
-    from opforge.runtime import dispatch
-    from opforge.runtime.registry import get
-
-    ptxas_path()
-    op = get(op_name)
 
     def cpu(a):
         if isinstance(a, torch.Tensor) and a.device.type == "meta":
             return torch.zeros_like(a, device="cpu")
         return a
 
-    args = tuple(cpu(a) for a in args)
+    return tuple(cpu(a) for a in args)
+
+
+def decide_for_profile(op_name: str, args: tuple, variant: str | None = None, config: dict | None = None):
+    """The dispatch decision ``op_resources`` profiles (see there); CPU/meta args
+    decide under the interpreter's rules."""
+    import torch
+
+    from opforge.runtime import dispatch
+    from opforge.runtime.registry import get
+
+    op = get(op_name)
+    args = _cpu_args(args)
     on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     ctx = contextlib.nullcontext() if on_cuda else _env("OPFORGE_INTERPRET", "1")
     with ctx:
@@ -379,16 +419,88 @@ def op_resources(op_name: str, *args, arch: int = 90, limits: Limits | None = No
             decision = dispatch.Decision(op, v, dict(cfg), "forced")
         else:
             decision = dispatch.decide(op, args, tune=False)
-    v = decision.variant
-    if v.kind != "triton":
-        raise ProfileError(f"{op.qualname} runs {v.name} ({v.kind}) for these arguments: no Triton kernel "
-                           f"to compile; pass variant= to pick a Triton one")
-    cfg = dict(config if config is not None else decision.config)
+            if config is not None:
+                decision.config = dict(config)
+    if decision.variant.kind != "triton":
+        raise ProfileError(f"{op.qualname} runs {decision.variant.name} ({decision.variant.kind}) for these "
+                           f"arguments: no Triton kernel to compile; pass variant= to pick a Triton one")
+    return decision
+
+
+def op_resources(op_name: str, *args, arch: int = 90, limits: Limits | None = None,
+                 variant: str | None = None, config: dict | None = None):
+    """Resources of what opforge would run for ``op_name(*args)``.
+
+    Tensors may be on the CPU or ``meta`` (only shapes, strides and dtypes
+    matter). Without CUDA tensors the decision is dispatch's CPU decision under
+    the interpreter rules (a variant the interpreter cannot run, such as a
+    multi-program split, is rejected there although the GPU would take it);
+    ``variant=``/``config=`` override it. Returns ``(decision, [Resources, ...])``,
+    one per kernel the variant launches.
+    """
+    ptxas_path()
+    decision = decide_for_profile(op_name, args, variant, config)
+    (res,) = op_config_resources(decision, args, [decision.config], arch=arch, limits=limits)
+    if isinstance(res, str):
+        raise ProfileError(res)
+    return decision, res
+
+
+def op_config_resources(decision, args: tuple, configs: list[dict], *, arch: int = 90,
+                        limits: Limits | None = None) -> list:
+    """For each config of ``decision``'s variant: its ``[Resources, ...]``, or the
+    error text when that config does not compile. One compile child for all."""
+    import torch
+
+    ptxas_path()
+    args = _cpu_args(args)
     spec = [_tensor_spec(a) if isinstance(a, torch.Tensor) else a for a in args]
-    job = {"kind": "op", "op": op.name, "variant": v.name, "config": cfg, "args": spec, "arch": arch}
+    jobs = [{"kind": "op", "op": decision.op.name, "variant": decision.variant.name, "config": dict(cfg),
+             "args": spec, "arch": arch} for cfg in configs]
+    out = []
+    for res in _in_child(jobs, raise_errors=False):
+        if "error" in res:
+            out.append(res["error"])
+        else:
+            out.append([_resources(r["kernel"], r, limits, r["signature"], r["constexprs"], arch)
+                        for r in res["launches"]])
+    return out
+
+
+def _launch_job(fn, args: tuple, kwargs: dict, arch: int) -> dict:
+    import torch
+
+    def spec(a):
+        return _tensor_spec(a) if isinstance(a, torch.Tensor) else a
+
+    args = _cpu_args(args)
+    kwargs = dict(zip(kwargs, _cpu_args(tuple(kwargs.values()))))
+    return {"kind": "launch", "fn": kernel_name(fn), "args": [spec(a) for a in args],
+            "kwargs": {k: spec(v) for k, v in kwargs.items()}, "arch": arch}
+
+
+def kernel_resources(fn, *args, arch: int = 90, limits: Limits | None = None, **kwargs) -> Resources:
+    """Resources of the launch ``fn[grid](*args, **kwargs)`` (grid does not matter):
+    ``fn`` is a ``triton.jit`` kernel defined at the top level of an importable
+    module, or its ``"module:function"`` name; tensors may be on any device
+    (``meta`` too); ``num_warps``/``num_stages`` go in ``kwargs`` as at launch.
+    Compiled for sm_``arch`` with the JIT's own specialization."""
+    ptxas_path()
+    job = _launch_job(fn, args, kwargs, arch)
     (res,) = _in_child([job])
-    out = [_resources(r["kernel"], r, limits, r["signature"], r["constexprs"], arch) for r in res["launches"]]
-    return decision, out
+    return _resources(job["fn"], res, limits, res["signature"], res["constexprs"], arch)
+
+
+def launches_resources(launches, *, arch: int = 90, limits: Limits | None = None) -> list:
+    """``kernel_resources`` of many ``(fn, args, kwargs)`` launches in one compile
+    child: a ``Resources`` or the error text for each."""
+    ptxas_path()
+    jobs = [_launch_job(fn, a, kw, arch) for fn, a, kw in launches]
+    out = []
+    for job, res in zip(jobs, _in_child(jobs, raise_errors=False) if jobs else []):
+        out.append(res["error"] if "error" in res else
+                   _resources(job["fn"], res, limits, res["signature"], res["constexprs"], arch))
+    return out
 
 
 _TORCH_TO_TRITON: dict = {}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from opforge.runtime import autotune
+from opforge.runtime import hooks as _hooks
 from opforge.runtime import device as devmod
 from opforge.runtime.registry import Op, Variant, get
 
@@ -168,6 +169,12 @@ def call(op: Op, *args):
                 if len(_memo) >= _MEMO_LIMIT:
                     _memo.clear()
                 _memo[key] = d
+    if _hooks.HOOKS:  # NVTX ranges, timeline(): only while someone listens
+        return _hooks.run_hooked(d, _run, d, args)
+    return _run(d, args)
+
+
+def _run(d: Decision, args: tuple):
     if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
         with torch.cuda.device(d.cuda_index):
             return d.variant.run(d.config, *args)

@@ -20,6 +20,7 @@ class Column:
     valid: torch.Tensor | None
     type: T.SqlType
     dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only
+    sorted: bool = False  # values ascending and no NULLs (lets a join merge instead of hash)
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -30,6 +31,13 @@ class Column:
 
     def take(self, idx: torch.Tensor) -> "Column":
         return Column(self.values[idx], None if self.valid is None else self.valid[idx], self.type, self.dictionary)
+
+    def mark_sorted(self) -> "Column":
+        """Set ``sorted`` when the values are ascending with no NULLs (one pass, one host sync)."""
+        v = self.values
+        if self.valid is None and v.dtype != torch.bool and not v.dtype.is_floating_point:
+            self.sorted = bool((v[1:] >= v[:-1]).all()) if len(v) > 1 else True
+        return self
 
     def null_mask(self) -> torch.Tensor:
         """True where the value is NULL."""

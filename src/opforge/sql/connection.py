@@ -1,7 +1,13 @@
-"""The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation."""
+"""The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation.
+
+``EXPLAIN <query>`` gives the plan with estimated rows, ``EXPLAIN ANALYZE <query>`` runs it with
+per-operator measurement (``sql/profile.py``); both as a relation with one row per operator, and
+as text through ``Relation.explain()``."""
 from __future__ import annotations
 
 import itertools
+import re
+import time
 
 import pandas as pd
 import pyarrow as pa
@@ -13,8 +19,13 @@ from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
 from opforge.sql.frontend.parser import parse
+from opforge.sql.estimate import estimate_rows
 from opforge.sql.optimizer import optimize
+from opforge.sql.physical.context import ExecContext, check_options
+from opforge.sql.profile import Profiler
 from opforge.sql.table import Table
+
+_EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+|analyse\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
 
 
 def _default_device() -> str:
@@ -22,10 +33,11 @@ def _default_device() -> str:
 
 
 class Relation:
-    """A planned query; executed on each call to to_arrow / to_pandas / fetchall."""
+    """A planned query; executed on each call to to_arrow / to_pandas / fetchall.
+    ``mode`` "explain" / "analyze": the relation is the EXPLAIN [ANALYZE] of the query instead."""
 
-    def __init__(self, con: "Connection", node: P.Node | None, message: str = ""):
-        self._con, self._node, self._message = con, node, message
+    def __init__(self, con: "Connection", node: P.Node | None, message: str = "", mode: str = "query"):
+        self._con, self._node, self._message, self._mode = con, node, message, mode
 
     @property
     def plan(self) -> P.Node | None:
@@ -33,12 +45,24 @@ class Relation:
 
     @property
     def columns(self) -> list[str]:
+        if self._mode == "explain":
+            return ["operator", "est_rows"]
+        if self._mode == "analyze":
+            from opforge.sql.profile import SCHEMA
+            return SCHEMA.names
         return [] if self._node is None else [o.name for o in self._node.outputs]
+
+    def _executor(self, profiler: Profiler | None = None) -> Executor:
+        return Executor(self._con._tables, self._con.device, self._con._context(), profiler)
 
     def to_arrow(self) -> pa.Table:
         if self._node is None:
             return pa.table({})
-        return Executor(self._con._tables, self._con.device).to_arrow(self._node)
+        if self._mode == "explain":
+            return self._estimates()
+        if self._mode == "analyze":
+            return self.analyze().to_arrow()
+        return self._executor().to_arrow(self._node)
 
     def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()
@@ -48,19 +72,62 @@ class Relation:
         cols = [c.to_pylist() for c in t.columns]
         return list(zip(*cols)) if cols else []
 
-    def explain(self) -> str:
-        return self._message if self._node is None else P.explain(self._node)
+    def _estimate(self, node: P.Node) -> int:
+        return estimate_rows(node, self._con._tables)
+
+    def _estimates(self) -> pa.Table:
+        ops, est = [], []
+
+        def walk(node, depth):
+            ops.append("  " * depth + node.describe())
+            est.append(self._estimate(node))
+            for c in node.inputs():
+                walk(c, depth + 1)
+
+        walk(self._node, 0)
+        return pa.table({"operator": pa.array(ops, pa.string()), "est_rows": pa.array(est, pa.int64())})
+
+    def analyze(self) -> Profiler:
+        """Run the query once with per-operator measurement; the ``Profiler`` holds the figures
+        (``.stats``, ``.to_arrow()``, ``.render(total_ms)``)."""
+        if self._node is None:
+            raise SqlError("EXPLAIN ANALYZE: this statement has no query plan")
+        prof = Profiler(self._con.device, self._estimate)
+        prof.plan_order(self._node)
+        t0 = time.perf_counter()
+        self._executor(prof).to_arrow(self._node)
+        prof.total_ms = (time.perf_counter() - t0) * 1e3
+        return prof
+
+    def explain(self, analyze: bool = False) -> str:
+        """The plan with estimated rows; ``analyze=True`` runs it and adds actual rows, time, bytes,
+        GB/s (and % of the copy bandwidth on cuda) and the registry ops / kernels per operator."""
+        if self._node is None:
+            return self._message
+        if analyze or self._mode == "analyze":
+            prof = self.analyze()
+            return prof.render(prof.total_ms)
+        return P.explain(self._node, estimate=self._estimate)
 
     def __repr__(self) -> str:
+        if self._mode == "analyze":
+            return "EXPLAIN ANALYZE " + P.explain(self._node, estimate=self._estimate)
         return self.explain()
 
 
 class Connection:
-    def __init__(self, device: str | torch.device | None = None):
+    def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
+                 join_algorithm: str = "auto"):
+        check_options(memory_budget, join_algorithm)
         self.device = torch.device(device or _default_device())
+        self.memory_budget = memory_budget
+        self.join_algorithm = join_algorithm
         self._tables: dict[str, Table] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
+
+    def _context(self) -> ExecContext:
+        return ExecContext(self.memory_budget, self.join_algorithm)
 
     def register(self, name: str, obj) -> "Connection":
         """Loads a pyarrow.Table, pandas.DataFrame or .parquet/.csv path onto the device under `name`."""
@@ -77,6 +144,12 @@ class Connection:
         return sorted(list(self._tables) + list(self.views))
 
     def sql(self, text: str) -> Relation:
+        m = _EXPLAIN.match(text)
+        if m:
+            inner = self.sql(m.group(2))
+            if inner.plan is None:
+                raise SqlError("EXPLAIN: expected a query (SELECT ...)")
+            return Relation(self, inner.plan, mode="analyze" if m.group(1) else "explain")
         tree = parse(text)
         if isinstance(tree, exp.Create):
             return self._create(tree)
@@ -97,7 +170,7 @@ class Connection:
 
     def _run_scalar(self, node: P.Node):
         node = optimize(node, self.device)
-        t = Executor(self._tables, self.device).to_arrow(node)
+        t = Executor(self._tables, self.device, self._context()).to_arrow(node)
         if t.num_rows > 1:
             raise SqlError(f"scalar subquery returned {t.num_rows} rows, expected at most 1")
         if t.num_rows == 0:
@@ -123,6 +196,10 @@ class _Catalog:
         self.views = con.views
 
 
-def connect(device: str | torch.device | None = None) -> Connection:
-    """A new connection; device defaults to cuda when available, else cpu."""
-    return Connection(device)
+def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
+            join_algorithm: str = "auto") -> Connection:
+    """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
+    (bytes): a join build side or group table larger than this is radix-partitioned and processed
+    part by part. ``join_algorithm``: "auto" (hash / merge / nested loop by the rule in
+    ``sql/physical/join.py``) or one of "hash", "merge", "nested_loop" for every equi-join."""
+    return Connection(device, memory_budget, join_algorithm)

@@ -9,7 +9,38 @@ from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, substit
 def optimize(node: P.Node, device) -> P.Node:
     node = _fold(node, device)
     node = _push(node, [])
-    return _prune(node, {o.cid for o in node.outputs})
+    node = _prune(node, {o.cid for o in node.outputs})
+    return _topk(node)
+
+
+# ---------------------------------------------------------------------------------------------- top-k
+def _topk(node: P.Node) -> P.Node:
+    """Limit(k) over Sort, directly or through a row-wise Project, becomes TopK(k) (under the
+    Project, which then evaluates k rows only): the same rows, in the same order."""
+    if isinstance(node, P.Limit) and isinstance(node.child, P.Sort) and node.limit is not None:
+        return P.TopK(_topk(node.child.child), node.child.keys, node.limit, node.offset)
+    if isinstance(node, P.Limit) and isinstance(node.child, P.Project) and isinstance(node.child.child, P.Sort) \
+            and node.limit is not None:
+        sort = node.child.child
+        return P.Project(P.TopK(_topk(sort.child), sort.keys, node.limit, node.offset), node.child.exprs)
+    if isinstance(node, P.Join):
+        return P.Join(_topk(node.left), _topk(node.right), node.kind, node.left_keys, node.right_keys,
+                      node.residual, node.null_aware)
+    if isinstance(node, P.Union):
+        return P.Union([_topk(c) for c in node.children], node.outputs, node.all)
+    if isinstance(node, P.Filter):
+        return P.Filter(_topk(node.child), node.predicate)
+    if isinstance(node, P.Project):
+        return P.Project(_topk(node.child), node.exprs)
+    if isinstance(node, P.Aggregate):
+        return P.Aggregate(_topk(node.child), node.keys, node.aggs)
+    if isinstance(node, P.Sort):
+        return P.Sort(_topk(node.child), node.keys)
+    if isinstance(node, P.Limit):
+        return P.Limit(_topk(node.child), node.limit, node.offset)
+    if isinstance(node, P.Distinct):
+        return P.Distinct(_topk(node.child))
+    return node
 
 
 # ------------------------------------------------------------------------------------------ folding

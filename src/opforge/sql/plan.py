@@ -150,6 +150,20 @@ class Limit(Unary):
 
 
 @dataclass(eq=False)
+class TopK(Unary):
+    """ORDER BY ... LIMIT k OFFSET o as one operator (the optimizer fuses Limit over Sort): the same
+    rows in the same order as the stable sort followed by the slice, without sorting every row."""
+    child: Node
+    keys: list[tuple[Expr, bool, bool]]  # expr, descending, nulls_first
+    limit: int
+    offset: int = 0
+
+    def describe(self):
+        keys = ", ".join(f"{e} {'DESC' if d else 'ASC'}{' NULLS FIRST' if nf else ''}" for e, d, nf in self.keys)
+        return f"TopK {self.limit} offset {self.offset} by {keys}"
+
+
+@dataclass(eq=False)
 class Distinct(Unary):
     child: Node
 
@@ -167,8 +181,10 @@ class Union(Node):
         return f"Union{' ALL' if self.all else ''}"
 
 
-def explain(node: Node, indent: int = 0) -> str:
-    lines = ["  " * indent + node.describe()]
+def explain(node: Node, indent: int = 0, estimate=None) -> str:
+    """The plan tree, one operator per line; ``estimate(node)`` (optional) adds estimated rows."""
+    suffix = f"  (est. rows={estimate(node)})" if estimate is not None else ""
+    lines = ["  " * indent + node.describe() + suffix]
     for c in node.inputs():
-        lines.append(explain(c, indent + 1))
+        lines.append(explain(c, indent + 1, estimate))
     return "\n".join(lines)

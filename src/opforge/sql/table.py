@@ -28,7 +28,9 @@ class Table:
 
     @staticmethod
     def from_arrow(t: pa.Table, device) -> "Table":
-        return Table(list(t.column_names), [Column.from_arrow(t.column(i), device, n) for i, n in enumerate(t.column_names)])
+        # sortedness is checked once here so joins on a table loaded in key order can merge
+        return Table(list(t.column_names),
+                     [Column.from_arrow(t.column(i), device, n).mark_sorted() for i, n in enumerate(t.column_names)])
 
     @staticmethod
     def from_pandas(df: pd.DataFrame, device) -> "Table":
@@ -59,4 +61,4 @@ class Table:
 
     def to(self, device: torch.device) -> "Table":
         return Table(self.names, [Column(c.values.to(device), None if c.valid is None else c.valid.to(device),
-                                         c.type, c.dictionary) for c in self.columns])
+                                         c.type, c.dictionary, c.sorted) for c in self.columns])

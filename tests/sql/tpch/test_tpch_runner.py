@@ -94,3 +94,19 @@ def test_benchmark_script_writes_json_and_chart(tpch_root, tpch_paths, tmp_path)
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="1..22"):
         script.parse_queries("0,1")
+
+
+def test_benchmark_script_analyze_with_the_engine(tpch_root, tpch_paths, tmp_path):
+    spec = importlib.util.spec_from_file_location("tpch_benchmark_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tpch.json"
+    argv = ["--sf", "0.01", "--device", "cpu", "--repeats", "1", "--warmup", "0", "--queries", "3", "--data-dir",
+            str(tpch_root), "--out", str(out), "--duckdb-threads", "1", "--no-plot", "--analyze",
+            "--memory-budget", "20000", "--join-algorithm", "hash"]
+    script.main(argv)
+    q = json.loads(out.read_text())["queries"][0]
+    assert q["match"] and q["analyze_total_ms"] > 0
+    ops = q["operators"]
+    assert ops[0]["actual_rows"] == q["rows"] and any("radix-partitioned" in o["notes"] for o in ops)
+    assert any("opforge::hash_join" in o["kernels"] for o in ops)

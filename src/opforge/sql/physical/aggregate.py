@@ -1,15 +1,27 @@
-"""Hash aggregation by dense group ids (sort-based today) and scatter reductions.
-NULL inputs are ignored by every aggregate; NULL keys form one group; no GROUP BY gives one row."""
+"""Hash aggregation: dense group ids from ``opforge.group_by`` (``keys.dense_ids``), then one
+``opforge.segment_reduce`` per aggregate (sum / min / max / count by group id), both through dispatch:
+the Triton hash table and atomic reductions on CUDA, the sort-based reference on the CPU.
+NULL inputs are ignored by every aggregate; NULL keys form one group; no GROUP BY gives one row.
+
+Memory budget: the group table needs at most ``GROUP_BYTES_PER_ROW`` bytes per input row (every
+row its own group). When that exceeds the budget, the rows are radix-partitioned on a hash of all
+key columns (``keys.partition_of``): equal keys share a partition, so each partition's groups are
+complete and disjoint from the others'; the partitions are aggregated in turn and concatenated."""
 from __future__ import annotations
 
 import torch
 
+from opforge.ops import hashing
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import NotSupportedError
 from opforge.sql.expr import Batch, cast_values, evaluate
-from opforge.sql.physical.keys import dense_ids, key_tensor
+from opforge.sql.physical.context import ExecContext
+from opforge.sql.physical.keys import dense_ids, key_tensor, partition_bits, partition_of, partitions
 from opforge.sql.plan import Aggregate
+
+GROUP_BYTES_PER_ROW = 48
+_MIX = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
 def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
@@ -28,66 +40,123 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
     return arg_type
 
 
-def run_aggregate(node: Aggregate, batch: Batch) -> Batch:
+def _row_hash(key_cols: list[Column]) -> torch.Tensor:
+    """One int64 per row, equal for rows with equal keys (NULL is a value of its own)."""
+    h = None
+    for col in key_cols:
+        k = key_tensor(col) * 2 + col.null_mask().long()
+        h = k if h is None else (h * _MIX) ^ k
+    return h
+
+
+def run_aggregate(node: Aggregate, batch: Batch, ctx: ExecContext | None = None) -> Batch:
+    ctx = ctx or ExecContext()
     n, dev = batch.n, batch.device
     key_cols = [evaluate(e, batch) for _, e in node.keys]
+    bits = partition_bits(n * GROUP_BYTES_PER_ROW, ctx.memory_budget) if node.keys else 0
+    if bits:
+        ctx.note(f"radix-partitioned into {1 << bits} parts (group table <= {n * GROUP_BYTES_PER_ROW} B "
+                 f"> budget {ctx.memory_budget} B)")
+        parts = [p for p in partitions(partition_of(_row_hash(key_cols), bits), bits) if len(p)]
+        outs = [_aggregate(node, batch.take(idx), [c.take(idx) for c in key_cols]) for idx in parts]
+        if not outs:
+            return _aggregate(node, batch, key_cols)
+        cols = {}
+        for cid, first in outs[0].cols.items():
+            parts_c = [o.cols[cid] for o in outs]
+            valid = None
+            if any(c.valid is not None for c in parts_c):
+                valid = torch.cat([c.valid_mask() for c in parts_c])
+            cols[cid] = Column(torch.cat([c.values for c in parts_c]), valid, first.type, first.dictionary)
+        return Batch(cols, sum(o.n for o in outs), dev)
+    ctx.note(f"hash aggregate: {n} rows, {len(node.keys)} key(s), {len(node.aggs)} aggregate(s)")
+    return _aggregate(node, batch, key_cols)
+
+
+def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column]) -> Batch:
+    n, dev = batch.n, batch.device
     gid, groups = dense_ids(key_cols, n, dev)
     if not node.keys:
         groups = 1
     out: dict[int, Column] = {}
     if node.keys:
-        first = torch.full((groups,), n, dtype=torch.int64, device=dev)
-        first = first.scatter_reduce(0, gid, torch.arange(n, device=dev), "amin", include_self=True)
+        first = hashing.segment_reduce(torch.arange(n, device=dev), gid, groups, "min")
         for (o, _), col in zip(node.keys, key_cols):
             out[o.cid] = col.take(first)
+    rows_per_group = []  # count(*) per group, computed once and shared by aggregates over non-NULL columns
     for o, call in node.aggs:
-        out[o.cid] = _reduce(call.func, None if call.arg is None else evaluate(call.arg, batch), gid, groups, n, dev, o.type)
+        out[o.cid] = _reduce(call.func, None if call.arg is None else evaluate(call.arg, batch), gid, groups, n, dev,
+                             o.type, rows_per_group)
     return Batch(out, groups, dev)
 
 
-def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType) -> Column:
-    if func == "count_star":
-        cnt = torch.zeros(groups, dtype=torch.int64, device=dev).index_add_(0, gid, torch.ones(n, dtype=torch.int64, device=dev))
-        return Column(cnt, None, T.INT64)
-    ok = col.valid_mask()
-    g_ok = gid[ok]
-    cnt = torch.zeros(groups, dtype=torch.int64, device=dev).index_add_(0, g_ok, torch.ones_like(g_ok))
-    has = cnt > 0
-    valid = None if bool(has.all()) else has
+def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType,
+            rows_per_group: list) -> Column:
+    if func == "count_star" or col.valid is None:
+        if not rows_per_group:
+            c = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count")
+            rows_per_group.append((c, None if n and bool((c > 0).all()) or not groups else c > 0))
+        cnt, valid = rows_per_group[0]
+        if func == "count_star":
+            return Column(cnt, None, T.INT64)
+    else:
+        cnt = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count", valid=col.valid)
+        has = cnt > 0
+        valid = None if bool(has.all()) else has
     if func == "count":
         return Column(cnt, None, T.INT64)
     if func == "count_distinct":
+        ok = col.valid_mask()
+        g_ok = gid[ok]
         v = key_tensor(col)[ok]
-        pairs, _ = dense_ids([Column(g_ok, None, T.INT64), Column(v, None, T.INT64)], len(v), dev)
-        uniq_pair, first_idx = torch.unique(pairs, return_inverse=True)
-        first = torch.full((len(uniq_pair),), len(v), dtype=torch.int64, device=dev).scatter_reduce(
-            0, first_idx, torch.arange(len(v), device=dev), "amin", include_self=True)
-        d = torch.zeros(groups, dtype=torch.int64, device=dev).index_add_(0, g_ok[first], torch.ones_like(first))
+        pairs, npairs = dense_ids([Column(g_ok, None, T.INT64), Column(v, None, T.INT64)], len(v), dev)
+        # groups of pairs are numbered by first occurrence: the first row of each pair carries its group
+        first = hashing.segment_reduce(torch.arange(len(v), device=dev), pairs, npairs, "min")
+        d = hashing.segment_reduce(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
-            v = cast_values(col, T.FLOAT64)[ok]
-            s = torch.zeros(groups, dtype=torch.float64, device=dev).index_add_(0, g_ok, v)
+            v = cast_values(col, T.FLOAT64)
+            s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
             if func == "avg":
                 return Column(s / cnt.clamp(min=1), valid, T.FLOAT64)
             return Column(s, valid, T.FLOAT64)
-        v = col.values.long()[ok]
-        s = torch.zeros(groups, dtype=torch.int64, device=dev).index_add_(0, g_ok, v)
-        est = torch.zeros(groups, dtype=torch.float64, device=dev).index_add_(0, g_ok, v.double())
-        if groups and bool((est.abs() > 2.0 ** 62).any()):
-            raise NotSupportedError(f"sum exceeds the int64 range of {out_type} storage")
+        v = col.values.long()
+        if n and groups:
+            # int64 cannot overflow unless max|v| * (largest group) reaches 2^62; check exactly only then
+            bound = float(v.abs().max()) * float(cnt.max())
+            if bound > 2.0 ** 62:
+                est = hashing.segment_reduce(v.double(), gid, groups, "sum", valid=col.valid)
+                if bool((est.abs() > 2.0 ** 62).any()):
+                    raise NotSupportedError(f"sum exceeds the int64 range of {out_type} storage")
+        s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
         return Column(s, valid, out_type)
     if func in ("min", "max"):
-        v = col.values[ok]
-        if v.dtype == torch.bool:
+        v = col.values
+        if v.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
             v = v.to(torch.int32)
-        big = _extreme(v.dtype, func == "min")
-        init = torch.full((groups,), big, dtype=v.dtype, device=dev)
-        r = init.scatter_reduce(0, g_ok, v, "amin" if func == "min" else "amax", include_self=True)
-        if col.type.kind == "BOOL":
-            r = r.bool()
+        elif v.dtype == torch.float16 or v.dtype == torch.bfloat16:
+            v = v.float()
+        if v.dtype.is_floating_point and bool(torch.isnan(v).any()):
+            r = _scatter_extreme(v, col.valid_mask(), gid, groups, func)  # NaN orders as SQL: largest
+        else:
+            r = hashing.segment_reduce(v, gid, groups, func, valid=col.valid)
+        r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
+
+
+def _scatter_extreme(v, ok, gid, groups, func):
+    """min/max over floats holding NaN, where NaN is the largest value (DuckDB's order)."""
+    isnan = torch.isnan(v)
+    finite = v.masked_fill(isnan, float("-inf") if func == "max" else float("inf"))
+    r = torch.full((groups,), _extreme(v.dtype, func == "min"), dtype=v.dtype, device=v.device)
+    r = r.scatter_reduce(0, gid[ok], finite[ok], "amin" if func == "min" else "amax", include_self=True)
+    nans = torch.bincount(gid[ok & isnan], minlength=groups) > 0
+    others = torch.bincount(gid[ok & ~isnan], minlength=groups) > 0
+    if func == "max":
+        return torch.where(nans, float("nan"), r)
+    return torch.where(nans & ~others, float("nan"), r)
 
 
 def _extreme(dtype: torch.dtype, for_min: bool):
