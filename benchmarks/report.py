@@ -1,6 +1,10 @@
 """Render a bench JSON (benchmarks/results/*.json) as the Markdown tables of BENCHMARKS.md.
 
     python benchmarks/report.py benchmarks/results/h200-2026-11-29.json > BENCHMARKS.md
+    python benchmarks/report.py --rows benchmarks/results/h200-2026-11-30-attention.json
+
+``--rows`` prints only the entries' table, with a column per peer found in
+the file (attention's SDPA backends, GEMM's cuBLAS calls) and both rates.
 """
 
 from __future__ import annotations
@@ -84,6 +88,27 @@ def render(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rows(r: dict) -> str:
+    """The entries as one table: both rates and a ``vs`` column per peer."""
+    peers = list(dict.fromkeys(p for e in r["entries"] if "error" not in e for p in e["peers"]))
+    lines = ["| op | variant | dtype | shape | µs | TB/s | TFLOP/s | % roof | rel err | "
+             + " | ".join(f"vs {p}" for p in peers) + " |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
+    for e in r["entries"]:
+        if "error" in e:
+            lines.append(f"| {e['op'].split('::')[1]} | - | - | {e['shape']} | error: {e['error'][:80]} |"
+                         + " |" * (4 + len(peers)))
+            continue
+        shape = e["shape"] + (" (graph)" if e.get("graph_timed") else "")
+        lines.append(
+            f"| {e['op'].split('::')[1]} | {e['variant']} | {e['dtype']} | {shape} | {e['median_ms'] * 1e3:.1f} | "
+            f"{e['tbps']:.2f} | {e['tflops']:.1f} | {e['pct_roofline']:.0f} | {e['max_rel_err']:.1e} | "
+            + " | ".join(_ratio(e, p) for p in peers) + " |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1]) as fh:
-        sys.stdout.write(render(json.load(fh)))
+    only_rows = sys.argv[1] == "--rows"
+    with open(sys.argv[-1]) as fh:
+        result = json.load(fh)
+    sys.stdout.write(rows(result) if only_rows else render(result))
