@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
-#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize
-#   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes)
+#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras
+#   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
+#    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
+#    accuracy tables, hash-join bench)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
@@ -39,5 +41,11 @@ for phase in "$@"; do
         --budget "${TUNE_BUDGET:-300}" --export "$OUT/h200-bench.jsonl" ;;
     sanitize)
       python3 -m opforge selftest --sanitize ;;
+    sass)
+      python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;
+    extras)
+      timeout 240 python3 -c "import json, torch; from opforge.bench import attention as A; d = torch.device('cuda'); \
+json.dump({'peak_memory': A.peak_memory_table(d), 'accuracy': A.accuracy_table(d)}, open('$OUT/attention-tables-$stamp.json', 'w'), indent=1, default=str)"
+      timeout 240 python3 benchmarks/hash_join.py --out "$OUT/hash-join-$stamp.json" ;;
   esac
 done 2>&1 | tee -a "$OUT/log-$stamp.txt"
