@@ -34,9 +34,7 @@ under the Triton interpreter on a small vector.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 import torch
 
@@ -109,37 +107,28 @@ def _built(x, out, run, launches):
                  flops=float(x.numel()), tolerance=0.0)
 
 
-def build_atomic(device: str, n: int, block: int = 1024):
+def _one_atomic_sum(kernel, device: str, n: int, kw: dict):
+    """A step of one ``kernel(x, out, n, BLOCK=...)`` launch that atomically adds into a zeroed ``out``."""
     x, out = _vector(n, device), torch.zeros(1, device=device)
-    kw = {"BLOCK": block, "num_warps": 4}
 
     def run():
         out.zero_()
-        reduce_atomic_kernel[(triton.cdiv(n, block),)](x, out, n, **kw)
+        kernel[(triton.cdiv(n, kw["BLOCK"]),)](x, out, n, **kw)
 
-    return _built(x, out, run, [(reduce_atomic_kernel, (x, out, n), kw)])
+    return _built(x, out, run, [(kernel, (x, out, n), kw)])
+
+
+def build_atomic(device: str, n: int, block: int = 1024):
+    return _one_atomic_sum(reduce_atomic_kernel, device, n, {"BLOCK": block, "num_warps": 4})
 
 
 def build_tree(device: str, n: int, sequential: bool, block: int = 1024, log2: int = 5):
-    x, out = _vector(n, device), torch.zeros(1, device=device)
-    kw = {"BLOCK": block, "LOG2": log2, "SEQUENTIAL": sequential, "num_warps": 4}
-
-    def run():
-        out.zero_()
-        reduce_tree_kernel[(triton.cdiv(n, block),)](x, out, n, **kw)
-
-    return _built(x, out, run, [(reduce_tree_kernel, (x, out, n), kw)])
+    return _one_atomic_sum(reduce_tree_kernel, device, n,
+                           {"BLOCK": block, "LOG2": log2, "SEQUENTIAL": sequential, "num_warps": 4})
 
 
 def build_block(device: str, n: int, block: int = 4096, warps: int = 8):
-    x, out = _vector(n, device), torch.zeros(1, device=device)
-    kw = {"BLOCK": block, "num_warps": warps}
-
-    def run():
-        out.zero_()
-        reduce_block_kernel[(triton.cdiv(n, block),)](x, out, n, **kw)
-
-    return _built(x, out, run, [(reduce_block_kernel, (x, out, n), kw)])
+    return _one_atomic_sum(reduce_block_kernel, device, n, {"BLOCK": block, "num_warps": warps})
 
 
 def build_two_pass(device: str, n: int, block: int = 4096, warps: int = 8):
@@ -176,39 +165,23 @@ def steps(n: int):
 def run(out: str | None = None, ncu: bool = False, size: int | None = None, device=None, console=None,
         resources: bool = True) -> dict:
     """The ladder's report (written to ``out`` when given)."""
-    from opforge.profile import report
-    from opforge.profile.compare import compare
+    from opforge.profile.compare import run_ladder
 
     on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu"
     n = size or ((1 << 26) if on_gpu else 5000)
-    rep = compare(f"reduction ladder: sum of {n} fp32", steps(n), device=device, ncu=ncu, resources=resources,
-                  sys_path=[HERE],
-                  notes=["bytes counted: the vector read once; FLOPs: one add per element"])
-    if console is not None:
-        report.print_report(rep, console)
-    if out:
-        report.write_all(rep, out, "reduction_ladder")
-    return rep
+    return run_ladder("reduction_ladder", f"reduction ladder: sum of {n} fp32", steps(n), out=out, console=console,
+                      device=device, ncu=ncu, resources=resources, sys_path=[HERE],
+                      notes=["bytes counted: the vector read once; FLOPs: one add per element"])
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
+    from opforge.profile.compare import ladder_main
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write reduction_ladder.{json,html,png} here")
-    p.add_argument("--ncu", action="store_true", help="Nsight Compute figures (CUDA, ncu installed)")
-    p.add_argument("--size", type=int, help="vector length (default 2**26 on CUDA, 5000 on CPU)")
-    a = p.parse_args(argv)
-    rep = run(a.out, a.ncu, a.size, console=Console(width=None if sys.stdout.isatty() else 150))
-    bad = [r["label"] for r in rep["rows"] if not r["correct"]]
-    if bad:
-        print(f"WRONG results: {bad}", file=sys.stderr)
-    return 1 if bad else 0
+    return ladder_main(run, "reduction_ladder", __doc__.split("\n\n")[0],
+                       "vector length (default 2**26 on CUDA, 5000 on CPU)", argv)
 
 
 if __name__ == "__main__":
-    # run as the importable module, so a compile child (and ncu) can find the kernels by name
-    sys.path.insert(0, HERE)
-    import reduction_ladder
+    from opforge.profile.compare import main_as_module
 
-    sys.exit(reduction_ladder.main())
+    main_as_module(__file__)

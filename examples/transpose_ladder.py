@@ -27,9 +27,7 @@ checked against ``x.t()``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 import torch
 
@@ -111,41 +109,25 @@ def steps(m: int, n: int):
 def run(out: str | None = None, ncu: bool = False, size: int | None = None, device=None, console=None,
         resources: bool = True) -> dict:
     """The ladder's report (written to ``out`` when given)."""
-    from opforge.profile import report
-    from opforge.profile.compare import compare
+    from opforge.profile.compare import run_ladder
 
     on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu"
     m = n = size or (8192 if on_gpu else 48)
     if not on_gpu:
         n = m + 24  # not square, not a multiple of the tile: masks are exercised
-    rep = compare(f"transpose ladder: {m}x{n} fp32", steps(m, n), device=device, ncu=ncu, resources=resources,
-                  sys_path=[HERE],
-                  notes=["bytes counted: the matrix read once and written once"])
-    if console is not None:
-        report.print_report(rep, console)
-    if out:
-        report.write_all(rep, out, "transpose_ladder")
-    return rep
+    return run_ladder("transpose_ladder", f"transpose ladder: {m}x{n} fp32", steps(m, n), out=out, console=console,
+                      device=device, ncu=ncu, resources=resources, sys_path=[HERE],
+                      notes=["bytes counted: the matrix read once and written once"])
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
+    from opforge.profile.compare import ladder_main
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write transpose_ladder.{json,html,png} here")
-    p.add_argument("--ncu", action="store_true", help="Nsight Compute figures (CUDA, ncu installed)")
-    p.add_argument("--size", type=int, help="matrix side (default 8192 on CUDA, 48 on CPU)")
-    a = p.parse_args(argv)
-    rep = run(a.out, a.ncu, a.size, console=Console(width=None if sys.stdout.isatty() else 150))
-    bad = [r["label"] for r in rep["rows"] if not r["correct"]]
-    if bad:
-        print(f"WRONG results: {bad}", file=sys.stderr)
-    return 1 if bad else 0
+    return ladder_main(run, "transpose_ladder", __doc__.split("\n\n")[0],
+                       "matrix side (default 8192 on CUDA, 48 on CPU)", argv)
 
 
 if __name__ == "__main__":
-    # run as the importable module, so a compile child (and ncu) can find the kernels by name
-    sys.path.insert(0, HERE)
-    import transpose_ladder
+    from opforge.profile.compare import main_as_module
 
-    sys.exit(transpose_ladder.main())
+    main_as_module(__file__)

@@ -101,7 +101,11 @@ def run(device: torch.device | None = None, console: Console | None = None,
         for v in op.variants:
             if v.kind == "reference":
                 continue
-            results.append(check_variant(op, v, device))
+            r = check_variant(op, v, device)
+            results.append(r)
+            # a line as each variant finishes: a run cut short by a time limit still says what it checked
+            console.print(f"{r.op} {r.variant}: {r.passed} passed, {r.failed} failed, {r.skipped} skipped, "
+                          f"worst rel err {r.worst_err:.1e}", markup=False, highlight=False)
     table = Table(title=f"opforge selftest on {devmod.device_info(device).name} ({devmod.device_info(device).arch})")
     for col in ("op", "variant", "passed", "failed", "skipped", "worst rel err", "status"):
         table.add_column(col)

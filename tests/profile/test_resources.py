@@ -4,16 +4,9 @@ import pytest
 import torch
 
 import kernels_for_test as K
-from opforge.profile import (ProfileError, compile_resources, op_resources, parse_ptxas, ptxas_path,
-                             theoretical_occupancy)
+from opforge.profile import ProfileError, compile_resources, op_resources, parse_ptxas, theoretical_occupancy
 from opforge.profile import resources as R
-
-try:
-    ptxas_path()
-    HAVE_PTXAS = True
-except ProfileError:
-    HAVE_PTXAS = False
-needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="Triton's ptxas is not available")
+from ptxas_mark import needs_ptxas
 
 
 def test_parse_ptxas():
@@ -76,10 +69,9 @@ def test_op_resources_softmax_meta_tensors():
     assert r.num_warps == decision.config.get("num_warps", 4)
 
 
+@needs_ptxas
 def test_op_resources_vendor_only_is_an_error():
     x = torch.empty(8, 8)
-    if not HAVE_PTXAS:
-        pytest.skip("needs ptxas")
     with pytest.raises(ProfileError, match="no Triton kernel"):
         op_resources("softmax", x, -1, variant="reference")
 
@@ -100,10 +92,24 @@ def test_op_resources_forced_split_variant_is_json_ready():
     json.dumps([r.to_dict() for r in res])
 
 
+@needs_ptxas
 def test_unknown_op_and_variant():
-    if not HAVE_PTXAS:
-        pytest.skip("needs ptxas")
     with pytest.raises(KeyError):
         op_resources("no_such_op", torch.empty(2))
     with pytest.raises((KeyError, ValueError)):
         op_resources("softmax", torch.empty(2, 2), -1, variant="no_such_variant")
+
+
+def test_tensors_travel_to_the_compile_child_with_their_values_fp8_included():
+    import pickle
+
+    import torch
+
+    from opforge.profile import resources as R
+
+    for t in (torch.arange(12, dtype=torch.float32).view(3, 4).t(),
+              torch.randn(5, 7).to(torch.float8_e4m3fn).t(), torch.randn(3).to(torch.float8_e5m2)):
+        back = R._materialize(pickle.loads(pickle.dumps(R._tensor_spec(t))))
+        assert back.dtype == t.dtype and back.shape == t.shape and back.stride() == t.stride()
+        assert torch.equal(back.view(torch.uint8) if t.element_size() == 1 else back,
+                           t.view(torch.uint8) if t.element_size() == 1 else t)

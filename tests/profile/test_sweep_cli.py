@@ -7,18 +7,11 @@ import pytest
 import torch
 
 import kernels_for_test as K
-from opforge.profile import ProfileError, kernel_resources, ptxas_path, theoretical_occupancy
+from opforge.profile import kernel_resources, theoretical_occupancy
 from opforge.profile import report as R
-
 from opforge.profile import sweep as S
 from opforge.profile.resources import launches_resources
-
-try:
-    ptxas_path()
-    HAVE_PTXAS = True
-except ProfileError:
-    HAVE_PTXAS = False
-needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="Triton's ptxas is not available")
+from ptxas_mark import needs_ptxas
 
 
 def test_pick_configs():
@@ -87,6 +80,7 @@ def test_user_kernel_launches():
     assert small.num_warps == 4 and isinstance(bad, str) and "alpha" in bad
 
 
+@needs_ptxas
 def test_user_kernel_must_be_importable():
     import triton
     import triton.language as tl
@@ -95,8 +89,6 @@ def test_user_kernel_must_be_importable():
     def local_kernel(x_ptr, BLOCK: tl.constexpr):
         tl.store(x_ptr + tl.arange(0, BLOCK), 1.0)
 
-    if not HAVE_PTXAS:
-        pytest.skip("needs ptxas")
     with pytest.raises(ValueError, match="cannot be imported by name"):
         kernel_resources(local_kernel, torch.empty(16), BLOCK=16)
 

@@ -14,6 +14,8 @@ Triton interpreter, small), compiles every launch for sm_90 in one child
 (registers, spills, shared memory, occupancy), and on CUDA times each step
 (bench timing: CUDA events, L2 flushed) and, with ``ncu=True``, runs Nsight
 Compute on the step's kernels; the result is a ``kind: "ladder"`` report.
+``run_ladder``, ``ladder_main`` and ``main_as_module`` are the examples'
+report writer, command line and script entry, shared by every ladder.
 """
 
 from __future__ import annotations
@@ -116,6 +118,50 @@ def compare(title: str, steps: list[Step], *, device=None, ncu: bool = False, re
         ncu_error = "--ncu needs a CUDA device: ncu measures kernels running on a GPU"
     return rep_mod.new_report("ladder", title, rows, ceilings=ceilings, notes=notes, ncu_error=ncu_error,
                               max_rel_err={s.name: e for s, e in zip(steps, errors)})
+
+
+def run_ladder(name: str, title: str, steps: list[Step], *, out: str | None = None, console=None,
+               notes=(), **compare_kw) -> dict:
+    """``compare``, printed to ``console`` and written to ``out`` as ``name.{json,html,png}`` when given."""
+    from opforge.profile import report
+
+    rep = compare(title, steps, notes=notes, **compare_kw)
+    if console is not None:
+        report.print_report(rep, console)
+    if out:
+        report.write_all(rep, out, name)
+    return rep
+
+
+def ladder_main(run: Callable[..., dict], name: str, description: str, size_help: str, argv=None) -> int:
+    """An example ladder's command line: ``run(out, ncu, size, console=...)``; exit 1 when a step is wrong."""
+    import argparse
+    import sys
+
+    from rich.console import Console
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", help=f"write {name}.{{json,html,png}} here")
+    p.add_argument("--ncu", action="store_true", help="Nsight Compute figures (CUDA, ncu installed)")
+    p.add_argument("--size", type=int, help=size_help)
+    a = p.parse_args(argv)
+    rep = run(a.out, a.ncu, a.size, console=Console(width=None if sys.stdout.isatty() else 150))
+    bad = [r["label"] for r in rep["rows"] if not r["correct"]]
+    if bad:
+        print(f"WRONG results: {bad}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main_as_module(path: str) -> None:
+    """Exit with the ``main()`` of the script at ``path`` imported as a module by its name, so that a
+    compile child (and ncu) can find its kernels by name."""
+    import importlib
+    import os
+    import sys
+
+    here, file = os.path.split(os.path.abspath(path))
+    sys.path.insert(0, here)
+    sys.exit(importlib.import_module(os.path.splitext(file)[0]).main())
 
 
 def _name(fn) -> str:

@@ -263,7 +263,11 @@ def _tensor_spec(t):
     """What the child rebuilds ``t`` from: its values when it has real, small
     data (host code may read them: targets, hash-table sizes), else zeros of
     its shape, strides and dtype."""
+    import torch
+
     if t.device.type != "meta" and t.numel() * t.element_size() <= _DATA_LIMIT:
+        if t.dtype.is_floating_point and t.element_size() == 1:  # torch cannot unpickle fp8 tensors
+            return ("__bits__", t.detach().cpu().view(torch.uint8), str(t.dtype).replace("torch.", ""))
         return ("__data__", t.detach().cpu())
     return ("__tensor__", tuple(t.shape), tuple(t.stride()), str(t.dtype).replace("torch.", ""),
             t.storage_offset())
@@ -274,6 +278,8 @@ def _materialize(a):
 
     if isinstance(a, tuple) and a and a[0] == "__data__":
         return a[1]
+    if isinstance(a, tuple) and a and a[0] == "__bits__":
+        return a[1].view(getattr(torch, a[2]))
     if isinstance(a, tuple) and a and a[0] == "__tensor__":
         _, shape, stride, dtype, offset = a
         size = 1 + sum((s - 1) * st for s, st in zip(shape, stride) if s > 0) + offset if all(shape) else 0

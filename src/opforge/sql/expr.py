@@ -562,6 +562,35 @@ def conjuncts(e: Expr | None) -> list[Expr]:
     return [e]
 
 
+def equi_pair(c: Expr, left: set[int], right: set[int]):
+    """(left expr, right expr) when c is `a = b` with a over `left` and b over `right` (either order)."""
+    if not (isinstance(c, Func) and c.name == "cmp" and c.extra == "="):
+        return None
+    a, b = c.args
+    ac, bc = a.cids(), b.cids()
+    if not ac or not bc:
+        return None
+    if ac <= left and bc <= right:
+        return a, b
+    if bc <= left and ac <= right:
+        return b, a
+    return None
+
+
+def split_equi(conds: list[Expr], left: set[int], right: set[int]) -> tuple[list[Expr], list[Expr], list[Expr]]:
+    """(left keys, right keys, residual): the equalities of ``conds`` between ``left`` and ``right``
+    become join keys, in order; every other condition is residual."""
+    lk, rk, residual = [], [], []
+    for c in conds:
+        pair = equi_pair(c, left, right)
+        if pair:
+            lk.append(pair[0])
+            rk.append(pair[1])
+        else:
+            residual.append(c)
+    return lk, rk, residual
+
+
 def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
     """Replace column references by expressions (used when pushing predicates below projections)."""
     if isinstance(e, Ref):

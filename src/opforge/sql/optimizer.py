@@ -3,7 +3,7 @@ projections, into join sides and join keys), projection pruning. Join order is c
 from __future__ import annotations
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, substitute
+from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, split_equi, substitute
 
 
 def optimize(node: P.Node, device) -> P.Node:
@@ -104,13 +104,8 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         lk, rk = list(node.left_keys), list(node.right_keys)
         residual = conjuncts(node.residual)
         if kind in ("inner", "cross"):
-            for p in stay:
-                pair = _equi(p, lc, rc)
-                if pair:
-                    lk.append(pair[0])
-                    rk.append(pair[1])
-                else:
-                    residual.append(p)
+            elk, erk, eresidual = split_equi(stay, lc, rc)
+            lk, rk, residual = lk + elk, rk + erk, residual + eresidual
             stay = []
             # a residual over one side only of an inner join filters that side
             to_left += [p for p in residual if p.cids() <= lc]
@@ -141,11 +136,6 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
     if isinstance(node, P.Union):
         return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
     return _wrap(node, preds)
-
-
-def _equi(c, left, right):
-    from opforge.sql.frontend.binder import _equi_pair
-    return _equi_pair(c, left, right)
 
 
 # ------------------------------------------------------------------------------------------ pruning

@@ -11,40 +11,41 @@ if not hasattr(sql, "connect"):
     pytest.skip("opforge.sql has no connect() yet: the engine is not in this tree", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def con(tpch_paths):
-    connection = sql.connect(device="cpu")
+def _connect(tpch_paths, **options):
+    connection = sql.connect(device="cpu", **options)
     for name, path in tpch_paths.items():
         connection.register(name, str(path))
     return connection
 
 
+def _assert_matches_duckdb(connection, answers, n, label=""):
+    text = queries.query(n)
+    ours = connection.sql(text).to_arrow()
+    keys = compare.order_keys(text)
+    diffs = compare.compare(ours, answers[n], ordered=keys is not None, order_by=keys)
+    assert not diffs, f"{queries.name(n)}{label} differs from DuckDB:\n" + "\n".join(diffs)
+
+
+@pytest.fixture(scope="module")
+def con(tpch_paths):
+    return _connect(tpch_paths)
+
+
 @pytest.mark.parametrize("n", queries.NUMBERS, ids=queries.name)
 def test_tpch_query_matches_duckdb(con, tpch_answers, n):
-    text = queries.query(n)
-    ours = con.sql(text).to_arrow()
-    keys = compare.order_keys(text)
-    diffs = compare.compare(ours, tpch_answers[n], ordered=keys is not None, order_by=keys)
-    assert not diffs, f"{queries.name(n)} differs from DuckDB:\n" + "\n".join(diffs)
+    _assert_matches_duckdb(con, tpch_answers, n)
 
 
 @pytest.fixture(scope="module")
 def con_partitioned(tpch_paths):
     """Hash joins everywhere and a 256 KiB budget: lineitem-sized build sides and group tables are
     radix-partitioned (16+ parts)."""
-    connection = sql.connect(device="cpu", memory_budget=1 << 18, join_algorithm="hash")
-    for name, path in tpch_paths.items():
-        connection.register(name, str(path))
-    return connection
+    return _connect(tpch_paths, memory_budget=1 << 18, join_algorithm="hash")
 
 
 @pytest.mark.parametrize("n", queries.NUMBERS, ids=queries.name)
 def test_tpch_query_partitioned_matches_duckdb(con_partitioned, tpch_answers, n):
-    text = queries.query(n)
-    ours = con_partitioned.sql(text).to_arrow()
-    keys = compare.order_keys(text)
-    diffs = compare.compare(ours, tpch_answers[n], ordered=keys is not None, order_by=keys)
-    assert not diffs, f"{queries.name(n)} (partitioned) differs from DuckDB:\n" + "\n".join(diffs)
+    _assert_matches_duckdb(con_partitioned, tpch_answers, n, " (partitioned)")
 
 
 @pytest.mark.parametrize("n", [1, 3, 5, 9, 13, 18, 21], ids=queries.name)

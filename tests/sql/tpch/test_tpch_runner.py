@@ -14,6 +14,14 @@ from opforge.sql.tpch import runner
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "tpch.py"
 
 
+def _load_script():
+    """benchmarks/tpch.py as a fresh module (it is a script, not on the import path)."""
+    spec = importlib.util.spec_from_file_location("tpch_benchmark_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 class _Result:
     def __init__(self, table):
         self.table = table
@@ -80,9 +88,7 @@ def test_time_query_counts_warmup_and_repeats():
 
 
 def test_benchmark_script_writes_json_and_chart(tpch_root, tpch_paths, tmp_path):
-    spec = importlib.util.spec_from_file_location("tpch_benchmark_script", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _load_script()
     out = tmp_path / "tpch.json"
     argv = ["--sf", "0.01", "--device", "cpu", "--repeats", "1", "--queries", "1,q06", "--data-dir", str(tpch_root),
             "--out", str(out), "--duckdb-threads", "1"]
@@ -97,9 +103,7 @@ def test_benchmark_script_writes_json_and_chart(tpch_root, tpch_paths, tmp_path)
 
 
 def test_benchmark_script_analyze_with_the_engine(tpch_root, tpch_paths, tmp_path):
-    spec = importlib.util.spec_from_file_location("tpch_benchmark_script", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _load_script()
     out = tmp_path / "tpch.json"
     argv = ["--sf", "0.01", "--device", "cpu", "--repeats", "1", "--warmup", "0", "--queries", "3", "--data-dir",
             str(tpch_root), "--out", str(out), "--duckdb-threads", "1", "--no-plot", "--analyze",

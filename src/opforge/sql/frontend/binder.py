@@ -10,7 +10,7 @@ from sqlglot import exp
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, factor_or
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.physical.aggregate import result_type
@@ -190,15 +190,7 @@ class Binder:
         return node, rest, correlated
 
     def _join(self, left: P.Node, right: P.Node, kind: str, conds: list[Expr], right_cids: set[int]) -> P.Join:
-        lk, rk, residual = [], [], []
-        left_cids = {o.cid for o in left.outputs}
-        for c in conds:
-            pair = _equi_pair(c, left_cids, right_cids)
-            if pair:
-                lk.append(pair[0])
-                rk.append(pair[1])
-            else:
-                residual.append(c)
+        lk, rk, residual = split_equi(conds, {o.cid for o in left.outputs}, right_cids)
         return P.Join(left, right, kind if (lk or residual or kind != "inner") else "cross", lk, rk,
                       and_(residual) if residual else None)
 
@@ -215,7 +207,7 @@ class Binder:
         remaining = items[1:]
         while remaining:
             pick = next((i for i, (_, cids) in enumerate(remaining)
-                         if any(_equi_pair(c, joined, cids) for c in conds)), 0)
+                         if any(equi_pair(c, joined, cids) for c in conds)), 0)
             rnode, rcids = remaining.pop(pick)
             both = joined | rcids
             use = [c for c in conds if c.cids() <= both]
@@ -261,30 +253,25 @@ class Binder:
             if sscope.outer_refs:
                 raise NotSupportedError("correlated EXISTS over a grouped or limited subquery")
             return self._uncorrelated_exists(node, sub, kind)
+        inner, inner_scope, correlated = self._bind_correlated(q, scope)
+        if not correlated:
+            return self._uncorrelated_exists(node, inner, kind)
+        lk, rk, residual = split_equi(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
+        return P.Join(node, inner, kind, lk, rk, and_(residual) if residual else None)
+
+    def _bind_correlated(self, q, scope):
+        """A subquery's FROM and local WHERE conjuncts in a scope under ``scope``; its conditions on
+        outer columns are returned apart, for the caller to join on."""
         inner_scope = Scope(parent=scope)
         inner, rest, correlated = self._from(q, inner_scope)
         for w in rest:
             inner = self._apply_subquery_conjunct(inner, w, inner_scope)
-        if not correlated:
-            return self._uncorrelated_exists(node, inner, kind)
-        lk, rk, residual = self._split_correlation(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
-        return P.Join(node, inner, kind, lk, rk, and_(residual) if residual else None)
+        return inner, inner_scope, correlated
 
     def _uncorrelated_exists(self, node, sub, kind):
         found = self.run_scalar(P.Aggregate(P.Limit(sub, 1), [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])) > 0
         keep = found if kind == "semi" else not found
         return node if keep else P.Filter(node, Lit(False, T.BOOL))
-
-    def _split_correlation(self, correlated, outer_cids, inner_cids):
-        lk, rk, residual = [], [], []
-        for c in correlated:
-            pair = _equi_pair(c, outer_cids, inner_cids)
-            if pair:
-                lk.append(pair[0])
-                rk.append(pair[1])
-            else:
-                residual.append(c)
-        return lk, rk, residual
 
     def scalar_subquery(self, q, scope: Scope, hook):
         sub, sscope = self.bind_query(q, scope)
@@ -304,11 +291,8 @@ class Binder:
             raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
         if any(isinstance(a, exp.Count) for a in q.expressions[0].find_all(exp.Count)):
             raise NotSupportedError("correlated scalar subquery with COUNT")
-        inner_scope = Scope(parent=scope)
-        inner, rest, correlated = self._from(q, inner_scope)
-        for w in rest:
-            inner = self._apply_subquery_conjunct(inner, w, inner_scope)
-        lk, rk, residual = self._split_correlation(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
+        inner, inner_scope, correlated = self._bind_correlated(q, scope)
+        lk, rk, residual = split_equi(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
         if residual or not lk:
             raise NotSupportedError("correlated scalar subquery with non-equality correlation")
         keys = [(self.new_col(f"k{i}", k.type), k) for i, k in enumerate(rk)]
@@ -521,18 +505,3 @@ def _split_and(e: exp.Expression) -> list[exp.Expression]:
 
 def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
-
-
-def _equi_pair(c: Expr, left: set[int], right: set[int]):
-    """(left expr, right expr) when c is `a = b` with a over `left` and b over `right` (either order)."""
-    if not (isinstance(c, Func) and c.name == "cmp" and c.extra == "="):
-        return None
-    a, b = c.args
-    ac, bc = a.cids(), b.cids()
-    if not ac or not bc:
-        return None
-    if ac <= left and bc <= right:
-        return a, b
-    if bc <= left and ac <= right:
-        return b, a
-    return None
