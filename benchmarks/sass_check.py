@@ -3,9 +3,12 @@
 
 Reads the cubins in Triton's on-disk cache (run it after a bench or selftest
 filled the cache), disassembles each with ``cuobjdump -sass`` and counts the
-instructions per kernel. Usage::
+instructions per kernel. With ``--compile`` it first compiles the Hopper
+variants (attention, matmul, FP8/INT8 scaled and grouped GEMM) at bench shapes
+for sm_90 into that cache, on any machine: Triton's bundled ptxas is the one
+the GPU machine uses. Usage::
 
-    python benchmarks/sass_check.py [--cache DIR] [--match attention|gemm] [--json OUT]
+    python benchmarks/sass_check.py [--compile] [--cache DIR] [--match attention|gemm] [--json OUT]
 """
 
 from __future__ import annotations
@@ -42,13 +45,49 @@ def count(cubin: Path, tool: str) -> dict[str, int]:
     return {ins: len(re.findall(rf"\b{ins}\b", sass)) for ins in INSTRUCTIONS}
 
 
+def compile_hopper_variants(cache: str) -> None:
+    """Compile (not run) what dispatch takes on an H200 at bench shapes, into ``cache``."""
+    os.environ["TRITON_CACHE_DIR"] = cache  # the compile child inherits it
+    import torch
+
+    from opforge import profile
+    from opforge.ops.attention import default_scale
+    from opforge.ops.matmul import Epilogue
+    from opforge.ops.scaled_matmul import ScaledEpilogue
+
+    bf = torch.bfloat16
+    q, lse = torch.empty(4, 16, 2048, 128, dtype=bf, device="meta"), torch.empty(4, 16, 2048, device="meta")
+    a = torch.empty(4096, 4096, dtype=bf, device="meta")
+    f8, i8 = (torch.empty(4096, 4096, dtype=dt, device="meta") for dt in (torch.float8_e4m3fn, torch.int8))
+    sa, sb = torch.ones(4096, 1), torch.ones(1, 4096)
+    se = ScaledEpilogue(out_dtype=bf, activation=None, fast_accum=False, bias=False)
+    attn = (default_scale(128), -1, 0, None, None, -1, -1)
+    jobs = [
+        ("attention", (q, q, q, *attn), "triton_flash_tma"),
+        ("attention_backward", (q, q, q, q, q, lse, *attn), "triton_flash_tma"),
+        ("matmul", (a, a, None, None, Epilogue()), "triton_tma_persistent"),
+        ("scaled_matmul", (f8, f8.t(), sa, sb, None, se), "triton_tma_persistent"),
+        ("scaled_matmul", (i8, i8.t(), sa, sb, None, se), "triton_tma_persistent"),
+        ("grouped_matmul", (torch.empty(16384, 4096, dtype=bf, device="meta"),
+                            torch.empty(8, 4096, 4096, dtype=bf, device="meta"),
+                            torch.arange(1, 9, dtype=torch.int32) * 2048, None, None, Epilogue()), "triton_persistent"),
+    ]
+    for op, args, variant in jobs:
+        _, res = profile.op_resources(op, *args, variant=variant)
+        for r in res:
+            print(f"compiled {op} [{variant}]: {r}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", default=os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache")))
     p.add_argument("--match", default="", help="regex on the kernel name")
     p.add_argument("--json", dest="json_path")
+    p.add_argument("--compile", action="store_true", help="compile the Hopper variants for sm_90 first")
     args = p.parse_args()
     tool = cuobjdump()
+    if args.compile:
+        compile_hopper_variants(args.cache)
     rows = []
     for cubin in sorted(Path(args.cache).rglob("*.cubin")):
         name = cubin.stem
