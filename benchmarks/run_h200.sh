@@ -4,7 +4,8 @@
 #   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
-#    accuracy tables, hash-join bench)
+#    accuracy tables, hash-join bench; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
+#    overlapped tensor-parallel GEMM bench)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
@@ -41,6 +42,11 @@ for phase in "$@"; do
         --budget "${TUNE_BUDGET:-300}" --export "$OUT/h200-bench.jsonl" ;;
     sanitize)
       python3 -m opforge selftest --sanitize ;;
+    dist)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OPFORGE_AUTOTUNE=off
+      OPFORGE_INTERPRET=0 OPFORGE_DIST_TEST_BACKEND=nccl timeout 110 python3 -m pytest tests/dist -q -p no:cacheprovider
+      timeout 170 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \
+        benchmarks/dist_overlap.py --json "$OUT/dist-overlap-$stamp.json" ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;
     extras)

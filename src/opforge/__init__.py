@@ -34,9 +34,11 @@ from opforge.runtime.dispatch import explain  # noqa: E402
 from opforge.fusion import fuse  # noqa: E402
 from opforge import nn  # noqa: E402
 from opforge.sql import connect  # noqa: E402
+from opforge import dist  # noqa: E402
+from opforge import stream  # noqa: E402
 
 __all__ = [
-    "__version__", "explain", "fuse", "nn", "connect",
+    "__version__", "explain", "fuse", "nn", "connect", "stream", "dist",
     # elementwise
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",

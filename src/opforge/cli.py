@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-crossover", action="store_true", help="skip the variant size sweep")
     b.add_argument("--no-host", action="store_true", help="skip dispatch-overhead and first-call figures")
     b.add_argument("--refresh-ceilings", action="store_true", help="measure the ceilings again")
+    b.add_argument("--dist", action="store_true",
+                   help="overlapped tensor-parallel GEMM bench (torchrun --nproc-per-node N -m opforge bench --dist)")
     b.add_argument("--prewarm", type=int, default=None, metavar="N",
                    help="compile every case first in N worker processes (default: on a GPU, half the CPU cores)")
 
@@ -87,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
 
         demo.run(console)
         return 0
+    if args.command == "bench" and args.dist:
+        from opforge.dist import bench as dist_bench
+
+        return dist_bench.main((["--quick"] if args.quick else []) + (["--json", args.json_path] if args.json_path else []))
     if args.command == "bench":
         from opforge.bench import harness, plot
 

@@ -24,7 +24,9 @@ def test_doctor_reports_versions_and_cache(capsys):
 
 def test_bench_quick_writes_design_json_and_png(tmp_path):
     js, png = tmp_path / "r.json", tmp_path / "r.png"
-    code = cli.main(["bench", "--quick", "--no-crossover", "--no-host", "--json", str(js), "--plot", str(png)])
+    # a memory-bound and a compute-bound family (every family's quick cases: tests/bench/test_families.py)
+    code = cli.main(["bench", "--quick", "--family", "softmax", "--family", "transpose", "--family", "grouped_gemm",
+                     "--no-crossover", "--no-host", "--json", str(js), "--plot", str(png)])
     assert code == 0  # every entry passed its correctness check
     r = json.loads(js.read_text())
     for field in ("schema_version", "date", "gpu", "driver", "torch", "triton", "ceilings", "entries"):

@@ -11,17 +11,15 @@ import math
 
 import pytest
 import torch
+from helpers import INTERPRETER_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.kernels import attention as K
 
-F16, F32, F64 = torch.float16, torch.float32, torch.float64
+F16, F32 = torch.float16, torch.float32
 BOUND = {F32: 1e-5, F16: 1e-3}
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-]
+pytestmark = INTERPRETER_WARNINGS
 
 
 def naive(q, k, v, scale, left, right):
@@ -45,10 +43,6 @@ def naive(q, k, v, scale, left, right):
     p = w / torch.where(denom == 0, 1.0, denom)
     lse = torch.where(keep.any(-1), torch.log(denom[..., 0]) + mx[..., 0], math.inf)
     return p @ v, lse
-
-
-def rand(shape, gen, dtype, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=F64) * scale).to(dtype)
 
 
 CFG_F = [{"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 32}]

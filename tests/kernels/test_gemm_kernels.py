@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import INTERPRETER_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.kernels import gemm as K
@@ -21,14 +22,7 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 BOUND = {F32: 1e-5, BF16: 1e-2, F16: 1e-3, F64: 1e-12}
 ACTS = (None, "relu", "gelu", "gelu_tanh", "silu")
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-]
-
-
-def rand(shape, gen, dtype=F32, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=F64) * scale).to(dtype)
+pytestmark = INTERPRETER_WARNINGS
 
 
 def oracle(a, b, bias=None, activation=None, residual=None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from helpers import INTERPRETER_WARNINGS
 
 from opforge.bench.case import rel_err
 from opforge.nn.linear import Linear as FusedLinear
@@ -20,10 +21,7 @@ from opforge.quant.calibration import ActivationObserver
 I8, E4M3 = torch.int8, torch.float8_e4m3fn
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-]
+pytestmark = INTERPRETER_WARNINGS
 
 
 def make_linear(K, N, gen, bias=True, dtype=F32):

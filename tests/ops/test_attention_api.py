@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import API_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.ops import attention as A
@@ -19,15 +20,7 @@ from opforge.runtime.dispatch import force_variant
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 OPS = torch.ops.opforge
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:.*script_method.*:DeprecationWarning"),
-]
-
-
-def rand(shape, gen, dtype=F32, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=F64) * scale).to(dtype)
+pytestmark = API_WARNINGS
 
 
 def sdpa64(q, k, v, causal=False, scale=None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import INTERPRETER_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.kernels import attention_decode as K
@@ -23,10 +24,7 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 BOUND = {F32: 1e-5, F16: 1e-3, BF16: 1e-2, F64: 1e-12}
 TRITON = "triton_split_kv"
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # interpreter: log2(0), -inf - -inf in masked lanes
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-]
+pytestmark = INTERPRETER_WARNINGS
 
 
 # ---------------------------------------------------------------------------
@@ -35,9 +33,9 @@ pytestmark = [
 def build(gen, B, Sq, Hq, H_kv, D, cap, lengths, dtype=F32, page=None):
     """q, a cache (contiguous, or paged with shuffled blocks), seqlens, the
     table (or None), and each sequence's live keys and values (float64)."""
-    q = torch.randn(B, Sq, Hq, D, generator=gen, dtype=F64).to(dtype)
-    ks = [torch.randn(n, H_kv, D, generator=gen, dtype=F64).to(dtype) for n in lengths]
-    vs = [torch.randn(n, H_kv, D, generator=gen, dtype=F64).to(dtype) for n in lengths]
+    q = rand((B, Sq, Hq, D), gen, dtype)
+    ks = [rand((n, H_kv, D), gen, dtype) for n in lengths]
+    vs = [rand((n, H_kv, D), gen, dtype) for n in lengths]
     seqlens = torch.tensor(lengths, dtype=torch.int32)
     if page is None:
         kc = torch.full((B, cap, H_kv, D), float("nan"), dtype=dtype)

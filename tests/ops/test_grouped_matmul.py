@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import API_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.kernels import grouped_gemm as GK
@@ -27,15 +28,7 @@ ACT = {None: lambda t: t, "relu": torch.relu, "gelu": F.gelu,
 TOL = {F32: 1e-5, F64: 1e-12, F16: 1e-3, BF16: 1e-2}
 SIZES = [0, 5, 17, 1]
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:.*script_method.*:DeprecationWarning"),
-]
-
-
-def rand(shape, gen, dtype=F32, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=F64) * scale).to(dtype)
+pytestmark = API_WARNINGS
 
 
 def offs(sizes):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import API_WARNINGS, rand
 
 from opforge.bench.case import rel_err
 from opforge.ops import matmul as MM
@@ -23,15 +24,7 @@ OPS = torch.ops.opforge
 ACT = {None: lambda t: t, "relu": torch.relu, "gelu": F.gelu,
        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:.*script_method.*:DeprecationWarning"),
-]
-
-
-def rand(shape, gen, dtype=F32, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=F64) * scale).to(dtype)
+pytestmark = API_WARNINGS
 
 
 def epi(**kw):

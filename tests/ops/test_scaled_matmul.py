@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import INTERPRETER_WARNINGS
 
 from opforge.bench.case import rel_err
 from opforge.ops import scaled_matmul as SM
@@ -29,10 +30,7 @@ BOUND = {F32: 1e-5, BF16: 1e-2, F16: 1e-3}
 ACT = {None: lambda t: t, "relu": torch.relu, "gelu": F.gelu,
        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning"),
-]
+pytestmark = INTERPRETER_WARNINGS
 
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 1, "num_stages": 2}
 

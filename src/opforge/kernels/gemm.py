@@ -16,9 +16,12 @@ The gradient epilogues (``ACT >= GRAD_BASE``) instead produce
 multiplies by the incoming gradient (passed as ``residual``) in registers, so
 neither the pre-activation nor its derivative ever goes to memory.
 
-Three kernels share the tiling helper (``tile_coords``: grouped ordering of
-``[BLOCK_M, BLOCK_N]`` output tiles, ``GROUP_M`` tile-rows share the same
-columns of B while they sit in L2) and the epilogue (``epilogue_store``):
+Three kernels share the tiling helpers (``tile_coords`` / ``tile_origin``:
+grouped ordering of ``[BLOCK_M, BLOCK_N]`` output tiles, ``GROUP_M`` tile-rows
+share the same columns of B while they sit in L2; ``tile_ranges``) and the
+epilogue (``epilogue_store``). These, the pointer K loop (``dot_k_loop``,
+``load_k_block``) and the split-K partial store (``store_partial``) serve the
+scaled and grouped GEMM kernels too (Triton inlines them):
 
 * ``gemm_tma_persistent_kernel`` (Hopper): one program per SM walks output
   tiles ``start, start + #programs, ...``; A and B blocks come through device-
@@ -125,6 +128,63 @@ def activation_grad(z, ACT: tl.constexpr):
 
 
 @triton.jit
+def tile_origin(tile, grid_m, grid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The first row and column of output tile ``tile`` in the grouped order."""
+    pid_m, pid_n = tile_coords(tile, grid_m, grid_n, GROUP_M)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
+def tile_ranges(om, on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    """The rows and columns of the tile at origin (om, on), 64-bit when offsets need it."""
+    rm = om + tl.arange(0, BLOCK_M)
+    rn = on + tl.arange(0, BLOCK_N)
+    if INT64:
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    return rm, rn
+
+
+@triton.jit
+def load_k_block(a_ptrs, b_ptrs, k, rk, k_hi, EVEN_K: tl.constexpr):
+    """The [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N] blocks at K offset k (the K tail masked)."""
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=(k + rk)[None, :] < k_hi, other=0.0)
+        b = tl.load(b_ptrs, mask=(k + rk)[:, None] < k_hi, other=0.0)
+    return a, b
+
+
+@triton.jit
+def dot_k_loop(acc, a_ptr, b_ptr, am, bn, k_lo, k_hi, s_am, s_ak, s_bk, s_bn,
+               EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, COMPUTE: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """acc + A[am, k_lo:k_hi] @ B[k_lo:k_hi, bn] through pointer loads (the portable kernels' K loop)."""
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    b_ptrs = b_ptr + (k_lo + rk)[:, None] * s_bk + bn[None, :] * s_bn
+    for k in range(k_lo, k_hi, BLOCK_K):
+        a, b = load_k_block(a_ptrs, b_ptrs, k, rk, k_hi, EVEN_K)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=COMPUTE)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    return acc
+
+
+@triton.jit
+def store_partial(ws_ptr, plane, acc, rm, rn, M, N):
+    """Split-K: this slice's fp32 (fp64) partial into plane ``plane`` of a dense [.., M, N] workspace."""
+    ws = ws_ptr + (plane * M) * N
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    tl.store(ws + rm[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+@triton.jit
 def epilogue_store(acc, rm, rn, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_bias, res_ptr, s_rm, s_rn,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr):
     """bias -> activation -> residual -> one rounding store. ``c_ptr`` and
@@ -164,35 +224,18 @@ def gemm_tiled_kernel(
     split = tl.program_id(2)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = tile_coords(tile, grid_m, grid_n, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    om, on = tile_origin(tile, grid_m, grid_n, BLOCK_M, BLOCK_N, GROUP_M)
+    rm, rn = tile_ranges(om, on, BLOCK_M, BLOCK_N, INT64)
     if INT64:
         batch = batch.to(tl.int64)
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
     # Wrapped rows/columns load valid data that the store mask discards.
     am = rm % M
     bn = rn % N
     k_lo = split * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
-    a_ptrs = a_ptr + batch * s_ab + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
-    b_ptrs = b_ptr + batch * s_bb + (k_lo + rk)[:, None] * s_bk + bn[None, :] * s_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
-    for k in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=(k + rk)[None, :] < k_hi, other=0.0)
-            b = tl.load(b_ptrs, mask=(k + rk)[:, None] < k_hi, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=COMPUTE)
-        a_ptrs += BLOCK_K * s_ak
-        b_ptrs += BLOCK_K * s_bk
+    acc = dot_k_loop(acc, a_ptr + batch * s_ab, b_ptr + batch * s_bb, am, bn, k_lo, k_hi, s_am, s_ak, s_bk, s_bn,
+                     EVEN_K, UPCAST, PRECISION, COMPUTE, BLOCK_K)
     if SPLIT_K == 1:
         epilogue_store(acc, rm, rn, M, N, c_ptr + batch * s_cb, s_cm, s_cn, bias_ptr, s_bias,
                        res_ptr + batch * s_rb, s_rm, s_rn, HAS_BIAS, ACT, HAS_RES)
@@ -201,9 +244,7 @@ def gemm_tiled_kernel(
         nb = tl.num_programs(1)
         if INT64:
             split = split.to(tl.int64)
-        ws = ws_ptr + ((split * nb + batch) * M) * N
-        mask = (rm < M)[:, None] & (rn < N)[None, :]
-        tl.store(ws + rm[:, None] * N + rn[None, :], acc, mask=mask)
+        store_partial(ws_ptr, split * nb + batch, acc, rm, rn, M, N)
 
 
 @triton.jit
@@ -217,12 +258,9 @@ def splitk_reduce_kernel(
     tile = tl.program_id(0)
     batch = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
-    rm = (tile // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (tile % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm, rn = tile_ranges((tile // grid_n) * BLOCK_M, (tile % grid_n) * BLOCK_N, BLOCK_M, BLOCK_N, INT64)
     if INT64:
         batch = batch.to(tl.int64)
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     offs = (batch * M + rm[:, None]) * N + rn[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
@@ -261,9 +299,7 @@ def gemm_tma_persistent_kernel(
     n_tiles = grid_m * grid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(start, n_tiles, tl.num_programs(0), flatten=FLATTEN):
-        pid_m, pid_n = tile_coords(tile, grid_m, grid_n, GROUP_M)
-        om = pid_m * BLOCK_M
-        on = pid_n * BLOCK_N
+        om, on = tile_origin(tile, grid_m, grid_n, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             ok = kt * BLOCK_K
@@ -280,11 +316,7 @@ def gemm_tma_persistent_kernel(
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        rm = om + tl.arange(0, BLOCK_M)
-        rn = on + tl.arange(0, BLOCK_N)
-        if INT64:
-            rm = rm.to(tl.int64)
-            rn = rn.to(tl.int64)
+        rm, rn = tile_ranges(om, on, BLOCK_M, BLOCK_N, INT64)
         epilogue_store(acc, rm, rn, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_bias, res_ptr, s_rm, s_rn,
                        HAS_BIAS, ACT, HAS_RES)
 
@@ -309,6 +341,27 @@ def _fit(dim: int, block: int, lo: int = 16) -> int:
     return max(lo, min(block, triton.next_power_of_2(max(dim, 1))))
 
 
+def filling_shape(shapes, Bt: int, M: int, N: int, sms: int) -> tuple:
+    """The first (BLOCK_M, BLOCK_N, warps, stages) whose grid gives about one
+    program per SM (the last, smallest, when none does)."""
+    for shape in shapes:
+        if Bt * triton.cdiv(M, shape[0]) * triton.cdiv(N, shape[1]) >= 0.9 * sms:
+            return shape
+    return shapes[-1]
+
+
+def add_tile_configs(out: list, shapes, M: int, N: int, K: int, itemsize: int) -> list:
+    """Append each (BLOCK_M, BLOCK_N, BLOCK_K multiple, warps, stages) candidate
+    that fits shared memory and is not already in ``out``."""
+    bk = _itemsize_block_k(itemsize)
+    for bm, bn, k_mul, w, s in shapes:
+        cfg = {"BLOCK_M": _fit(M, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk * k_mul),
+               "GROUP_M": 8, "num_warps": w, "num_stages": s}
+        if smem_bytes(cfg, itemsize) <= SMEM_LIMIT and cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def tile_default_config(Bt: int, M: int, N: int, K: int, itemsize: int, sms: int = H200_SMS) -> dict:
     """The largest tile that still gives about one program per SM.
 
@@ -325,12 +378,7 @@ def tile_default_config(Bt: int, M: int, N: int, K: int, itemsize: int, sms: int
     shapes = [(128, 256, 8, 3), (128, 128, 8, 4), (64, 128, 4, 4), (64, 64, 4, 4)]
     if itemsize == 4:
         shapes = [(128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3)]
-    chosen = shapes[-1]
-    for bm, bn, w, s in shapes:
-        if Bt * triton.cdiv(M, bm) * triton.cdiv(N, bn) >= 0.9 * sms:
-            chosen = (bm, bn, w, s)
-            break
-    bm, bn, w, s = chosen
+    bm, bn, w, s = filling_shape(shapes, Bt, M, N, sms)
     return {"BLOCK_M": _fit(M, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk), "GROUP_M": 8,
             "num_warps": w, "num_stages": s}
 
@@ -340,15 +388,10 @@ def tile_configs(Bt: int, M: int, N: int, K: int, itemsize: int) -> list[dict]:
     if itemsize == 8:
         return [tile_default_config(Bt, M, N, K, itemsize),
                 {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}]
-    bk = _itemsize_block_k(itemsize)
-    out = []
-    for bm, bn, k_mul, w, s in ((128, 256, 1, 8, 3), (128, 256, 1, 8, 4), (256, 128, 1, 8, 3),
+    out = add_tile_configs([], ((128, 256, 1, 8, 3), (128, 256, 1, 8, 4), (256, 128, 1, 8, 3),
                                 (128, 128, 1, 8, 4), (128, 128, 2, 8, 3), (128, 128, 1, 4, 4),
-                                (64, 256, 1, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 3), (64, 64, 1, 4, 5)):
-        cfg = {"BLOCK_M": _fit(M, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk * k_mul),
-               "GROUP_M": 8, "num_warps": w, "num_stages": s}
-        if smem_bytes(cfg, itemsize) <= SMEM_LIMIT and cfg not in out:
-            out.append(cfg)
+                                (64, 256, 1, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 3), (64, 64, 1, 4, 5)),
+                           M, N, K, itemsize)
     default = tile_default_config(Bt, M, N, K, itemsize)
     return out if default in out else [default] + out
 
@@ -396,20 +439,31 @@ def splitk_splits(Bt: int, M: int, N: int, K: int, cfg: dict, sms: int = H200_SM
     return max(1, min(want, k_blocks // SPLITK_MIN_K_BLOCKS, SPLITK_MAX_SPLITS))
 
 
+def add_splitk_configs(out: list, cfg: dict, Bt: int, M: int, N: int, K: int, sms: int) -> None:
+    """Append ``cfg`` with the rule's K slices, half and twice as many (those not in ``out``)."""
+    base = splitk_splits(Bt, M, N, K, cfg, sms)
+    for splits in sorted({base, max(1, base // 2), base * 2}):
+        c = dict(cfg, SPLIT_K=min(splits, SPLITK_MAX_SPLITS))
+        if c not in out:
+            out.append(c)
+
+
 def splitk_configs(Bt: int, M: int, N: int, K: int, itemsize: int, sms: int = H200_SMS) -> list[dict]:
     bk = 2 * _itemsize_block_k(itemsize) if itemsize <= 4 else 16
     out = [splitk_default_config(Bt, M, N, K, itemsize, sms)]
     for bn, k_mul, w, s in ((64, 1, 4, 4), (128, 1, 4, 4), (64, 2, 4, 3), (128, 1, 8, 3), (256, 1, 8, 3), (32, 1, 2, 6)):
         cfg = {"BLOCK_M": _fit(M, 64), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk * k_mul),
                "GROUP_M": 1, "num_warps": w, "num_stages": s}
-        if smem_bytes(cfg, itemsize) > SMEM_LIMIT:
-            continue
-        base = splitk_splits(Bt, M, N, K, cfg, sms)
-        for splits in sorted({base, max(1, base // 2), base * 2}):
-            c = dict(cfg, SPLIT_K=min(splits, SPLITK_MAX_SPLITS))
-            if c not in out:
-                out.append(c)
+        if smem_bytes(cfg, itemsize) <= SMEM_LIMIT:
+            add_splitk_configs(out, cfg, Bt, M, N, K, sms)
     return out
+
+
+def k_slices(K: int, bk: int, config: dict) -> tuple[int, int]:
+    """(slices, K_SPLIT): at most ``SPLIT_K`` slices of whole BLOCK_K steps, none empty."""
+    splits = max(1, min(int(config.get("SPLIT_K", 1)), triton.cdiv(max(K, 1), bk)))
+    k_split = triton.cdiv(triton.cdiv(max(K, 1), bk), splits) * bk
+    return triton.cdiv(max(K, 1), k_split), k_split
 
 
 # ---------------------------------------------------------------------------
@@ -464,9 +518,7 @@ def launch_tiled(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> None:
     if Bt == 0 or M == 0 or N == 0:
         return
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    splits = max(1, min(int(config.get("SPLIT_K", 1)), triton.cdiv(max(K, 1), bk)))
-    k_split = triton.cdiv(triton.cdiv(max(K, 1), bk), splits) * bk
-    splits = triton.cdiv(max(K, 1), k_split)
+    splits, k_split = k_slices(K, bk, config)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if Bt > MAX_GRID_YZ:
         raise ValueError(f"opforge.matmul: a batch of {Bt} exceeds the {MAX_GRID_YZ} the tiled kernel launches")

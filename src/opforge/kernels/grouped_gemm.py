@@ -61,9 +61,10 @@ import triton
 import triton.language as tl
 
 from opforge.kernels.gemm import (
-    H200_SMS, SMEM_LIMIT, _compute, _fit, _set_allocator, _upcast, epilogue_store, needs_int64, precision,
-    smem_bytes, tile_coords,
+    H200_SMS, SMEM_LIMIT, _compute, _fit, _set_allocator, _upcast, add_tile_configs, dot_k_loop, epilogue_store,
+    needs_int64, precision, tile_origin, tile_ranges,
 )
+from opforge.kernels.gemm import _itemsize_block_k as _block_k
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 GROUPED_VERSION = "1"
@@ -127,37 +128,20 @@ def grouped_gemm_kernel(
 ):
     grid_n = tl.cdiv(N, BLOCK_N)
     gi, starts, rows, first, incl, total = packed_schedule(offs_ptr, G, M_total, grid_n, BLOCK_M, BLOCK_G)
-    rk = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), total, tl.num_programs(0)):
         g, row_lo, m_g, local = locate(tile, gi, starts, rows, first, incl)
-        pid_m, pid_n = tile_coords(local, tl.cdiv(m_g, BLOCK_M), grid_n, GROUP_M)
-        rm = row_lo + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        om, on = tile_origin(local, tl.cdiv(m_g, BLOCK_M), grid_n, BLOCK_M, BLOCK_N, GROUP_M)
+        rm, rn = tile_ranges(row_lo + om, on, BLOCK_M, BLOCK_N, INT64)
         gg = g
         if INT64:
-            rm = rm.to(tl.int64)
-            rn = rn.to(tl.int64)
             gg = g.to(tl.int64)
         row_hi = row_lo + m_g
         # Rows past the group's end read its last row; the store drops them.
         am = tl.minimum(rm, row_hi - 1)
         bn = rn % N
-        a_ptrs = a_ptr + am[:, None] * s_am + rk[None, :] * s_ak
-        b_ptrs = b_ptr + gg * s_bg + rk[:, None] * s_bk + bn[None, :] * s_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        for k in range(0, K, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                a = tl.load(a_ptrs, mask=(k + rk)[None, :] < K, other=0.0)
-                b = tl.load(b_ptrs, mask=(k + rk)[:, None] < K, other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=COMPUTE)
-            a_ptrs += BLOCK_K * s_ak
-            b_ptrs += BLOCK_K * s_bk
+        acc = dot_k_loop(acc, a_ptr, b_ptr + gg * s_bg, am, bn, 0, K, s_am, s_ak, s_bk, s_bn,
+                         EVEN_K, UPCAST, PRECISION, COMPUTE, BLOCK_K)
         epilogue_store(acc, rm, rn, row_hi, N, c_ptr, s_cm, s_cn, bias_ptr + gg * s_biasg, s_biasn,
                        res_ptr, s_rm, s_rn, HAS_BIAS, ACT, HAS_RES)
 
@@ -188,9 +172,8 @@ def grouped_gemm_tma_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in range(tl.program_id(0), total, tl.num_programs(0)):
         g, row_lo, m_g, local = locate(tile, gi, starts, rows, first, incl)
-        pid_m, pid_n = tile_coords(local, tl.cdiv(m_g, BLOCK_M), grid_n, GROUP_M)
-        om = row_lo + pid_m * BLOCK_M
-        on = pid_n * BLOCK_N
+        om, on = tile_origin(local, tl.cdiv(m_g, BLOCK_M), grid_n, BLOCK_M, BLOCK_N, GROUP_M)
+        om = row_lo + om
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             ok = kt * BLOCK_K
@@ -203,12 +186,9 @@ def grouped_gemm_tma_kernel(
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        rm = om + tl.arange(0, BLOCK_M)
-        rn = on + tl.arange(0, BLOCK_N)
+        rm, rn = tile_ranges(om, on, BLOCK_M, BLOCK_N, INT64)
         gg = g
         if INT64:
-            rm = rm.to(tl.int64)
-            rn = rn.to(tl.int64)
             gg = g.to(tl.int64)
         epilogue_store(acc, rm, rn, row_lo + m_g, N, c_ptr, s_cm, s_cn, bias_ptr + gg * s_biasg, s_biasn,
                        res_ptr, s_rm, s_rn, HAS_BIAS, ACT, HAS_RES)
@@ -229,18 +209,15 @@ def grouped_wgrad_kernel(
     grid_n = tl.cdiv(N, BLOCK_N)
     per_group = grid_k * grid_n
     g = tile // per_group
-    pid_k, pid_n = tile_coords(tile % per_group, grid_k, grid_n, GROUP_M)
+    ok, on = tile_origin(tile % per_group, grid_k, grid_n, BLOCK_K, BLOCK_N, GROUP_M)
     row_hi = tl.load(offs_ptr + g)
     row_lo = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
     row_hi = tl.minimum(tl.maximum(row_hi, 0), M_total)
     row_lo = tl.minimum(tl.maximum(row_lo, 0), M_total)
-    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk, rn = tile_ranges(ok, on, BLOCK_K, BLOCK_N, INT64)
     rr = tl.arange(0, BLOCK_R)
     if INT64:
         g = g.to(tl.int64)
-        rk = rk.to(tl.int64)
-        rn = rn.to(tl.int64)
     ak = rk % K
     dn = rn % N
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=COMPUTE)
@@ -275,7 +252,6 @@ def grouped_gemm_list_kernel(
     gi = tl.arange(0, BLOCK_G)
     first = tl.load(prefix_ptr + gi, mask=gi < G, other=2147483647).to(tl.int32)
     total = tl.load(prefix_ptr + G).to(tl.int32)
-    rk = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), total, tl.num_programs(0)):
         g = tl.sum((first <= tile).to(tl.int32), 0) - 1
         t0 = tl.sum(tl.where(gi == g, first, 0), 0)
@@ -302,26 +278,13 @@ def grouped_gemm_list_kernel(
             s_cm = s_cm.to(tl.int32)
             s_cn = s_cn.to(tl.int32)
             s_bias = s_bias.to(tl.int32)
-        pid_m, pid_n = tile_coords(tile - t0, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if INT64:
-            rm = rm.to(tl.int64)
-            rn = rn.to(tl.int64)
+        om, on = tile_origin(tile - t0, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), BLOCK_M, BLOCK_N, GROUP_M)
+        rm, rn = tile_ranges(om, on, BLOCK_M, BLOCK_N, INT64)
         am = rm % M
         bn = rn % N
-        a_ptrs = a_ptr + am[:, None] * s_am + rk[None, :] * s_ak
-        b_ptrs = b_ptr + rk[:, None] * s_bk + bn[None, :] * s_bn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        for k in range(0, K, BLOCK_K):
-            a = tl.load(a_ptrs, mask=(k + rk)[None, :] < K, other=0.0)
-            b = tl.load(b_ptrs, mask=(k + rk)[:, None] < K, other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=COMPUTE)
-            a_ptrs += BLOCK_K * s_ak
-            b_ptrs += BLOCK_K * s_bk
+        acc = dot_k_loop(acc, a_ptr, b_ptr, am, bn, 0, K, s_am, s_ak, s_bk, s_bn,
+                         False, UPCAST, PRECISION, COMPUTE, BLOCK_K)
         epilogue_store(acc, rm, rn, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_bias, c_ptr, 0, 0,
                        HAS_BIAS, ACT, False)
 
@@ -329,10 +292,6 @@ def grouped_gemm_list_kernel(
 # ---------------------------------------------------------------------------
 # Configs (H200: 132 SMs, 228 KB shared memory per SM)
 # ---------------------------------------------------------------------------
-def _block_k(itemsize: int) -> int:
-    return {2: 64, 4: 32, 8: 16}[itemsize]
-
-
 def estimated_tiles(M_total: int, G: int, N: int, bm: int, bn: int) -> int:
     """Tiles of the packed problem without reading the offsets: every group
     adds at most one partial row of tiles."""
@@ -375,16 +334,10 @@ def configs(M_total: int, G: int, N: int, K: int, itemsize: int) -> list[dict]:
     if itemsize == 8:
         return [default, {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
                           "num_stages": 2}]
-    bk = _block_k(itemsize)
-    out = [default]
-    for bm, bn, k_mul, w, s in ((128, 256, 1, 8, 3), (128, 256, 1, 8, 4), (256, 128, 1, 8, 3),
-                                (128, 128, 1, 8, 4), (128, 128, 2, 8, 3), (128, 128, 1, 4, 4),
-                                (64, 256, 1, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 3)):
-        cfg = {"BLOCK_M": _fit(M_total, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk * k_mul),
-               "GROUP_M": 8, "num_warps": w, "num_stages": s}
-        if smem_bytes(cfg, itemsize) <= SMEM_LIMIT and cfg not in out:
-            out.append(cfg)
-    return out
+    return add_tile_configs([default], ((128, 256, 1, 8, 3), (128, 256, 1, 8, 4), (256, 128, 1, 8, 3),
+                                        (128, 128, 1, 8, 4), (128, 128, 2, 8, 3), (128, 128, 1, 4, 4),
+                                        (64, 256, 1, 4, 4), (64, 128, 1, 4, 4), (64, 128, 2, 4, 3)),
+                            M_total, N, K, itemsize)
 
 
 def wgrad_default_config(M_total: int, G: int, K: int, N: int, itemsize: int, sms: int = H200_SMS) -> dict:

@@ -329,6 +329,16 @@ def _tma_check(varlen: bool, *tensors) -> str | None:
     return None
 
 
+def _flash_variants(runner, version: str, check, tma_check, configs, default, bucket, tma_description: str,
+                    description: str) -> list[Variant]:
+    """``triton_flash_tma`` and ``triton_flash``: one kernel set, TMA on or off,
+    so they share configs, default and bucket (a tuned entry means the same)."""
+    common = dict(version=version, dtypes=KERNEL_DTYPES, configs=configs, default_config=default, bucket=bucket)
+    return [Variant("triton_flash_tma", runner(True), min_capability=(9, 0), check=tma_check,
+                    description=tma_description, **common),
+            Variant("triton_flash", runner(False), check=check, description=description, **common)]
+
+
 def _forward_variants() -> list[Variant]:
     from opforge.kernels import attention as K
 
@@ -382,14 +392,12 @@ def _forward_variants() -> list[Variant]:
     def ref_run(cfg, *args):
         return reference(*args)
 
-    return [
-        Variant("triton_flash_tma", runner(True), version=K.FWD_VERSION, dtypes=KERNEL_DTYPES,
-                min_capability=(9, 0), check=tma_check, configs=configs, default_config=default, bucket=bucket,
-                description="triton_flash with K/V tiles through device-side TMA descriptors (Hopper)"),
-        Variant("triton_flash", runner(False), version=K.FWD_VERSION, dtypes=KERNEL_DTYPES, check=check,
-                configs=configs, default_config=default, bucket=bucket,
-                description="FlashAttention-2: a query tile per program, online softmax over key blocks "
-                            "(unmasked hot loop; masked edge blocks), GQA, windows, varlen"),
+    return _flash_variants(
+        runner, K.FWD_VERSION, check, tma_check, configs, default, bucket,
+        "triton_flash with K/V tiles through device-side TMA descriptors (Hopper)",
+        "FlashAttention-2: a query tile per program, online softmax over key blocks "
+        "(unmasked hot loop; masked edge blocks), GQA, windows, varlen",
+    ) + [
         Variant("torch_sdpa", sdpa_run, kind="vendor", devices=("cuda",), dtypes=frozenset({F16, BF16}),
                 check=sdpa_check, bucket=bucket, description="SDPA's flash-attention kernel (aten)"),
         Variant("reference", ref_run, kind="reference", devices=("cpu", "cuda"),
@@ -432,14 +440,12 @@ def _backward_variants() -> list[Variant]:
     def ref_run(cfg, *args):
         return backward_reference(*args)
 
-    return [
-        Variant("triton_flash_tma", runner(True), version=K.BWD_VERSION, dtypes=KERNEL_DTYPES,
-                min_capability=(9, 0), check=tma_check, configs=configs, default_config=default, bucket=bucket,
-                description="triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)"),
-        Variant("triton_flash", runner(False), version=K.BWD_VERSION, dtypes=KERNEL_DTYPES, check=check,
-                configs=configs, default_config=default, bucket=bucket,
-                description="delta, then dK/dV per key block (GQA group summed in order) and dQ per query "
-                            "block; scores recomputed from the saved log-sum-exp; no atomics (deterministic)"),
+    return _flash_variants(
+        runner, K.BWD_VERSION, check, tma_check, configs, default, bucket,
+        "triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)",
+        "delta, then dK/dV per key block (GQA group summed in order) and dQ per query "
+        "block; scores recomputed from the saved log-sum-exp; no atomics (deterministic)",
+    ) + [
         Variant("reference", ref_run, kind="reference", devices=("cpu", "cuda"),
                 description="autograd through the plain-torch reference"),
     ]

@@ -47,8 +47,8 @@ import torch
 from opforge.ops.layout import bucket_size, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.ops.matmul import (
-    ACTIVATIONS, GRAD_ACTIVATIONS, Epilogue, _act, _act_code, _act_grad, _dtype_name, _meta, _sms, _split_rest,
-    make_epilogue,
+    ACTIVATIONS, GRAD_ACTIVATIONS, Epilogue, _act, _act_code, _act_grad, _check_epilogue, _check_operands,
+    _dtype_name, _major, _meta, _plain, _sms, _split_rest, epilogue_dtype_key, make_epilogue,
 )
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
@@ -74,12 +74,13 @@ def group_bounds(offsets: torch.Tensor, M_total: int) -> list[tuple[int, int]]:
     return out
 
 
-def _epilogue64(z, bias, residual, act):
-    """The epilogue on a float64 accumulator."""
+def _torch_epilogue(z, bias, residual, act):
+    """bias, then the activation or the gradient epilogue, as torch ops in z's dtype
+    (float64 for the references; a bias or residual of another dtype is promoted)."""
     if bias is not None:
-        z = z + bias.to(F64)
+        z = z + bias
     if act in GRAD_ACTIVATIONS:
-        return _act_grad(residual.to(F64), z, act[: -len("_grad")])
+        return _act_grad(residual.to(z.dtype), z, act[: -len("_grad")])
     return _act(z, act)
 
 
@@ -92,7 +93,7 @@ def reference(a, b, offsets, *rest):
     for g, (s, e) in enumerate(group_bounds(offsets, a.shape[0])):
         if e > s:
             z = a[s:e].to(F64) @ b[g].to(F64)
-            out[s:e] = _epilogue64(z, bias[g] if bias is not None else None,
+            out[s:e] = _torch_epilogue(z, bias[g] if bias is not None else None,
                                    residual[s:e] if residual is not None else None, epi.activation)
     return out.to(epi.out_dtype or a.dtype)
 
@@ -111,37 +112,14 @@ def list_reference(a_list, b_list, *rest):
     epi = rest[-1]
     biases = rest[0] if epi.bias else None
     od = epi.out_dtype or a_list[0].dtype
-    return [_epilogue64(a.to(F64) @ b.to(F64), biases[i] if biases is not None else None, None,
-                        epi.activation).to(od)
+    return [_torch_epilogue(a.to(F64) @ b.to(F64), biases[i] if biases is not None else None, None,
+                            epi.activation).to(od)
             for i, (a, b) in enumerate(zip(a_list, b_list))]
 
 
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
-def _check_operands(where, a, b) -> None:
-    check_tensor(where, "a", a)
-    check_tensor(where, "b", b)
-    for name, t in (("a", a), ("b", b)):
-        if t.dtype not in FLOATS:
-            raise TypeError(f"{where}: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"{where}: a is {a.dtype} but b is {b.dtype}; they must match (cast one of them)")
-    if a.device != b.device:
-        raise ValueError(f"{where}: a is on {a.device} but b is on {b.device}")
-
-
-def _check_epilogue(where, epi: Epilogue, internal: bool) -> None:
-    names = ACTIVATIONS + (GRAD_ACTIVATIONS if internal else ())
-    act = epi.activation
-    if act is not None and (not isinstance(act, str) or act not in names):
-        raise ValueError(f"{where}: activation must be None or one of {', '.join(map(repr, ACTIVATIONS))}, "
-                         f"got {act!r}")
-    od = epi.out_dtype
-    if od is not None and (not isinstance(od, torch.dtype) or od not in FLOATS):
-        raise TypeError(f"{where}: out_dtype must be None, float16, bfloat16, float32 or float64, got {od!r}")
-
-
 def _check_bias(where, bias, shape, a, what="bias") -> None:
     check_tensor(where, what, bias)
     if tuple(bias.shape) != tuple(shape):
@@ -272,14 +250,6 @@ def _out(a, b, epi):
     return torch.empty((a.shape[0], b.shape[2]), dtype=epi.out_dtype or a.dtype, device=a.device)
 
 
-def _torch_epilogue(z, bias, residual, act):
-    if bias is not None:
-        z = z + bias
-    if act in GRAD_ACTIVATIONS:
-        return _act_grad(residual.to(z.dtype), z, act[: -len("_grad")])
-    return _act(z, act)
-
-
 def loop_run(a, b, offsets, bias, residual, epi):
     """One torch.matmul (cuBLAS) per non-empty group, torch ops for the epilogue."""
     out = _out(a, b, epi)
@@ -325,13 +295,6 @@ def grouped_mm_run(a, b, offsets, bias, residual, epi):
 # ---------------------------------------------------------------------------
 def _geometry(a, b) -> tuple[int, int, int, int]:
     return a.shape[0], b.shape[0], b.shape[2], a.shape[1]  # M_total, G, N, K
-
-
-def _major(t: torch.Tensor) -> str:
-    """'r' when the last dim has unit stride, 'c' when the one before has, else 's'."""
-    if t.stride(-1) == 1 or t.shape[-1] == 1:
-        return "r"
-    return "c" if t.stride(-2) == 1 or t.shape[-2] == 1 else "s"
 
 
 def bucket(a, b, *rest) -> str:
@@ -507,13 +470,7 @@ def _make_list_variants() -> list[Variant]:
 # Keys
 # ---------------------------------------------------------------------------
 def _dtype_key(a, b, *rest) -> str:
-    epi = rest[-1] if rest and isinstance(rest[-1], Epilogue) else Epilogue()
-    key = _dtype_name(a.dtype)
-    if epi.out_dtype is not None:
-        key += "->" + _dtype_name(epi.out_dtype)
-    if epi.tf32 and a.dtype == F32:
-        key += "+tf32"
-    return key
+    return epilogue_dtype_key(a, rest[-1] if rest and isinstance(rest[-1], Epilogue) else Epilogue())
 
 
 def memo_key(a, b, offsets, bias=None, residual=None, epi=Epilogue()) -> tuple:
@@ -785,11 +742,6 @@ _packet = torch.ops.opforge.grouped_matmul.default
 _list_packet = torch.ops.opforge.grouped_matmul_list.default
 _call = dispatch.call
 _Tensor = torch.Tensor
-_grad_enabled = torch.is_grad_enabled
-
-
-def _plain(t) -> bool:
-    return t is None or (type(t) is _Tensor and not (t.requires_grad and _grad_enabled()))
 
 
 def grouped_matmul(a, b, offsets=None, *, bias=None, activation: str | None = None,

@@ -197,25 +197,36 @@ def out_shape(a, b) -> tuple[int, ...]:
     return shape
 
 
-def validate(a, b, bias=None, residual=None, epi: Epilogue = Epilogue(), *, internal: bool = True) -> None:
-    check_tensor(WHERE, "a", a)
-    check_tensor(WHERE, "b", b)
+def _check_operands(where, a, b) -> None:
+    """a and b: tensors of one float dtype on one device (shared with the grouped GEMM)."""
+    check_tensor(where, "a", a)
+    check_tensor(where, "b", b)
     for name, t in (("a", a), ("b", b)):
         if t.dtype not in FLOATS:
-            raise TypeError(f"{WHERE}: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+            raise TypeError(f"{where}: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if a.dtype != b.dtype:
-        raise TypeError(f"{WHERE}: a is {a.dtype} but b is {b.dtype}; they must match (cast one of them)")
+        raise TypeError(f"{where}: a is {a.dtype} but b is {b.dtype}; they must match (cast one of them)")
     if a.device != b.device:
-        raise ValueError(f"{WHERE}: a is on {a.device} but b is on {b.device}")
-    _check_shapes(a, b)
+        raise ValueError(f"{where}: a is on {a.device} but b is on {b.device}")
+
+
+def _check_epilogue(where, epi: Epilogue, internal: bool) -> None:
+    """The activation name (gradient epilogues only when ``internal``) and out_dtype."""
     names = ACTIVATIONS + (GRAD_ACTIVATIONS if internal else ())
     act = epi.activation
     if act is not None and (not isinstance(act, str) or act not in names):
-        raise ValueError(f"{WHERE}: activation must be None or one of {', '.join(map(repr, ACTIVATIONS))}, "
+        raise ValueError(f"{where}: activation must be None or one of {', '.join(map(repr, ACTIVATIONS))}, "
                          f"got {act!r}")
     od = epi.out_dtype
     if od is not None and (not isinstance(od, torch.dtype) or od not in FLOATS):
-        raise TypeError(f"{WHERE}: out_dtype must be None, float16, bfloat16, float32 or float64, got {od!r}")
+        raise TypeError(f"{where}: out_dtype must be None, float16, bfloat16, float32 or float64, got {od!r}")
+
+
+def validate(a, b, bias=None, residual=None, epi: Epilogue = Epilogue(), *, internal: bool = True) -> None:
+    _check_operands(WHERE, a, b)
+    _check_shapes(a, b)
+    _check_epilogue(WHERE, epi, internal)
+    act = epi.activation
     N = 1 if b.dim() == 1 else b.shape[-1]
     if bias is not None:
         check_tensor(WHERE, "bias", bias)
@@ -422,6 +433,11 @@ def bucket(a, b, *rest) -> str:
 
 
 def _dtype_key(a, b, bias=None, residual=None, epi=Epilogue()) -> str:
+    return epilogue_dtype_key(a, epi)
+
+
+def epilogue_dtype_key(a, epi: Epilogue) -> str:
+    """The dispatch key's dtype part: input dtype, out_dtype, TF32 (shared with the grouped GEMM)."""
     key = _dtype_name(a.dtype)
     if epi.out_dtype is not None:
         key += "->" + _dtype_name(epi.out_dtype)

@@ -50,13 +50,12 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from opforge.ops.layout import bucket_size
 from opforge.ops.library import define, direct_ok
-from opforge.ops.matmul import ACTIVATIONS
+from opforge.ops.matmul import ACTIVATIONS, _act, _sms
+from opforge.ops.matmul import _dtype_name as _dname
 from opforge.ops.quant import QuantizedTensor
-from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 
@@ -79,10 +78,6 @@ class ScaledEpilogue(NamedTuple):
     activation: str | None = None
     fast_accum: bool = False
     bias: bool = False
-
-
-def _dname(dt) -> str:
-    return str(dt).replace("torch.", "")
 
 
 # ---------------------------------------------------------------------------
@@ -147,18 +142,6 @@ def _expand_b(sb, mode, K, N):
 # ---------------------------------------------------------------------------
 # Reference semantics (float64 on the dequantized values)
 # ---------------------------------------------------------------------------
-def _act(z, name):
-    if name == "relu":
-        return torch.relu(z)
-    if name == "gelu":
-        return F.gelu(z)
-    if name == "gelu_tanh":
-        return F.gelu(z, approximate="tanh")
-    if name == "silu":
-        return F.silu(z)
-    return z
-
-
 def reference(a, b, scale_a, scale_b, *rest):
     """``act((a * scale_a) @ (b * scale_b) + bias)`` in float64, rounded once.
     ``rest`` is ``(bias, epi)``, or ``(epi,)`` / ``()`` without a bias (as
@@ -238,12 +221,6 @@ def out_shape(a, b) -> tuple[int, ...]:
 def _dims(a, b) -> tuple[int, int, int]:
     K = a.shape[-1]
     return (a.numel() // K if K else math.prod(a.shape[:-1])), b.shape[1], K
-
-
-def _sms(t) -> int:
-    from opforge.kernels.gemm import H200_SMS
-
-    return devmod.device_info(t.device).sm_count if t.device.type == "cuda" else H200_SMS
 
 
 def _act_code(epi) -> int:

@@ -1,0 +1,18 @@
+"""Every bench family's quick cases run and pass their correctness check on CPU
+(the Triton interpreter), one family per test so they spread over workers."""
+
+import pytest
+from rich.console import Console
+
+from opforge.bench import harness
+
+
+@pytest.mark.parametrize("family", sorted(harness.FAMILIES))
+def test_quick_cases_of_each_family_are_correct(family):
+    result = harness.run(quick=True, families=[family], crossover=False, host=False,
+                         console=Console(quiet=True))
+    assert result["entries"], family
+    for e in result["entries"]:
+        assert "error" not in e, e
+        assert e["correct"], e
+        assert e["median_ms"] > 0 and e["bytes"] > 0
