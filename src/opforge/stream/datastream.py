@@ -1,0 +1,255 @@
+"""``DataStream``, ``KeyedStream`` and ``WindowedStream``: Flink's
+DataStream API. Each call adds a transformation to the environment's job
+graph; nothing runs until ``env.execute()``.
+"""
+
+from __future__ import annotations
+
+from opforge.stream.functions import AggregateFunction, ProcessWindowFunction
+from opforge.stream.graph import Input, OutputTag, Transformation
+from opforge.stream.keys import KeySelector, KeySpace
+from opforge.stream.partitioning import (BroadcastPartitioner, CustomPartitioner, ForwardPartitioner,
+                                         KeyGroupPartitioner, Partitioner, RebalancePartitioner,
+                                         RescalePartitioner, ShufflePartitioner)
+from opforge.stream.sinks import CollectSink, PrintSink, Sink
+from opforge.stream.windows import (CountTrigger, GlobalWindows, PurgingTrigger, Trigger, WindowAssigner,
+                                    default_trigger)
+
+
+class DataStream:
+    def __init__(self, env, transformation: Transformation, partitioner: Partitioner | None = None,
+                 key: KeySelector | None = None):
+        self.env = env
+        self.transformation = transformation
+        self._partitioner = partitioner
+        self._key = key
+
+    # -- plumbing -------------------------------------------------------------
+    def _input(self) -> Input:
+        return Input(self.transformation, self._partitioner, self._key)
+
+    def _add(self, kind: str, name: str, params: dict, inputs=None, parallelism=None) -> "DataStream":
+        t = self.env._add_transformation(kind, name, params, inputs or [self._input()],
+                                         parallelism or self.env.parallelism)
+        return DataStream(self.env, t)
+
+    def name(self, name: str) -> "DataStream":
+        self.transformation.name = name
+        return self
+
+    def get_name(self) -> str:
+        return self.transformation.name
+
+    def set_parallelism(self, parallelism: int) -> "DataStream":
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+            raise ValueError(f"{self.transformation.name}.set_parallelism: expected a positive int, "
+                             f"got {parallelism!r}")
+        limit = self.transformation.params.get("max_parallelism")
+        if limit is not None and parallelism > limit:
+            raise ValueError(f"{self.transformation.name}: this source runs with parallelism {limit} at most")
+        self.transformation.parallelism = parallelism
+        return self
+
+    def get_parallelism(self) -> int:
+        return self.transformation.parallelism
+
+    # -- transformations ----------------------------------------------------
+    def map(self, func, output_type=None) -> "DataStream":
+        return self._add("map", "Map", {"fn": func, "output": output_type})
+
+    def filter(self, func) -> "DataStream":
+        return self._add("filter", "Filter", {"fn": func})
+
+    def flat_map(self, func) -> "DataStream":
+        return self._add("flat_map", "FlatMap", {"fn": func})
+
+    def process(self, func) -> "DataStream":
+        if not hasattr(func, "process_element"):
+            raise TypeError("process: expected a ProcessFunction (an object with process_element)")
+        return self._add("process", "Process", {"fn": func})
+
+    def key_by(self, key_selector) -> "KeyedStream":
+        key = KeySelector(key_selector, "key_by")
+        return KeyedStream(self.env, self.transformation, KeyGroupPartitioner(), key)
+
+    def union(self, *streams: "DataStream") -> "DataStream":
+        for s in streams:
+            if not isinstance(s, DataStream):
+                raise TypeError(f"union: expected DataStreams, got {type(s).__name__}")
+        inputs = [self._input()] + [s._input() for s in streams]
+        return self._add("union", "Union", {}, inputs)
+
+    def connect(self, other: "DataStream") -> "ConnectedStreams":
+        if not isinstance(other, DataStream):
+            raise TypeError(f"connect: expected a DataStream, got {type(other).__name__}")
+        return ConnectedStreams(self, other)
+
+    def get_side_output(self, tag: OutputTag) -> "DataStream":
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"get_side_output: expected an OutputTag, got {type(tag).__name__}")
+        inp = Input(self.transformation, ForwardPartitioner(), None, tag)
+        return self._add("side_output", f"SideOutput({tag.tag_id})", {"tag": tag}, [inp],
+                         self.transformation.parallelism)
+
+    # -- partitioning (costs: see opforge.stream.partitioning) -----------------
+    def _with(self, partitioner) -> "DataStream":
+        return DataStream(self.env, self.transformation, partitioner)
+
+    def forward(self) -> "DataStream":
+        return self._with(ForwardPartitioner())
+
+    def rebalance(self) -> "DataStream":
+        return self._with(RebalancePartitioner())
+
+    def rescale(self) -> "DataStream":
+        return self._with(RescalePartitioner())
+
+    def shuffle(self) -> "DataStream":
+        return self._with(ShufflePartitioner())
+
+    def broadcast(self) -> "DataStream":
+        return self._with(BroadcastPartitioner())
+
+    def partition_custom(self, partitioner, key_selector) -> "DataStream":
+        if not callable(getattr(partitioner, "partition", partitioner)):
+            raise TypeError("partition_custom: expected partitioner(key, num_partitions) -> int")
+        fn = getattr(partitioner, "partition", partitioner)
+        return self._with(CustomPartitioner(fn, KeySelector(key_selector, "partition_custom")))
+
+    # -- sinks --------------------------------------------------------------
+    def sink_to(self, sink: Sink) -> "DataStream":
+        if not isinstance(sink, Sink):
+            raise TypeError(f"sink_to: expected a Sink, got {type(sink).__name__}")
+        return self._add("sink", f"Sink({type(sink).__name__})", {"sink": sink},
+                         parallelism=self.transformation.parallelism)
+
+    def add_sink(self, fn) -> "DataStream":
+        from opforge.stream.sinks import CallbackSink
+
+        return self.sink_to(fn if isinstance(fn, Sink) else CallbackSink(fn))
+
+    def print(self, prefix: str = "") -> "DataStream":
+        return self.sink_to(PrintSink(prefix))
+
+    def collect(self) -> CollectSink:
+        """A ``CollectSink`` filled by the next ``env.execute()``."""
+        sink = CollectSink()
+        self.sink_to(sink)
+        return sink
+
+    def execute_and_collect(self, job_name: str = "collect") -> list:
+        sink = self.collect()
+        self.env.execute(job_name)
+        return sink.records()
+
+
+class KeyedStream(DataStream):
+    """A stream partitioned by key: keyed state, timers, rolling aggregates and windows."""
+
+    def _keyed(self, kind, name, params) -> DataStream:
+        return self._add(kind, name, params)
+
+    def process(self, func) -> DataStream:
+        if not hasattr(func, "process_element"):
+            raise TypeError("KeyedStream.process: expected a KeyedProcessFunction (with process_element)")
+        return self._keyed("process", "KeyedProcess", {"fn": func})
+
+    def reduce(self, func) -> DataStream:
+        return self._keyed("rolling", "Reduce", {"reduce": func})
+
+    def _rolling(self, op, position_to_sum) -> DataStream:
+        if not isinstance(position_to_sum, (int, str)):
+            raise TypeError(f"KeyedStream.{op}: expected a field name or position, got {position_to_sum!r}")
+        return self._keyed("rolling", op.capitalize(), {"op": op, "field": position_to_sum})
+
+    def sum(self, position_to_sum=0) -> DataStream:
+        return self._rolling("sum", position_to_sum)
+
+    def min(self, position_to_min=0) -> DataStream:
+        return self._rolling("min", position_to_min)
+
+    def max(self, position_to_max=0) -> DataStream:
+        return self._rolling("max", position_to_max)
+
+    def window(self, assigner: WindowAssigner) -> "WindowedStream":
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError(f"KeyedStream.window: expected a WindowAssigner, got {type(assigner).__name__}")
+        return WindowedStream(self, assigner)
+
+    def count_window(self, size: int) -> "WindowedStream":
+        """Flink's count window: every ``size`` records of a key, then purge."""
+        return self.window(GlobalWindows.create()).trigger(PurgingTrigger.of(CountTrigger.of(size)))
+
+
+class WindowedStream:
+    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner):
+        self.keyed = keyed
+        self.assigner = assigner
+        self._trigger = default_trigger(assigner)
+        self._lateness = 0
+        self._late_tag = None
+
+    def trigger(self, trigger: Trigger) -> "WindowedStream":
+        if not isinstance(trigger, Trigger):
+            raise TypeError(f"WindowedStream.trigger: expected a Trigger, got {type(trigger).__name__}")
+        self._trigger = trigger
+        return self
+
+    def allowed_lateness(self, time_ms) -> "WindowedStream":
+        from opforge.stream.time import _millis
+
+        self._lateness = _millis(time_ms, "WindowedStream.allowed_lateness")
+        return self
+
+    def side_output_late_data(self, tag: OutputTag) -> "WindowedStream":
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"side_output_late_data: expected an OutputTag, got {type(tag).__name__}")
+        self._late_tag = tag
+        return self
+
+    def _apply(self, name, function) -> DataStream:
+        if self._trigger.kind == "never":
+            raise ValueError(f"{name}: GlobalWindows never fire without a trigger (e.g. CountTrigger.of(n))")
+        params = {"assigner": self.assigner, "trigger": self._trigger, "function": function,
+                  "allowed_lateness": self._lateness, "late_tag": self._late_tag}
+        return self.keyed._keyed("window", name, params)
+
+    def aggregate(self, aggregate_function: AggregateFunction) -> DataStream:
+        for m in ("create_accumulator", "add", "get_result", "merge"):
+            if not hasattr(aggregate_function, m):
+                raise TypeError(f"WindowedStream.aggregate: the AggregateFunction lacks {m}()")
+        return self._apply("WindowAggregate", ("aggregate", aggregate_function))
+
+    def reduce(self, reduce_function) -> DataStream:
+        return self._apply("WindowReduce", ("reduce", reduce_function))
+
+    def process(self, process_window_function: ProcessWindowFunction) -> DataStream:
+        if not hasattr(process_window_function, "process"):
+            raise TypeError("WindowedStream.process: expected a ProcessWindowFunction")
+        return self._apply("WindowProcess", ("process", process_window_function))
+
+
+class ConnectedStreams:
+    """Two streams processed together by one ``CoProcessFunction``; after
+    ``key_by(key1, key2)`` records of equal keys meet in the same subtask and
+    share keyed state and timers."""
+
+    def __init__(self, first: DataStream, second: DataStream):
+        self.first, self.second = first, second
+
+    def key_by(self, key_selector1, key_selector2) -> "ConnectedStreams":
+        space = KeySpace()
+        k1 = KeySelector(key_selector1, "connect.key_by", space)
+        k2 = KeySelector(key_selector2, "connect.key_by", space)
+        return ConnectedStreams(KeyedStream(self.first.env, self.first.transformation, KeyGroupPartitioner(), k1),
+                                KeyedStream(self.second.env, self.second.transformation, KeyGroupPartitioner(), k2))
+
+    def process(self, func) -> DataStream:
+        for m in ("process_element1", "process_element2"):
+            if not hasattr(func, m):
+                raise TypeError(f"ConnectedStreams.process: expected a CoProcessFunction with {m}()")
+        keyed = [s._key is not None for s in (self.first, self.second)]
+        if keyed[0] != keyed[1]:
+            raise ValueError("ConnectedStreams.process: key both inputs (connect(...).key_by(k1, k2)) or neither")
+        name = "KeyedCoProcess" if keyed[0] else "CoProcess"
+        return self.first._add("co_process", name, {"fn": func}, [self.first._input(), self.second._input()])

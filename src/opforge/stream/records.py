@@ -1,0 +1,238 @@
+"""Micro-batches: the unit the stream engine moves between operators.
+
+A ``Batch`` holds a run of records as columns (name -> 1-D tensor on the
+job's device, or a Python list for values a tensor cannot hold, e.g.
+strings), their event timestamps (int64 milliseconds; ``NO_TIMESTAMP`` when a
+record has none) and, on keyed edges, the records' key ids. A ``RecordSchema``
+remembers how the source shaped its records (tuple, dict, dataclass or a bare
+value) so that records convert back exactly as they came in.
+
+Column naming follows Flink: tuple fields are ``f0, f1, ...``; a bare value is
+``f0``; dict keys and dataclass fields keep their names. Python ints become
+int64, floats float64, bools bool; anything else stays a list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import torch
+
+NO_TIMESTAMP = -(2**63)
+"""The timestamp of a record that has none (Flink's ``Long.MIN_VALUE``)."""
+
+
+@dataclass(frozen=True)
+class RecordSchema:
+    """How records look: ``kind`` in tuple / dict / dataclass / value, the
+    column names and, for dataclasses, the class."""
+
+    kind: str
+    names: tuple[str, ...]
+    cls: type | None = None
+
+    @staticmethod
+    def of(record: Any) -> "RecordSchema":
+        if isinstance(record, tuple) and not hasattr(record, "_fields"):
+            return RecordSchema("tuple", tuple(f"f{i}" for i in range(len(record))))
+        if isinstance(record, tuple):  # namedtuple: fields by name
+            return RecordSchema("namedtuple", tuple(record._fields), type(record))
+        if isinstance(record, Mapping):
+            return RecordSchema("dict", tuple(str(k) for k in record.keys()))
+        if dataclasses.is_dataclass(record) and not isinstance(record, type):
+            return RecordSchema("dataclass", tuple(f.name for f in dataclasses.fields(record)), type(record))
+        return RecordSchema("value", ("f0",))
+
+    def fields_of(self, record: Any, where: str) -> tuple:
+        """The record's field values in column order; a clear error when the
+        record does not match the stream's shape (e.g. a missing field)."""
+        try:
+            if self.kind == "tuple":
+                if not isinstance(record, tuple) or len(record) != len(self.names):
+                    raise ValueError
+                return record
+            if self.kind == "namedtuple":
+                if type(record) is not self.cls:
+                    raise ValueError
+                return tuple(record)
+            if self.kind == "dict":
+                return tuple(record[n] for n in self.names)
+            if self.kind == "dataclass":
+                if type(record) is not self.cls:
+                    raise ValueError
+                return tuple(getattr(record, n) for n in self.names)
+            return (record,)
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{where}: record {record!r} does not match the stream's records "
+                             f"({self.kind} with fields {list(self.names)})") from None
+
+    def make(self, values: tuple) -> Any:
+        if self.kind == "tuple":
+            return tuple(values)
+        if self.kind == "dict":
+            return dict(zip(self.names, values))
+        if self.kind in ("dataclass", "namedtuple"):
+            return self.cls(*values)
+        return values[0]
+
+
+def to_column(values: list, device) -> torch.Tensor | list:
+    """A tensor when every value is a bool, an int or a float; else the list."""
+    if values and all(type(v) is bool for v in values):
+        return torch.tensor(values, dtype=torch.bool, device=device)
+    if values and all(type(v) is int for v in values):
+        try:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+        except RuntimeError:  # beyond int64
+            return list(values)
+    if values and all(type(v) in (int, float) for v in values):
+        return torch.tensor(values, dtype=torch.float64, device=device)
+    return list(values)
+
+
+def column_len(col) -> int:
+    return col.shape[0] if isinstance(col, torch.Tensor) else len(col)
+
+
+def take(col, index: torch.Tensor):
+    """Rows ``index`` (int64 tensor) of a column."""
+    if isinstance(col, torch.Tensor):
+        return col.index_select(0, index.to(col.device))
+    return [col[i] for i in index.tolist()]
+
+
+def concat_columns(cols: list):
+    if all(isinstance(c, torch.Tensor) for c in cols):
+        return torch.cat(cols)
+    out: list = []
+    for c in cols:
+        out.extend(c.tolist() if isinstance(c, torch.Tensor) else c)
+    return out
+
+
+@dataclass
+class Batch:
+    """A run of records as columns. ``timestamps``: int64 ms, one per row;
+    ``keys``: int64 key ids on keyed edges (None elsewhere)."""
+
+    columns: dict[str, torch.Tensor | list]
+    timestamps: torch.Tensor
+    schema: RecordSchema | None
+    keys: torch.Tensor | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.timestamps.shape[0]
+
+    def __getitem__(self, name: str):
+        return self.columns[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self.columns
+
+    @property
+    def device(self) -> torch.device:
+        return self.timestamps.device
+
+    @staticmethod
+    def empty(device, schema: RecordSchema | None = None) -> "Batch":
+        cols = {n: [] for n in schema.names} if schema else {}
+        return Batch(cols, torch.empty(0, dtype=torch.int64, device=device), schema)
+
+    @staticmethod
+    def from_records(records: Iterable, device, timestamps=None, schema: RecordSchema | None = None,
+                     where: str = "stream") -> "Batch":
+        """Columns from records shaped alike (the first record sets the shape)."""
+        records = list(records)
+        if not records:
+            return Batch.empty(device, schema)
+        schema = schema or RecordSchema.of(records[0])
+        rows = [schema.fields_of(r, where) for r in records]
+        cols = {n: to_column([row[i] for row in rows], device) for i, n in enumerate(schema.names)}
+        if timestamps is None:
+            ts = torch.full((len(records),), NO_TIMESTAMP, dtype=torch.int64, device=device)
+        elif isinstance(timestamps, torch.Tensor):
+            ts = timestamps.to(device=device, dtype=torch.int64)
+        else:
+            ts = torch.tensor(list(timestamps), dtype=torch.int64, device=device)
+        return Batch(cols, ts, schema)
+
+    @staticmethod
+    def from_arrow(record_batch, device) -> "Batch":
+        """An Arrow record batch (or table): numeric and bool columns become
+        tensors (zero-copy on the host when Arrow allows), others lists."""
+        names = tuple(record_batch.schema.names)
+        cols = {}
+        for name, arr in zip(names, record_batch.columns):
+            cols[name] = _arrow_column(arr, device)
+        n = record_batch.num_rows
+        ts = torch.full((n,), NO_TIMESTAMP, dtype=torch.int64, device=device)
+        return Batch(cols, ts, RecordSchema("dict", names))
+
+    def select(self, index: torch.Tensor) -> "Batch":
+        """Rows ``index`` (int64) or ``mask`` (bool), in that order."""
+        if index.dtype == torch.bool:
+            index = torch.nonzero(index).flatten()
+        index = index.to(self.device)
+        return Batch({n: take(c, index) for n, c in self.columns.items()},
+                     self.timestamps.index_select(0, index), self.schema,
+                     None if self.keys is None else self.keys.index_select(0, index), dict(self.meta))
+
+    def with_keys(self, keys: torch.Tensor | None) -> "Batch":
+        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta))
+
+    def with_timestamps(self, ts: torch.Tensor) -> "Batch":
+        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta))
+
+    def records(self) -> list:
+        """The rows as records shaped like the source's."""
+        if len(self) == 0:
+            return []
+        if self.schema is None:
+            raise ValueError("stream: a non-empty batch without a record schema")
+        cols = [c.tolist() if isinstance(c, torch.Tensor) else c for c in self.columns.values()]
+        return [self.schema.make(vals) for vals in zip(*cols)]
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        arrays = {n: pa.array(c.cpu().numpy() if isinstance(c, torch.Tensor) else c)
+                  for n, c in self.columns.items()}
+        return pa.table(arrays)
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            raise ValueError("stream: concat of no non-empty batches")
+        if len(batches) == 1:
+            return batches[0]
+        first = batches[0]
+        cols = {n: concat_columns([b.columns[n] for b in batches]) for n in first.columns}
+        keys = None if first.keys is None else torch.cat([b.keys for b in batches])
+        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys)
+
+
+def _arrow_column(arr, device):
+    import pyarrow as pa
+
+    t = arr.type
+    if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        np_arr = arr.to_numpy(zero_copy_only=False)
+        ten = torch.from_numpy(np_arr.copy())
+        ten = ten.to(torch.int64) if pa.types.is_integer(t) else ten.to(torch.float64)
+        return ten.to(device)
+    if arr.null_count == 0 and pa.types.is_boolean(t):
+        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).copy()).to(device)
+    if pa.types.is_timestamp(t) and arr.null_count == 0:
+        return torch.from_numpy(arr.cast(pa.int64()).to_numpy().copy()).to(device)
+    return arr.to_pylist()
+
+
+def records_of(batches: Iterable[Batch]) -> list:
+    out: list = []
+    for b in batches:
+        out.extend(b.records())
+    return out

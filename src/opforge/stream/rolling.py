@@ -1,0 +1,139 @@
+"""``KeyedStream.reduce`` and ``sum/min/max(field)``: rolling aggregates, one
+updated result per record (Flink's semantics: ``sum/min/max`` keep the key's
+first record and replace ``field`` by the running aggregate).
+
+``sum/min/max`` on a number column run as tensor code over the micro-batch:
+rows sorted by key (stable), an inclusive segmented scan (log-step, any
+device) seeded with each key's running value, results scattered back to
+arrival order. Per-key state is a table on the device (running value, first
+record's columns); one host sync per batch maps the batch's distinct keys to
+table rows. Float sums may differ from a sequential sum in the last bits.
+``reduce(fn)`` and non-number fields call Python once per record.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.stream.functions import as_callable, field_of
+from opforge.stream.operators import Operator, records_batch
+from opforge.stream.records import Batch, RecordSchema, concat_columns, take
+
+_COMBINE = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
+
+
+def segmented_scan(values: torch.Tensor, segments: torch.Tensor, op: str) -> torch.Tensor:
+    """Inclusive scan of ``values`` restarting where ``segments`` (sorted ids) changes."""
+    combine = _COMBINE[op]
+    out, d, n = values, 1, values.shape[0]
+    while d < n:
+        same = segments[d:] == segments[:-d]
+        out = torch.cat([out[:d], torch.where(same, combine(out[d:], out[:-d]), out[d:])])
+        d *= 2
+    return out
+
+
+class RollingOperator(Operator):
+    def __init__(self, name, key_selector, reduce_fn=None, op=None, field=None):
+        super().__init__(name)
+        self.key_selector = key_selector
+        self.reduce = as_callable(reduce_fn, "reduce", name) if reduce_fn is not None else None
+        self.op, self.field = op, field
+
+    def open(self):
+        self.acc: dict = {}  # record path: key -> current result
+        self.slot_of: dict[int, int] = {}  # columnar path: key id -> table row
+        self.first: dict = {}  # column -> first records' values (tensor or list)
+        self.running: torch.Tensor | None = None
+        self.schema: RecordSchema | None = None
+
+    def _column_name(self, batch: Batch) -> str:
+        name = self.field if isinstance(self.field, str) else f"f{self.field}"
+        if name not in batch.columns:
+            raise ValueError(f"{self.name}: the records have no field {self.field!r} "
+                             f"(fields: {list(batch.columns)})")
+        return name
+
+    def process_batch(self, batch):
+        if len(batch) == 0:
+            return
+        if self.reduce is None:
+            col = batch.columns[self._column_name(batch)]
+            if isinstance(col, torch.Tensor) and col.dtype != torch.bool and not self.acc:
+                self._columnar(batch, self._column_name(batch))
+                return
+        self._records(batch)
+
+    # -- Python per record ----------------------------------------------------
+    def _combine(self, prev, rec, schema: RecordSchema):
+        if self.reduce is not None:
+            return self.reduce(prev, rec)
+        a, b = field_of(prev, self.field, self.name), field_of(rec, self.field, self.name)
+        v = a + b if self.op == "sum" else (min(a, b) if self.op == "min" else max(a, b))
+        values = list(schema.fields_of(prev, self.name))
+        values[schema.names.index(self._column_name_of(schema))] = v
+        return schema.make(tuple(values))
+
+    def _column_name_of(self, schema):
+        return self.field if isinstance(self.field, str) else f"f{self.field}"
+
+    def _records(self, batch):
+        if self.slot_of:
+            raise TypeError(f"{self.name}: field {self.field!r} changed from numbers to other values")
+        out = []
+        for k, r in zip(batch.keys.tolist(), batch.records()):
+            prev = self.acc.get(k)
+            cur = r if prev is None else self._combine(prev, r, batch.schema)
+            self.acc[k] = cur
+            out.append(cur)
+        self.out.emit(records_batch(out, batch.timestamps, self.device, self.name))
+
+    # -- tensors --------------------------------------------------------------
+    def _columnar(self, batch: Batch, name: str) -> None:
+        keys = batch.keys
+        order = torch.argsort(keys, stable=True)
+        sk = keys[order]
+        new = torch.ones_like(sk, dtype=torch.bool)
+        new[1:] = sk[1:] != sk[:-1]
+        seg = torch.cumsum(new, 0) - 1
+        starts = torch.nonzero(new).flatten()
+        col = batch.columns[name]
+        vals = col[order]
+        if self.running is not None and self.running.dtype != vals.dtype:
+            vals = vals.to(torch.promote_types(self.running.dtype, vals.dtype))
+            self.running = self.running.to(vals.dtype)
+        # table rows of this batch's keys; new keys keep their first record
+        seg_keys = sk[starts].tolist()  # the host sync: one per distinct key
+        fresh = [i for i, k in enumerate(seg_keys) if k not in self.slot_of]
+        if fresh:
+            self._add_keys(batch, order[starts[fresh]], [seg_keys[i] for i in fresh], vals[starts[fresh]])
+        slots = torch.tensor([self.slot_of[k] for k in seg_keys], dtype=torch.int64, device=self.device)
+        # seed each segment with its key's running value (a fresh key's own first value)
+        seeded = vals.clone()
+        seed = self.running[slots]
+        known = torch.ones(len(seg_keys), dtype=torch.bool, device=self.device)
+        if fresh:
+            known[torch.tensor(fresh, device=self.device)] = False
+        seeded[starts] = torch.where(known, _COMBINE[self.op](seed, vals[starts]), vals[starts])
+        scanned = segmented_scan(seeded, seg, self.op)
+        ends = torch.cat([starts[1:] - 1, torch.tensor([sk.shape[0] - 1], device=self.device)])
+        self.running[slots] = scanned[ends]
+        result = torch.empty_like(scanned)
+        result[order] = scanned
+        row_slots = torch.empty_like(order)
+        row_slots[order] = slots[seg]
+        cols = {n: (result if n == name else take(c, row_slots)) for n, c in self.first.items()}
+        self.out.emit(Batch(cols, batch.timestamps, self.schema))
+
+    def _add_keys(self, batch, rows, keys, first_values):
+        base = len(self.slot_of)
+        for i, k in enumerate(keys):
+            self.slot_of[k] = base + i
+        firsts = batch.select(rows)
+        if self.schema is None:
+            self.schema = batch.schema
+            self.first = dict(firsts.columns)
+            self.running = first_values.clone()
+            return
+        self.first = {n: concat_columns([c, firsts.columns[n]]) for n, c in self.first.items()}
+        self.running = torch.cat([self.running, first_values.to(self.running.dtype)])

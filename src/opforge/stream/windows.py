@@ -1,0 +1,212 @@
+"""Window assigners and triggers with Flink's names.
+
+* ``TumblingEventTimeWindows.of(size, offset=0)`` / ``TumblingProcessingTimeWindows``:
+  ``[start, start + size)`` with ``start = t - (t - offset) mod size``.
+* ``SlidingEventTimeWindows.of(size, slide, offset=0)`` / processing-time:
+  each record is in ``ceil(size / slide)`` windows (fewer when ``size`` is not a
+  multiple of ``slide``).
+* ``EventTimeSessionWindows.with_gap(gap)`` / processing-time: a record opens
+  ``[t, t + gap)``; overlapping windows of a key merge.
+* ``GlobalWindows.create()``: one window per key, fired by a ``CountTrigger``.
+
+A time window's results carry the timestamp ``end - 1`` (``max_timestamp``),
+and an event-time window fires when the watermark reaches it. With
+``allowed_lateness(L)`` its state lives until the watermark passes
+``end - 1 + L``; each late record in that span fires the window again with
+the updated result; later records are dropped or sent to
+``side_output_late_data``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GLOBAL_START = -(2**63)
+GLOBAL_END = 2**63 - 1
+
+
+@dataclass(frozen=True, order=True)
+class TimeWindow:
+    start: int
+    end: int
+
+    def max_timestamp(self) -> int:
+        return self.end - 1
+
+    def intersects(self, other: "TimeWindow") -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+    def cover(self, other: "TimeWindow") -> "TimeWindow":
+        return TimeWindow(min(self.start, other.start), max(self.end, other.end))
+
+
+GLOBAL_WINDOW = TimeWindow(GLOBAL_START, GLOBAL_END)
+
+
+def _ms(value, where):
+    from opforge.stream.time import _millis
+
+    return _millis(value, where)
+
+
+class WindowAssigner:
+    event_time = True
+    merging = False
+    default_trigger = "event_time"
+
+    def assign(self, ts: torch.Tensor):
+        """(row, start, end): int64 tensors, one entry per (record, window)."""
+        raise NotImplementedError
+
+    def assign_one(self, ts: int) -> list[TimeWindow]:
+        raise NotImplementedError
+
+
+class SlidingEventTimeWindows(WindowAssigner):
+    def __init__(self, size: int, slide: int, offset: int = 0):
+        where = type(self).__name__
+        self.size, self.slide, self.offset = _ms(size, where), _ms(slide, where), _ms(offset, where)
+        if self.size <= 0 or self.slide <= 0:
+            raise ValueError(f"{where}: size and slide must be positive, got {size}, {slide}")
+        if self.offset >= self.slide:
+            raise ValueError(f"{where}: offset {offset} must be smaller than the slide {slide}")
+
+    @classmethod
+    def of(cls, size, slide, offset=0):
+        return cls(size, slide, offset)
+
+    def assign(self, ts):
+        n_win = -(-self.size // self.slide)
+        last = ts - torch.remainder(ts - self.offset, self.slide)
+        k = torch.arange(n_win, device=ts.device, dtype=torch.int64)
+        starts = last[:, None] - k[None, :] * self.slide
+        keep = starts + self.size > ts[:, None]
+        rows = torch.arange(ts.shape[0], device=ts.device).unsqueeze(1).expand_as(starts)
+        return rows[keep], starts[keep], starts[keep] + self.size
+
+    def assign_one(self, ts):
+        last = ts - (ts - self.offset) % self.slide
+        out, start = [], last
+        while start > ts - self.size:
+            out.append(TimeWindow(start, start + self.size))
+            start -= self.slide
+        return out
+
+
+class TumblingEventTimeWindows(SlidingEventTimeWindows):
+    def __init__(self, size: int, offset: int = 0):
+        super().__init__(size, size, offset)
+
+    @classmethod
+    def of(cls, size, offset=0):
+        return cls(size, offset)
+
+
+class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
+    event_time = False
+    default_trigger = "processing_time"
+
+
+class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    event_time = False
+    default_trigger = "processing_time"
+
+
+class EventTimeSessionWindows(WindowAssigner):
+    merging = True
+
+    def __init__(self, gap: int):
+        self.gap = _ms(gap, type(self).__name__)
+        if self.gap <= 0:
+            raise ValueError(f"{type(self).__name__}: the gap must be positive, got {gap}")
+
+    @classmethod
+    def with_gap(cls, gap):
+        return cls(gap)
+
+    def assign(self, ts):
+        return torch.arange(ts.shape[0], device=ts.device), ts, ts + self.gap
+
+    def assign_one(self, ts):
+        return [TimeWindow(ts, ts + self.gap)]
+
+
+class ProcessingTimeSessionWindows(EventTimeSessionWindows):
+    event_time = False
+    default_trigger = "processing_time"
+
+
+class GlobalWindows(WindowAssigner):
+    """One window per key that never ends; give it a ``CountTrigger``."""
+
+    event_time = False
+    default_trigger = "never"
+
+    @classmethod
+    def create(cls):
+        return cls()
+
+    def assign(self, ts):
+        n = ts.shape[0]
+        return (torch.arange(n, device=ts.device), torch.full_like(ts, GLOBAL_START),
+                torch.full_like(ts, GLOBAL_END))
+
+    def assign_one(self, ts):
+        return [GLOBAL_WINDOW]
+
+
+class Trigger:
+    """The supported triggers: the time triggers (the assigners' defaults) and
+    count triggers; ``purging`` clears the window's contents after firing."""
+
+    kind = "never"
+    count = 0
+    purging = False
+
+
+class EventTimeTrigger(Trigger):
+    kind = "event_time"
+
+    @classmethod
+    def create(cls):
+        return cls()
+
+
+class ProcessingTimeTrigger(Trigger):
+    kind = "processing_time"
+
+    @classmethod
+    def create(cls):
+        return cls()
+
+
+class CountTrigger(Trigger):
+    """Fires every ``count`` records of a key's window (Flink's ``CountTrigger``)."""
+
+    kind = "count"
+
+    def __init__(self, count: int):
+        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+            raise ValueError(f"CountTrigger.of: count must be a positive int, got {count!r}")
+        self.count = count
+
+    @classmethod
+    def of(cls, count: int):
+        return cls(count)
+
+
+class PurgingTrigger(Trigger):
+    @classmethod
+    def of(cls, nested: Trigger):
+        if not isinstance(nested, Trigger):
+            raise TypeError(f"PurgingTrigger.of: expected a Trigger, got {type(nested).__name__}")
+        t = cls()
+        t.kind, t.count, t.purging = nested.kind, nested.count, True
+        return t
+
+
+def default_trigger(assigner: WindowAssigner) -> Trigger:
+    return {"event_time": EventTimeTrigger(), "processing_time": ProcessingTimeTrigger()}.get(
+        assigner.default_trigger, Trigger())

@@ -1,0 +1,32 @@
+"""Shared builders for the stream tests: random out-of-order event streams."""
+
+from __future__ import annotations
+
+import random
+
+
+def out_of_order_events(n: int, keys: int, bound: int, seed: int, late: float = 0.0):
+    """``n`` records ``(key, value, ts)`` with timestamps rising by 0..9 ms and
+    shuffled within ``bound`` ms; a ``late`` share is pushed back by up to 8x
+    ``bound`` (beyond the watermark)."""
+    rng = random.Random(seed)
+    t, events = 0, []
+    for i in range(n):
+        t += rng.randint(0, 9)
+        jitter = rng.randint(0, bound)
+        if rng.random() < late:
+            jitter = rng.randint(bound + 1, 8 * bound + 1)
+        events.append((rng.randrange(keys), rng.randint(-50, 100), max(0, t - jitter)))
+    return events
+
+
+def permute_within(events, bound: int, seed: int):
+    """A permutation where every record moves by less than ``bound`` ms of
+    event time relative to the records it overtakes (sort by a jittered time)."""
+    rng = random.Random(seed)
+    return [e for _, e in sorted(((e[2] + rng.uniform(0, bound / 2), e) for e in events),
+                                 key=lambda p: p[0])]
+
+
+def multiset(records):
+    return sorted(records, key=repr)
