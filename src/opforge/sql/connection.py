@@ -1,5 +1,8 @@
 """The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation.
 
+Each registered table's column statistics (``planner/statistics.py``) are gathered once, on
+register; the join planner and EXPLAIN's estimates read them.
+
 ``EXPLAIN <query>`` gives the plan with estimated rows, ``EXPLAIN ANALYZE <query>`` runs it with
 per-operator measurement (``sql/profile.py``); both as a relation with one row per operator, and
 as text through ``Relation.explain()``."""
@@ -19,9 +22,12 @@ from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
 from opforge.sql.frontend.parser import parse
-from opforge.sql.estimate import estimate_rows
 from opforge.sql.optimizer import optimize
 from opforge.sql.physical.context import ExecContext, check_options
+from opforge.sql.planner.cardinality import Estimator
+from opforge.sql.planner.cost import Hardware
+from opforge.sql.planner.join_order import JoinOrderOptimizer, check_mode
+from opforge.sql.planner.statistics import TableStats, table_stats
 from opforge.sql.profile import Profiler
 from opforge.sql.table import Table
 
@@ -38,6 +44,7 @@ class Relation:
 
     def __init__(self, con: "Connection", node: P.Node | None, message: str = "", mode: str = "query"):
         self._con, self._node, self._message, self._mode = con, node, message, mode
+        self._estimator: Estimator | None = None
 
     @property
     def plan(self) -> P.Node | None:
@@ -73,7 +80,10 @@ class Relation:
         return list(zip(*cols)) if cols else []
 
     def _estimate(self, node: P.Node) -> int:
-        return estimate_rows(node, self._con._tables)
+        """Estimated rows from the tables' statistics (``planner/cardinality.py``)."""
+        if self._estimator is None:
+            self._estimator = Estimator(self._node, self._con._stats)
+        return int(round(self._estimator.rows(node)))
 
     def _estimates(self) -> pa.Table:
         ops, est = [], []
@@ -117,12 +127,15 @@ class Relation:
 
 class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
-                 join_algorithm: str = "auto"):
+                 join_algorithm: str = "auto", join_reordering: str = "auto"):
         check_options(memory_budget, join_algorithm)
+        check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
         self.memory_budget = memory_budget
         self.join_algorithm = join_algorithm
+        self.join_reordering = join_reordering
         self._tables: dict[str, Table] = {}
+        self._stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
 
@@ -133,11 +146,14 @@ class Connection:
         """Loads a pyarrow.Table, pandas.DataFrame or .parquet/.csv path onto the device under `name`."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"register: name must be an identifier, got {name!r}")
-        self._tables[name] = Table.load(obj, self.device)
+        table = Table.load(obj, self.device)
+        self._tables[name] = table
+        self._stats[name] = table_stats(table)
         return self
 
     def unregister(self, name: str) -> None:
         self._tables.pop(name, None)
+        self._stats.pop(name, None)
         self.views.pop(name.lower(), None)
 
     def tables(self) -> list[str]:
@@ -166,10 +182,14 @@ class Connection:
 
     def plan(self, tree: exp.Expression) -> P.Node:
         node, _ = Binder(_Catalog(self), self._run_scalar, self._cids).bind_query(tree)
-        return optimize(node, self.device)
+        return optimize(node, self.device, self._join_order())
+
+    def _join_order(self) -> JoinOrderOptimizer:
+        return JoinOrderOptimizer(self._stats, self._tables, self.join_reordering,
+                                  Hardware.with_budget(self.memory_budget))
 
     def _run_scalar(self, node: P.Node):
-        node = optimize(node, self.device)
+        node = optimize(node, self.device, self._join_order())
         t = Executor(self._tables, self.device, self._context()).to_arrow(node)
         if t.num_rows > 1:
             raise SqlError(f"scalar subquery returned {t.num_rows} rows, expected at most 1")
@@ -197,9 +217,11 @@ class _Catalog:
 
 
 def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
-            join_algorithm: str = "auto") -> Connection:
+            join_algorithm: str = "auto", join_reordering: str = "auto") -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (hash / merge / nested loop by the rule in
-    ``sql/physical/join.py``) or one of "hash", "merge", "nested_loop" for every equi-join."""
-    return Connection(device, memory_budget, join_algorithm)
+    ``sql/physical/join.py``) or one of "hash", "merge", "nested_loop" for every equi-join.
+    ``join_reordering``: "auto" (exact DPccp while affordable, else greedy), "greedy" or "none"
+    (the FROM order); see ``sql/planner/join_order.py``."""
+    return Connection(device, memory_budget, join_algorithm, join_reordering)

@@ -1,16 +1,20 @@
 """Rule-based rewrites on the logical plan: constant folding, predicate pushdown (into scans, through
-projections, into join sides and join keys), projection pruning. Join order is chosen by the binder."""
+projections, into join sides and join keys), projection pruning; then the join order optimizer
+(``sql/planner``) replaces each tree of inner joins by the best one it finds (the binder's FROM
+order, connected relations first, is kept with ``join_reordering="none"``)."""
 from __future__ import annotations
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, split_equi, substitute
 
 
-def optimize(node: P.Node, device) -> P.Node:
+def optimize(node: P.Node, device, join_order=None) -> P.Node:
+    """``join_order``: a ``planner.join_order.JoinOrderOptimizer`` (None: keep the binder's order)."""
     node = _fold(node, device)
     node = _push(node, [])
     node = _prune(node, {o.cid for o in node.outputs})
-    return _topk(node)
+    node = _topk(node)
+    return node if join_order is None else join_order.optimize(node)
 
 
 # ---------------------------------------------------------------------------------------------- top-k

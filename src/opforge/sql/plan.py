@@ -114,6 +114,7 @@ class Join(Node):
     right_keys: list[Expr]
     residual: Expr | None = None
     null_aware: bool = False  # NOT IN: any NULL on the right empties the result
+    note: str = ""  # the join planner's reasons (rule, estimate, physical choice), shown by EXPLAIN
 
     @property
     def outputs(self):
@@ -127,7 +128,8 @@ class Join(Node):
     def describe(self):
         keys = ", ".join(f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys))
         r = f" residual={self.residual}" if self.residual is not None else ""
-        return f"Join {self.kind}{' null-aware' if self.null_aware else ''} [{keys}]{r}"
+        note = f" | {self.note}" if self.note else ""
+        return f"Join {self.kind}{' null-aware' if self.null_aware else ''} [{keys}]{r}{note}"
 
 
 @dataclass(eq=False)

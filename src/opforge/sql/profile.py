@@ -1,7 +1,7 @@
 """EXPLAIN ANALYZE: run a plan with per-operator measurement and render it.
 
 For each physical operator (the executor computes its inputs first, so the figures are the
-operator's own, children excluded): wall time between two device synchronizations (CUDA events
+operator's own, children excluded): estimated and actual rows with the estimate's q-error, wall time between two device synchronizations (CUDA events
 on cuda, ``perf_counter`` on the CPU; the synchronizations happen only in this mode), actual rows,
 bytes in (each input column read once: the table columns a scan reads, the input batches of every
 other operator) and bytes out (the output batch), achieved GB/s = (in + out) / time and, on cuda,
@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 
 from opforge.runtime import hooks
+from opforge.sql.planner.cardinality import q_error
 
 SCHEMA = pa.schema([
     ("operator", pa.string()), ("est_rows", pa.int64()), ("actual_rows", pa.int64()), ("time_ms", pa.float64()),
@@ -152,6 +153,7 @@ class Profiler:
             pad = "  " * s.depth
             pct = "" if bw is None else f", {100.0 * s.gbps / bw:.1f}% of copy bw"
             lines.append(f"{pad}{s.describe}  (est. rows={s.est_rows}, actual rows={s.actual_rows}, "
+                         f"q-error {q_error(s.est_rows, s.actual_rows):.2f}, "
                          f"{s.time_ms:.3f} ms, in {_size(s.bytes_in)}, out {_size(s.bytes_out)}, "
                          f"{s.gbps:.2f} GB/s{pct})")
             for note in s.notes:

@@ -1,0 +1,14 @@
+"""The join planner (issue 9), one concern per module:
+
+* ``statistics``: per-column row / NULL counts, min / max, distinct counts (exact or HyperLogLog)
+  and most-common values, gathered when a table is registered;
+* ``cardinality``: filter and join selectivity (equivalence classes, distinct counts), estimated
+  rows for every operator;
+* ``join_graph``: the query graph of a tree of inner joins;
+* ``join_tree``, ``dp``, ``greedy``: join trees, DPccp, Greedy Operator Ordering;
+* ``cost``, ``physical_choice``: bytes-moved cost of each physical join on the GPU (hash table vs
+  L2 / HBM), and the cheapest algorithm and build side; C_out as the alternative model;
+* ``join_order``: the optimizer pass that ties them together (``connect(join_reordering=...)``);
+* ``runtime_filters``: min / max, IN-list and Bloom filters from a build side, partition pruning;
+* ``distribution``: broadcast vs partitioned joins over several GPUs.
+"""

@@ -1,0 +1,119 @@
+"""Runtime filters: what a join's build side tells its probe side before the probe is read.
+
+Once the build side's keys are known, three filters of increasing cost and precision are made
+from them (all torch ops on the keys' device, no per-row Python):
+* min / max of the keys: a probe row outside [min, max] cannot match; a partition (file, row
+  group) whose own [min, max] misses it is not read at all (dynamic partition pruning);
+* an IN-list: the sorted distinct keys, when there are at most ``IN_LIST_MAX`` of them (exact
+  membership by ``searchsorted``; partitions whose range holds none of them are pruned too);
+* a Bloom filter otherwise: ``BLOOM_BITS_PER_KEY`` bits per key, ``BLOOM_HASHES`` hash functions
+  by double hashing of one 64-bit mix; false-positive rate ~(1 - e^(-k n / m))^k (1.7 % at 10
+  bits and 3 hashes). Bits are stored one per byte (a bool tensor): setting them is one
+  ``index_fill_`` with no atomics, testing them one gather per hash.
+
+Each filter passes every probe row that can match (no false negatives): applying it before the
+join never changes the join's answer, only the rows the join reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from opforge.sql.planner.statistics import as_int64, mix64
+
+IN_LIST_MAX = 1024
+BLOOM_BITS_PER_KEY = 10
+BLOOM_HASHES = 3
+
+
+@dataclass
+class BloomFilter:
+    bits: torch.Tensor  # bool, a power-of-two length
+    hashes: int
+
+    @staticmethod
+    def build(keys: torch.Tensor, bits_per_key: int = BLOOM_BITS_PER_KEY, hashes: int = BLOOM_HASHES) -> "BloomFilter":
+        if bits_per_key < 1 or hashes < 1:
+            raise ValueError(f"BloomFilter.build: bits_per_key and hashes must be >= 1, got {bits_per_key}, {hashes}")
+        m = 1 << max(6, (max(1, keys.numel()) * bits_per_key - 1).bit_length())
+        bits = torch.zeros(m, dtype=torch.bool, device=keys.device)
+        for pos in _positions(keys, m, hashes):
+            bits.index_fill_(0, pos, True)
+        return BloomFilter(bits, hashes)
+
+    def might_contain(self, keys: torch.Tensor) -> torch.Tensor:
+        m = self.bits.numel()
+        out = torch.ones(keys.shape, dtype=torch.bool, device=keys.device)
+        for pos in _positions(keys, m, self.hashes):
+            out &= self.bits[pos]
+        return out
+
+
+def _positions(keys: torch.Tensor, m: int, hashes: int):
+    """Bit positions h1 + i * h2 (mod m) of each key for i < hashes (Kirsch & Mitzenmacher)."""
+    h = mix64(as_int64(keys))
+    h1 = h & (m - 1)
+    h2 = ((h >> 32) & 0xFFFFFFFF) | 1  # odd: the probes walk all of a power-of-two table
+    for i in range(hashes):
+        yield (h1 + i * h2) & (m - 1)
+
+
+@dataclass
+class RuntimeFilter:
+    """The filters made from one build side's keys (None when the build side is empty)."""
+
+    min: int | None
+    max: int | None
+    in_list: torch.Tensor | None  # sorted distinct keys, when few
+    bloom: BloomFilter | None  # when the keys are many
+
+    @staticmethod
+    def build(keys: torch.Tensor, valid: torch.Tensor | None = None, in_list_max: int = IN_LIST_MAX) -> "RuntimeFilter":
+        """From the build side's int keys (``valid``: False where the key is NULL: never matches)."""
+        if keys.dtype.is_floating_point:
+            raise TypeError("RuntimeFilter.build: expected integer join keys (as join_keys packs them), "
+                            f"got {keys.dtype}")
+        k = keys.long() if valid is None else keys.long()[valid]
+        if k.numel() == 0:
+            return RuntimeFilter(None, None, k, None)
+        lo, hi = torch.aminmax(k)
+        distinct = torch.unique(k)
+        if distinct.numel() <= in_list_max:
+            return RuntimeFilter(int(lo), int(hi), distinct, None)
+        return RuntimeFilter(int(lo), int(hi), None, BloomFilter.build(distinct))
+
+    def mask(self, keys: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """True for each probe row that may find a match."""
+        k = keys.long()
+        if self.min is None:
+            return torch.zeros(k.shape, dtype=torch.bool, device=k.device)
+        keep = (k >= self.min) & (k <= self.max)
+        if valid is not None:
+            keep &= valid
+        if self.in_list is not None:
+            pos = torch.searchsorted(self.in_list, k).clamp(max=self.in_list.numel() - 1)
+            keep &= self.in_list[pos] == k
+        elif self.bloom is not None:
+            keep &= self.bloom.might_contain(k)
+        return keep
+
+    def keep_partitions(self, part_min: torch.Tensor, part_max: torch.Tensor) -> torch.Tensor:
+        """Partition pruning: True for each partition (its keys in [part_min, part_max]) that may
+        hold a matching row: its range meets [min, max] and, with an IN-list, holds one of them."""
+        lo, hi = part_min.long(), part_max.long()
+        if self.min is None:
+            return torch.zeros(lo.shape, dtype=torch.bool, device=lo.device)
+        keep = (hi >= self.min) & (lo <= self.max)
+        if self.in_list is not None:
+            first = torch.searchsorted(self.in_list, lo)  # the first listed key >= the partition's min
+            has = first < self.in_list.numel()
+            keep &= has & (self.in_list[first.clamp(max=self.in_list.numel() - 1)] <= hi)
+        return keep
+
+    def describe(self) -> str:
+        if self.min is None:
+            return "runtime filter: empty build side"
+        kind = f"IN-list of {self.in_list.numel()}" if self.in_list is not None else \
+            f"Bloom {self.bloom.bits.numel()} bits x {self.bloom.hashes} hashes"
+        return f"runtime filter: [{self.min}, {self.max}] + {kind}"

@@ -1,0 +1,177 @@
+"""Per-column statistics for the join planner, gathered once when a table is registered.
+
+For each column: row count, NULL count, min / max (in storage units: DECIMAL unscaled, DATE days,
+STRING dictionary codes, whose order is string order), a distinct-count estimate and the most
+common values with their frequencies (skew detection, equality selectivity): every value when a
+column has at most ``MCV_COUNT`` of them, else the values noticeably above the uniform share.
+
+Distinct counts are exact (``torch.unique``) for columns of at most ``EXACT_DISTINCT_ROWS`` rows and
+HyperLogLog otherwise: 2^``HLL_PRECISION`` registers, standard error 1.04 / sqrt(2^p) (1.6 % at
+p = 12), computed with torch ops on the column's device (a 64-bit mix hash, a register index from
+the top bits, the rank from the rest by ``frexp``, one ``scatter_reduce``). Most-common values come
+from the exact counts, or from a strided sample of ``MCV_SAMPLE_ROWS`` rows for larger columns.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from opforge.sql.column import Column
+
+EXACT_DISTINCT_ROWS = 1 << 17
+HLL_PRECISION = 12
+MCV_COUNT = 8
+MCV_SAMPLE_ROWS = 1 << 16
+MCV_MIN_SAMPLE_COUNT = 10
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX1, _MIX2, _GOLDEN = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(0x9E3779B97F4A7C15)
+
+
+@dataclass
+class ColumnStats:
+    rows: int
+    nulls: int
+    min: float | None  # storage units; None when every value is NULL
+    max: float | None
+    distinct: float  # of the non-NULL values
+    exact: bool  # distinct is exact (else a HyperLogLog estimate)
+    mcv: list[tuple[float, float]] = field(default_factory=list)  # (value, fraction of all rows)
+    dictionary: tuple[str, ...] | None = None  # STRING: the sorted dictionary the codes index
+
+    @property
+    def null_fraction(self) -> float:
+        return self.nulls / self.rows if self.rows else 0.0
+
+    def frequency(self, value: float) -> float:
+        """Fraction of rows equal to ``value``: its MCV frequency, else the non-MCV mass spread evenly."""
+        for v, f in self.mcv:
+            if v == value:
+                return f
+        rest_rows = max(0.0, 1.0 - self.null_fraction - sum(f for _, f in self.mcv))
+        rest_values = max(1.0, self.distinct - len(self.mcv))
+        if self.min is not None and not (self.min <= value <= self.max):
+            return 0.0
+        return rest_rows / rest_values
+
+    @property
+    def mcv_complete(self) -> bool:
+        """The most-common values list every value (few distinct values, counted exactly)."""
+        return self.exact and len(self.mcv) == self.distinct
+
+    def fraction_between(self, lo: float, hi: float, step: float) -> float:
+        """Fraction of rows with ``lo <= value <= hi`` (``step`` 1 for integer-valued storage, 0
+        for continuous): the MCVs inside, plus the other values spread evenly over [min, max]."""
+        if self.min is None or hi < lo:
+            return 0.0
+        inside = sum(f for v, f in self.mcv if lo <= v <= hi)
+        if self.mcv_complete:
+            return inside
+        rest = max(0.0, 1.0 - self.null_fraction - sum(f for _, f in self.mcv))
+        width = self.max - self.min + step
+        spread = (hi - lo + step) / width if width > 0 else 1.0
+        return min(1.0, inside + rest * min(1.0, spread))
+
+    def heavy_hitters(self, threshold: float) -> list[tuple[float, float]]:
+        """The MCVs holding more than ``threshold`` of the rows (skewed join keys)."""
+        return [(v, f) for v, f in self.mcv if f > threshold]
+
+
+@dataclass
+class TableStats:
+    rows: int
+    columns: dict[str, ColumnStats]
+
+
+# ------------------------------------------------------------------------------------- hashing
+def as_int64(values: torch.Tensor) -> torch.Tensor:
+    """Values as int64 bit patterns that are equal exactly when the values are (floats by bits,
+    with -0.0 folded onto 0.0)."""
+    if values.dtype.is_floating_point:
+        v = values.double()
+        v = torch.where(v == 0, torch.zeros_like(v), v)
+        return v.view(torch.int64)
+    return values.long()
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
+    def shr(v, s):
+        return (v >> s) & ((1 << (64 - s)) - 1)
+    x = x + _GOLDEN
+    x = (x ^ shr(x, 30)) * _MIX1
+    x = (x ^ shr(x, 27)) * _MIX2
+    return x ^ shr(x, 31)
+
+
+def hyperloglog(values: torch.Tensor, precision: int = HLL_PRECISION) -> float:
+    """HyperLogLog distinct-count estimate of ``values`` (Flajolet et al. 2007, with linear counting
+    for small cardinalities). Runs on the tensor's device; one host sync for the result."""
+    if not 4 <= precision <= 16:
+        raise ValueError(f"hyperloglog: precision must be in [4, 16], got {precision}")
+    if values.numel() == 0:
+        return 0.0
+    m = 1 << precision
+    h = mix64(as_int64(values))
+    index = (h >> (64 - precision)) & (m - 1)
+    rest_bits = 64 - precision
+    rest = h & ((1 << rest_bits) - 1)  # < 2^52: exact in float64
+    _, exponent = torch.frexp(rest.double())  # rest = mantissa * 2^exponent: exponent = bit length
+    rank = torch.where(rest == 0, torch.full_like(exponent, rest_bits + 1), rest_bits - exponent + 1)
+    registers = torch.zeros(m, dtype=torch.int32, device=values.device)
+    registers.scatter_reduce_(0, index, rank.to(torch.int32), reduce="amax")
+    alpha = 0.7213 / (1 + 1.079 / m)
+    harmonic, zeros = torch.stack([torch.pow(2.0, -registers.double()).sum(),
+                                   (registers == 0).sum().double()]).tolist()
+    estimate = alpha * m * m / harmonic
+    if estimate <= 2.5 * m and zeros > 0:
+        estimate = m * math.log(m / zeros)
+    return float(estimate)
+
+
+# ------------------------------------------------------------------------------------- gathering
+def column_stats(col: Column, exact_rows: int = EXACT_DISTINCT_ROWS, mcv_count: int = MCV_COUNT) -> ColumnStats:
+    """Statistics of one column (a few reductions; a handful of host syncs per column)."""
+    n = len(col)
+    values = col.values
+    if col.valid is not None:
+        values = values[col.valid]
+    nulls = n - int(values.numel())
+    if values.numel() == 0:
+        return ColumnStats(n, nulls, None, None, 0.0, True, [], col.dictionary)
+    if values.dtype == torch.bool:
+        values = values.to(torch.int8)
+    lo, hi = torch.aminmax(values)
+    lo, hi = float(lo), float(hi)
+    if values.numel() <= exact_rows:
+        uniq, counts = torch.unique(values, return_counts=True)
+        distinct, exact, scale, min_count = float(uniq.numel()), True, 1.0, 1
+    else:
+        distinct, exact = hyperloglog(values), False
+        step = max(1, values.numel() // MCV_SAMPLE_ROWS)
+        uniq, counts = torch.unique(values[::step], return_counts=True)
+        scale = values.numel() / values[::step].numel()
+        distinct = max(distinct, float(uniq.numel()))
+        min_count = MCV_MIN_SAMPLE_COUNT  # fewer sightings in a sample are noise, not skew
+    k = min(mcv_count, uniq.numel())
+    top_counts, top = torch.topk(counts, k)
+    uniform = values.numel() / distinct
+    complete = exact and uniq.numel() <= mcv_count  # few values: keep the whole distribution
+    mcv = [(float(v), c * scale / n) for v, c in zip(uniq[top].tolist(), top_counts.tolist())
+           if complete or (c * scale > uniform * 1.5 and c >= min_count)]  # else only the skewed ones
+    return ColumnStats(n, nulls, lo, hi, distinct, exact, mcv, col.dictionary)
+
+
+def table_stats(table) -> TableStats:
+    """Statistics of every column of a ``sql.table.Table``."""
+    return TableStats(table.num_rows, {name: column_stats(c) for name, c in zip(table.names, table.columns)})
