@@ -341,12 +341,9 @@ def _group_params(s_ptr, z_ptr, r, c, bm, bk, ssr, ssc, MODE: tl.constexpr, LOAD
 
 
 @triton.jit
-def apply_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, R, C, sx, bm, bk, ssr, ssc, n_pc,
-    MODE: tl.constexpr, QKIND: tl.constexpr, SYM: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
-):
-    """Quantize with given scales (static, or pass 2 of the two-pass path)."""
+def _tile(R, C, n_pc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr):
+    """This program's BLOCK_R x BLOCK_C tile of the [R, C] view (``n_pc`` tiles a
+    row of tiles): its rows, columns and in-bounds mask."""
     pid = tl.program_id(0)
     pr = pid // n_pc
     pc = pid % n_pc
@@ -355,7 +352,17 @@ def apply_kernel(
     if INT64:
         r = r.to(tl.int64)
         c = c.to(tl.int64)
-    mask = (r[:, None] < R) & (c[None, :] < C)
+    return r, c, (r[:, None] < R) & (c[None, :] < C)
+
+
+@triton.jit
+def apply_kernel(
+    x_ptr, q_ptr, s_ptr, z_ptr, R, C, sx, bm, bk, ssr, ssc, n_pc,
+    MODE: tl.constexpr, QKIND: tl.constexpr, SYM: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
+):
+    """Quantize with given scales (static, or pass 2 of the two-pass path)."""
+    r, c, mask = _tile(R, C, n_pc, BLOCK_R, BLOCK_C, INT64)
     s, z = _group_params(s_ptr, z_ptr, r, c, bm, bk, ssr, ssc, MODE, not SYM)
     inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), tl.maximum(s, _FLT_MIN))
     xf = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -389,15 +396,7 @@ def dequant_kernel(
     """(q - zp) * scale. Under the interpreter, fp8 arrives as its bytes (the
     interpreter's fp8 conversion mistakes NaN, inf and subnormals) and is
     decoded exactly here."""
-    pid = tl.program_id(0)
-    pr = pid // n_pc
-    pc = pid % n_pc
-    r = pr * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pc * BLOCK_C + tl.arange(0, BLOCK_C)
-    if INT64:
-        r = r.to(tl.int64)
-        c = c.to(tl.int64)
-    mask = (r[:, None] < R) & (c[None, :] < C)
+    r, c, mask = _tile(R, C, n_pc, BLOCK_R, BLOCK_C, INT64)
     s, z = _group_params(s_ptr, z_ptr, r, c, bm, bk, ssr, ssc, MODE, HAS_ZP)
     q = tl.load(q_ptr + r[:, None] * sq + c[None, :], mask=mask)
     if QKIND == 0 or HW:
