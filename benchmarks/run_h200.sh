@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
-#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras
+#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile dist
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
-#    accuracy tables, hash-join bench; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
+#    accuracy tables, hash-join bench; profile: `opforge profile` over every op, ncu on one op, the
+#    example ladders under ncu; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
 #    overlapped tensor-parallel GEMM bench)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
@@ -22,7 +23,7 @@ for phase in "$@"; do
       python3 -m opforge bench --refresh-ceilings --json "$OUT/h200-$stamp.json" \
         --plot "$OUT/h200-$stamp-roofline.png" --crossover-plot "$OUT/h200-$stamp-crossover.png" ;;
     gpu-tests)
-      OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -q -p no:cacheprovider ;;
+      OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -v --durations=15 -p no:cacheprovider ;;
     bench-families)
       fams=(); for f in ${BENCH_FAMILIES:-softmax norm reduce scan cross_entropy transpose fusion quant}; do fams+=(--family "$f"); done
       timeout "${BENCH_LIMIT:-540}" python3 -m opforge bench "${fams[@]}" --no-crossover --no-host --prewarm "${PREWARM:-12}" \
@@ -47,6 +48,15 @@ for phase in "$@"; do
       OPFORGE_INTERPRET=0 OPFORGE_DIST_TEST_BACKEND=nccl timeout 110 python3 -m pytest tests/dist -q -p no:cacheprovider
       timeout 170 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \
         benchmarks/dist_overlap.py --json "$OUT/dist-overlap-$stamp.json" ;;
+    profile)
+      # issue 6 on the GPU: every op through `opforge profile`'s API, one op and one user kernel under ncu,
+      # and the two example ladders with their reports
+      timeout 300 python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
+      timeout 150 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --max-configs 4 --ncu \
+        --out "$OUT/profile-softmax"
+      for ex in transpose_ladder reduction_ladder; do
+        timeout 150 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
+      done ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;
     extras)

@@ -1,0 +1,125 @@
+"""`opforge profile` over every registered op: does the tool work for all of them?
+
+For each op, the first selftest sample that one of its Triton variants accepts
+(dispatch's pick when it is a Triton variant, else the first Triton variant
+that takes the sample) goes through ``opforge.profile.config_sweep`` with two
+configs: compiled resources, theoretical occupancy and its limiter, and on a
+GPU the achieved time and bandwidth. Selftest samples are small, so the rates
+show launch-bound kernels; the point is coverage, not speed (the bench has the
+speed). One JSON row per op, errors included, and a table on the terminal.
+
+    python benchmarks/profile_all.py --json out.json [--op softmax ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def pick(op, device):
+    """(variant name, sample) of the first Triton variant that takes a sample."""
+    from opforge.profile.resources import decide_for_profile
+    from opforge.runtime import dispatch
+
+    triton_variants = [v for v in op.variants if v.kind == "triton"]
+    for args in op.samples(device):
+        try:
+            chosen = dispatch.decide(op, args, tune=False).variant
+        except Exception:
+            chosen = None
+        order = ([chosen] if chosen in triton_variants else []) + [v for v in triton_variants if v is not chosen]
+        for v in order:
+            if device.type == "cuda":
+                ok = dispatch.reject_reason(op, v, args) is None
+            else:  # compile-only on CPU: the variant's own checks, as `opforge profile` applies them
+                try:
+                    decide_for_profile(op.name, args, v.name)
+                    ok = True
+                except Exception:
+                    ok = False
+            if ok:
+                return v.name, args
+    return None, None
+
+
+def profile_op(op, device, max_configs: int) -> dict:
+    from opforge.profile import config_sweep
+
+    row = {"op": op.qualname}
+    variant, args = pick(op, device)
+    if variant is None:
+        row["error"] = "no Triton variant takes any selftest sample here"
+        return row
+    row["variant"] = variant
+    row["args"] = [f"{str(a.dtype).replace('torch.', '')}{tuple(a.shape)}" if isinstance(a, torch.Tensor)
+                   else repr(a) for a in args if a is not None]
+    t0 = time.perf_counter()
+    try:
+        s = config_sweep(op.name, *args, variant=variant, max_configs=max_configs)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:400]
+        return row
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    chosen = next((r for r in s.rows if r.chosen), s.rows[0])
+    row["configs"] = len(s.rows)
+    row["config_errors"] = [r.error for r in s.rows if r.error]
+    row["kernels"] = [{k: kern[k] for k in ("kernel", "registers", "spill_stores", "shared_bytes", "num_warps", "num_stages")}
+                      | {"occupancy": kern["occupancy"]["occupancy"], "limiter": kern["occupancy"]["limiter"]}
+                      for kern in chosen.kernels]
+    row["median_ms"] = chosen.median_ms
+    row["tbps"] = chosen.tbps
+    row["pct_copy_bw"] = chosen.pct_copy_bw
+    if chosen.error:
+        row["error"] = chosen.error
+    return row
+
+
+def main(argv=None) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from opforge.runtime.registry import all_ops
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", dest="json_path", help="write the rows here")
+    ap.add_argument("--op", action="append", help="only these ops (repeatable)")
+    ap.add_argument("--max-configs", type=int, default=2)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ops = [op for op in all_ops() if any(v.kind == "triton" for v in op.variants)
+           and (not args.op or op.name in args.op or op.qualname in args.op)]
+    rows = []
+    with Progress(transient=True) as bar:
+        task = bar.add_task("profiling", total=len(ops))
+        for op in ops:
+            bar.update(task, description=op.qualname)
+            rows.append(profile_op(op, device, args.max_configs))
+            bar.advance(task)
+    table = Table(title=f"opforge profile, every op ({device}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'})")
+    for col in ("op", "variant", "kernels", "regs", "spills", "smem KiB", "occupancy (limiter)", "µs", "status"):
+        table.add_column(col)
+    for r in rows:
+        ks = r.get("kernels", [])
+        table.add_row(r["op"], r.get("variant", "-"), str(len(ks)),
+                      "/".join(str(k.get("registers")) for k in ks), "/".join(str(k["spill_stores"]) for k in ks),
+                      "/".join(f"{k.get('shared_bytes', 0) / 1024:.0f}" for k in ks),
+                      "/".join(f"{k['occupancy']:.2f} ({k['limiter']})" for k in ks),
+                      f"{r['median_ms'] * 1e3:.1f}" if r.get("median_ms") else "-",
+                      "ok" if "error" not in r else r["error"][:60])
+    Console(width=200).print(table)
+    failed = [r for r in rows if "error" in r]
+    print(f"{len(rows) - len(failed)}/{len(rows)} ops profiled")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"device": str(device), "torch": torch.__version__, "rows": rows}, f, indent=1, default=str)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
