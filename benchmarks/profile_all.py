@@ -2,8 +2,8 @@
 
 For each op, the first selftest sample that one of its Triton variants accepts
 (dispatch's pick when it is a Triton variant, else the first Triton variant
-that takes the sample) goes through ``opforge.profile.config_sweep`` with two
-configs: compiled resources, theoretical occupancy and its limiter, and on a
+that takes the sample) goes through ``opforge.profile.config_sweep`` with
+dispatch's config (``--max-configs`` for more): compiled resources, theoretical occupancy and its limiter, and on a
 GPU the achieved time and bandwidth. Selftest samples are small, so the rates
 show launch-bound kernels; the point is coverage, not speed (the bench has the
 speed). One JSON row per op, errors included, and a table on the terminal.
@@ -79,6 +79,12 @@ def profile_op(op, device, max_configs: int) -> dict:
     return row
 
 
+def write(path, device, rows) -> None:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    with open(path, "w") as f:
+        json.dump({"device": name, "torch": torch.__version__, "rows": rows}, f, indent=1, default=str)
+
+
 def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import Progress
@@ -89,19 +95,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", dest="json_path", help="write the rows here")
     ap.add_argument("--op", action="append", help="only these ops (repeatable)")
-    ap.add_argument("--max-configs", type=int, default=2)
+    ap.add_argument("--max-configs", type=int, default=1, help="configs per op (default: dispatch's only)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ops = [op for op in all_ops() if any(v.kind == "triton" for v in op.variants)
            and (not args.op or op.name in args.op or op.qualname in args.op)]
     rows = []
-    with Progress(transient=True) as bar:
+    console = Console(width=200)
+    with Progress(console=console) as bar:
         task = bar.add_task("profiling", total=len(ops))
         for op in ops:
             bar.update(task, description=op.qualname)
             rows.append(profile_op(op, device, args.max_configs))
+            r = rows[-1]
+            console.print(f"{r['op']}: {r.get('variant', '-')} "
+                          f"{r['median_ms'] * 1e3:.1f} us" if r.get("median_ms") else f"{r['op']}: {r.get('variant', '-')}",
+                          r.get("error", "ok")[:120], markup=False)
+            if args.json_path:  # after every op, so that a run cut short keeps what it measured
+                write(args.json_path, device, rows)
             bar.advance(task)
-    table = Table(title=f"opforge profile, every op ({device}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'})")
+    table = Table(title=f"opforge profile, every op ({device})")
     for col in ("op", "variant", "kernels", "regs", "spills", "smem KiB", "occupancy (limiter)", "µs", "status"):
         table.add_column(col)
     for r in rows:
@@ -112,12 +125,9 @@ def main(argv=None) -> int:
                       "/".join(f"{k['occupancy']:.2f} ({k['limiter']})" for k in ks),
                       f"{r['median_ms'] * 1e3:.1f}" if r.get("median_ms") else "-",
                       "ok" if "error" not in r else r["error"][:60])
-    Console(width=200).print(table)
+    console.print(table)
     failed = [r for r in rows if "error" in r]
     print(f"{len(rows) - len(failed)}/{len(rows)} ops profiled")
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"device": str(device), "torch": torch.__version__, "rows": rows}, f, indent=1, default=str)
     return 1 if failed else 0
 
 

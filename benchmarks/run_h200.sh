@@ -23,7 +23,7 @@ for phase in "$@"; do
       python3 -m opforge bench --refresh-ceilings --json "$OUT/h200-$stamp.json" \
         --plot "$OUT/h200-$stamp-roofline.png" --crossover-plot "$OUT/h200-$stamp-crossover.png" ;;
     gpu-tests)
-      OPFORGE_INTERPRET=0 python3 -m pytest tests/gpu -v --durations=15 -p no:cacheprovider ;;
+      OPFORGE_INTERPRET=0 python3 -m pytest ${GPU_TESTS:-tests/gpu} -v --durations=15 -p no:cacheprovider ;;
     bench-families)
       fams=(); for f in ${BENCH_FAMILIES:-softmax norm reduce scan cross_entropy transpose fusion quant}; do fams+=(--family "$f"); done
       timeout "${BENCH_LIMIT:-540}" python3 -m opforge bench "${fams[@]}" --no-crossover --no-host --prewarm "${PREWARM:-12}" \
@@ -51,11 +51,11 @@ for phase in "$@"; do
     profile)
       # issue 6 on the GPU: every op through `opforge profile`'s API, one op and one user kernel under ncu,
       # and the two example ladders with their reports
-      timeout 300 python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
-      timeout 150 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --max-configs 4 --ncu \
+      timeout "${PROFILE_ALL_LIMIT:-200}" python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
+      timeout 120 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
         --out "$OUT/profile-softmax"
       for ex in transpose_ladder reduction_ladder; do
-        timeout 150 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
+        timeout 100 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
       done ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;

@@ -141,3 +141,11 @@ def test_profile_kernel_row(monkeypatch):
     assert row["occupancy"] == occ(40, 0, 8).occupancy and row["median_ms"] is None  # CPU: not timed
     with pytest.raises(ValueError, match="compare"):
         compare.profile_kernel(K.scale_kernel, (4,), x, y, 1000, 2.0, BLOCK=256, ncu=True)
+
+
+def test_profile_names_the_arguments_an_op_is_missing():
+    from opforge.profile import ProfileError
+    from opforge.profile.resources import decide_for_profile
+
+    with pytest.raises(ProfileError, match=r"softmax takes \(x, dim\).*--arg"):
+        decide_for_profile("softmax", (torch.empty(4, 8, device="meta"),))

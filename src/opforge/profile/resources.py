@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import pickle
@@ -408,6 +409,17 @@ def decide_for_profile(op_name: str, args: tuple, variant: str | None = None, co
     from opforge.runtime.registry import get
 
     op = get(op_name)
+    try:  # the reference's signature is the op's: name the missing arguments before a check trips on them
+        signature = inspect.signature(op.reference)
+    except ValueError:  # a builtin (torch.abs) has none
+        signature = None
+    try:
+        if signature is not None:
+            signature.bind(*args)
+    except TypeError as e:
+        params = ", ".join(signature.parameters)
+        raise ProfileError(f"{op.qualname} takes ({params}); got {len(args)} argument(s): {e} "
+                           f"(on the command line, pass the arguments after the first tensor with --arg)") from None
     args = _cpu_args(args)
     on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     ctx = contextlib.nullcontext() if on_cuda else _env("OPFORGE_INTERPRET", "1")
