@@ -1,4 +1,4 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd."""
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     from opforge.placement import cli as pd_cli
 
     pd_cli.add_parser(sub)
+    from opforge.stream import cli as stream_cli
+
+    stream_cli.add_parser(sub)
     return p
 
 
@@ -135,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         from opforge.placement import cli as pd_cli
 
         return pd_cli.run(args, console)
+    if args.command == "stream":
+        from opforge.stream import cli as stream_cli
+
+        return stream_cli.run(args, console)
     if args.command == "selftest":
         from opforge import selftest
 

@@ -1,18 +1,25 @@
 """The DataStream API (Flink's model) executed in columnar micro-batches:
 ``env = opforge.stream.StreamExecutionEnvironment(device=..., parallelism=...)``."""
 
+from opforge.stream.checkpoint import (CheckpointConfig, CheckpointRestoreError,
+                                       CheckpointSerializationError)
 from opforge.stream.datastream import ConnectedStreams, DataStream, KeyedStream, WindowedStream
 from opforge.stream.environment import StreamExecutionEnvironment
 from opforge.stream.executor import JobExecutionResult
-from opforge.stream.functions import (AggregateFunction, Aggregations, CoProcessFunction, FilterFunction,
-                                      FlatMapFunction, KeyedCoProcessFunction, KeyedProcessFunction,
-                                      MapFunction, ProcessFunction, ProcessWindowFunction, ReduceFunction,
-                                      RuntimeContext, vectorized)
+from opforge.stream.functions import (AggregateFunction, Aggregations, CoGroupFunction, CoProcessFunction,
+                                      FilterFunction, FlatJoinFunction, FlatMapFunction, JoinFunction,
+                                      KeyedCoProcessFunction, KeyedProcessFunction, MapFunction,
+                                      ProcessFunction, ProcessJoinFunction, ProcessWindowFunction,
+                                      ReduceFunction, RuntimeContext, TimestampedValue, vectorized)
+from opforge.stream.file_sink import FileSink, read_committed
+from opforge.stream.file_source import FileSource
 from opforge.stream.graph import OutputTag
+from opforge.stream.job_client import JobCancellationException, JobClient, JobStatus
+from opforge.stream.joins import (CoGroupedStreams, IntervalJoin, IntervalJoined, JoinedStreams)
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
 from opforge.stream.sinks import CallbackSink, CollectSink, PrintSink, Sink
 from opforge.stream.sources import (ArrowSource, CollectionSource, IteratorSource, NumberSequenceSource,
-                                    Source, SplitSource)
+                                    Source, SourceSplit, SplitSource)
 from opforge.stream.state import (AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor,
                                   ReducingStateDescriptor, StateTtlConfig, ValueStateDescriptor)
 from opforge.stream.time import (MAX_WATERMARK, MIN_WATERMARK, SimulatedClock, SystemClock,
@@ -23,16 +30,19 @@ from opforge.stream.windows import (CountTrigger, EventTimeSessionWindows, Event
                                     TumblingEventTimeWindows, TumblingProcessingTimeWindows)
 
 __all__ = [
-    "AggregateFunction", "AggregatingStateDescriptor", "Aggregations", "ArrowSource", "Batch",
-    "CallbackSink", "CoProcessFunction", "CollectSink", "CollectionSource", "ConnectedStreams", "CountTrigger", "DataStream",
-    "EventTimeSessionWindows", "EventTimeTrigger", "FilterFunction", "FlatMapFunction", "GlobalWindows",
-    "IteratorSource", "JobExecutionResult", "KeyedCoProcessFunction", "KeyedProcessFunction", "KeyedStream", "ListStateDescriptor",
-    "MAX_WATERMARK", "MIN_WATERMARK", "MapFunction", "MapStateDescriptor", "NO_TIMESTAMP",
-    "NumberSequenceSource", "OutputTag", "PrintSink", "ProcessFunction", "ProcessWindowFunction",
-    "ProcessingTimeSessionWindows", "ProcessingTimeTrigger", "PurgingTrigger", "RecordSchema",
-    "ReduceFunction", "ReducingStateDescriptor", "RuntimeContext", "SimulatedClock", "Sink",
-    "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Source", "SplitSource", "StateTtlConfig",
-    "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
-    "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor", "WatermarkStrategy",
-    "WindowedStream", "vectorized",
+    "AggregateFunction", "AggregatingStateDescriptor", "Aggregations", "ArrowSource", "Batch", "CallbackSink",
+    "CheckpointConfig", "CheckpointRestoreError", "CheckpointSerializationError", "CoGroupFunction",
+    "CoGroupedStreams", "CoProcessFunction", "CollectSink", "CollectionSource", "ConnectedStreams",
+    "CountTrigger", "DataStream", "EventTimeSessionWindows", "EventTimeTrigger", "FileSink", "FileSource",
+    "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows", "IntervalJoin", "IntervalJoined",
+    "IteratorSource", "JobCancellationException", "JobClient", "JobExecutionResult", "JobStatus",
+    "JoinFunction", "JoinedStreams", "KeyedCoProcessFunction", "KeyedProcessFunction", "KeyedStream",
+    "ListStateDescriptor", "MAX_WATERMARK", "MIN_WATERMARK", "MapFunction", "MapStateDescriptor",
+    "NO_TIMESTAMP", "NumberSequenceSource", "OutputTag", "PrintSink", "ProcessFunction", "ProcessJoinFunction",
+    "ProcessWindowFunction", "ProcessingTimeSessionWindows", "ProcessingTimeTrigger", "PurgingTrigger",
+    "RecordSchema", "ReduceFunction", "ReducingStateDescriptor", "RuntimeContext", "SimulatedClock", "Sink",
+    "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Source", "SourceSplit", "SplitSource",
+    "StateTtlConfig", "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
+    "TimestampedValue", "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
+    "WatermarkStrategy", "WindowedStream", "read_committed", "vectorized",
 ]

@@ -84,6 +84,20 @@ class DataStream:
             raise TypeError(f"connect: expected a DataStream, got {type(other).__name__}")
         return ConnectedStreams(self, other)
 
+    def join(self, other: "DataStream"):
+        """A window join (Flink's ``JoinedStreams``): ``.where(key).equal_to(key)
+        .window(assigner).apply(join_function)``; see ``opforge.stream.joins``."""
+        from opforge.stream.joins import JoinedStreams
+
+        return JoinedStreams(self, other)
+
+    def co_group(self, other: "DataStream"):
+        """Flink's ``CoGroupedStreams``: ``.where(key).equal_to(key).window(assigner)
+        .apply(co_group_function)`` sees both inputs' records of a key and window."""
+        from opforge.stream.joins import CoGroupedStreams
+
+        return CoGroupedStreams(self, other)
+
     def get_side_output(self, tag: OutputTag) -> "DataStream":
         if not isinstance(tag, OutputTag):
             raise TypeError(f"get_side_output: expected an OutputTag, got {type(tag).__name__}")
@@ -170,6 +184,13 @@ class KeyedStream(DataStream):
 
     def max(self, position_to_max=0) -> DataStream:
         return self._rolling("max", position_to_max)
+
+    def interval_join(self, other: "KeyedStream"):
+        """An interval join with another keyed stream (Flink's ``IntervalJoin``):
+        ``.between(lower, upper).process(ProcessJoinFunction)``; see ``opforge.stream.joins``."""
+        from opforge.stream.joins import IntervalJoin
+
+        return IntervalJoin(self, other)
 
     def window(self, assigner: WindowAssigner) -> "WindowedStream":
         if not isinstance(assigner, WindowAssigner):

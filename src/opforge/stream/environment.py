@@ -3,12 +3,16 @@
 ``device`` holds the micro-batches' columns (CPU or a GPU), ``parallelism``
 is the default number of subtasks per operator, ``batch_size`` the records a
 source subtask polls at a time, ``clock`` the source of processing time.
+``enable_checkpointing`` makes the job fault tolerant (``checkpoint.py``);
+``execute(restore_from=...)`` resumes one; ``execute_async`` runs it in the
+background behind a ``JobClient``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from opforge.stream.checkpoint import CheckpointConfig
 from opforge.stream.datastream import DataStream
 from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
@@ -28,6 +32,7 @@ class StreamExecutionEnvironment:
         self.clock = clock or SystemClock()
         self.transformations: list[Transformation] = []
         self._next_id = 0
+        self.checkpoint_config: CheckpointConfig | None = None
 
     @staticmethod
     def get_execution_environment(**kwargs) -> "StreamExecutionEnvironment":
@@ -70,7 +75,40 @@ class StreamExecutionEnvironment:
     def from_arrow(self, batches, watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
         return self.from_source(ArrowSource(batches), watermark_strategy, "Arrow Source")
 
-    def execute(self, job_name: str = "opforge stream job") -> JobExecutionResult:
-        """Run the job to the end of its (bounded) input; the graph is then cleared."""
+    def enable_checkpointing(self, interval_ms: int, checkpoint_dir=None, mode: str = "EXACTLY_ONCE",
+                             max_retained_checkpoints: int = 1) -> "StreamExecutionEnvironment":
+        """Checkpoint every ``interval_ms`` of processing time (0: every round)
+        into ``checkpoint_dir``, and at the end of the input."""
+        if checkpoint_dir is None:
+            raise ValueError("enable_checkpointing: give checkpoint_dir, the directory checkpoints go to")
+        self.checkpoint_config = CheckpointConfig(interval_ms, checkpoint_dir, mode, max_retained_checkpoints)
+        return self
+
+    def get_checkpoint_config(self) -> CheckpointConfig | None:
+        return self.checkpoint_config
+
+    def from_file(self, path, format: str | None = None, monitor_interval_ms: int | None = None,
+                  watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
+        """Parquet / CSV / JSON-lines records of a file or directory (``FileSource``)."""
+        from opforge.stream.file_source import FileSource
+
+        return self.from_source(FileSource(path, format, monitor_interval_ms), watermark_strategy, "File Source")
+
+    def _take_graph(self, job_name: str) -> list[Transformation]:
         transformations, self.transformations = self.transformations, []
-        return run_job(self, transformations, job_name)
+        return transformations
+
+    def execute(self, job_name: str = "opforge stream job", restore_from=None) -> JobExecutionResult:
+        """Run the job to the end of its (bounded) input; the graph is then cleared.
+        ``restore_from``: a checkpoint or savepoint directory, or a checkpoint
+        directory (its latest completed checkpoint; a fresh start if none)."""
+        return run_job(self, self._take_graph(job_name), job_name, restore_from)
+
+    def execute_async(self, job_name: str = "opforge stream job", restore_from=None):
+        """Start the job in a background thread; a ``JobClient`` controls it."""
+        from opforge.stream.job_client import JobClient
+
+        transformations = self._take_graph(job_name)
+        if not any(t.kind == "sink" for t in transformations):
+            raise ValueError(f"execute_async({job_name!r}): the job has no sink (add sink_to, collect or print)")
+        return JobClient(self, transformations, job_name, restore_from)

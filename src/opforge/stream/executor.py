@@ -10,17 +10,26 @@ Each round first advances processing time (the job's clock) and fires
 processing-time timers. At the end of the input every source sends the
 maximal watermark, which fires all event-time timers and windows; pending
 processing-time timers are dropped, as in Flink.
+
+With checkpointing enabled (``env.enable_checkpointing``) the
+``CheckpointCoordinator`` snapshots the job between rounds, when no record is
+in flight (aligned barriers, see ``checkpoint.py``), and once more at the end
+of the input so that transactional sinks commit the last output. A job can
+start from a checkpoint or savepoint (``restore_from``); a ``JobControl``
+(from ``execute_async``) cancels it or asks for savepoints between rounds.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import os
 import time as _time
 from dataclasses import dataclass, field
 
 import torch
 
+from opforge.stream.coordinator import CheckpointCoordinator
 from opforge.stream.functions import Aggregations
 from opforge.stream.graph import Transformation
 from opforge.stream.operators import (CoProcessOperator, FilterOperator, FlatMapOperator, MapOperator,
@@ -28,8 +37,8 @@ from opforge.stream.operators import (CoProcessOperator, FilterOperator, FlatMap
 from opforge.stream.partitioning import (BroadcastPartitioner, ForwardPartitioner, RebalancePartitioner)
 from opforge.stream.records import NO_TIMESTAMP, Batch
 from opforge.stream.rolling import RollingOperator
-from opforge.stream.sources import as_batch
-from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkGenerator
+from opforge.stream.sources import as_batch, positioned
+from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK, SystemClock, WatermarkGenerator
 from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
 from opforge.stream.windows import SlidingEventTimeWindows
 
@@ -51,6 +60,14 @@ class JobExecutionResult:
     job_name: str
     net_runtime_ms: float
     metrics: dict[str, OperatorMetrics] = field(default_factory=dict)
+    #: records the sources emitted in this run, and the checkpoints it completed
+    source_records: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+    restored_from: str | None = None
+
+    def events_per_second(self) -> float:
+        """Source records per second of wall time."""
+        return self.source_records / max(self.net_runtime_ms, 1e-9) * 1000
 
     def get_net_runtime(self) -> float:
         return self.net_runtime_ms
@@ -194,6 +211,7 @@ class _SourceRunner:
         self.idle = False
         self.last_record_ms = env.clock.now()
         self.prev_ts = NO_TIMESTAMP
+        self.polled_records = False
 
     def _timestamps(self, batch: Batch) -> Batch:
         a = self.strategy.timestamp_assigner
@@ -230,6 +248,7 @@ class _SourceRunner:
                 self.idle = True
                 self.out.emit_idle(True)
             return
+        self.polled_records = True
         self.last_record_ms = now
         if self.idle:
             self.idle = False
@@ -286,9 +305,20 @@ def build_operator(t: Transformation, key):
     raise ValueError(f"stream: unknown transformation kind {k!r}")
 
 
-def run_job(env, transformations: list[Transformation], job_name: str) -> JobExecutionResult:
+def run_job(env, transformations: list[Transformation], job_name: str, restore_from=None,
+            control=None) -> JobExecutionResult:
     if not any(t.kind == "sink" for t in transformations):
         raise ValueError(f"execute({job_name!r}): the job has no sink (add sink_to, collect or print)")
+    from opforge.stream.checkpoint import resolve_restore_path
+
+    restore_path = None
+    if restore_from is not None:
+        cfg = getattr(env, "checkpoint_config", None)
+        # the job's own checkpoint directory, not made yet: a first start
+        first_start = cfg is not None and not os.path.exists(restore_from) and \
+            os.path.abspath(os.fspath(restore_from)) == os.path.abspath(cfg.checkpoint_dir)
+        if not first_start:
+            restore_path = resolve_restore_path(restore_from)
     t0 = _time.perf_counter()
     nodes = {t.id: _Node(t) for t in transformations}
     sources = []
@@ -296,7 +326,8 @@ def run_job(env, transformations: list[Transformation], job_name: str) -> JobExe
         node = nodes[t.id]
         if t.kind == "source":
             splits = t.params["source"].splits(t.parallelism, env.batch_size, env.device)
-            node.runners = [_SourceRunner(node, i, iter(s), env, node.metrics[i]) for i, s in enumerate(splits)]
+            node.runners = [_SourceRunner(node, i, positioned(s), env, node.metrics[i])
+                            for i, s in enumerate(splits)]
             sources.extend(node.runners)
             continue
         key = next((inp.key for inp in t.inputs if inp.key is not None), None)
@@ -319,7 +350,15 @@ def run_job(env, transformations: list[Transformation], job_name: str) -> JobExe
     for n in ordered:
         for r in n.runners:
             r.op.open()
+            if isinstance(r.op, SinkOperator) and callable(getattr(r.op.sink, "open", None)):
+                r.op.sink.open(r.index, n.t.parallelism)
+    coordinator = CheckpointCoordinator(env, transformations, nodes, job_name)
+    if restore_path is not None:
+        coordinator.restore(restore_path)
+    if control is not None:
+        control.attach(nodes, coordinator)
     clock = env.clock
+    stopped = False
     while not all(s.finished for s in sources):
         clock.tick()
         now = clock.now()
@@ -327,11 +366,24 @@ def run_job(env, transformations: list[Transformation], job_name: str) -> JobExe
             for r in n.runners:
                 r.op.on_processing_time(now)
         for s in sources:
+            s.polled_records = False
             if not s.finished:
                 s.poll(now)
-    for n in ordered:
-        for r in n.runners:
-            r.op.finish()
+        if isinstance(clock, SystemClock) and not any(s.polled_records for s in sources):
+            _time.sleep(0.001)  # every source waits for input (a monitored directory): do not spin
+        if coordinator.due():
+            coordinator.checkpoint()
+        if control is not None and control.at_barrier(coordinator):
+            stopped = True  # stop-with-savepoint: no end-of-input watermark, no finish
+            break
+    if not stopped:
+        if coordinator.config is not None:
+            coordinator.checkpoint()  # the final checkpoint commits the last output
+        for n in ordered:
+            for r in n.runners:
+                r.op.finish()
+        if control is not None:
+            control.at_barrier(coordinator, finished=True)
     metrics = {}
     for t in transformations:
         ms = nodes[t.id].metrics
@@ -342,4 +394,6 @@ def run_job(env, transformations: list[Transformation], job_name: str) -> JobExe
             if late is not None:
                 agg.late_records_dropped += late.dropped
         metrics[t.name if t.name not in metrics else f"{t.name}#{t.id}"] = agg
-    return JobExecutionResult(job_name, (_time.perf_counter() - t0) * 1000, metrics)
+    source_records = sum(m.records_out for t in transformations if t.kind == "source" for m in nodes[t.id].metrics)
+    return JobExecutionResult(job_name, (_time.perf_counter() - t0) * 1000, metrics, source_records,
+                              coordinator.completed, restore_path)

@@ -309,3 +309,48 @@ def as_callable(fn, method: str, where: str) -> Callable:
     if callable(fn):
         return fn
     raise TypeError(f"{where}: expected a callable or an object with .{method}(), got {type(fn).__name__}")
+
+
+# -- joins ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TimestampedValue:
+    """An output with its own event time (Flink's ``TimestampedValue``). A
+    process or co-process function that yields one sets that output's
+    timestamp; other outputs carry the timestamp of the record (or timer) being
+    processed. Interval joins need it: a pair's time is the later of the two."""
+
+    value: object
+    timestamp: int
+
+
+class JoinFunction(Function):
+    """A window join's pair function: ``join(first, second)`` returns one output."""
+
+    def join(self, first, second):
+        raise NotImplementedError
+
+
+class FlatJoinFunction(Function):
+    """A window join's pair function that yields any number of outputs."""
+
+    def join(self, first, second) -> Iterable:
+        raise NotImplementedError
+
+
+class CoGroupFunction(Function):
+    """``co_group(first, second)``: all records of one key and window from each
+    input (either list may be empty), yielding outputs."""
+
+    def co_group(self, first: list, second: list) -> Iterable:
+        raise NotImplementedError
+
+
+class ProcessJoinFunction(Function):
+    """An interval join's pair function: ``process_element(left, right, ctx)``
+    yields outputs; ``ctx.get_left_timestamp()``, ``ctx.get_right_timestamp()``,
+    ``ctx.get_timestamp()`` (the pair's time: the later one) and
+    ``ctx.output(tag, value)``."""
+
+    def process_element(self, left, right, ctx) -> Iterable:
+        raise NotImplementedError

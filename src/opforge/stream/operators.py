@@ -14,7 +14,7 @@ import inspect
 import torch
 
 from opforge.stream.functions import (as_callable, batch_result, is_vectorized,
-                                      with_output_type, RuntimeContext)
+                                      with_output_type, RuntimeContext, TimestampedValue)
 from opforge.stream.records import NO_TIMESTAMP, Batch
 from opforge.stream.state import KeyedStateBackend
 from opforge.stream.time import MIN_WATERMARK
@@ -155,8 +155,12 @@ class _Collector:
         if values is None:
             return
         for v in values:
+            if type(v) is TimestampedValue:  # an output with its own event time (interval joins)
+                v, t = v.value, v.timestamp
+            else:
+                t = ts
             self.records.append(v)
-            self.ts.append(ts)
+            self.ts.append(t)
 
     def add_side(self, tag, value, ts):
         recs, times = self.side.setdefault(tag, ([], []))

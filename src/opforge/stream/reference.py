@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from opforge.stream.functions import Aggregations, as_callable, field_of, is_vectorized
+from opforge.stream.functions import Aggregations, TimestampedValue, as_callable, field_of, is_vectorized
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
 from opforge.stream.sources import as_batch
 from opforge.stream.state import KeyedStateBackend
@@ -171,7 +171,10 @@ class _Process(_Node):
 
     def _run(self, gen, ts):
         for o in gen or ():
-            self.emit(o, ts)
+            if type(o) is TimestampedValue:
+                self.emit(o.value, o.timestamp)
+            else:
+                self.emit(o, ts)
 
     def element_from(self, input_index, record, ts):
         self.ctx.ts = None if ts == NO_TIMESTAMP else ts

@@ -1,6 +1,13 @@
 """Sinks: ``CollectSink`` (records, Arrow, pandas), ``CallbackSink`` (a Python
 function per record) and ``PrintSink``. A sink sees whole micro-batches; the
-conversion to records happens only where the user asks for records."""
+conversion to records happens only where the user asks for records.
+
+These sinks are not part of checkpoints: after a restore they see the output
+after the checkpoint again (at least once). For exactly-once output use the
+transactional ``FileSink`` (``file_sink.py``); a sink joins the two-phase
+commit by defining ``snapshot_state(subtask, checkpoint_id)``,
+``notify_checkpoint_complete(subtask, checkpoint_id)`` and
+``restore_state(subtask, state)`` (and ``open(subtask, parallelism)``)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,13 @@ idle); the end of the iterator ends the split.
 * ``ArrowSource(batches)``: Arrow record batches or tables, dealt round-robin.
 * ``NumberSequenceSource(start, end)``: the integers ``[start, end]`` made on
   the device, ``batch_size`` at a time (no Python per record).
+* ``FileSource`` (``file_source.py``): Parquet, CSV or JSON-lines files.
+
+Replay (checkpoints): a split is a ``SourceSplit`` that reports its
+``position()`` (JSON: an index, a next value, a (file, row)) and can
+``seek`` back to it. A split given as a plain iterator (``IteratorSource``)
+is replayed by polling a fresh one past the batches already taken, which
+assumes the factory yields the same records again (a deterministic source).
 """
 
 from __future__ import annotations
@@ -22,6 +29,91 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
+
+
+class SourceSplit:
+    """An iterator of micro-batches with a position (Flink's split state)."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise NotImplementedError
+
+    def position(self):
+        """Where the next batch starts; JSON values only."""
+        raise NotImplementedError
+
+    def seek(self, position) -> None:
+        """Continue from ``position`` (one that ``position()`` returned)."""
+        raise NotImplementedError
+
+
+class ListSplit(SourceSplit):
+    """A list of micro-batches; the position is the index of the next."""
+
+    def __init__(self, items: list):
+        self.items, self.index = items, 0
+
+    def __next__(self):
+        if self.index >= len(self.items):
+            raise StopIteration
+        self.index += 1
+        return self.items[self.index - 1]
+
+    def position(self):
+        return self.index
+
+    def seek(self, position) -> None:
+        self.index = int(position)
+
+
+class RangeSplit(SourceSplit):
+    """The numbers ``[lo, hi)`` ``step`` at a time, each run made by
+    ``make(start, stop)``; the position is the next start."""
+
+    def __init__(self, lo: int, hi: int, step: int, make: Callable[[int, int], object]):
+        self.next, self.hi, self.step, self.make = lo, hi, step, make
+
+    def __next__(self):
+        if self.next >= self.hi:
+            raise StopIteration
+        s, self.next = self.next, min(self.next + self.step, self.hi)
+        return self.make(s, self.next)
+
+    def position(self):
+        return self.next
+
+    def seek(self, position) -> None:
+        self.next = int(position)
+
+
+class ReplaySplit(SourceSplit):
+    """Any iterator; the position is the number of batches taken, and
+    ``seek`` takes that many again (the source must be deterministic)."""
+
+    def __init__(self, iterator):
+        self.it, self.taken = iter(iterator), 0
+
+    def __next__(self):
+        item = next(self.it)
+        self.taken += 1
+        return item
+
+    def position(self):
+        return self.taken
+
+    def seek(self, position) -> None:
+        while self.taken < int(position):
+            try:
+                next(self)
+            except StopIteration:
+                raise ValueError(f"ReplaySplit: the source ended after {self.taken} batches while replaying "
+                                 f"to {position}; it is not deterministic") from None
+
+
+def positioned(split) -> SourceSplit:
+    return split if isinstance(split, SourceSplit) else ReplaySplit(split)
 
 
 class Source:
@@ -47,7 +139,7 @@ class CollectionSource(Source):
 
     def splits(self, parallelism, batch_size, device):
         chunks = list(_chunks(self.records, batch_size))
-        return [iter(chunks[i::parallelism]) for i in range(parallelism)]
+        return [ListSplit(chunks[i::parallelism]) for i in range(parallelism)]
 
 
 class IteratorSource(Source):
@@ -57,7 +149,7 @@ class IteratorSource(Source):
         self.factory = factory
 
     def splits(self, parallelism, batch_size, device):
-        return [_chunks(self.factory(i, parallelism), batch_size) for i in range(parallelism)]
+        return [ReplaySplit(_chunks(self.factory(i, parallelism), batch_size)) for i in range(parallelism)]
 
 
 class SplitSource(Source):
@@ -67,7 +159,7 @@ class SplitSource(Source):
     def splits(self, parallelism, batch_size, device):
         if parallelism != len(self.split_list):
             raise ValueError(f"SplitSource: {len(self.split_list)} splits for parallelism {parallelism}")
-        return [iter(s) for s in self.split_list]
+        return [ListSplit(s) for s in self.split_list]
 
 
 class ArrowSource(Source):
@@ -75,7 +167,7 @@ class ArrowSource(Source):
         self.batches = list(batches)
 
     def splits(self, parallelism, batch_size, device):
-        return [iter(self.batches[i::parallelism]) for i in range(parallelism)]
+        return [ListSplit(self.batches[i::parallelism]) for i in range(parallelism)]
 
 
 class NumberSequenceSource(Source):
@@ -90,12 +182,11 @@ class NumberSequenceSource(Source):
         total = self.end - self.start + 1
         bounds = [self.start + total * i // parallelism for i in range(parallelism + 1)]
 
-        def gen(lo, hi):
-            for s in range(lo, hi, batch_size):
-                vals = torch.arange(s, min(s + batch_size, hi), dtype=torch.int64, device=device)
-                yield Batch({"f0": vals}, torch.full_like(vals, NO_TIMESTAMP), RecordSchema("value", ("f0",)))
+        def make(s, e):
+            vals = torch.arange(s, e, dtype=torch.int64, device=device)
+            return Batch({"f0": vals}, torch.full_like(vals, NO_TIMESTAMP), RecordSchema("value", ("f0",)))
 
-        return [gen(bounds[i], bounds[i + 1]) for i in range(parallelism)]
+        return [RangeSplit(bounds[i], bounds[i + 1], batch_size, make) for i in range(parallelism)]
 
 
 def as_batch(item, device, where: str) -> Batch:

@@ -10,6 +10,10 @@ TTL (``StateTtlConfig``) is measured in processing time, like Flink: a value
 written at ``t`` expires at ``t + ttl``; ``update_type`` says whether reads
 refresh it (``OnReadAndWrite``) or only writes (``OnCreateAndWrite``, the
 default). Expired values are never returned and are dropped when touched.
+
+Checkpoints (``snapshot`` / ``restore``) keep every entry with its write
+stamp and the state's kind and TTL, so TTL runs on after a restore; a restored
+state the function has not declared yet waits for its ``get_state``.
 """
 
 from __future__ import annotations
@@ -241,6 +245,7 @@ class KeyedStateBackend:
         self.current_key: Any = None
         self.namespace: Any = None
         self.cells: dict[str, _Cell] = {}
+        self.pending: dict[str, dict] = {}  # restored states not yet declared
 
     def set_current_key(self, key) -> None:
         self.current_key = key
@@ -251,6 +256,8 @@ class KeyedStateBackend:
         cell = self.cells.get(descriptor.name)
         if cell is None:
             cell = self.cells[descriptor.name] = _Cell(self, descriptor)
+            if descriptor.name in self.pending:
+                self._fill(cell, self.pending.pop(descriptor.name))
         elif cell.descriptor.kind != descriptor.kind:
             raise ValueError(f"{self.where}: state {descriptor.name!r} is already a {cell.descriptor.kind} state")
         kind = descriptor.kind
@@ -263,3 +270,32 @@ class KeyedStateBackend:
         if kind == "reducing":
             return ReducingState(cell, descriptor.reduce_function)
         return AggregatingState(cell, descriptor.agg_function)
+
+    # -- checkpoints ------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Every state's entries ``[key, namespace, value, written_at]`` with its
+        kind and TTL; TTL stamps are processing time, kept as they are."""
+        out = {}
+        for name, cell in self.cells.items():
+            d = cell.descriptor
+            ttl = None if d.ttl is None else {"ttl_ms": d.ttl.ttl_ms, "update_type": d.ttl.update_type}
+            out[name] = {"kind": d.kind, "ttl": ttl,
+                         "entries": [[k, ns, v, stamp] for (k, ns), (v, stamp) in cell.values.items()]}
+        out.update({n: s for n, s in self.pending.items() if n not in out})
+        return out
+
+    def restore(self, snapshot: dict) -> None:
+        """Put back ``snapshot``'s entries; a state the function has not asked
+        for yet waits until ``get_state`` names it (with the same kind)."""
+        for name, s in snapshot.items():
+            cell = self.cells.get(name)
+            if cell is None:
+                self.pending[name] = s
+            else:
+                self._fill(cell, s)
+
+    def _fill(self, cell: "_Cell", s: dict) -> None:
+        if s["kind"] != cell.descriptor.kind:
+            raise ValueError(f"{self.where}: state {cell.descriptor.name!r} was a {s['kind']} state in the "
+                             f"checkpoint, the job now declares a {cell.descriptor.kind} state")
+        cell.values = {(k, ns): (v, stamp) for k, ns, v, stamp in s["entries"]}

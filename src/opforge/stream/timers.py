@@ -2,7 +2,8 @@
 when the watermark reaches ``t`` (``watermark >= t``); a processing-time timer
 when the clock does. A key has at most one timer per (timestamp, domain):
 registering it twice fires it once. ``delete_*`` removes a pending timer.
-Timers fire in timestamp order (ties in registration order).
+Timers fire in timestamp order (ties in registration order); a checkpoint
+stores them in that order, so a restored job fires them in the same order.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ class InternalTimers:
 
     def __len__(self) -> int:
         return len(self.live)
+
+    def snapshot(self) -> list:
+        """The pending timers ``[ts, key, namespace]`` in firing order."""
+        return [[ts, key, ns] for ts, _, key, ns in sorted(self.heap, key=lambda e: e[:2])
+                if (ts, key, ns) in self.live]
+
+    def restore(self, timers: list) -> None:
+        self.heap, self.live, self.seq = [], set(), itertools.count()
+        for ts, key, ns in timers:
+            self.register(ts, key, ns)
 
 
 class TimerService:

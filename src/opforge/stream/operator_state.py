@@ -1,0 +1,106 @@
+"""What each operator puts into a checkpoint, and how it is put back.
+
+Kept beside the operators rather than inside them: one place lists every
+operator's durable fields (keyed state with TTL stamps, timers, window
+contents, rolling tables, the watermark). An operator class of another
+module joins by defining ``snapshot_state() -> dict`` and
+``restore_state(dict)``; an operator that is neither known here nor defines
+them makes the checkpoint fail with its name, instead of losing its state.
+Restore runs after ``open``, so the structures ``open`` made are replaced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.stream.checkpoint import CheckpointSerializationError, _class_name, _resolve_class
+from opforge.stream.operators import (FilterOperator, FlatMapOperator, MapOperator, Operator, PassThrough,
+                                      ProcessOperator, SinkOperator)
+from opforge.stream.records import RecordSchema
+from opforge.stream.rolling import RollingOperator
+from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
+
+_STATELESS = (MapOperator, FilterOperator, FlatMapOperator, PassThrough)
+
+
+def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
+    own = getattr(op, "snapshot_state", None)
+    if callable(own):
+        return {"watermark": op.watermark, "own": own()}
+    s = {"watermark": op.watermark}
+    if isinstance(op, ProcessOperator):
+        s["timer_watermark"] = op.timers.watermark
+        s["event_timers"] = op.event_timers.snapshot()
+        s["processing_timers"] = op.proc_timers.snapshot()
+        if op.key_selector is not None:
+            s["keyed_state"] = op.state.snapshot()
+    elif isinstance(op, SinkOperator):
+        pre = getattr(op.sink, "snapshot_state", None)
+        s["sink"] = pre(op.index, checkpoint_id) if callable(pre) else None
+    elif isinstance(op, WindowOperator):
+        s["window_contents"] = op.contents
+        s["trigger_counts"] = op.counts
+        s["sessions"] = op.sessions
+        s["fire_timers"] = op.fire_timers.snapshot()
+        s["cleanup_timers"] = op.cleanup_timers.snapshot()
+        s["late_dropped"] = op.late.dropped
+    elif isinstance(op, ColumnarWindowOperator):
+        s["window_table"] = {"key": op.t_key, "start": op.t_start, "fired": op.t_fired, "count": op.t_count,
+                             "acc": op.t_acc}
+        s["late_dropped"] = op.late.dropped
+    elif isinstance(op, RollingOperator):
+        schema = op.schema
+        s["rolling"] = {"acc": op.acc, "slot_of": op.slot_of, "first": op.first, "running": op.running,
+                        "schema": None if schema is None else
+                        [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]}
+    elif not isinstance(op, _STATELESS):
+        raise CheckpointSerializationError(
+            f"checkpoint: operator {op.name!r} ({type(op).__name__}) does not support checkpoints; "
+            "define snapshot_state() and restore_state(state) on it")
+    return s
+
+
+def restore_operator(op: Operator, s: dict) -> None:
+    op.watermark = s["watermark"]
+    if "own" in s:
+        op.restore_state(s["own"])
+        return
+    if isinstance(op, ProcessOperator):
+        op.timers.watermark = s["timer_watermark"]
+        op.event_timers.restore(s["event_timers"])
+        op.proc_timers.restore(s["processing_timers"])
+        if op.key_selector is not None:
+            op.state.restore(s["keyed_state"])
+    elif isinstance(op, SinkOperator):
+        restore = getattr(op.sink, "restore_state", None)
+        if s["sink"] is not None and callable(restore):
+            restore(op.index, s["sink"])
+    elif isinstance(op, WindowOperator):
+        op.contents, op.counts, op.sessions = s["window_contents"], s["trigger_counts"], s["sessions"]
+        op.fire_timers.restore(s["fire_timers"])
+        op.cleanup_timers.restore(s["cleanup_timers"])
+        op.late.dropped = s["late_dropped"]
+    elif isinstance(op, ColumnarWindowOperator):
+        t = s["window_table"]
+        op.t_key, op.t_start, op.t_fired, op.t_count = t["key"], t["start"], t["fired"], t["count"]
+        op.t_acc = dict(t["acc"])
+        op.slot_of = {tuple(p): i for i, p in enumerate(torch.stack([op.t_key, op.t_start], 1).tolist())}
+        op.late.dropped = s["late_dropped"]
+    elif isinstance(op, RollingOperator):
+        r = s["rolling"]
+        op.acc, op.slot_of, op.first, op.running = r["acc"], r["slot_of"], dict(r["first"]), r["running"]
+        if r["schema"] is not None:
+            kind, names, cls = r["schema"]
+            op.schema = RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))
+
+
+def notify_checkpoint_complete(op: Operator, checkpoint_id: int) -> None:
+    """Flink's ``notifyCheckpointComplete``: sinks commit what the checkpoint covered."""
+    if isinstance(op, SinkOperator):
+        commit = getattr(op.sink, "notify_checkpoint_complete", None)
+        if callable(commit):
+            commit(op.index, checkpoint_id)
+    else:
+        hook = getattr(op, "notify_checkpoint_complete", None)
+        if callable(hook):
+            hook(checkpoint_id)
