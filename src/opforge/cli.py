@@ -18,6 +18,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure ops against the roofline and their peers")
     b.add_argument("--quick", action="store_true", help="small shapes (CPU smoke runs)")
     b.add_argument("--family", action="append", help="only these op families (default: all)")
+    b.add_argument("--case", action="append",
+                   help="only cases whose 'op label dtype' contains this (repeatable), e.g. 'amax 8x64'")
     b.add_argument("--json", dest="json_path", help="write the results as JSON here")
     b.add_argument("--plot", dest="plot_path", help="write a roofline PNG here")
     b.add_argument("--crossover-plot", help="write the variant-crossover PNG here")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
         result = harness.run(quick=args.quick, families=args.family, crossover=not args.no_crossover,
                              host=not args.no_host, refresh_ceilings=args.refresh_ceilings, console=console,
-                             checkpoint=args.json_path, prewarm_workers=_prewarm_workers(args.prewarm))
+                             checkpoint=args.json_path, prewarm_workers=_prewarm_workers(args.prewarm),
+                             cases=args.case)
         harness.report(result, console)
         if args.json_path:
             harness.write_json(result, args.json_path)

@@ -16,3 +16,9 @@ def test_quick_cases_of_each_family_are_correct(family):
         assert "error" not in e, e
         assert e["correct"], e
         assert e["median_ms"] > 0 and e["bytes"] > 0
+
+
+def test_case_filter_keeps_only_matching_cases():
+    result = harness.run(quick=True, families=["scan", "reduce"], crossover=False, host=False,
+                         console=Console(quiet=True), cases=["compact", "argmax"])
+    assert sorted(e["op"] for e in result["entries"]) == ["opforge::argmax", "opforge::compact"]

@@ -162,34 +162,37 @@ def test_backward_kernel_matches_torch_grad(dtype, opt, config, gen):
     assert (dx[t == -100] == 0).all()
 
 
+@pytest.mark.parametrize("fused", ["triton_fused", "triton_two_pass"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_autograd_through_the_kernels(reduction, gen):
+def test_autograd_through_the_kernels(reduction, fused, gen):
     x = rand((2, 3, 5, 4), gen)  # [N, C, d1, d2]: classes on dim 1
     t = targets((2, 5, 4), 3, gen)
     w = torch.rand(3, generator=gen) + 0.5
     g = rand((2, 5, 4), gen, F32, 1.0) if reduction == "none" else None
     xo = x.clone().requires_grad_()
-    # none: forward op + backward kernel; mean / sum: the fused pass.
-    with force_variant(FWD, "triton_online"), force_variant(BWD, "triton_tiled"), force_variant(FUSED, "triton_fused"):
+    # none: forward op + backward kernel; mean / sum: the fused op (one kernel, or two).
+    with force_variant(FWD, "triton_online"), force_variant(BWD, "triton_tiled"), force_variant(FUSED, fused):
         out = cross_entropy(xo, t, weight=w, reduction=reduction, label_smoothing=0.15)
         (dx,) = torch.autograd.grad(out, xo, g)
     check(out, oracle(x, t, reduction, weight=w, label_smoothing=0.15), F32)
     check(dx, oracle_grad(x, t, g, reduction, weight=w, label_smoothing=0.15), F32)
 
 
+@pytest.mark.parametrize("variant", ["triton_fused", "triton_two_pass"])
 @pytest.mark.parametrize("opt", ["plain", "weight+smooth"])
 @pytest.mark.parametrize("dtype", [F32, BF16, F64], ids=str)
-def test_fused_kernel_writes_stats_and_gradient(dtype, opt, gen):
-    """One pass: the same statistics as the forward kernel, and the gradient of
-    the reduced loss (row scale 1 / 7 here) swept over several blocks."""
+def test_fused_kernel_writes_stats_and_gradient(dtype, opt, variant, gen):
+    """The same statistics as the forward kernel, and the gradient of the reduced
+    loss (row scale 1 / 7 here) swept over several blocks: in one pass, or in the
+    forward then the backward kernel."""
     x = rand((5, 70), gen, dtype)
     t = targets((5,), 70, gen)
     kw = kwargs_for(opt, 70, gen, dtype)
     eps, w = kw.get("label_smoothing", 0.0), kw.get("weight")
     stats = torch.full((3, 5), float("nan"), dtype=CE.stats_dtype(dtype))
     scale = torch.full((1,), 1 / 7, dtype=CE.stats_dtype(dtype))
-    dx = FUSED_OP.variant("triton_fused").run({"BLOCK_R": 1, "BLOCK_C": 16, "num_warps": 1},
-                                              x, t, stats, scale, -100, eps, w)
+    config = {"BLOCK_R": 1, "BLOCK_C": 16, "num_warps": 1} | ({"CHUNK": 32} if variant == "triton_two_pass" else {})
+    dx = FUSED_OP.variant(variant).run(config, x, t, stats, scale, -100, eps, w)
     check(stats[0].to(dtype), oracle(x, t, **kw), dtype)
     check(dx, oracle_grad(x, t, reduction="sum", **kw) / 7, dtype)
     assert (dx[t == -100] == 0).all()

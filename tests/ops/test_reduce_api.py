@@ -261,3 +261,28 @@ def test_clear_errors():
         R.sum(x.clone().requires_grad_(), 5)
     with pytest.raises(TypeError, match="opforge.sum: dtype must be a real torch.dtype"):
         R.sum(x, 1, dtype=torch.complex64)
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin"])
+def test_interleaved_dims_reduce_in_two_steps_without_a_copy(name, dtype, keepdim, gen, monkeypatch):
+    """[reduced, kept, reduced] (dims (0, 2)) and [kept, reduced, kept, reduced, kept]:
+    the innermost reduced dims first, then the rest; no step needs the permuted copy."""
+    import opforge
+
+    seen = []
+    real = dispatch.call
+
+    def spy(op, x, dims, *rest):
+        seen.append(R.plan_of(x, dims, op.name).copy_perm)
+        return real(op, x, dims, *rest)
+
+    monkeypatch.setattr(dispatch, "call", spy)
+    for shape, dims in (((4, 6, 40), (0, 2)), ((3, 4, 5, 6, 7), (1, 3, 4)), ((3, 4, 5, 6, 7), (0, 2, 4))):
+        x = rand(shape, gen, dtype)
+        got = getattr(opforge, name)(x, dims, keepdim=keepdim)
+        want = getattr(torch, name)(x.double(), dims, keepdim=keepdim)
+        assert got.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2)
+    assert seen and all(p is None for p in seen)

@@ -34,11 +34,13 @@ FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduc
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
         host: bool = True, refresh_ceilings: bool = False, console: Console | None = None,
-        checkpoint: str | None = None, prewarm_workers: int = 0) -> dict:
+        checkpoint: str | None = None, prewarm_workers: int = 0, cases: list[str] | None = None) -> dict:
     """Bench the families; with ``checkpoint``, the JSON so far is rewritten there
     after every case, so a run cut short by a time limit keeps what it measured.
     With ``prewarm_workers``, worker processes compile every case first (see
-    :mod:`opforge.bench.prewarm`)."""
+    :mod:`opforge.bench.prewarm`). ``cases``: only the cases whose ``"op label
+    dtype"`` (e.g. ``"amax 8x64x131072 dim=(0,2) bfloat16"``) contains one of
+    these strings."""
     console = console or Console()
     dev = devmod.default_device()
     info = devmod.device_info(dev)
@@ -69,6 +71,8 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
     if crossover and (dev.type == "cuda" or devmod.interpret_mode()):
         jobs += [(fam, i, c, "crossover") for fam in selected if hasattr(FAMILIES[fam], "crossover_cases")
                  for i, c in enumerate(FAMILIES[fam].crossover_cases(dev, quick))]
+    if cases:
+        jobs = [j for j in jobs if any(want in case_name(j[2]) for want in cases)]
     with Progress(console=console, transient=True) as progress:
         if prewarm_workers > 0 and jobs:
             warm = progress.add_task(f"compiling in {prewarm_workers} worker processes", total=len(jobs))
@@ -97,6 +101,11 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
             result["first_call"] = overhead.first_call_latency(dev)
     result["crossover_summary"] = crossover_summary(result["crossover"])
     return result
+
+
+def case_name(case) -> str:
+    """What ``--case`` matches: op, label and dtype, e.g. ``"softmax 2048x65536 bfloat16"``."""
+    return f"{case.op} {case.label} {str(case.dtype).replace('torch.', '')}"
 
 
 def crossover_summary(entries: list[dict]) -> list[dict]:

@@ -77,7 +77,7 @@ import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "2"
-LOOPED_VERSION = "2"
+LOOPED_VERSION = "3"
 SPLIT_VERSION = "1"
 
 # Longest row the row-resident kernels hold in registers (elements).
@@ -335,27 +335,40 @@ def norm_split_apply_kernel(
 @triton.jit
 def _row_stats(x_ptr, row_off, cols, eps, IS_RMS: tl.constexpr, COMPUTE: tl.constexpr,
                BLOCK_C: tl.constexpr):
-    # Shifted two-pass over the row, as in the row kernel: returns (shift K,
-    # mean of x - K, rstd). Callers centre as (x - K) - mean_shifted, never
-    # x - (K + mean_shifted): the rounded fp32 mean of 1e4-scale data would
-    # cost digits.
+    # One read of the row: returns (shift K, mean of x - K, rstd). LayerNorm keeps a
+    # Welford mean and M2 per lane over the column blocks (lane j sees columns
+    # j, j + BLOCK_C, ...), then merges the lanes with Chan's formula; the data are
+    # shifted by the row's first value, so that 1e4-scale rows keep their digits.
+    # Callers centre as (x - K) - mean_shifted, never x - (K + mean_shifted).
     c = tl.arange(0, BLOCK_C)
-    shift = tl.sum(tl.zeros([BLOCK_C], dtype=COMPUTE), axis=0)
-    ms = shift
-    if not IS_RMS:
-        shift = tl.load(x_ptr + row_off).to(COMPUTE)
-        acc = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    zero = tl.sum(tl.zeros([BLOCK_C], dtype=COMPUTE), axis=0)
+    shift = zero
+    if IS_RMS:
+        acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
         for start in range(0, cols, BLOCK_C):
             m = start + c < cols
-            acc += tl.where(m, tl.load(x_ptr + row_off + start + c, mask=m, other=0.0).to(COMPUTE) - shift, 0.0)
-        ms = tl.sum(acc, axis=0) / cols
-    acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
-    for start in range(0, cols, BLOCK_C):
-        m = start + c < cols
-        x = tl.load(x_ptr + row_off + start + c, mask=m, other=0.0).to(COMPUTE)
-        xc = tl.where(m, (x - shift) - ms, 0.0)
-        acc2 += xc * xc
-    rstd = _inv_sqrt(tl.sum(acc2, axis=0) / cols + eps)
+            x = tl.load(x_ptr + row_off + start + c, mask=m, other=0.0).to(COMPUTE)
+            acc2 += x * x
+        ms = zero
+        var = tl.sum(acc2, axis=0) / cols
+    else:
+        shift = tl.load(x_ptr + row_off).to(COMPUTE)
+        mean = tl.zeros([BLOCK_C], dtype=COMPUTE)
+        m2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+        k = zero
+        for start in range(0, cols, BLOCK_C):
+            m = start + c < cols
+            xs = tl.load(x_ptr + row_off + start + c, mask=m, other=0.0).to(COMPUTE) - shift
+            k += 1.0
+            delta = tl.where(m, xs - mean, 0.0)
+            mean += delta * (1.0 / k)
+            m2 += delta * tl.where(m, xs - mean, 0.0)
+        n = ((cols - c + BLOCK_C - 1) // BLOCK_C).to(COMPUTE)  # values lane j saw
+        n = tl.where(c < cols, n, 0.0)
+        ms = tl.sum(n * mean, axis=0) / cols
+        d = mean - ms
+        var = (tl.sum(m2, axis=0) + tl.sum(n * d * d, axis=0)) / cols
+    rstd = _inv_sqrt(var + eps)
     return shift, ms, rstd
 
 

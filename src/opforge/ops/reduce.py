@@ -557,6 +557,50 @@ def _count(x, dims) -> int:
     return math.prod(x.shape[d] for d in dims) if dims else x.numel()
 
 
+STAGED = ("sum", "mean", "amax", "amin")
+
+
+def _staged(name: str, x: torch.Tensor, dims: tuple, keepdim: bool, dtype=None):
+    """Reduce an interleaved layout in two steps instead of copying it.
+
+    A reduction over ``[reduced, kept, reduced]`` (amax over dims (0, 2) of a
+    contiguous [8, 64, N]) has no in-place geometry, and ``plan`` would permute
+    and copy the whole input first. Sums, means and extremes decompose: reduce
+    the innermost reduced dims first (a rows reduction, in place), then the
+    rest on that far smaller result. Sums and means carry fp32 (fp64 for fp64)
+    between the steps. None where the plan needs no copy."""
+    if name not in STAGED or not x.is_floating_point() or plan_of(x, dims, name).copy_perm is None:
+        return None
+    red = set(dims) if dims else set(range(x.dim()))
+    inner = set()  # the reduced run nearest the innermost dim: a rows or cols reduction of its own
+    for d in sorted((d for d in range(x.dim()) if x.shape[d] != 1), key=lambda d: x.stride(d)):
+        if d in red:
+            inner.add(d)
+        elif inner:
+            break
+    if not inner or inner == red:
+        return None
+    if name in ("amax", "amin"):
+        first = dispatch.call(OPS[name], x, tuple(sorted(inner)), True)
+        return _reduce(name, first, tuple(sorted(red)), keepdim)
+    acc = torch.float64 if x.dtype == torch.float64 or dtype == torch.float64 else torch.float32
+    first = dispatch.call(OPS["sum"], x, tuple(sorted(inner)), True, acc)
+    total = _reduce("sum", first, tuple(sorted(red)), keepdim, acc)
+    if name == "mean":
+        total = total / _count(x, dims)
+    return total.to(result_dtype(name, x, dtype))
+
+
+def _reduce(name: str, x: torch.Tensor, dims: tuple, keepdim: bool, dtype=None) -> torch.Tensor:
+    """``opforge::<name>`` through dispatch, staged where that saves a copy."""
+    staged = _staged(name, x, dims, keepdim, dtype)
+    if staged is not None:
+        return staged
+    if name in ("sum", "mean"):
+        return dispatch.call(OPS[name], x, dims, keepdim, dtype)
+    return dispatch.call(OPS[name], x, dims, keepdim)
+
+
 def _define(name: str) -> None:
     op = OPS[name]
     call = dispatch.call
@@ -564,7 +608,7 @@ def _define(name: str) -> None:
         schema = f"{name}(Tensor self, int[] dim, bool keepdim, ScalarType? dtype) -> Tensor"
 
         def impl(x, dim, keepdim, dtype):
-            return call(op, x, tuple(dim), keepdim, dtype)
+            return _reduce(name, x, tuple(dim), keepdim, dtype)
 
         def fake(x, dim, keepdim, dtype):
             dims = tuple(dim)
@@ -585,7 +629,7 @@ def _define(name: str) -> None:
         schema = f"{name}(Tensor self, int[] dim, bool keepdim) -> Tensor"
 
         def impl(x, dim, keepdim):
-            return call(op, x, tuple(dim), keepdim)
+            return _reduce(name, x, tuple(dim), keepdim)
 
         def fake(x, dim, keepdim):
             dims = tuple(dim)
@@ -701,7 +745,7 @@ def sum(input: torch.Tensor, dim=None, keepdim: bool = False, *, dtype: torch.dt
     _check_input("sum", input)
     dims = canon_dims("sum", input, dim)
     if direct_ok(input):
-        return _call(OPS["sum"], input, dims, keepdim, dtype)
+        return _reduce("sum", input, dims, keepdim, dtype)
     validate("sum", input, dims, keepdim, dtype)
     return _PACKETS["sum"](input, list(dims), keepdim, dtype)
 
@@ -711,7 +755,7 @@ def mean(input: torch.Tensor, dim=None, keepdim: bool = False, *, dtype: torch.d
     _check_input("mean", input)
     dims = canon_dims("mean", input, dim)
     if direct_ok(input):
-        return _call(OPS["mean"], input, dims, keepdim, dtype)
+        return _reduce("mean", input, dims, keepdim, dtype)
     validate("mean", input, dims, keepdim, dtype)
     return _PACKETS["mean"](input, list(dims), keepdim, dtype)
 
@@ -721,7 +765,7 @@ def _extreme(name):
         _check_input(name, input)
         dims = canon_dims(name, input, dim)
         if direct_ok(input):
-            return _call(OPS[name], input, dims, keepdim)
+            return _reduce(name, input, dims, keepdim)
         validate(name, input, dims, keepdim)
         return _PACKETS[name](input, list(dims), keepdim)
 
