@@ -52,10 +52,10 @@ for phase in "$@"; do
       # issue 6 on the GPU: every op through `opforge profile`'s API, one op and one user kernel under ncu,
       # and the two example ladders with their reports
       timeout "${PROFILE_ALL_LIMIT:-200}" python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
-      timeout 120 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
+      timeout 80 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
         --out "$OUT/profile-softmax"
       for ex in transpose_ladder reduction_ladder; do
-        timeout 100 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
+        timeout 60 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
       done ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;
