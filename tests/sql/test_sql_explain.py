@@ -55,7 +55,9 @@ def test_explain_analyze_schema_rows_and_times(con):
         assert r["time_ms"] > 0 and r["bytes_out"] >= 0 and r["bytes_in"] >= 0 and r["gbps"] >= 0
         assert r["pct_copy_bw"] is None  # CPU: GB/s only
     assert by["Scan f"]["bytes_in"] == 900 * (8 + 4)
-    assert "opforge::hash_join" in by["Join"]["kernels"]
+    # d's keys are unique and dense: the planner chose a perfect-hash (direct) join, and it ran
+    assert "perfect-hash (direct) join, build=right" in by["Join"]["notes"]
+    assert "rule: planner (physical_choice): direct build=right" in by["Join"]["notes"]
     assert "opforge::group_by" in by["Aggregate"]["kernels"] and "opforge::segment_reduce" in by["Aggregate"]["kernels"]
     assert "join" in by["Join"]["notes"]
 
@@ -65,8 +67,12 @@ def test_relation_explain_analyze_text(con):
     lines = text.splitlines()
     assert lines[0].startswith("EXPLAIN ANALYZE on cpu: total")
     assert any("actual rows=3," in x for x in lines)
-    assert any("ran opforge::hash_join -> " in x for x in lines)
+    assert any("ran opforge::group_by -> " in x for x in lines)
     assert "GB/s" in text
+    forced = sql.connect("cpu", join_algorithm="hash")  # the user's override beats the planner
+    forced.register("f", con._tables["f"].to_arrow()).register("d", con._tables["d"].to_arrow())
+    text = forced.sql(Q).explain(analyze=True)
+    assert "ran opforge::hash_join -> " in text and "rule: join_algorithm=hash (user override)" in text
     assert con.sql("EXPLAIN ANALYZE " + Q).explain().startswith("EXPLAIN ANALYZE on cpu")
 
 

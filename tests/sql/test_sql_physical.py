@@ -69,7 +69,7 @@ SEMI = [
 ]
 
 
-@pytest.mark.parametrize("algo", ["hash", "merge", "nested_loop"])
+@pytest.mark.parametrize("algo", ["hash", "merge", "nested_loop", "direct", "radix"])
 @pytest.mark.parametrize("kind", ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"])
 def test_join_algorithms_match_duckdb(check, algo, kind):
     check.con.join_algorithm = algo
@@ -80,7 +80,7 @@ def test_join_algorithms_match_duckdb(check, algo, kind):
         check.con.join_algorithm = "auto"
 
 
-@pytest.mark.parametrize("algo", ["hash", "merge", "nested_loop"])
+@pytest.mark.parametrize("algo", ["hash", "merge", "nested_loop", "direct", "radix"])
 def test_semi_anti_algorithms_match_duckdb(check, algo):
     check.con.join_algorithm = algo
     try:
@@ -113,7 +113,8 @@ def test_merge_join_chosen_for_sorted_inputs_and_correct():
     notes = " ".join(_notes(check.con, q)["notes"])
     assert "merge join (inputs already sorted)" in notes
     notes = " ".join(_notes(check.con, "SELECT * FROM shuffled JOIN o ON lk = ok")["notes"])
-    assert "hash join" in notes and "merge" not in notes
+    # unsorted: a table join (the planner picks the perfect hash: ok is unique and dense)
+    assert ("hash join" in notes or "perfect-hash (direct) join" in notes) and "merge" not in notes
 
 
 def test_join_pairs_all_algorithms_agree():

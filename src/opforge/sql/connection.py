@@ -23,10 +23,10 @@ from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
 from opforge.sql.frontend.parser import parse
 from opforge.sql.optimizer import optimize
-from opforge.sql.physical.context import ExecContext, check_options
+from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD, ExecContext, check_options
 from opforge.sql.planner.cardinality import Estimator
 from opforge.sql.planner.cost import Hardware
-from opforge.sql.planner.join_order import JoinOrderOptimizer, check_mode
+from opforge.sql.planner.join_order import SKEW_THRESHOLD, JoinOrderOptimizer, check_mode
 from opforge.sql.planner.statistics import TableStats, table_stats
 from opforge.sql.profile import Profiler
 from opforge.sql.table import Table
@@ -127,26 +127,42 @@ class Relation:
 
 class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
-                 join_algorithm: str = "auto", join_reordering: str = "auto"):
-        check_options(memory_budget, join_algorithm)
+                 join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
+                 skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
+                 join_distribution: str = "auto"):
+        check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
         check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
         self.memory_budget = memory_budget
         self.join_algorithm = join_algorithm
         self.join_reordering = join_reordering
+        self.runtime_filters = runtime_filters
+        self.skew_threshold = skew_threshold
+        self.workers = workers
+        self.join_distribution = join_distribution
         self._tables: dict[str, Table] = {}
         self._stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
 
     def _context(self) -> ExecContext:
-        return ExecContext(self.memory_budget, self.join_algorithm)
+        check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
+                      self.workers, self.join_distribution)
+        return ExecContext(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
+                           self.workers, self.join_distribution)
 
-    def register(self, name: str, obj) -> "Connection":
-        """Loads a pyarrow.Table, pandas.DataFrame or .parquet/.csv path onto the device under `name`."""
+    def register(self, name: str, obj, partition_key: str | None = None) -> "Connection":
+        """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
+        partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
+        partitions) / .csv path onto the device under `name`. ``partition_key``: the column whose
+        hash places the rows on workers when ``workers > 1`` (joins on it need no shuffle)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"register: name must be an identifier, got {name!r}")
         table = Table.load(obj, self.device)
+        if partition_key is not None:
+            if partition_key not in table.names:
+                raise SqlError(f"register: partition_key {partition_key!r} is not a column of {name!r}")
+            table.partition_key = partition_key
         self._tables[name] = table
         self._stats[name] = table_stats(table)
         return self
@@ -186,7 +202,9 @@ class Connection:
 
     def _join_order(self) -> JoinOrderOptimizer:
         return JoinOrderOptimizer(self._stats, self._tables, self.join_reordering,
-                                  Hardware.with_budget(self.memory_budget))
+                                  Hardware.with_budget(self.memory_budget),
+                                  skew_threshold=self.skew_threshold or SKEW_THRESHOLD,
+                                  workers=self.workers, join_distribution=self.join_distribution)
 
     def _run_scalar(self, node: P.Node):
         node = optimize(node, self.device, self._join_order())
@@ -217,11 +235,22 @@ class _Catalog:
 
 
 def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
-            join_algorithm: str = "auto", join_reordering: str = "auto") -> Connection:
+            join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
+            skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
+            join_distribution: str = "auto") -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
-    part by part. ``join_algorithm``: "auto" (hash / merge / nested loop by the rule in
-    ``sql/physical/join.py``) or one of "hash", "merge", "nested_loop" for every equi-join.
+    part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
+    it plans, ``sql/planner/physical_choice.py``; the run-time rule in ``sql/physical/join.py``
+    for the others) or one of "hash", "merge", "nested_loop", "direct" (perfect hash), "radix"
+    (radix-partitioned hash) for every equi-join: a user override.
     ``join_reordering``: "auto" (exact DPccp while affordable, else greedy), "greedy" or "none"
-    (the FROM order); see ``sql/planner/join_order.py``."""
-    return Connection(device, memory_budget, join_algorithm, join_reordering)
+    (the FROM order); see ``sql/planner/join_order.py``.
+    ``runtime_filters``: push min / max, IN-list and Bloom filters from each join's build side
+    into the probe side's scans, and skip partitions they exclude (``sql/physical/runtime_filter.py``).
+    ``skew_threshold``: a join key value above this share of the probe rows is split off in
+    partitioned joins (``sql/physical/skew.py``); None turns skew handling off.
+    ``workers`` / ``join_distribution`` ("auto", "broadcast", "partitioned"): the simulated
+    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/distributed.py``)."""
+    return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
+                      workers, join_distribution)

@@ -1,7 +1,11 @@
 """Runs a logical/physical plan bottom-up over whole-column batches (pull model, one batch per operator).
 
 Each operator's inputs are computed first, then the operator itself runs: under EXPLAIN ANALYZE the
-``Profiler`` measures exactly that second step, so every figure is the operator's own."""
+``Profiler`` measures exactly that second step, so every figure is the operator's own.
+
+Runtime filters (``connect(runtime_filters=True)``, ``physical/runtime_filter.py``): a join that can
+make one runs its build (right) input first, builds the filter from the build keys, and runs its
+probe (left) input with the filter travelling down to the scans that may apply it."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -9,13 +13,14 @@ import pyarrow as pa
 from opforge.sql import plan as P
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
-from opforge.sql.expr import Batch
+from opforge.sql.expr import Batch, Ref
 from opforge.sql.physical.aggregate import run_aggregate
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.distinct import run_distinct
 from opforge.sql.physical.filter import keep_rows
 from opforge.sql.physical.join import run_join
 from opforge.sql.physical.limit import run_limit
+from opforge.sql.physical import runtime_filter as RF
 from opforge.sql.physical.project import run_project
 from opforge.sql.physical.scan import run_scan
 from opforge.sql.physical.sort import run_sort
@@ -30,23 +35,48 @@ class Executor:
         self.ctx = ctx or ExecContext()
         self.profiler = profiler
 
-    def run(self, node: P.Node) -> Batch:
+    def run(self, node: P.Node, pushed: list | None = None) -> Batch:
+        """``pushed``: runtime filters (``runtime_filter.Pushed``) this subtree's scans may apply."""
         if isinstance(node, P.Scan) and node.table not in self.tables:
             raise SqlError(f"table {node.table!r} is no longer registered")
-        inputs = [self.run(c) for c in node.inputs()]
-        if self.profiler is None:
-            return self._operator(node, inputs)
-        if isinstance(node, P.Scan):
-            table = self.tables[node.table]
-            bytes_in = batch_bytes(Batch({o.cid: table.column(o.name) for o in node.outputs}, table.num_rows, self.device))
+        pushed = pushed or []
+        routes = RF.route(node, pushed)
+        if isinstance(node, P.Join) and self.ctx.runtime_filters and RF.filter_source(node):
+            right = self.run(node.right, routes[1])
+            made = RF.make(node, right)
+            left = self.run(node.left, routes[0] + [made])
+            inputs = [left, right]
         else:
-            bytes_in = sum(batch_bytes(b) for b in inputs)
-        return self.profiler.measure(node, lambda: self._operator(node, inputs), bytes_in, self.ctx)
+            inputs = [self.run(c, r) for c, r in zip(node.inputs(), routes)]
+        if self.profiler is None:
+            out = self._operator(node, inputs, pushed)
+        else:
+            if isinstance(node, P.Scan):
+                table = self.tables[node.table]
+                bytes_in = batch_bytes(Batch({o.cid: table.column(o.name) for o in node.outputs}, table.num_rows,
+                                             self.device))
+            else:
+                bytes_in = sum(batch_bytes(b) for b in inputs)
+            out = self.profiler.measure(node, lambda: self._operator(node, inputs, pushed), bytes_in, self.ctx)
+        if self.ctx.workers > 1 and not isinstance(node, P.Join):
+            out.hash_keys = self._placement(node, inputs)
+        return out
 
-    def _operator(self, node: P.Node, inputs: list[Batch]) -> Batch:
+    def _placement(self, node: P.Node, inputs: list[Batch]) -> frozenset:
+        """The columns whose hash places ``node``'s rows on workers (``physical/distributed.py``)."""
+        if isinstance(node, P.Scan):
+            key = self.tables[node.table].partition_key
+            return frozenset(o.cid for o in node.outputs if o.name == key)
+        if isinstance(node, P.Filter):
+            return inputs[0].hash_keys
+        if isinstance(node, P.Project):
+            return frozenset(o.cid for o, e in node.exprs if isinstance(e, Ref) and e.cid in inputs[0].hash_keys)
+        return frozenset()
+
+    def _operator(self, node: P.Node, inputs: list[Batch], pushed=()) -> Batch:
         ctx = self.ctx
         if isinstance(node, P.Scan):
-            return run_scan(node, self.tables[node.table], self.device)
+            return run_scan(node, self.tables[node.table], self.device, pushed, ctx)
         if isinstance(node, P.OneRow):
             return Batch({}, 1, self.device)
         if isinstance(node, P.Filter):

@@ -17,7 +17,11 @@ from opforge.sql.errors import NotSupportedError, SqlError
 
 
 class Batch:
-    """Whole-column batch flowing between operators: cid -> Column, all of length n."""
+    """Whole-column batch flowing between operators: cid -> Column, all of length n.
+    ``hash_keys``: in the simulated multi-worker mode, the columns whose hash places every row on
+    its worker (``physical/distributed.py``); empty otherwise."""
+
+    hash_keys: frozenset = frozenset()
 
     def __init__(self, cols: dict[int, Column], n: int, device):
         self.cols, self.n, self.device = cols, n, device

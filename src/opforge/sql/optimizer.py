@@ -1,11 +1,18 @@
 """Rule-based rewrites on the logical plan: constant folding, predicate pushdown (into scans, through
 projections, into join sides and join keys), projection pruning; then the join order optimizer
 (``sql/planner``) replaces each tree of inner joins by the best one it finds (the binder's FROM
-order, connected relations first, is kept with ``join_reordering="none"``)."""
+order, connected relations first, is kept with ``join_reordering="none"``). Before join ordering,
+semi and anti joins sink below inner joins onto the relation whose rows they filter
+(``_sink_semi``), as DuckDB places them: the inner join tree then joins the reduced relation."""
 from __future__ import annotations
+
+import dataclasses
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Expr, Lit, and_, conjuncts, fold_constants, split_equi, substitute
+
+
+SEMI_SINK_MAX_SELECTIVITY = 0.5
 
 
 def optimize(node: P.Node, device, join_order=None) -> P.Node:
@@ -14,7 +21,55 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
     node = _push(node, [])
     node = _prune(node, {o.cid for o in node.outputs})
     node = _topk(node)
-    return node if join_order is None else join_order.optimize(node)
+    if join_order is None or getattr(join_order, "mode", "auto") == "none":
+        return node if join_order is None else join_order.optimize(node)
+    from opforge.sql.planner.cardinality import Estimator
+
+    return join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
+
+
+# ------------------------------------------------------------------------------------ semi joins
+def _sink_semi(node: P.Node, est) -> P.Node:
+    """Each semi / anti join whose left-side columns (keys, residual) all come from one input of
+    an inner join below it is moved onto that input, recursively (through Filters too), when it
+    is selective (keeps at most ``SEMI_SINK_MAX_SELECTIVITY`` of its rows) and its right side is
+    estimated smaller than that input (``est``: a ``planner.cardinality.Estimator``; a large right
+    side is cheaper to probe with the join's fewer rows). It only drops rows of that
+    input by the input's own columns, so the answer is unchanged; the rows it drops are not joined
+    first."""
+    from opforge.sql.planner.join_order import _with_inputs
+
+    if isinstance(node, P.Join) and node.kind in ("semi", "anti"):
+        need = (_refs(node.left_keys) | _refs([node.residual])) & _cids(node.left)
+        target = _target(node.left, need)
+        selective = est.rows(node) <= SEMI_SINK_MAX_SELECTIVITY * est.rows(node.left)
+        if target is not node.left and selective and est.rows(node.right) < est.rows(target):
+            left, right = _sink_semi(node.left, est), _sink_semi(node.right, est)
+            return _place(dataclasses.replace(node, left=left, right=right), left, need)
+    return _with_inputs(node, [_sink_semi(c, est) for c in node.inputs()])
+
+
+def _target(node: P.Node, need: set[int]) -> P.Node:
+    """The input a semi join over ``node`` reading columns ``need`` would sink onto."""
+    if isinstance(node, P.Join) and node.kind in ("inner", "cross") and need:
+        if need <= _cids(node.left):
+            return _target(node.left, need)
+        if need <= _cids(node.right):
+            return _target(node.right, need)
+    if isinstance(node, P.Filter) and need <= _cids(node.child):
+        return _target(node.child, need)
+    return node
+
+
+def _place(semi: P.Join, target: P.Node, need: set[int]) -> P.Node:
+    if isinstance(target, P.Join) and target.kind in ("inner", "cross") and need:
+        if need <= _cids(target.left):
+            return dataclasses.replace(target, left=_place(semi, target.left, need))
+        if need <= _cids(target.right):
+            return dataclasses.replace(target, right=_place(semi, target.right, need))
+    if isinstance(target, P.Filter) and need <= _cids(target.child):
+        return P.Filter(_place(semi, target.child, need), target.predicate)
+    return dataclasses.replace(semi, left=target)
 
 
 # ---------------------------------------------------------------------------------------------- top-k

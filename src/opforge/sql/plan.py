@@ -115,6 +115,10 @@ class Join(Node):
     residual: Expr | None = None
     null_aware: bool = False  # NOT IN: any NULL on the right empties the result
     note: str = ""  # the join planner's reasons (rule, estimate, physical choice), shown by EXPLAIN
+    # set by the join planner for the inner joins it builds (None / empty: the executor's own rule):
+    physical: object = None  # planner.physical_choice.JoinChoice; its build side is the right input
+    heavy_keys: tuple = ()  # probe (left) key values above the skew threshold, from the statistics
+    distribution: object = None  # planner.distribution.DistributionChoice (several workers only)
 
     @property
     def outputs(self):

@@ -7,7 +7,10 @@ bytes in (each input column read once: the table columns a scan reads, the input
 other operator) and bytes out (the output batch), achieved GB/s = (in + out) / time and, on cuda,
 that figure as a percentage of the device's measured copy bandwidth (``runtime.roofline``);
 plus the registry ops that dispatch ran under the operator (op, variant, version, kind: a
-``triton`` kind is a Triton kernel) and the operator's own notes (algorithm, partitions).
+``triton`` kind is a Triton kernel) and the operator's own notes: which rule chose the join
+algorithm and build side (planner, user override, executor rule), partitions, skew handling,
+distribution, and for scans the rows read, partitions skipped and rows dropped by runtime filters
+(also as numbers in ``OperatorStats.metrics``).
 
 ``record_dispatch`` listens on ``opforge.runtime.hooks.HOOKS`` (dispatch calls each hook with
 ("enter", decision) before a variant runs).
@@ -53,6 +56,7 @@ class OperatorStats:
     bytes_out: int = 0
     kernels: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)  # rows read, partitions skipped, heavy keys, ...
 
     @property
     def gbps(self) -> float:
@@ -100,7 +104,7 @@ class Profiler:
 
     def measure(self, node, fn, bytes_in: int, ctx):
         st = OperatorStats(self._depth.get(id(node), 0), node.describe(), self.estimate(node))
-        ctx.notes = []
+        ctx.notes, ctx.metrics = [], {}
         with record_dispatch(st.kernels):
             self._sync()
             if self.device.type == "cuda":
@@ -116,7 +120,7 @@ class Profiler:
                 st.time_ms = (time.perf_counter() - t0) * 1e3
         st.time_ms = max(st.time_ms, 1e-6)  # a clock tick can read 0 for a trivial operator
         st.actual_rows, st.bytes_in, st.bytes_out = out.n, bytes_in, batch_bytes(out)
-        st.notes = list(ctx.notes)
+        st.notes, st.metrics = list(ctx.notes), dict(ctx.metrics)
         self._stats[id(node)] = st
         return out
 

@@ -1,8 +1,15 @@
-"""A table: named columns of equal length on one device, loaded from Arrow, pandas, Parquet or CSV."""
+"""A table: named columns of equal length on one device, loaded from Arrow, pandas, Parquet or CSV.
+
+Partitioned tables: a list of Arrow tables / record batches, or a Parquet file of several row
+groups, is registered as one table whose rows keep their partitions (``bounds``: the first row of
+each partition, then the row count). Each column's per-partition min / max (``partition_range``,
+storage units, NULLs ignored) lets a scan skip partitions that a filter or a runtime filter
+excludes. ``partition_key``: the column whose hash places the rows on workers in the simulated
+multi-worker mode (``physical/distributed.py``)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
@@ -18,6 +25,48 @@ from opforge.sql.errors import SqlError
 class Table:
     names: list[str]
     columns: list[Column]
+    bounds: list[int] | None = None  # partitions: [start_0, start_1, ..., num_rows]
+    partition_key: str | None = None
+    _ranges: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_partitions(self) -> int:
+        return 1 if self.bounds is None else len(self.bounds) - 1
+
+    def partition_range(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(min, max) of column ``name`` in each partition (int64, or float64 for floating
+        columns); a partition with only NULLs gets (max, min) of the dtype: no range meets it.
+        None for an unpartitioned table or a column without order (BOOL)."""
+        if self.bounds is None:
+            return None
+        if name not in self._ranges:
+            col = self.column(name)
+            v = col.values
+            if v.dtype == torch.bool:
+                self._ranges[name] = None
+                return None
+            v = v.double() if v.dtype.is_floating_point else v.long()
+            info = torch.finfo(v.dtype) if v.dtype.is_floating_point else torch.iinfo(v.dtype)
+            sizes = torch.tensor([b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])], device=v.device)
+            pid = torch.repeat_interleave(torch.arange(len(sizes), device=v.device), sizes)
+            lo = torch.full((len(sizes),), info.max, dtype=v.dtype, device=v.device)
+            hi = torch.full((len(sizes),), info.min, dtype=v.dtype, device=v.device)
+            if col.valid is not None:
+                pid, v = pid[col.valid], v[col.valid]
+            lo.scatter_reduce_(0, pid, v, reduce="amin")
+            hi.scatter_reduce_(0, pid, v, reduce="amax")
+            self._ranges[name] = (lo, hi)
+        return self._ranges[name]
+
+    def partition_rows(self, keep: torch.Tensor) -> torch.Tensor:
+        """Row indices (ascending) of the partitions where ``keep`` is True."""
+        starts = torch.tensor(self.bounds[:-1], device=keep.device)
+        sizes = torch.tensor(self.bounds[1:], device=keep.device) - starts
+        starts, sizes = starts[keep], sizes[keep]
+        total = int(sizes.sum()) if sizes.numel() else 0
+        pid = torch.repeat_interleave(torch.arange(len(sizes), device=keep.device), sizes, output_size=total)
+        offset = torch.cumsum(sizes, 0) - sizes
+        return starts[pid] + torch.arange(total, device=keep.device) - offset[pid]
 
     @property
     def num_rows(self) -> int:
@@ -37,16 +86,40 @@ class Table:
         return Table.from_arrow(pa.Table.from_pandas(df, preserve_index=False), device)
 
     @staticmethod
+    def from_partitions(parts: list, device) -> "Table":
+        """One table from several Arrow tables / record batches of one schema, one partition each."""
+        tables = [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts]
+        if not tables or not all(isinstance(t, pa.Table) for t in tables):
+            raise TypeError("register: a partitioned table is a non-empty list of pyarrow Tables / RecordBatches")
+        if any(not t.schema.equals(tables[0].schema) for t in tables):
+            raise SqlError("register: the partitions' schemas differ")
+        table = Table.from_arrow(pa.concat_tables(tables), device)
+        bounds = [0]
+        for t in tables:
+            bounds.append(bounds[-1] + t.num_rows)
+        table.bounds = bounds
+        return table
+
+    @staticmethod
     def load(obj, device) -> "Table":
-        """Accepts a pyarrow.Table, a pandas.DataFrame, or a path to a .parquet / .csv file."""
+        """Accepts a pyarrow.Table, a pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
+        partition each), or a path to a .parquet (row groups are partitions) / .csv file."""
         if isinstance(obj, pa.Table):
             return Table.from_arrow(obj, device)
+        if isinstance(obj, (list, tuple)):
+            return Table.from_partitions(list(obj), device)
         if isinstance(obj, pd.DataFrame):
             return Table.from_pandas(obj, device)
         if isinstance(obj, (str, os.PathLike)):
             path = os.fspath(obj)
             if not os.path.exists(path):
                 raise SqlError(f"register: file {path!r} does not exist")
+            if path.endswith(".parquet") and not os.path.isdir(path):
+                f = pq.ParquetFile(path)
+                if f.metadata.num_row_groups > 1:
+                    return Table.from_partitions([f.read_row_group(i) for i in range(f.metadata.num_row_groups)],
+                                                 device)
+                return Table.from_arrow(f.read(), device)
             if path.endswith(".parquet") or os.path.isdir(path):
                 return Table.from_arrow(pq.read_table(path), device)
             if path.endswith(".csv"):
@@ -61,4 +134,5 @@ class Table:
 
     def to(self, device: torch.device) -> "Table":
         return Table(self.names, [Column(c.values.to(device), None if c.valid is None else c.valid.to(device),
-                                         c.type, c.dictionary, c.sorted) for c in self.columns])
+                                         c.type, c.dictionary, c.sorted) for c in self.columns],
+                     self.bounds, self.partition_key)

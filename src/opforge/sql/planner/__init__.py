@@ -9,6 +9,11 @@
 * ``cost``, ``physical_choice``: bytes-moved cost of each physical join on the GPU (hash table vs
   L2 / HBM), and the cheapest algorithm and build side; C_out as the alternative model;
 * ``join_order``: the optimizer pass that ties them together (``connect(join_reordering=...)``);
-* ``runtime_filters``: min / max, IN-list and Bloom filters from a build side, partition pruning;
-* ``distribution``: broadcast vs partitioned joins over several GPUs.
+* ``runtime_filters``: min / max, IN-list and (blocked) Bloom filters from a build side, partition
+  pruning (applied by ``sql/physical/runtime_filter.py`` and ``sql/physical/scan.py``);
+* ``distribution``: broadcast vs partitioned joins over several GPUs (run, simulated, by
+  ``sql/physical/distributed.py``).
+
+The executor follows the plan: the physical join and build side (``sql/physical/join.py``), skew
+handling from the statistics' heavy hitters (``sql/physical/skew.py``).
 """

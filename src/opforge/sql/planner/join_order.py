@@ -10,8 +10,12 @@ cost model and cardinality estimator together).
 * "none": the binder's order (FROM order, connected relations first).
 
 Every rebuilt join carries a note for EXPLAIN: which rule chose the order, the estimated rows,
-the physical choice with its reason and any skewed key (a most-common value above the threshold). Where columns are read by position (the query's result, a
-UNION input) the rebuilt tree's outputs are put back in their original order.
+the physical choice with its reason and any skewed key (a most-common value above the threshold).
+Each rebuilt join also carries, for the executor, the physical choice itself (``Join.physical``:
+algorithm, build side = the right input), the probe key's heavy hitters (``Join.heavy_keys``) and,
+with several workers, the planned distribution (``Join.distribution``). Where columns are read by
+position (the query's result, a UNION input) the rebuilt tree's outputs are put back in their
+original order.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from opforge.sql.planner import join_graph as G
 from opforge.sql.planner.cardinality import Estimator
 from opforge.sql.planner.cost import Hardware
 from opforge.sql.planner.join_tree import JoinPlan, Planning, conditions
-from opforge.sql.planner.physical_choice import DIRECT_MAX_RANGE_PER_ROW, PhysicalCost
+from opforge.sql.planner.distribution import choose_distribution
+from opforge.sql.planner.physical_choice import DIRECT_MAX_RANGE_PER_ROW, JoinChoice, PhysicalCost
 from opforge.sql.planner.statistics import TableStats
 
 MODES = ("auto", "greedy", "none")
@@ -66,9 +71,11 @@ class JoinOrderOptimizer:
 
     def __init__(self, stats: dict[str, TableStats], tables: dict | None = None, mode: str = "auto",
                  hardware: Hardware = Hardware(), model=None, max_pairs: int | None = dp.DEFAULT_MAX_PAIRS,
-                 time_budget_s: float | None = 1.0, skew_threshold: float = SKEW_THRESHOLD):
+                 time_budget_s: float | None = 1.0, skew_threshold: float = SKEW_THRESHOLD,
+                 workers: int = 1, join_distribution: str = "auto"):
         check_mode(mode)
         self.skew_threshold = skew_threshold
+        self.workers, self.join_distribution = workers, join_distribution
         self.stats, self.tables, self.mode = stats, tables or {}, mode
         self.model = model or PhysicalCost(hardware)
         self.max_pairs, self.time_budget_s = max_pairs, time_budget_s
@@ -158,7 +165,23 @@ class JoinOrderOptimizer:
         join = P.Join(left, right, kind, [k for k, _ in keys], [k for _, k in keys],
                       and_(residual) if residual else None)
         join.note = _note(plan, rule) + self._skew(keys)
+        join.physical = plan.choice if isinstance(plan.choice, JoinChoice) else None
+        join.heavy_keys = self._heavy(keys)
+        if self.workers > 1 and keys:
+            join.distribution = choose_distribution(b.rows * b.width, a.rows * a.width, self.workers,
+                                                    self.join_distribution)
+            join.note += f"; planned distribution {join.distribution.method}: {join.distribution.reason}"
         return join
+
+    def _heavy(self, keys) -> tuple:
+        """The probe (left) key's most-common values above the skew threshold (one key pair only):
+        the executor's partitioned joins split them off (``physical/skew.py``)."""
+        if len(keys) != 1 or not isinstance(keys[0][0], Ref):
+            return ()
+        st = self.estimator.stats.get(keys[0][0].cid)
+        if st is None or st.dictionary is not None or not keys[0][0].type.is_integer:
+            return ()
+        return tuple(int(v) for v, _ in st.heavy_hitters(self.skew_threshold))
 
     def _skew(self, keys) -> str:
         """Heavy-hitter join keys from the statistics (the input of skew handling, EXPLAIN)."""
@@ -186,8 +209,7 @@ def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
     if all(a is b for a, b in zip(old, inputs)):
         return node
     if isinstance(node, P.Join):
-        return P.Join(inputs[0], inputs[1], node.kind, node.left_keys, node.right_keys, node.residual,
-                      node.null_aware, node.note)
+        return dataclasses.replace(node, left=inputs[0], right=inputs[1])
     if isinstance(node, P.Union):
         return P.Union(inputs, node.outputs, node.all)
     if isinstance(node, P.Filter):

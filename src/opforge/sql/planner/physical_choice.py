@@ -11,9 +11,12 @@ Eligibility:
 * hash: any equi-join, radix-partitioned when the table exceeds the budget (required) or when
   partitions that fit the L2 cost less than probing a table in HBM.
 
-The join enumerator prices every join by its choice here, and EXPLAIN prints the choice of each
-planned join. The executor still applies its own run-time rule (``sql/physical/join.py``: it sees
-the actual sizes and sortedness); executing a planned direct join is the next step.
+The join enumerator prices every join by its choice here, EXPLAIN prints the choice of each
+planned join, and the executor runs it (``Join.physical``; ``sql/physical/join.py``: the
+algorithm, with the right input as the build side; "hash" + partitioned is the radix-partitioned
+hash join, "direct" the perfect-hash join), unless ``connect(join_algorithm=...)`` overrides it or
+a run-time guard finds the estimate wrong (a nested loop over far more pairs than planned, build
+keys of a direct join that are not unique and dense).
 """
 from __future__ import annotations
 

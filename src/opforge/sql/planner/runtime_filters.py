@@ -8,8 +8,12 @@ from them (all torch ops on the keys' device, no per-row Python):
   membership by ``searchsorted``; partitions whose range holds none of them are pruned too);
 * a Bloom filter otherwise: ``BLOOM_BITS_PER_KEY`` bits per key, ``BLOOM_HASHES`` hash functions
   by double hashing of one 64-bit mix; false-positive rate ~(1 - e^(-k n / m))^k (1.7 % at 10
-  bits and 3 hashes). Bits are stored one per byte (a bool tensor): setting them is one
-  ``index_fill_`` with no atomics, testing them one gather per hash.
+  bits and 3 hashes). ``BloomFilter`` stores bits one per byte (a bool tensor): setting them is
+  one ``index_fill_`` with no atomics, testing them one gather per hash. The runtime filter uses
+  the GPU-friendly *blocked* variant, ``BlockedBloomFilter`` (Putze et al.): one hash picks a
+  256-bit block (four int64 words: one 32-byte DRAM sector), the key's k bits all lie in it, so a
+  probe touches one sector instead of k random ones; built with torch ops (the distinct
+  (word, bit) pairs of all keys, summed per word: a sum of distinct powers of two is their OR).
 
 Each filter passes every probe row that can match (no false negatives): applying it before the
 join never changes the join's answer, only the rows the join reads.
@@ -50,6 +54,53 @@ class BloomFilter:
         return out
 
 
+BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
+
+
+@dataclass
+class BlockedBloomFilter:
+    words: torch.Tensor  # int64, BLOCK_WORDS per block, a power-of-two number of blocks
+    hashes: int
+
+    @staticmethod
+    def build(keys: torch.Tensor, bits_per_key: int = BLOOM_BITS_PER_KEY,
+              hashes: int = BLOOM_HASHES) -> "BlockedBloomFilter":
+        if bits_per_key < 1 or hashes < 1:
+            raise ValueError(f"BlockedBloomFilter.build: bits_per_key and hashes must be >= 1, "
+                             f"got {bits_per_key}, {hashes}")
+        bits = max(1, keys.numel()) * bits_per_key
+        blocks = 1 << max(0, (-(-bits // (64 * BLOCK_WORDS)) - 1).bit_length())
+        words = torch.zeros(blocks * BLOCK_WORDS, dtype=torch.int64, device=keys.device)
+        if keys.numel():
+            word, bit = _block_positions(keys, blocks, hashes)
+            flat = torch.unique((word * 64 + bit).reshape(-1))  # each (word, bit) once
+            words.index_add_(0, flat // 64, torch.bitwise_left_shift(torch.ones_like(flat), flat % 64))
+        return BlockedBloomFilter(words, hashes)
+
+    def might_contain(self, keys: torch.Tensor) -> torch.Tensor:
+        blocks = self.words.numel() // BLOCK_WORDS
+        word, bit = _block_positions(keys, blocks, self.hashes)
+        hit = (torch.bitwise_right_shift(self.words[word], bit) & 1).bool()
+        return hit.all(dim=-1) if hit.dim() > 1 else hit
+
+    @property
+    def size_bits(self) -> int:
+        return self.words.numel() * 64
+
+
+def _block_positions(keys: torch.Tensor, blocks: int, hashes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word index, bit 0..63) of each key's ``hashes`` bits, shape (n, hashes): the block from the
+    mix's low bits, 8 bits of the high half per bit position within the 256-bit block."""
+    h = mix64(as_int64(keys))
+    block = h & (blocks - 1)
+    out_w, out_b = [], []
+    for i in range(hashes):
+        pos = (h >> (56 - 8 * (i % 7))) & 0xFF  # 0..255 within the block
+        out_w.append(block * BLOCK_WORDS + pos // 64)
+        out_b.append(pos % 64)
+    return torch.stack(out_w, -1), torch.stack(out_b, -1)
+
+
 def _positions(keys: torch.Tensor, m: int, hashes: int):
     """Bit positions h1 + i * h2 (mod m) of each key for i < hashes (Kirsch & Mitzenmacher)."""
     h = mix64(as_int64(keys))
@@ -66,7 +117,7 @@ class RuntimeFilter:
     min: int | None
     max: int | None
     in_list: torch.Tensor | None  # sorted distinct keys, when few
-    bloom: BloomFilter | None  # when the keys are many
+    bloom: BlockedBloomFilter | BloomFilter | None  # when the keys are many
 
     @staticmethod
     def build(keys: torch.Tensor, valid: torch.Tensor | None = None, in_list_max: int = IN_LIST_MAX) -> "RuntimeFilter":
@@ -81,7 +132,7 @@ class RuntimeFilter:
         distinct = torch.unique(k)
         if distinct.numel() <= in_list_max:
             return RuntimeFilter(int(lo), int(hi), distinct, None)
-        return RuntimeFilter(int(lo), int(hi), None, BloomFilter.build(distinct))
+        return RuntimeFilter(int(lo), int(hi), None, BlockedBloomFilter.build(distinct))
 
     def mask(self, keys: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """True for each probe row that may find a match."""
@@ -114,6 +165,10 @@ class RuntimeFilter:
     def describe(self) -> str:
         if self.min is None:
             return "runtime filter: empty build side"
-        kind = f"IN-list of {self.in_list.numel()}" if self.in_list is not None else \
-            f"Bloom {self.bloom.bits.numel()} bits x {self.bloom.hashes} hashes"
+        if self.in_list is not None:
+            kind = f"IN-list of {self.in_list.numel()}"
+        elif isinstance(self.bloom, BlockedBloomFilter):
+            kind = f"blocked Bloom {self.bloom.size_bits} bits x {self.bloom.hashes} hashes"
+        else:
+            kind = f"Bloom {self.bloom.bits.numel()} bits x {self.bloom.hashes} hashes"
         return f"runtime filter: [{self.min}, {self.max}] + {kind}"
