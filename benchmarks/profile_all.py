@@ -3,8 +3,10 @@
 For each op, the first selftest sample that one of its Triton variants accepts
 (dispatch's pick when it is a Triton variant, else the first Triton variant
 that takes the sample) goes through ``opforge.profile.config_sweep`` with
-dispatch's config (``--max-configs`` for more): compiled resources, theoretical occupancy and its limiter, and on a
-GPU the achieved time and bandwidth. Selftest samples are small, so the rates
+dispatch's config (``--max-configs`` for more): compiled resources,
+theoretical occupancy and its limiter, and on a GPU the achieved time and
+bandwidth. Every op compiles first, in ``--jobs`` processes side by side;
+the timing is serial. Selftest samples are small, so the rates
 show launch-bound kernels; the point is coverage, not speed (the bench has the
 speed). One JSON row per op, errors included, and a table on the terminal.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -47,8 +50,10 @@ def pick(op, device):
     return None, None
 
 
-def profile_op(op, device, max_configs: int) -> dict:
-    from opforge.profile import config_sweep
+def plan(op, device, max_configs: int) -> dict:
+    """The op's row so far, with what to compile: its decision, args and configs."""
+    from opforge.profile.resources import decide_for_profile
+    from opforge.profile.sweep import pick_configs
 
     row = {"op": op.qualname}
     variant, args = pick(op, device)
@@ -58,17 +63,34 @@ def profile_op(op, device, max_configs: int) -> dict:
     row["variant"] = variant
     row["args"] = [f"{str(a.dtype).replace('torch.', '')}{tuple(a.shape)}" if isinstance(a, torch.Tensor)
                    else repr(a) for a in args if a is not None]
-    t0 = time.perf_counter()
     try:
-        s = config_sweep(op.name, *args, variant=variant, max_configs=max_configs)
+        decision = decide_for_profile(op.name, args, variant)
+        cpu = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+        configs = pick_configs(decision.config, list(decision.variant.configs(*cpu)), max_configs)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:400]
         return row
+    row["_todo"] = (decision, args, configs)
+    return row
+
+
+def finish(op, row: dict, resources: list) -> None:
+    """Time the planned configs through ``config_sweep`` with their compiled resources."""
+    from opforge.profile import config_sweep
+
+    _, args, configs = row.pop("_todo")
+    t0 = time.perf_counter()
+    try:
+        s = config_sweep(op.name, *args, variant=row["variant"], configs=configs, resources=resources)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:400]
+        return
     row["seconds"] = round(time.perf_counter() - t0, 2)
     chosen = next((r for r in s.rows if r.chosen), s.rows[0])
     row["configs"] = len(s.rows)
     row["config_errors"] = [r.error for r in s.rows if r.error]
-    row["kernels"] = [{k: kern[k] for k in ("kernel", "registers", "spill_stores", "shared_bytes", "num_warps", "num_stages")}
+    row["kernels"] = [{k: kern[k] for k in ("kernel", "registers", "spill_stores", "shared_bytes", "num_warps",
+                                            "num_stages")}
                       | {"occupancy": kern["occupancy"]["occupancy"], "limiter": kern["occupancy"]["limiter"]}
                       for kern in chosen.kernels]
     row["median_ms"] = chosen.median_ms
@@ -76,7 +98,6 @@ def profile_op(op, device, max_configs: int) -> dict:
     row["pct_copy_bw"] = chosen.pct_copy_bw
     if chosen.error:
         row["error"] = chosen.error
-    return row
 
 
 def write(path, device, rows) -> None:
@@ -90,30 +111,40 @@ def main(argv=None) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from opforge.profile.resources import ops_config_resources
     from opforge.runtime.registry import all_ops
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", dest="json_path", help="write the rows here")
     ap.add_argument("--op", action="append", help="only these ops (repeatable)")
     ap.add_argument("--max-configs", type=int, default=1, help="configs per op (default: dispatch's only)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="compile processes (default: half the cores)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ops = [op for op in all_ops() if any(v.kind == "triton" for v in op.variants)
            and (not args.op or op.name in args.op or op.qualname in args.op)]
-    rows = []
     console = Console(width=200)
+    with console.status(f"choosing variants and samples for {len(ops)} ops"):
+        rows = [plan(op, device, args.max_configs) for op in ops]
+    todo = [(op, r) for op, r in zip(ops, rows) if "_todo" in r]
+    t0 = time.perf_counter()
+    with console.status(f"compiling {len(todo)} ops for sm_90 in {args.jobs} processes"):
+        compiled = ops_config_resources([r["_todo"] for _, r in todo], workers=args.jobs)
+    console.print(f"compiled in {time.perf_counter() - t0:.0f} s", markup=False)
     with Progress(console=console) as bar:
-        task = bar.add_task("profiling", total=len(ops))
-        for op in ops:
+        task = bar.add_task("timing", total=len(todo))
+        for (op, r), res in zip(todo, compiled):
             bar.update(task, description=op.qualname)
-            rows.append(profile_op(op, device, args.max_configs))
-            r = rows[-1]
-            console.print(f"{r['op']}: {r.get('variant', '-')} "
-                          f"{r['median_ms'] * 1e3:.1f} us" if r.get("median_ms") else f"{r['op']}: {r.get('variant', '-')}",
+            finish(op, r, res)
+            console.print(f"{r['op']}: {r.get('variant', '-')}"
+                          + (f" {r['median_ms'] * 1e3:.1f} us" if r.get("median_ms") else ""),
                           r.get("error", "ok")[:120], markup=False)
             if args.json_path:  # after every op, so that a run cut short keeps what it measured
                 write(args.json_path, device, rows)
             bar.advance(task)
+    if args.json_path:
+        write(args.json_path, device, rows)
     table = Table(title=f"opforge profile, every op ({device})")
     for col in ("op", "variant", "kernels", "regs", "spills", "smem KiB", "occupancy (limiter)", "µs", "status"):
         table.add_column(col)

@@ -7,7 +7,9 @@ Three real kernels transposing an ``M x N`` fp32 matrix (``y[j, i] = x[i, j]``):
 1. ``naive``: a program reads a segment of one row of ``x`` (adjacent threads,
    adjacent addresses: coalesced) and writes it down a column of ``y``:
    neighbouring threads write ``M * 4`` bytes apart, so every 4-byte store is
-   its own 32-byte sector (ncu: ~32 sectors per store request instead of 4).
+   its own 32-byte sector (ncu on the H200: 32 sectors per store request, against
+   16 for the tiled kernels' coalesced 16-byte-per-thread stores; 12 % of copy
+   bandwidth against 91-95 %).
 2. ``tiled``: a program loads a ``32 x 32`` tile coalesced along rows,
    ``tl.trans`` turns it, and stores it coalesced along the rows of ``y``.
    Between the two register layouts Triton stages the tile through shared

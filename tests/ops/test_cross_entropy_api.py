@@ -44,7 +44,7 @@ def test_registered_with_all_variants():
     fwd, bwd, fused = registry.get(FWD), registry.get(BWD), registry.get(FUSED)
     assert [v.name for v in fwd.variants] == ["triton_online", "triton_split", "torch_eager", "reference"]
     assert [v.name for v in bwd.variants] == ["triton_tiled", "torch_eager", "reference"]
-    assert [v.name for v in fused.variants] == ["triton_two_pass", "triton_fused", "torch_eager", "reference"]
+    assert [v.name for v in fused.variants] == ["triton_fused", "triton_two_pass", "torch_eager", "reference"]
     for op in (fwd, bwd, fused):
         assert op.variant("torch_eager").kind == "vendor" and op.variant("torch_eager").devices == ("cuda",)
         assert op.variant("reference").kind == "reference"
@@ -59,7 +59,7 @@ def test_samples_reach_every_variant_and_match_the_reference():
     assert chosen == {"triton_online", "triton_split"}
     fused_samples = registry.get(FUSED).samples(torch.device("cpu"))
     assert len(fused_samples) == len(samples)
-    assert {dispatch.explain(FUSED, *s).variant.name for s in fused_samples} == {"triton_two_pass"}
+    assert {dispatch.explain(FUSED, *s).variant.name for s in fused_samples} == {"triton_fused"}
     # The backward samples carry statistics consistent with their logits.
     gs, x, t, stats, ii, eps, *w = bwd.samples(torch.device("cpu"))[0]
     want = CE.cross_entropy_forward_reference(x.double(), t, ii, eps, *(v.double() for v in w))
@@ -106,7 +106,7 @@ def test_forward_and_backward_run_through_the_kernel_ops(gen, monkeypatch):
     # A mean / sum loss under autograd: one fused pass, no backward kernel.
     seen.clear()
     cross_entropy(x, targets((5,), 7, gen), label_smoothing=0.1).backward()
-    assert seen == [(FUSED, "triton_two_pass")]
+    assert seen == [(FUSED, "triton_fused")]
     # Without autograd (or for a few long rows) the forward op alone runs.
     seen.clear()
     with torch.no_grad():

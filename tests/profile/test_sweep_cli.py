@@ -149,3 +149,28 @@ def test_profile_names_the_arguments_an_op_is_missing():
 
     with pytest.raises(ProfileError, match=r"softmax takes \(x, dim\).*--arg"):
         decide_for_profile("softmax", (torch.empty(4, 8, device="meta"),))
+
+
+@needs_ptxas
+def test_many_ops_compile_together_in_parallel_children_in_order():
+    """``ops_config_resources`` over two children gives each item its configs'
+    resources in order, the same as one op at a time; ``sweep`` takes them as given."""
+    from opforge.profile.resources import decide_for_profile, op_config_resources, ops_config_resources
+
+    x = torch.randn(16, 256)
+    soft = decide_for_profile("softmax", (x, -1), "triton_row")
+    soft_cfgs = [{"BLOCK_R": 1, "num_warps": 2}, {"BLOCK_R": 4, "num_warps": 4}]
+    add = decide_for_profile("add", (x, x), "triton_flat")
+    add_cfgs = [{"BLOCK": 1024, "num_warps": 4}]
+    together = ops_config_resources([(soft, (x, -1), soft_cfgs), (add, (x, x), add_cfgs)], workers=2)
+    assert [len(r) for r in together] == [2, 1]
+    alone = op_config_resources(soft, (x, -1), soft_cfgs)
+    for got, want in zip(together[0], alone):
+        assert [k.to_dict() for k in got] == [k.to_dict() for k in want]
+    assert together[1][0][0].kernel.endswith("flat_kernel") and together[1][0][0].num_warps == 4
+
+    sw = S.sweep("softmax", x, -1, variant="triton_row", configs=soft_cfgs, resources=together[0],
+                 timer=lambda fn: 1.0)
+    assert [r.kernels[0]["constexprs"]["BLOCK_R"] for r in sw.rows] == ["1", "4"]
+    with pytest.raises(ValueError, match="2 configs"):
+        S.sweep("softmax", x, -1, variant="triton_row", configs=soft_cfgs, resources=together[:1])

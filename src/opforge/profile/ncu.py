@@ -15,8 +15,9 @@ Name",...`` then one column per metric), one row of units and one row per
 profiled kernel; ncu's own ``==PROF==``/``==WARNING==`` lines are interleaved
 on stdout and skipped. ``fold`` turns the metrics into the report's key
 figures: DRAM throughput, achieved occupancy, shared-memory bank conflicts,
-global sectors per request (4 is a fully coalesced fp32 warp access: 32
-threads x 4 bytes = 128 bytes = four 32-byte sectors), and warp stall
+global sectors per request (a coalesced warp access touches its bytes / 32
+sectors: 4 for one fp32 per thread, 16 for Triton's usual 16-byte vectors;
+each thread in its own sector gives 32), and warp stall
 reasons (average stall cycles per warp for each reason, as shares).
 """
 

@@ -332,7 +332,7 @@ def figure(rep: dict):
         st = [m.get("global_st_sectors_per_request") or 0 for m in first]
         ax.bar([x - w for x in xs], ld, w, label="global ld sectors/request")
         ax.bar(xs, st, w, label="global st sectors/request")
-        ax.set_ylabel("sectors per request (4 = coalesced fp32)")
+        ax.set_ylabel("sectors per request (coalesced: warp bytes / 32)")
         ax3 = ax.twinx()
         ax3.bar([x + w for x in xs], conf, w, color="#d62728", alpha=0.7, label="shared bank conflicts (ld+st)")
         ax3.set_ylabel("bank conflicts", color="#d62728")

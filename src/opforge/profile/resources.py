@@ -218,7 +218,17 @@ def _child_env() -> dict:
     return env
 
 
-def _in_child(jobs: list[dict], timeout: float = 600, raise_errors: bool = True) -> list[dict]:
+def _in_child(jobs: list[dict], timeout: float = 600, raise_errors: bool = True, workers: int = 1) -> list[dict]:
+    """Run compile ``jobs`` in a child process (``workers`` > 1: that many children
+    side by side, on contiguous slices); results in the jobs' order."""
+    if workers > 1 and len(jobs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        step = -(-len(jobs) // min(workers, len(jobs)))
+        slices = [jobs[i:i + step] for i in range(0, len(jobs), step)]
+        with ThreadPoolExecutor(len(slices)) as pool:
+            parts = list(pool.map(lambda sl: _in_child(sl, timeout, raise_errors), slices))
+        return [res for part in parts for res in part]
     r = subprocess.run([sys.executable, "-m", "opforge.profile.resources"], input=pickle.dumps(jobs),
                        capture_output=True, env=_child_env(), timeout=timeout)
     out = r.stdout.decode(errors="replace")
@@ -468,20 +478,33 @@ def op_config_resources(decision, args: tuple, configs: list[dict], *, arch: int
                         limits: Limits | None = None) -> list:
     """For each config of ``decision``'s variant: its ``[Resources, ...]``, or the
     error text when that config does not compile. One compile child for all."""
+    return ops_config_resources([(decision, args, configs)], arch=arch, limits=limits)[0]
+
+
+def ops_config_resources(items: list, *, arch: int = 90, limits: Limits | None = None, workers: int = 1) -> list:
+    """``op_config_resources`` of several ``(decision, args, configs)`` at once, the
+    compiles spread over ``workers`` child processes (a child's start, importing
+    torch and Triton, costs seconds: many ops are cheaper together)."""
     import torch
 
     ptxas_path()
-    args = _cpu_args(args)
-    spec = [_tensor_spec(a) if isinstance(a, torch.Tensor) else a for a in args]
-    jobs = [{"kind": "op", "op": decision.op.name, "variant": decision.variant.name, "config": dict(cfg),
-             "args": spec, "arch": arch} for cfg in configs]
-    out = []
-    for res in _in_child(jobs, raise_errors=False):
+    jobs, counts = [], []
+    for decision, args, configs in items:
+        spec = [_tensor_spec(a) if isinstance(a, torch.Tensor) else a for a in _cpu_args(args)]
+        jobs += [{"kind": "op", "op": decision.op.name, "variant": decision.variant.name, "config": dict(cfg),
+                  "args": spec, "arch": arch} for cfg in configs]
+        counts.append(len(configs))
+    flat = []
+    for res in _in_child(jobs, raise_errors=False, workers=workers):
         if "error" in res:
-            out.append(res["error"])
+            flat.append(res["error"])
         else:
-            out.append([_resources(r["kernel"], r, limits, r["signature"], r["constexprs"], arch)
-                        for r in res["launches"]])
+            flat.append([_resources(r["kernel"], r, limits, r["signature"], r["constexprs"], arch)
+                         for r in res["launches"]])
+    out, start = [], 0
+    for n in counts:
+        out.append(flat[start:start + n])
+        start += n
     return out
 
 

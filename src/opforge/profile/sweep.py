@@ -106,11 +106,13 @@ def pick_configs(default: dict, candidates: list[dict], max_configs: int) -> lis
 
 def sweep(op_name: str, *args, variant: str | None = None, configs: list[dict] | None = None,
           max_configs: int = 8, flops: float | None = None, nbytes: float | None = None,
-          timer: Callable[[Callable[[], Any]], float] | None = None, arch: int = 90, limits=None) -> Sweep:
+          timer: Callable[[Callable[[], Any]], float] | None = None, arch: int = 90, limits=None,
+          resources: list | None = None) -> Sweep:
     """Compile (and on CUDA, time) ``op_name(*args)`` at several configs.
 
     ``timer(fn) -> median ms`` replaces the bench timing (tests, other clocks);
-    ``configs`` replaces the variant's candidate list.
+    ``configs`` replaces the variant's candidate list; ``resources`` (with
+    ``configs``: ``op_config_resources`` of them) skips the compiles.
     """
     import torch
 
@@ -123,7 +125,10 @@ def sweep(op_name: str, *args, variant: str | None = None, configs: list[dict] |
     cands = list(configs) if configs is not None else list(v.configs(*cpu_args))
     chosen = dict(decision.config)
     cfgs = pick_configs(chosen, cands, max_configs) if configs is None else [dict(c) for c in cands]
-    res = op_config_resources(decision, args, cfgs, arch=arch, limits=limits)
+    if resources is not None and len(resources) != len(cfgs):
+        raise ValueError(f"sweep: {len(resources)} resources for {len(cfgs)} configs")
+    res = resources if resources is not None else op_config_resources(decision, args, cfgs, arch=arch,
+                                                                       limits=limits)
 
     moved, out_elems = count_bytes(op, args)
     moved = float(nbytes) if nbytes is not None else moved
