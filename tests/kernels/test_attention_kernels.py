@@ -193,12 +193,15 @@ def test_tma_ok_rejects_unaligned(gen):
     assert not K.tma_ok(rand((1, 2, 8, 20), gen, F16)[..., :16], varlen=False)  # 40-byte rows
 
 
-def test_configs_are_sane():
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_configs_are_sane(itemsize):
     for D in K.HEAD_DIMS:
         for Sq, Sk in ((8192, 8192), (1, 37), (300, 5)):
-            fwd = K.forward_configs(D, Sq, Sk)
-            assert K.forward_default_config(D, Sq, Sk) in fwd
-            assert K.backward_default_config(D, Sq, Sk) in K.backward_configs(D, Sq, Sk)
+            fwd = K.forward_configs(D, Sq, Sk, itemsize)
+            assert K.forward_default_config(D, Sq, Sk, itemsize) in fwd
+            assert K.backward_default_config(D, Sq, Sk, itemsize) in K.backward_configs(D, Sq, Sk, itemsize)
             for cfg in fwd:
                 assert cfg["BLOCK_M"] >= 16 and cfg["BLOCK_N"] >= 16
                 assert cfg["BLOCK_M"] * D <= 128 * 256  # query tile (fp32 acc) stays in registers
+                if itemsize == 4:  # exact-fp32 dots hold their operands in registers: small tiles
+                    assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 32 * 64 and cfg["num_stages"] == 1

@@ -599,11 +599,29 @@ def _fit(n: int, block: int) -> int:
     return max(16, min(block, pow2(n)))
 
 
-def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
+# fp32 inputs run tl.dot in exact fp32 (FMA, no tensor cores): the operand tiles
+# live in registers, so the 16-bit tiles would spill tens of KB or overflow shared
+# memory (D = 128 backward, D = 256). These fit, chosen from sm_90 compiles
+# (`opforge.profile.op_resources`): no spills, except 4 KB in the D = 256 dQ kernel
+# at its smallest tile.
+FP32_FORWARD = {64: (32, 64, 8, 1), 128: (32, 64, 8, 1), 256: (32, 32, 8, 1)}
+FP32_FORWARD_MORE = {64: [(16, 64, 8, 1), (32, 32, 4, 1)], 128: [(16, 64, 8, 1), (16, 64, 4, 1)],
+                     256: [(16, 32, 8, 1), (32, 16, 8, 1)]}
+FP32_BACKWARD = {64: ((32, 64, 8, 1), (16, 32, 4, 1)), 128: ((16, 32, 8, 1), (16, 16, 8, 1)),
+                 256: ((16, 16, 8, 1), (16, 16, 4, 1))}
+
+
+def _fp32_head(D: int) -> int:
+    return 64 if D <= 64 else 128 if D <= 128 else 256
+
+
+def forward_default_config(D: int, Sq: int, Sk: int, itemsize: int = 2) -> dict:
     """BLOCK_M 128 (two warpgroups of 64 rows with 8 warps: the fp32 accumulator
     is 64 registers a thread at D = 128); K/V tiles of 64 keys, 3 stages:
-    q 32 KB + 3 x 32 KB of K/V in shared memory at D = 128."""
-    if D <= 64:
+    q 32 KB + 3 x 32 KB of K/V in shared memory at D = 128. fp32: ``FP32_FORWARD``."""
+    if itemsize == 4:
+        bm, bn, w, s = FP32_FORWARD[_fp32_head(D)]
+    elif D <= 64:
         bm, bn, w, s = 128, 64, 4, 3
     elif D <= 128:
         bm, bn, w, s = 128, 64, 8, 3
@@ -612,8 +630,10 @@ def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
     return {"BLOCK_M": _fit(Sq, bm), "BLOCK_N": _fit(Sk, bn), "num_warps": w, "num_stages": s}
 
 
-def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
-    if D <= 128:
+def forward_configs(D: int, Sq: int, Sk: int, itemsize: int = 2) -> list[dict]:
+    if itemsize == 4:
+        raw = [FP32_FORWARD[_fp32_head(D)]] + FP32_FORWARD_MORE[_fp32_head(D)]
+    elif D <= 128:
         raw = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
                (128, 32, 4, 4)]
     else:
@@ -626,10 +646,13 @@ def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
     return out
 
 
-def backward_default_config(D: int, Sq: int, Sk: int) -> dict:
+def backward_default_config(D: int, Sq: int, Sk: int, itemsize: int = 2) -> dict:
     """dK/dV: 128 keys a program (dK and dV accumulators 64 registers each with
-    8 warps at D = 128), 32 queries a step; dQ: 128 queries, 64 keys a step."""
-    if D <= 128:
+    8 warps at D = 128), 32 queries a step; dQ: 128 queries, 64 keys a step.
+    fp32: ``FP32_BACKWARD``."""
+    if itemsize == 4:
+        kv, qb = FP32_BACKWARD[_fp32_head(D)]
+    elif D <= 128:
         kv = (32, 128, 8, 3)  # (KV_BLOCK_M, KV_BLOCK_N, warps, stages)
         qb = (128, 64, 8, 3)  # (Q_BLOCK_M, Q_BLOCK_N, warps, stages)
     else:
@@ -643,7 +666,9 @@ def _backward_cfg(kv, qb, Sq, Sk) -> dict:
             "Q_BLOCK_M": _fit(Sq, qb[0]), "Q_BLOCK_N": _fit(Sk, qb[1]), "q_warps": qb[2], "q_stages": qb[3]}
 
 
-def backward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
+def backward_configs(D: int, Sq: int, Sk: int, itemsize: int = 2) -> list[dict]:
+    if itemsize == 4:
+        return [backward_default_config(D, Sq, Sk, itemsize)]
     if D <= 128:
         kvs = [(32, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 4), (64, 64, 4, 3)]
         qbs = [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]

@@ -360,10 +360,10 @@ def _forward_variants() -> list[Variant]:
         return _interpreter_check(q) or _tma_check(cu_q is not None, k, v)
 
     def default(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.forward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k))
+        return K.forward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
 
     def configs(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.forward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k))
+        return K.forward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
 
     def bucket(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
         return _bucket(q, k, left, right, cu_q, max_q, max_k)
@@ -429,10 +429,10 @@ def _backward_variants() -> list[Variant]:
         return _interpreter_check(q) or _tma_check(cu_q is not None, q, k, v, do)
 
     def default(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.backward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k))
+        return K.backward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
 
     def configs(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.backward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k))
+        return K.backward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
 
     def bucket(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
         return _bucket(q, k, left, right, cu_q, max_q, max_k)
