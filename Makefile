@@ -1,12 +1,20 @@
 # Two commands do all set-up on a fresh machine (see README.md):
 #   make demo   - create .venv, install opforge, run `opforge demo`
 #   make test   - create .venv, install opforge with test tools, run the suite
+#                 (and .venv-flink: PyFlink for tests/stream/test_flink_oracle.py)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+# PyFlink, the oracle of tests/stream/test_flink_oracle.py, in its own venv:
+# apache-flink pins numpy, pandas, pyarrow and apache-beam versions that
+# conflict with opforge's pins. It needs Java 17 at test time.
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed
+FLINK_PINS := tests/stream/flink_oracle/requirements.txt
+
+.PHONY: demo test venv bench clean .venv-flink
 
 $(STAMP): pyproject.toml requirements-pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,14 +25,22 @@ $(STAMP): pyproject.toml requirements-pins.txt
 
 venv: $(STAMP)
 
+$(FLINK_STAMP): $(FLINK_PINS)
+	$(PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLINK_VENV)/bin/python -m pip install -q -r $(FLINK_PINS)
+	touch $(FLINK_STAMP)
+
+.venv-flink: $(FLINK_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/opforge demo
 
-test: $(STAMP)
+test: $(STAMP) $(FLINK_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 bench: $(STAMP)
 	$(BIN)/opforge bench --json benchmarks/results/local.json --plot benchmarks/results/local-roofline.png
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) $(FLINK_VENV) build src/*.egg-info
