@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
-#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile dist
+#   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile
+#           profile-cases dist
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join bench; profile: `opforge profile` over every op, ncu on one op, the
-#    example ladders under ncu; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
+#    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
 #    overlapped tensor-parallel GEMM bench)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
@@ -56,6 +57,13 @@ for phase in "$@"; do
         --out "$OUT/profile-softmax"
       for ex in transpose_ladder reduction_ladder; do
         timeout 60 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
+      done ;;
+    profile-cases)
+      # the slow bench cases of issue 3 under ncu: `opforge profile --case` takes a case's own inputs
+      IFS=';' read -ra cases <<< "${PROFILE_CASES:-cross_entropy_fused 8192x32000 fwd+bwd bfloat16;amax 8x64x131072;compact 268435456;softmax 2048x65536 bfloat16;sum 32768x8192 dim=0 bfloat16;cumsum 1073741824 float32}"
+      for c in "${cases[@]}"; do
+        slug=$(echo "$c" | tr -c 'A-Za-z0-9\n' '_' | cut -c1-60)
+        timeout 120 python3 -m opforge profile --case "$c" --max-configs 4 --ncu --out "$OUT/case-$slug" || echo "case $c: exit $?"
       done ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;

@@ -111,8 +111,27 @@ def test_profile_command_writes_a_report(tmp_path, capsys):
         assert code == 1 and "needs a CUDA device" in rep["ncu_error"] and "needs a CUDA device" in text
 
 
+@needs_ptxas
+def test_profile_command_takes_a_bench_case(tmp_path):
+    """--case: a bench case's inputs (several tensors: logits and targets), the op it names."""
+    from opforge.cli import main
+
+    main(["profile", "--case", "cross_entropy_fused 32x300", "--no-sweep", "--out", str(tmp_path)])
+    rep = json.loads((tmp_path / "profile-cross_entropy_fused.json").read_text())
+    R.validate(rep)
+    assert rep["op"] == "opforge::cross_entropy_fused" and rep["args"] == "cross_entropy_fused 32x300 fwd+bwd float32"
+    assert rep["rows"][0]["kernels"][0]["kernel"].endswith(":forward_kernel")
+
+
 def test_profile_command_errors(capsys):
     from opforge.cli import main
+
+    assert main(["profile", "--case", "softmax"]) == 1
+    assert "bench cases match 'softmax'" in capsys.readouterr().out
+    assert main(["profile", "softmax", "--case", "softmax 64x256"]) == 1
+    assert "give no OP" in capsys.readouterr().out
+    assert main(["profile", "softmax"]) == 1
+    assert "--shape" in capsys.readouterr().out
 
     assert main(["profile", "no_such_op", "--shape", "4x4"]) == 1
     assert "no op named" in capsys.readouterr().out

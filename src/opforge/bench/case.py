@@ -42,6 +42,10 @@ class BenchCase:
     # (ops whose reference defines the arithmetic, e.g. quantize: bit-exact).
     upcast_reference: bool = True
 
+    def registry_args(self, *args) -> tuple:
+        """The bench inputs ``args`` as the registry op takes them."""
+        return tuple(self.op_args(*args)) if self.op_args is not None else tuple(args)
+
 
 def compiled_peer(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """torch.compile of ``fn``, specialized to each shape like a user's model.
@@ -88,7 +92,7 @@ def run_case(case: BenchCase, device: torch.device, ceilings: Ceilings, *, quick
     ctx = dispatch.force_variant(case.op, case.variant) if case.variant else contextlib.nullcontext()
     with ctx:
         out = case.run(*args)
-        dargs = case.op_args(*args) if case.op_args is not None else args
+        dargs = case.registry_args(*args)
         decision = dispatch.decide(op, dargs, tune=False)
         ref = case.reference(*[a.to(torch.float64) if case.upcast_reference and isinstance(a, torch.Tensor)
                                and a.is_floating_point() else a for a in args])

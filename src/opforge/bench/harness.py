@@ -103,6 +103,17 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
     return result
 
 
+def find_case(text: str, device: torch.device, quick: bool = False):
+    """The one bench case (any family) whose ``case_name`` contains ``text``."""
+    found = [c for fam in FAMILIES.values() for c in fam.cases(device, quick) if text in case_name(c)]
+    exact = [c for c in found if case_name(c) == text]
+    if len(exact) == 1 or len(found) == 1:
+        return (exact or found)[0]
+    names = sorted({case_name(c) for c in found})
+    raise ValueError(f"{len(found)} bench cases match {text!r}" + (f": {', '.join(names[:12])}" if names else
+                     " (the case names are 'op label dtype', see `opforge bench`)"))
+
+
 def case_name(case) -> str:
     """What ``--case`` matches: op, label and dtype, e.g. ``"softmax 2048x65536 bfloat16"``."""
     return f"{case.op} {case.label} {str(case.dtype).replace('torch.', '')}"

@@ -27,6 +27,20 @@ def op_step(op: str, shape: list, dtype: str, args: list, variant: str, config: 
     return lambda: v.run(config, x, *extra)
 
 
+def case_step(case: str, variant: str, config: dict):
+    """A step that runs one opforge variant with one config on a bench case's inputs
+    (``opforge.bench.harness.find_case``: the case whose name contains ``case``)."""
+    import torch
+
+    from opforge.bench.harness import find_case
+    from opforge.runtime.registry import get
+
+    found = find_case(case, torch.device("cuda"))
+    args = found.registry_args(*found.make_args(torch.device("cuda")))
+    v = get(found.op).variant(variant)
+    return lambda: v.run(config, *args)
+
+
 def main(argv: list[str]) -> int:
     import torch
 

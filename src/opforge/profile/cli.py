@@ -11,8 +11,11 @@ import json
 
 def add_parser(sub) -> None:
     r = sub.add_parser("profile", help="compiled resources, occupancy, bandwidth per config, ncu metrics of an op")
-    r.add_argument("op", help="registry op name, e.g. softmax")
-    r.add_argument("--shape", required=True, help="the first tensor argument's shape, e.g. 4096x4096")
+    r.add_argument("op", nargs="?", help="registry op name, e.g. softmax (or --case)")
+    r.add_argument("--shape", help="the first tensor argument's shape, e.g. 4096x4096")
+    r.add_argument("--case", help="profile a bench case instead: its inputs, any number of tensors "
+                                  "(the case whose 'op label dtype' contains this, e.g. "
+                                  "'cross_entropy_fused 8192x32000 fwd+bwd bfloat16')")
     r.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64")
     r.add_argument("--arg", action="append", default=[],
                    help="the registry op's further arguments, as Python literals in order (e.g. --arg -1)")
@@ -49,6 +52,17 @@ def _inputs(args):
     return x, extra
 
 
+def _case_inputs(text: str):
+    """(op name, registry args, the case's full name) of a bench case."""
+    import torch
+
+    from opforge.bench.harness import case_name, find_case
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    case = find_case(text, device)
+    return case.op, case.registry_args(*case.make_args(device)), case_name(case)
+
+
 def profile_op(args, console=None) -> tuple[dict, int]:
     """Build the report for parsed ``args``; (report, exit code)."""
     import torch
@@ -58,15 +72,26 @@ def profile_op(args, console=None) -> tuple[dict, int]:
     from opforge.profile.resources import decide_for_profile, op_resources
     from opforge.profile.sweep import sweep
 
-    x, extra = _inputs(args)
+    case = None
+    if args.case:
+        if args.op or args.shape or args.arg:
+            raise ValueError("--case takes the op, shapes and arguments from the bench case: "
+                             "give no OP, --shape or --arg with it")
+        op_name, inputs, case = _case_inputs(args.case)
+        desc = case
+    else:
+        if not args.op or not args.shape:
+            raise ValueError("give an OP and --shape (or --case)")
+        x, extra = _inputs(args)
+        op_name, inputs = args.op, (x, *extra)
+        desc = f"{args.shape} {args.dtype}" + "".join(f" {a}" for a in args.arg)
     config = json.loads(args.config) if args.config else None
-    desc = f"{args.shape} {args.dtype}" + "".join(f" {a}" for a in args.arg)
     if args.no_sweep or config is not None:
-        decision, kernels = op_resources(args.op, x, *extra, variant=args.variant, config=config)
+        decision, kernels = op_resources(op_name, *inputs, variant=args.variant, config=config)
         swept = None
     else:
-        decision = decide_for_profile(args.op, (x, *extra), args.variant)
-        swept = sweep(args.op, x, *extra, variant=decision.variant.name, max_configs=args.max_configs,
+        decision = decide_for_profile(op_name, inputs, args.variant)
+        swept = sweep(op_name, *inputs, variant=decision.variant.name, max_configs=args.max_configs,
                       flops=args.flops)
         kernels = None
     ncu_rows, ncu_error, code = None, None, 0
@@ -76,10 +101,14 @@ def profile_op(args, console=None) -> tuple[dict, int]:
         try:
             if not torch.cuda.is_available():
                 raise ncumod.NcuError("--ncu needs a CUDA device: ncu measures a kernel running on a GPU")
-            job = {"callable": "opforge.profile._ncu_target:op_step",
-                   "kwargs": {"op": decision.op.name, "shape": list(x.shape),
-                              "dtype": str(x.dtype).replace("torch.", ""), "args": extra,
-                              "variant": decision.variant.name, "config": decision.config}}
+            if case is not None:
+                job = {"callable": "opforge.profile._ncu_target:case_step",
+                       "kwargs": {"case": case, "variant": decision.variant.name, "config": decision.config}}
+            else:
+                job = {"callable": "opforge.profile._ncu_target:op_step",
+                       "kwargs": {"op": decision.op.name, "shape": list(x.shape),
+                                  "dtype": str(x.dtype).replace("torch.", ""), "args": extra,
+                                  "variant": decision.variant.name, "config": decision.config}}
             ncu_rows = ncumod.run_job(job, names, launches_per_call=len(names), timeout=args.ncu_timeout)
         except ncumod.NcuError as e:
             ncu_error, code = str(e), 1
@@ -108,7 +137,7 @@ def run(args, console) -> int:
     if args.png_path:
         written.append(rep_mod.write_png(rep, args.png_path))
     if args.out:
-        written += list(rep_mod.write_all(rep, Path(args.out), f"profile-{args.op}").values())
+        written += list(rep_mod.write_all(rep, Path(args.out), f"profile-{rep['op'].split('::')[-1]}").values())
     for p in written:
         console.print(f"wrote {p}", markup=False)
     return code
