@@ -3,6 +3,10 @@ q0, q1, q2, q3, q4, q5, q7, q8 (``opforge.stream.nexmark``).
 
     python benchmarks/stream_nexmark.py [--events 1000000] [--device cuda|cpu] [--batch-size 65536]
                                         [--queries q0,q5,...] [--feeds device,host] [--json PATH]
+                                        [--peers bytewax] [--bytewax-python PATH] [--bytewax-batch 10000]
+
+Large runs: ``--events 16000000 --batch-size 4194304`` (a batch is generated
+whole on the device; a host feed holds all its Arrow batches in memory).
 
 Two feeds per query, the same events:
 * ``device``: the generator makes each micro-batch in device memory (cuda when
@@ -19,10 +23,29 @@ arrives; an output with event time ``t`` is charged from the moment the first
 source batch reaching event time ``t`` was polled (the earliest any input
 could have led to it; outputs timed past the input are charged from its end)
 — for windows this includes waiting for the watermark.
+Per batch: ``batches`` (source batches polled), ``ms_per_batch`` (net runtime /
+batches) and ``host_cpu_ms_per_batch`` (the process's CPU time / batches: on a
+GPU, the host's share of a batch — Python, launches and sync waits, which spin
+— and on a CPU device the whole work).
+
+Peers (``--peers bytewax``): the same events through Bytewax (0.21), for
+``q1`` (a stateless map) and ``tumble_count`` (a keyed tumbling-window count, the
+first step of q5 with tumbling windows; also an opforge job here), in a
+subprocess that runs this file with ``--bytewax-python`` (default: this
+interpreter if it imports bytewax) — Bytewax needs neither torch nor the GPU:
+the parent writes the bids as raw int64 columns, the child reads them with
+the standard library, feeds them as Python tuples (``TestingSource``, batches
+of ``--bytewax-batch``), an event clock with the same bounded out-of-orderness
+and a frozen system clock (so windows close as Flink's would, never by
+wall time). Each peer entry carries its result counts and a checksum, and
+``peers`` in the opforge entry of the same job the ratio; the run fails
+if the counts differ.
+
 JSON (``--json``): ``{schema_version, benchmark, date, device, gpu, torch, events,
 batch_size, entries: [{query, feed, events, input_records, output_records,
-seconds, events_per_s, latency_ms: {p50, p99, max}}]}`` (latency values are
-null for a run without output).
+seconds, events_per_s, batches, ms_per_batch, host_cpu_ms_per_batch,
+latency_ms: {p50, p99, max}, [result, peers]}], [peer_entries]}`` (latency
+values are null for a run without output).
 """
 from __future__ import annotations
 
@@ -36,16 +59,101 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
+TUMBLE_MS = 10_000
+CHECK_MOD = 2**61 - 1
+
+
+def _checksum(triples) -> tuple[int, int, int]:
+    """``(results, sum of counts, checksum)`` of ``(key, window_start, count)``."""
+    n = total = check = 0
+    for key, start, count in triples:
+        n += 1
+        total += count
+        check = (check + (key * 1_000_003 + start // 1000) * count) % CHECK_MOD
+    return n, total, check
+
+
+def bytewax_worker(argv) -> None:
+    """The child: ``--bytewax-worker DATA_PREFIX JOB EVENTS BATCH OOO_MS``; prints one JSON line.
+    Standard library and bytewax only (no torch, no numpy)."""
+    from array import array
+    from datetime import datetime, timedelta, timezone
+
+    import bytewax.operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.operators.windowing import EventClock, TumblingWindower, count_window
+    from bytewax.outputs import DynamicSink, StatelessSinkPartition
+    from bytewax.testing import TestingSource, run_main
+
+    prefix, job, events, batch, ooo = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    cols = {}
+    for name in ("auction", "price", "date_time"):
+        a = array("q")
+        with open(f"{prefix}.{name}.i64", "rb") as f:
+            a.frombytes(f.read())
+        cols[name] = a
+    items = list(zip(cols["auction"], cols["price"], cols["date_time"]))
+    out: list = []
+
+    class _Part(StatelessSinkPartition):
+        def write_batch(self, batch_items):
+            out.extend(batch_items) if job == "tumble_count" else out.append(len(batch_items))
+
+    class _Sink(DynamicSink):
+        def build(self, step_id, worker_index, worker_count):
+            return _Part()
+
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    flow = Dataflow(f"nexmark_{job}")
+    bids = op.input("bids", flow, TestingSource(items, batch_size=batch))
+    if job == "q1":
+        res = op.map("to_euros", bids, lambda b: (b[0], b[1] * 0.908, b[2]))
+    elif job == "tumble_count":
+        frozen = epoch  # a frozen system clock: the watermark is max event time - out-of-orderness
+        clock = EventClock(lambda b: epoch + timedelta(milliseconds=b[2]), timedelta(milliseconds=ooo),
+                           now_getter=lambda: frozen, to_system_utc=lambda t: None)
+        win = count_window("count", bids, clock, TumblingWindower(timedelta(milliseconds=TUMBLE_MS), epoch),
+                           lambda b: str(b[0]))  # keys by auction itself
+        res = win.down
+    else:
+        raise SystemExit(f"bytewax worker: unknown job {job!r}")
+    op.output("out", res, _Sink())
+    t0 = time.perf_counter()
+    run_main(flow)
+    seconds = time.perf_counter() - t0
+    if job == "tumble_count":
+        n, total, check = _checksum((int(k), wid * TUMBLE_MS, c) for k, (wid, c) in out)
+    else:
+        n, total, check = sum(out), sum(out), 0
+    print(json.dumps({"seconds": seconds, "input_records": len(items), "events": events,
+                      "result": {"results": n, "total": total, "checksum": check}}))
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--bytewax-worker":
+    bytewax_worker(sys.argv[2:])
+    sys.exit(0)
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from opforge.stream import StreamExecutionEnvironment  # noqa: E402
-from opforge.stream.nexmark import QUERIES, NexmarkConfig, generate, stream  # noqa: E402
+from opforge.stream import Aggregations, StreamExecutionEnvironment, TumblingEventTimeWindows  # noqa: E402
+from opforge.stream.nexmark import QUERIES, NexmarkConfig, bids, generate, stream  # noqa: E402
 from opforge.stream.sinks import Sink  # noqa: E402
 from opforge.stream.sources import Source  # noqa: E402
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_QUERIES = ("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8")
+PEER_JOBS = ("q1", "tumble_count")
+
+
+def tumble_count(env, config: NexmarkConfig, source=stream):
+    """Bids per auction and tumbling 10 s window (q5's first step with
+    tumbling windows): the job Bytewax runs as ``count_window``."""
+    return bids(env, config, source).key_by("auction").window(TumblingEventTimeWindows.of(TUMBLE_MS)) \
+        .aggregate(Aggregations(with_window=True, num=("count",)))
+
+
+JOBS = {**QUERIES, "tumble_count": tumble_count}
 
 
 class IngestLog:
@@ -104,16 +212,30 @@ def _max_date_time(item) -> int | None:
 
 
 class LatencySink(Sink):
-    """Notes each output record's arrival (a plain, non-transactional sink)."""
+    """Notes each output record's arrival (a plain, non-transactional sink);
+    with ``keep`` also the window results (key, window_start, num) for the
+    peer comparison."""
 
-    def __init__(self):
+    def __init__(self, keep: bool = False):
         self.arrivals: list = []  # (wall time, event times)
         self.records = 0
+        self.keep = keep
+        self.kept: list = []
 
     def write(self, batch, subtask):
         ts = batch.timestamps.cpu().numpy()  # waits for the device
         self.arrivals.append((time.perf_counter(), ts))
         self.records += len(ts)
+        if self.keep:
+            self.kept.append(tuple(batch[c].cpu() for c in ("key", "window_start", "num")))
+
+    def result(self) -> dict:
+        if not self.keep:
+            return {"results": self.records, "total": self.records, "checksum": 0}
+        triples = ((int(k), int(w), int(c)) for ks, ws, cs in self.kept
+                   for k, w, c in zip(ks.tolist(), ws.tolist(), cs.tolist()))
+        n, total, check = _checksum(triples)
+        return {"results": n, "total": total, "checksum": check}
 
     def latencies_ms(self, log: IngestLog) -> np.ndarray:
         if not self.arrivals:
@@ -148,44 +270,105 @@ def _sources(feed: str, config: NexmarkConfig, batch_size: int, log: IngestLog):
     return source
 
 
-def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: int) -> dict:
+def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: int, keep: bool = False) -> dict:
     log = IngestLog()
     env = StreamExecutionEnvironment(device=device, batch_size=batch_size)
-    sink = LatencySink()
-    QUERIES[query](env, config, source=_sources(feed, config, batch_size, log)).sink_to(sink)
+    sink = LatencySink(keep=keep and query == "tumble_count")
+    JOBS[query](env, config, source=_sources(feed, config, batch_size, log)).sink_to(sink)
+    cpu0 = time.process_time()
     result = env.execute(f"nexmark {query} ({feed})")
+    cpu_ms = (time.process_time() - cpu0) * 1000
     seconds = result.get_net_runtime() / 1000
     inputs = sum(m.records_out for name, m in result.metrics.items()
                  if name.startswith(("Nexmark", "Arrow Source")))
+    batches = max(sum(len(walls) - 1 for walls, _ in log.per_source.values()), 1)  # less each end mark
     lat = sink.latencies_ms(log)
     pct = (lambda q: round(float(np.percentile(lat, q)), 3)) if len(lat) else (lambda q: None)
-    return {"query": query, "feed": feed, "events": config.events, "input_records": inputs,
-            "output_records": sink.records, "seconds": round(seconds, 6),
-            "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None,
-            "latency_ms": {"p50": pct(50), "p99": pct(99), "max": round(float(lat.max()), 3) if len(lat) else None}}
+    out = {"query": query, "feed": feed, "events": config.events, "input_records": inputs,
+           "output_records": sink.records, "seconds": round(seconds, 6),
+           "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None,
+           "batches": batches, "ms_per_batch": round(seconds * 1000 / batches, 4),
+           "host_cpu_ms_per_batch": round(cpu_ms / batches, 4),
+           "latency_ms": {"p50": pct(50), "p99": pct(99), "max": round(float(lat.max()), 3) if len(lat) else None}}
+    if keep:
+        out["result"] = sink.result()
+    return out
+
+
+def bytewax_python(explicit: str | None) -> str | None:
+    """The interpreter that runs the Bytewax peer: ``explicit``, else this one
+    when it imports bytewax, else None (the peer is skipped)."""
+    if explicit:
+        return explicit
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec("bytewax") is not None else None
+
+
+def run_bytewax(job: str, config: NexmarkConfig, python: str, batch: int, workdir: str) -> dict:
+    """The Bytewax peer of ``job`` on the same bids, in a subprocess (see the module doc)."""
+    import subprocess
+
+    b = generate(config, "bid", 0, config.events, "cpu")
+    prefix = str(Path(workdir) / "bids")
+    for name in ("auction", "price", "date_time"):
+        b[name].to(torch.int64).numpy().astype("<i8").tofile(f"{prefix}.{name}.i64")
+    cmd = [python, str(Path(__file__).resolve()), "--bytewax-worker", prefix, job, str(config.events), str(batch),
+           str(config.max_out_of_orderness_ms)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bytewax peer {job} failed ({done.returncode}): {done.stderr[-2000:]}")
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds = res["seconds"]
+    return {"peer": "bytewax", "query": job, "events": config.events, "input_records": res["input_records"],
+            "batch_size": batch, "seconds": round(seconds, 6),
+            "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None, "result": res["result"]}
 
 
 def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("device", "host"),
-        warmup: bool = True, log=print) -> dict:
+        warmup: bool = True, log=print, peers=(), bytewax_py: str | None = None, bytewax_batch: int = 10_000) -> dict:
     config = NexmarkConfig(events=events, events_per_second=10_000, max_out_of_orderness_ms=500)
     small = NexmarkConfig(events=max(events // 10, 1000), events_per_second=10_000, max_out_of_orderness_ms=500)
-    entries = []
+    py = bytewax_python(bytewax_py) if "bytewax" in peers else None
+    if "bytewax" in peers and py is None:
+        log("bytewax: not importable here and no --bytewax-python given: peer skipped")
+    entries, peer_entries = [], []
     for q in queries:
-        if q not in QUERIES:
-            raise ValueError(f"stream_nexmark: unknown query {q!r}; one of {sorted(QUERIES)}")
+        if q not in JOBS:
+            raise ValueError(f"stream_nexmark: unknown query {q!r}; one of {sorted(JOBS)}")
+        peer = py is not None and q in PEER_JOBS
         for feed in feeds:
             if warmup:
                 run_one(q, feed, small, device, batch_size)
-            e = run_one(q, feed, config, device, batch_size)
+            e = run_one(q, feed, config, device, batch_size, keep=peer)
             entries.append(e)
             lat = e["latency_ms"]
             log(f"{q:>3} {feed:>6}: {e['events_per_s'] or 0:>14,.0f} events/s  {e['output_records']:>9,} out  "
+                f"{e['ms_per_batch']:>9.3f} ms/batch ({e['host_cpu_ms_per_batch']:.3f} host CPU)  "
                 f"p99 {lat['p99'] if lat['p99'] is not None else '-':>9} ms")
+        if peer:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="nexmark-bytewax-") as tmp:
+                pe = run_bytewax(q, config, py, bytewax_batch, tmp)
+            peer_entries.append(pe)
+            log(f"{q:>3} bytewax: {pe['events_per_s'] or 0:>14,.0f} events/s  {pe['result']['results']:>9,} out")
+            for e in entries:
+                if e["query"] == q and "result" in e:
+                    if e["result"] != pe["result"]:
+                        raise RuntimeError(f"stream_nexmark: {q} ({e['feed']}) gives {e['result']}, "
+                                           f"bytewax {pe['result']}")
+                    e["peers"] = {"bytewax": {"events_per_s": pe["events_per_s"],
+                                              "ratio": round(e["events_per_s"] / pe["events_per_s"], 3)
+                                              if e["events_per_s"] and pe["events_per_s"] else None}}
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
-    return {"schema_version": SCHEMA_VERSION, "benchmark": "stream_nexmark",
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": str(device),
-            "gpu": gpu, "torch": torch.__version__, "events": events, "batch_size": batch_size,
-            "entries": entries}
+    out = {"schema_version": SCHEMA_VERSION, "benchmark": "stream_nexmark",
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": str(device),
+           "gpu": gpu, "torch": torch.__version__, "events": events, "batch_size": batch_size,
+           "entries": entries}
+    if peer_entries:
+        out["peer_entries"] = peer_entries
+    return out
 
 
 def main(argv=None) -> dict:
@@ -197,13 +380,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--feeds", default="device,host")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--peers", default="", help="bytewax: also run q1 / tumble_count on Bytewax")
+    ap.add_argument("--bytewax-python", help="a Python with bytewax (default: this one, if it has it)")
+    ap.add_argument("--bytewax-batch", type=int, default=10_000)
     args = ap.parse_args(argv)
     feeds = tuple(f for f in args.feeds.split(",") if f)
     for f in feeds:
         if f not in ("device", "host"):
             ap.error(f"--feeds: device or host, got {f!r}")
+    for p in (p for p in args.peers.split(",") if p):
+        if p != "bytewax":
+            ap.error(f"--peers: bytewax, got {p!r}")
     result = run(args.events, torch.device(args.device), args.batch_size,
-                 tuple(q for q in args.queries.split(",") if q), feeds, warmup=not args.no_warmup)
+                 tuple(q for q in args.queries.split(",") if q), feeds, warmup=not args.no_warmup,
+                 peers=tuple(p for p in args.peers.split(",") if p), bytewax_py=args.bytewax_python,
+                 bytewax_batch=args.bytewax_batch)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json_path}")

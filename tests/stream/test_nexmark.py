@@ -71,3 +71,51 @@ def test_q5_hot_items():
         want += [{"auction": a, "num": top, "window_start": start, "window_end": start + 10_000}
                  for a, n in per_auction.items() if n == top]
     assert multiset(run(q5, config=config, batch_size=500)) == multiset(want)
+
+
+def _masked_reference(config, kind, first, last):
+    """The generator as first written: all events made, then masked by kind."""
+    import torch
+
+    from opforge.stream.nexmark import AUCTION, FIRST_ID, PERSON, PROPORTION, _uniform
+
+    n = torch.arange(first, last, dtype=torch.int64)
+    off = n % PROPORTION
+    mask = {"person": off < PERSON, "auction": (off >= PERSON) & (off < AUCTION + PERSON),
+            "bid": off >= AUCTION + PERSON}[kind]
+    n, off = n[mask], off[mask]
+    epoch, seed = n // PROPORTION, config.seed
+    ts = n * 1000 // config.events_per_second - _uniform(n, 0, seed) % (config.max_out_of_orderness_ms + 1)
+    last_person = FIRST_ID + epoch * PERSON
+    last_auction = FIRST_ID + epoch * AUCTION + (off - PERSON).clamp(0, AUCTION - 1)
+    if kind == "person":
+        return {"id": FIRST_ID + epoch * PERSON + off, "state": _uniform(n, 1, seed) % 50,
+                "city": _uniform(n, 2, seed) % 1000, "date_time": ts}
+    if kind == "auction":
+        initial = 100 + _uniform(n, 3, seed) % 10_000
+        return {"id": last_auction, "seller": FIRST_ID + _uniform(n, 4, seed) % (last_person - FIRST_ID + 1),
+                "category": 10 + _uniform(n, 5, seed) % 5, "initial_bid": initial,
+                "reserve": initial + _uniform(n, 6, seed) % 1000, "date_time": ts,
+                "expires": ts + 10_000 + _uniform(n, 7, seed) % 20_000}
+    hot = (_uniform(n, 8, seed) % 1000) < int(config.hot_ratio * 1000)
+    back = _uniform(n, 9, seed) % config.auctions_in_flight
+    auction = torch.where(hot, last_auction, (last_auction - back).clamp_min(FIRST_ID))
+    return {"auction": auction, "bidder": FIRST_ID + _uniform(n, 10, seed) % (last_person - FIRST_ID + 1),
+            "price": 100 + _uniform(n, 11, seed) % 10_000, "date_time": ts}
+
+
+@pytest.mark.parametrize("kind", ["person", "auction", "bid"])
+def test_direct_generator_equals_the_masked_one(kind):
+    """The generator computes each kind's event numbers directly and hashes all
+    columns at once (no boolean mask, no sync): the same events, any range."""
+    import torch
+
+    for config in (NexmarkConfig(events=10_000, max_out_of_orderness_ms=500),
+                   NexmarkConfig(events=10_000, seed=3, auctions_in_flight=7, hot_ratio=0.2)):
+        for first, last in [(0, 10_000), (7, 333), (49, 51), (1234, 9999), (3, 3), (0, 1), (50, 100)]:
+            got = generate(config, kind, first, last, "cpu")
+            want = _masked_reference(config, kind, first, last)
+            assert list(got.columns) == list(want)
+            for name, col in want.items():
+                assert torch.equal(got[name], col), (kind, first, last, name)
+            assert torch.equal(got.timestamps, want["date_time"])

@@ -22,6 +22,7 @@ from opforge.stream.sources import (ArrowSource, CollectionSource, IteratorSourc
                                     Source, SourceSplit, SplitSource)
 from opforge.stream.state import (AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor,
                                   ReducingStateDescriptor, StateTtlConfig, ValueStateDescriptor)
+from opforge.stream.state_budget import StateBudget
 from opforge.stream.time import (MAX_WATERMARK, MIN_WATERMARK, SimulatedClock, SystemClock,
                                  TimestampAssigner, WatermarkStrategy)
 from opforge.stream.windows import (CountTrigger, EventTimeSessionWindows, EventTimeTrigger, GlobalWindows,
@@ -42,7 +43,7 @@ __all__ = [
     "ProcessWindowFunction", "ProcessingTimeSessionWindows", "ProcessingTimeTrigger", "PurgingTrigger",
     "RecordSchema", "ReduceFunction", "ReducingStateDescriptor", "RuntimeContext", "SimulatedClock", "Sink",
     "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Source", "SourceSplit", "SplitSource",
-    "StateTtlConfig", "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
+    "StateBudget", "StateTtlConfig", "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
     "TimestampedValue", "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
     "WatermarkStrategy", "WindowedStream", "read_committed", "vectorized",
 ]

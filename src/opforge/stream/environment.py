@@ -5,14 +5,18 @@ is the default number of subtasks per operator, ``batch_size`` the records a
 source subtask polls at a time, ``clock`` the source of processing time.
 ``enable_checkpointing`` makes the job fault tolerant (``checkpoint.py``);
 ``execute(restore_from=...)`` resumes one; ``execute_async`` runs it in the
-background behind a ``JobClient``.
+background behind a ``JobClient``. ``set_state_budget`` bounds the device
+memory of columnar keyed state (spilling to host memory, then disk).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from opforge.stream.checkpoint import CheckpointConfig
+from opforge.stream.state_budget import StateBudget
 from opforge.stream.datastream import DataStream
 from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
@@ -33,6 +37,7 @@ class StreamExecutionEnvironment:
         self.transformations: list[Transformation] = []
         self._next_id = 0
         self.checkpoint_config: CheckpointConfig | None = None
+        self.state_budget: StateBudget | None = None
 
     @staticmethod
     def get_execution_environment(**kwargs) -> "StreamExecutionEnvironment":
@@ -83,6 +88,23 @@ class StreamExecutionEnvironment:
             raise ValueError("enable_checkpointing: give checkpoint_dir, the directory checkpoints go to")
         self.checkpoint_config = CheckpointConfig(interval_ms, checkpoint_dir, mode, max_retained_checkpoints)
         return self
+
+    def set_state_budget(self, device_bytes: int | None, host_bytes: int | None = None,
+                         spill_dir=None) -> "StreamExecutionEnvironment":
+        """Keep at most ``device_bytes`` of each columnar operator subtask's keyed
+        state (the window tables) on the device; colder rows move to host memory,
+        and past ``host_bytes`` (None: no limit) to Arrow IPC files in ``spill_dir``
+        (None: a temporary directory), coming back when touched (``state_budget.py``).
+        ``device_bytes=None`` removes the budget."""
+        if device_bytes is None:
+            self.state_budget = None
+            return self
+        self.state_budget = StateBudget(device_bytes, host_bytes,
+                                        None if spill_dir is None else os.fspath(spill_dir))
+        return self
+
+    def get_state_budget(self) -> StateBudget | None:
+        return self.state_budget
 
     def get_checkpoint_config(self) -> CheckpointConfig | None:
         return self.checkpoint_config

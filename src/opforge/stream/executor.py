@@ -7,7 +7,9 @@ partitioner (two-input operators learn which input a batch came from).
 Watermarks follow each source batch; a subtask's event time is the minimum
 over its non-idle input channels and never goes back (Flink).
 Each round first advances processing time (the job's clock) and fires
-processing-time timers. At the end of the input every source sends the
+processing-time timers; a source subtask whose watermark runs ahead of its
+alignment group by more than the allowed drift
+(``WatermarkStrategy.with_watermark_alignment``) sits the round out. At the end of the input every source sends the
 maximal watermark, which fires all event-time timers and windows; pending
 processing-time timers are dropped, as in Flink.
 
@@ -50,6 +52,8 @@ class OperatorMetrics:
     batches_in: int = 0
     busy_ms: float = 0.0
     late_records_dropped: int = 0
+    #: source subtasks: rounds in which watermark alignment paused polling
+    alignment_pauses: int = 0
 
 
 @dataclass
@@ -232,6 +236,10 @@ class _SourceRunner:
         self.prev_ts = prev
         return batch.with_timestamps(torch.tensor(out, dtype=torch.int64, device=batch.device))
 
+    def current_watermark(self) -> int:
+        """The last watermark this subtask emitted (MAX once finished)."""
+        return MAX_WATERMARK if self.finished else self.wmgen.emitted
+
     def poll(self, now: int) -> None:
         item = next(self.split, None)
         if item is None:
@@ -305,6 +313,27 @@ def build_operator(t: Transformation, key):
     raise ValueError(f"stream: unknown transformation kind {k!r}")
 
 
+def _aligned_pauses(sources) -> set:
+    """Watermark alignment (``WatermarkStrategy.with_watermark_alignment``): the
+    source subtasks to skip this round, those ahead of their group's minimum
+    watermark (over its unfinished, non-idle members, taken at the start of
+    the round) by more than the group's drift."""
+    groups: dict = {}
+    for s in sources:
+        g = s.strategy.alignment_group
+        if g is not None and not s.finished and not s.idle:
+            groups.setdefault(g, []).append(s)
+    paused = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        low = min(s.current_watermark() for s in members)
+        for s in members:
+            if s.current_watermark() - s.strategy.max_allowed_drift_ms > low:
+                paused.add(s)
+    return paused
+
+
 def run_job(env, transformations: list[Transformation], job_name: str, restore_from=None,
             control=None) -> JobExecutionResult:
     if not any(t.kind == "sink" for t in transformations):
@@ -334,6 +363,7 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
         for i in range(t.parallelism):
             op = build_operator(t, key)
             op.setup(None, i, t.parallelism, env.clock, env.device)
+            op.state_budget = getattr(env, "state_budget", None)  # columnar keyed state over a budget
             node.runners.append(_Runner(node, i, op, node.metrics[i]))
             op.out = node.runners[-1].out
     edge_idx = 0
@@ -352,43 +382,56 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
             r.op.open()
             if isinstance(r.op, SinkOperator) and callable(getattr(r.op.sink, "open", None)):
                 r.op.sink.open(r.index, n.t.parallelism)
-    coordinator = CheckpointCoordinator(env, transformations, nodes, job_name)
-    if restore_path is not None:
-        coordinator.restore(restore_path)
-    if control is not None:
-        control.attach(nodes, coordinator)
-    clock = env.clock
-    stopped = False
-    while not all(s.finished for s in sources):
-        clock.tick()
-        now = clock.now()
-        for n in ordered:
-            for r in n.runners:
-                r.op.on_processing_time(now)
-        for s in sources:
-            s.polled_records = False
-            if not s.finished:
-                s.poll(now)
-        if isinstance(clock, SystemClock) and not any(s.polled_records for s in sources):
-            _time.sleep(0.001)  # every source waits for input (a monitored directory): do not spin
-        if coordinator.due():
-            coordinator.checkpoint()
-        if control is not None and control.at_barrier(coordinator):
-            stopped = True  # stop-with-savepoint: no end-of-input watermark, no finish
-            break
-    if not stopped:
-        if coordinator.config is not None:
-            coordinator.checkpoint()  # the final checkpoint commits the last output
-        for n in ordered:
-            for r in n.runners:
-                r.op.finish()
+    try:
+        coordinator = CheckpointCoordinator(env, transformations, nodes, job_name)
+        if restore_path is not None:
+            coordinator.restore(restore_path)
         if control is not None:
-            control.at_barrier(coordinator, finished=True)
+            control.attach(nodes, coordinator)
+        clock = env.clock
+        stopped = False
+        while not all(s.finished for s in sources):
+            clock.tick()
+            now = clock.now()
+            for n in ordered:
+                for r in n.runners:
+                    r.op.on_processing_time(now)
+            paused = _aligned_pauses(sources)
+            for s in sources:
+                s.polled_records = False
+                if s.finished:
+                    continue
+                if s in paused:
+                    s.metrics.alignment_pauses += 1
+                    continue
+                s.poll(now)
+            if isinstance(clock, SystemClock) and not any(s.polled_records for s in sources):
+                _time.sleep(0.001)  # every source waits for input (a monitored directory): do not spin
+            if coordinator.due():
+                coordinator.checkpoint()
+            if control is not None and control.at_barrier(coordinator):
+                stopped = True  # stop-with-savepoint: no end-of-input watermark, no finish
+                break
+        if not stopped:
+            if coordinator.config is not None:
+                coordinator.checkpoint()  # the final checkpoint commits the last output
+            for n in ordered:
+                for r in n.runners:
+                    r.op.finish()
+            if control is not None:
+                control.at_barrier(coordinator, finished=True)
+    finally:  # finished, failed, cancelled or stopped: operators free what they hold outside the job
+        for n in ordered:
+            for r in n.runners:
+                dispose = getattr(r.op, "dispose", None)
+                if callable(dispose):
+                    dispose()
     metrics = {}
     for t in transformations:
         ms = nodes[t.id].metrics
         agg = OperatorMetrics(sum(m.records_in for m in ms), sum(m.records_out for m in ms),
                               sum(m.batches_in for m in ms), sum(m.busy_ms for m in ms))
+        agg.alignment_pauses = sum(m.alignment_pauses for m in ms)
         for r in nodes[t.id].runners:
             late = getattr(getattr(r, "op", None), "late", None)
             if late is not None:

@@ -86,36 +86,78 @@ def _uniform(n: torch.Tensor, salt: int, seed: int) -> torch.Tensor:
     return hash_keys(n * 8 + salt + seed * 1_000_003)
 
 
+_SALT_COLUMNS: dict = {}
+
+
+def _salt_column(salts: tuple, device) -> torch.Tensor:
+    """``salts`` as a ``[k, 1]`` device tensor, made once per device: a fresh
+    host-to-device copy of pageable memory per batch would block the host."""
+    key = (salts, str(device))
+    col = _SALT_COLUMNS.get(key)
+    if col is None:
+        col = _SALT_COLUMNS[key] = torch.tensor(salts, dtype=torch.int64, device=device)[:, None]
+    return col
+
+
+def _uniforms(n: torch.Tensor, salts: tuple, seed: int) -> torch.Tensor:
+    """``_uniform(n, salt, seed)`` for several salts at once: one ``[len(salts), N]``
+    tensor hashed in place (one pass of a dozen elementwise kernels for all
+    columns instead of one pass per column)."""
+    x = (n * 8 + seed * 1_000_003).unsqueeze(0) + _salt_column(salts, n.device)
+    # partitioning.hash_keys, in place: no temporaries beyond one scratch tensor
+    t = torch.empty_like(x)
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 32, out=t)).bitwise_and_(0xFFFFFFFF)
+    for _ in range(2):
+        x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=t)).mul_(0x45D9F3B).bitwise_and_(0xFFFFFFFF)
+    return x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=t)).bitwise_and_(0x7FFFFFFF)
+
+
+_OFFSETS = {"person": (0, PERSON), "auction": (PERSON, PERSON + AUCTION), "bid": (PERSON + AUCTION, PROPORTION)}
+_SALTS = {"person": (0, 1, 2), "auction": (0, 3, 4, 5, 6, 7), "bid": (0, 8, 9, 10, 11)}
+
+
+def _count_below(n: int, lo: int, hi: int) -> int:
+    """Events ``m < n`` with ``lo <= m % PROPORTION < hi`` (host arithmetic)."""
+    return (n // PROPORTION) * (hi - lo) + min(max(n % PROPORTION - lo, 0), hi - lo)
+
+
 def generate(config: NexmarkConfig, kind: str, first: int, last: int, device) -> Batch:
-    """The ``kind`` events among global events ``[first, last)``, in order."""
+    """The ``kind`` events among global events ``[first, last)``, in order.
+
+    The event numbers of one kind are computed directly (the ``j``-th event of
+    a kind is ``(j // w) * 50 + lo + j % w``), not by masking all events: no
+    boolean-mask indexing, hence no device-to-host sync, and every pseudo-random
+    column comes from one batched hash (``_uniforms``)."""
     if kind not in FIELDS:
         raise ValueError(f"nexmark: kind must be one of {list(FIELDS)}, got {kind!r}")
-    n = torch.arange(first, last, dtype=torch.int64, device=device)
-    off = n % PROPORTION
-    mask = {"person": off < PERSON, "auction": (off >= PERSON) & (off < AUCTION + PERSON),
-            "bid": off >= AUCTION + PERSON}[kind]
-    n, off = n[mask], off[mask]
-    epoch = n // PROPORTION
+    lo, hi = _OFFSETS[kind]
+    width = hi - lo
+    j = torch.arange(_count_below(first, lo, hi), _count_below(last, lo, hi), dtype=torch.int64, device=device)
+    epoch = torch.div(j, width, rounding_mode="floor")
+    off = j - epoch * width + lo
+    n = epoch * PROPORTION + off
     seed = config.seed
-    delay = _uniform(n, 0, seed) % (config.max_out_of_orderness_ms + 1)
-    ts = n * 1000 // config.events_per_second - delay
+    u = _uniforms(n, _SALTS[kind], seed)
+    ts = n * 1000 // config.events_per_second
+    if config.max_out_of_orderness_ms:
+        ts -= u[0] % (config.max_out_of_orderness_ms + 1)
     last_person = FIRST_ID + epoch * PERSON  # newest person id at this event
-    last_auction = FIRST_ID + epoch * AUCTION + (off - PERSON).clamp(0, AUCTION - 1)
     if kind == "person":
-        cols = {"id": FIRST_ID + epoch * PERSON + off, "state": _uniform(n, 1, seed) % 50,
-                "city": _uniform(n, 2, seed) % 1000, "date_time": ts}
+        cols = {"id": last_person + off, "state": u[1] % 50, "city": u[2] % 1000, "date_time": ts}
     elif kind == "auction":
-        initial = 100 + _uniform(n, 3, seed) % 10_000
-        cols = {"id": last_auction, "seller": FIRST_ID + _uniform(n, 4, seed) % (last_person - FIRST_ID + 1),
-                "category": 10 + _uniform(n, 5, seed) % 5, "initial_bid": initial,
-                "reserve": initial + _uniform(n, 6, seed) % 1000, "date_time": ts,
-                "expires": ts + 10_000 + _uniform(n, 7, seed) % 20_000}
+        last_auction = FIRST_ID + epoch * AUCTION + (off - PERSON)
+        initial = 100 + u[1] % 10_000
+        cols = {"id": last_auction, "seller": FIRST_ID + u[2] % (last_person - FIRST_ID + 1),
+                "category": 10 + u[3] % 5, "initial_bid": initial,
+                "reserve": initial + u[4] % 1000, "date_time": ts,
+                "expires": ts + 10_000 + u[5] % 20_000}
     else:
-        hot = (_uniform(n, 8, seed) % 1000) < int(config.hot_ratio * 1000)
-        back = _uniform(n, 9, seed) % config.auctions_in_flight
-        auction = torch.where(hot, last_auction, (last_auction - back).clamp_min(FIRST_ID))
-        cols = {"auction": auction, "bidder": FIRST_ID + _uniform(n, 10, seed) % (last_person - FIRST_ID + 1),
-                "price": 100 + _uniform(n, 11, seed) % 10_000, "date_time": ts}
+        last_auction = FIRST_ID + epoch * AUCTION + (AUCTION - 1)
+        hot = (u[1] % 1000) < int(config.hot_ratio * 1000)
+        back = u[2] % config.auctions_in_flight
+        auction = torch.where(hot, last_auction, (last_auction - back).clamp_min_(FIRST_ID))
+        cols = {"auction": auction, "bidder": FIRST_ID + u[3] % (last_person - FIRST_ID + 1),
+                "price": 100 + u[4] % 10_000, "date_time": ts}
     return Batch(cols, ts.clone(), RecordSchema("dict", FIELDS[kind]))
 
 
@@ -190,12 +232,37 @@ class _HottestAuctions(ProcessWindowFunction):
                        "window_end": e["window_end"]}
 
 
+def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Rows whose ``value`` is the highest of their ``group`` in this batch
+    (all of them on a tie), in row order: one unique, one scatter-max, one
+    compaction."""
+    uniq, inv = torch.unique(group, return_inverse=True)
+    low = float("-inf") if value.dtype.is_floating_point else torch.iinfo(value.dtype).min
+    top = torch.full((uniq.shape[0],), low, dtype=value.dtype, device=value.device)
+    top = top.scatter_reduce(0, inv, value, "amax")
+    return torch.nonzero(value == top[inv]).flatten()
+
+
+@vectorized
+def _window_top_counts(batch):
+    """Per window (``window_end``), this batch's counts at the batch's top:
+    a window's top counts overall are among them (a count at the window's
+    maximum is also at its batch's maximum), so the record-at-a-time window
+    after it sees a handful of rows instead of one per (auction, window)."""
+    rows = _top_rows(batch["window_end"], batch["num"])
+    out = {name: col.index_select(0, rows) for name, col in batch.columns.items()}
+    out["__row__"] = rows
+    return out
+
+
 def q5(env, config: NexmarkConfig, size_ms: int = 10_000, slide_ms: int = 2_000, source=stream):
     """Bid counts per auction and sliding window (the columnar path), then, per
-    window (all its counts carry the time ``end - 1``), the auctions with the most."""
+    window (all its counts carry the time ``end - 1``), the auctions with the most
+    (a per-batch pre-filter on the device keeps only each batch's top counts)."""
     counts = bids(env, config, source).key_by("auction").window(SlidingEventTimeWindows.of(size_ms, slide_ms)) \
         .aggregate(Aggregations(with_window=True, num=("count",)))
-    return counts.key_by("window_end").window(TumblingEventTimeWindows.of(slide_ms)).process(_HottestAuctions())
+    return counts.flat_map(_window_top_counts).key_by("window_end") \
+        .window(TumblingEventTimeWindows.of(slide_ms)).process(_HottestAuctions())
 
 
 # -- q3: local item suggestion (an incremental join) ------------------------------
@@ -338,12 +405,7 @@ def _batch_top(size_ms: int):
         window's top bids overall are among them (a pre-filter on the device;
         the rows of one window in one batch are all late or none are)."""
         ts, price = batch.timestamps, batch["price"]
-        _, inv = torch.unique(ts - torch.remainder(ts, size_ms), return_inverse=True)
-        low = float("-inf") if price.dtype.is_floating_point else torch.iinfo(price.dtype).min
-        groups = int(inv.max()) + 1 if len(inv) else 0
-        top = torch.full((groups,), low, dtype=price.dtype, device=price.device)
-        top = top.scatter_reduce(0, inv, price, "amax")
-        rows = torch.nonzero(price == top[inv]).flatten()
+        rows = _top_rows(ts - torch.remainder(ts, size_ms), price)
         return {"auction": batch["auction"][rows], "price": price[rows], "bidder": batch["bidder"][rows],
                 "date_time": batch["date_time"][rows], "__row__": rows}
 

@@ -11,8 +11,6 @@ Restore runs after ``open``, so the structures ``open`` made are replaced.
 
 from __future__ import annotations
 
-import torch
-
 from opforge.stream.checkpoint import CheckpointSerializationError, _class_name, _resolve_class
 from opforge.stream.operators import (FilterOperator, FlatMapOperator, MapOperator, Operator, PassThrough,
                                       ProcessOperator, SinkOperator)
@@ -45,8 +43,7 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         s["cleanup_timers"] = op.cleanup_timers.snapshot()
         s["late_dropped"] = op.late.dropped
     elif isinstance(op, ColumnarWindowOperator):
-        s["window_table"] = {"key": op.t_key, "start": op.t_start, "fired": op.t_fired, "count": op.t_count,
-                             "acc": op.t_acc}
+        s["window_table"] = op.full_table()  # every tier of a table over its state budget
         s["late_dropped"] = op.late.dropped
     elif isinstance(op, RollingOperator):
         schema = op.schema
@@ -84,7 +81,7 @@ def restore_operator(op: Operator, s: dict) -> None:
         t = s["window_table"]
         op.t_key, op.t_start, op.t_fired, op.t_count = t["key"], t["start"], t["fired"], t["count"]
         op.t_acc = dict(t["acc"])
-        op.slot_of = {tuple(p): i for i, p in enumerate(torch.stack([op.t_key, op.t_start], 1).tolist())}
+        op.table_restored(restored=True)
         op.late.dropped = s["late_dropped"]
     elif isinstance(op, RollingOperator):
         r = s["rolling"]

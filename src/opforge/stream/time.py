@@ -12,6 +12,12 @@ boundaries (Flink's periodic emission, made deterministic).
 processing time is marked idle; downstream operators then ignore it when they
 take the minimum watermark over their inputs, so one quiet partition does not
 stall event time. It becomes active again with its next record.
+
+``with_watermark_alignment(group, max_drift)``: sources of one alignment
+group advance together; a source subtask whose watermark runs ahead of the
+group's slowest active member by more than ``max_drift`` pauses polling (so
+fast sources do not pile up state downstream, e.g. window or join buffers,
+while waiting for slow ones).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class WatermarkStrategy:
     monotonous: bool = False
     timestamp_assigner: Callable | None = None
     idle_timeout_ms: int | None = None
+    alignment_group: str | None = None
+    max_allowed_drift_ms: int | None = None
 
     @staticmethod
     def for_bounded_out_of_orderness(max_out_of_orderness_ms) -> "WatermarkStrategy":
@@ -56,6 +64,20 @@ class WatermarkStrategy:
             return replace(self, timestamp_assigner=assigner)
         raise TypeError("WatermarkStrategy.with_timestamp_assigner: expected a callable, "
                         f"a TimestampAssigner or a column name, got {type(assigner).__name__}")
+
+    def with_watermark_alignment(self, watermark_group: str, max_allowed_watermark_drift) -> "WatermarkStrategy":
+        """Flink's watermark alignment: the source subtasks of every source whose
+        strategy names ``watermark_group`` stay within ``max_allowed_watermark_drift``
+        (ms or a timedelta) of the group's slowest one. A subtask whose watermark is
+        ahead of the group's minimum (over its active, unfinished members) by more
+        than the drift is not polled (paused) until the others catch up; the
+        group's minimum member is always polled, so the job never stalls.
+        Checked at every scheduling round (Flink's update interval)."""
+        if not isinstance(watermark_group, str) or not watermark_group:
+            raise ValueError("WatermarkStrategy.with_watermark_alignment: watermark_group must be a non-empty "
+                             f"str, got {watermark_group!r}")
+        drift = _millis(max_allowed_watermark_drift, "WatermarkStrategy.with_watermark_alignment")
+        return replace(self, alignment_group=watermark_group, max_allowed_drift_ms=drift)
 
     def with_idleness(self, idle_timeout_ms) -> "WatermarkStrategy":
         return replace(self, idle_timeout_ms=_millis(idle_timeout_ms, "WatermarkStrategy.with_idleness"))

@@ -2,14 +2,19 @@
 
 ``ColumnarWindowOperator``: ``Aggregations`` over event-time tumbling or
 sliding windows, the GPU path. Per micro-batch: assign every record its
-windows as tensors, group the (key, window start) pairs with ``torch.unique``,
-fold each group with ``opforge.segment_reduce`` into partial accumulators,
-then merge the partials into a table of open windows (one row per key and
-window: accumulators as columns). A watermark fires the rows whose window
-ended, in one gather. A few host syncs per batch (sizing the groups, and a dict
-lookup of the batch's distinct (key, window) pairs — not of its records —
-to find their table rows; a device hash table would remove it). Late records inside the allowed lateness
-are rare; each updates its row and fires it, one by one, as Flink does.
+windows as tensors, group the (key, window start) pairs (one stable sort of
+an order-preserving int64 code ``(key - kmin) * windows + window``, or two
+1-D sorts when the ranges do not fit in 62 bits), fold each group with
+``opforge.segment_reduce`` into partial accumulators, then merge the partials
+into a table of open windows (one row per key and window: accumulators as
+columns, rows in order of first appearance). A batch's pairs find their table
+rows on the device (``searchsorted`` in the table's sorted codes); new pairs
+are appended. A watermark fires the rows whose window ended, in one gather.
+Host syncs per batch: one small read-back of the batch's counts and key /
+window ranges, one for the number of distinct pairs (the size of the sort's
+output) and one for the number of new table rows — none per record or per
+pair. Late records inside the allowed lateness are rare; each updates its
+row and fires it, one by one, as Flink does.
 
 ``WindowOperator``: every other case (any ``AggregateFunction``, ``reduce``,
 full-window ``process``, session windows, processing time, count triggers),
@@ -23,6 +28,7 @@ import torch
 from opforge.stream.functions import Aggregations, as_callable
 from opforge.stream.operators import Operator, records_batch
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
+from opforge.stream.state_budget import ColdRows
 from opforge.stream.timers import InternalTimers
 from opforge.stream.windows import GLOBAL_END, TimeWindow
 
@@ -40,6 +46,94 @@ def group_pairs(a: torch.Tensor, b: torch.Tensor):
     inverse = torch.empty_like(group_sorted)
     inverse[order] = group_sorted
     return torch.stack([sa[new], sb[new]], 1), inverse
+
+
+_CODE_LIMIT = 2**62
+_INT64_MAX = 2**63 - 1
+
+
+def pair_codes(a: torch.Tensor, b: torch.Tensor, bounds, b_step: int):
+    """Order-preserving int64 codes of the pairs ``(a[i], b[i])``:
+    ``(a - a_lo) * span + (b - b_lo) // b_step``, with ``bounds = (a_lo, a_hi,
+    b_lo, b_hi)`` host ints covering the pairs and every ``b - b_lo`` a multiple
+    of ``b_step`` (window starts: all equal to the offset modulo the slide).
+    ``(None, 0)`` when the product of the ranges does not fit in 62 bits."""
+    a_lo, a_hi, b_lo, b_hi = bounds
+    span = (b_hi - b_lo) // b_step + 1
+    if (a_hi - a_lo + 1) * span >= _CODE_LIMIT:
+        return None, 0
+    return (a - a_lo) * span + torch.div(b - b_lo, b_step, rounding_mode="floor"), span
+
+
+def group_codes(codes: torch.Tensor, code_range: int | None = None):
+    """``(unique_codes [G], inverse [N])`` of codes in ``[0, code_range)``.
+    When the range is small next to the batch (at most twice the rows plus
+    64 Ki) the groups come from a direct-address table, no sort: mark the
+    codes present, a prefix sum ranks them; otherwise one stable sort and a
+    scan. Either way the output size is the one host sync, and the result is
+    the same (codes ascending)."""
+    n = codes.shape[0]
+    if code_range is not None and code_range <= 2 * n + 65_536:
+        present = torch.zeros(code_range, dtype=torch.bool, device=codes.device)
+        present[codes] = True
+        rank = torch.cumsum(present, 0) - 1
+        return torch.nonzero(present).flatten(), rank[codes]
+    order = torch.argsort(codes, stable=True)
+    sc = codes[order]
+    new = torch.ones_like(sc, dtype=torch.bool)
+    new[1:] = sc[1:] != sc[:-1]
+    group_sorted = torch.cumsum(new, 0) - 1
+    inverse = torch.empty_like(group_sorted)
+    inverse[order] = group_sorted
+    return sc[new], inverse
+
+
+def _merge_bounds(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
+
+
+def find_pairs(tk: torch.Tensor, ts: torch.Tensor, qk: torch.Tensor, qs: torch.Tensor, step: int, bounds=None):
+    """For each query pair ``(qk[i], qs[i])``: whether it is a pair of the table
+    ``(tk, ts)`` (pairs distinct) and, if so, its row. By order-preserving codes,
+    a sort of the table and ``searchsorted`` (``bounds``: host ints covering both,
+    read from the tensors when None); by grouping the union when the codes do not fit."""
+    T, dev = tk.shape[0], tk.device
+    if T == 0 or qk.shape[0] == 0:
+        return (torch.zeros(qk.shape[0], dtype=torch.bool, device=dev),
+                torch.zeros(qk.shape[0], dtype=torch.int64, device=dev))
+    if bounds is None:
+        bounds = tuple(torch.stack([torch.minimum(tk.min(), qk.min()), torch.maximum(tk.max(), qk.max()),
+                                    torch.minimum(ts.min(), qs.min()), torch.maximum(ts.max(), qs.max())]).tolist())
+    codes_t, _ = pair_codes(tk, ts, bounds, step)
+    if codes_t is not None:
+        codes_q, _ = pair_codes(qk, qs, bounds, step)
+        sorted_t, perm = torch.sort(codes_t)
+        pos = torch.searchsorted(sorted_t, codes_q).clamp_(max=T - 1)
+        return sorted_t[pos] == codes_q, perm[pos]
+    uniq, inv = group_pairs(torch.cat([tk, qk]), torch.cat([ts, qs]))
+    owner = torch.full((uniq.shape[0],), -1, dtype=torch.int64, device=dev)
+    owner[inv[:T]] = torch.arange(T, dtype=torch.int64, device=dev)
+    o = owner[inv[T:]]
+    return o >= 0, o.clamp(min=0)
+
+
+def nonzero_known(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """``torch.nonzero(mask).flatten()`` when ``count`` (the number of True
+    entries) is already known on the host: no second device-to-host sync."""
+    global _NONZERO_STATIC
+    if _NONZERO_STATIC:
+        try:
+            return torch.nonzero_static(mask, size=count).flatten()
+        except (AttributeError, NotImplementedError, RuntimeError):  # a torch or device without it
+            _NONZERO_STATIC = False
+    return torch.nonzero(mask).flatten()
+
+
+_NONZERO_STATIC = hasattr(torch, "nonzero_static")
 
 
 def _check_timestamps(batch: Batch, where: str) -> None:
@@ -76,13 +170,109 @@ class ColumnarWindowOperator(Operator):
 
     def open(self):
         self.late = _LateData(self, self.late_tag)
-        self.slot_of: dict[tuple[int, int], int] = {}
         dev = self.device
         self.t_key = torch.empty(0, dtype=torch.int64, device=dev)
         self.t_start = torch.empty(0, dtype=torch.int64, device=dev)
         self.t_fired = torch.empty(0, dtype=torch.bool, device=dev)
         self.t_count = torch.empty(0, dtype=torch.int64, device=dev)
         self.t_acc: dict[str, torch.Tensor] = {}
+        # per row: its order of first appearance (firing order among equal
+        # window ends) and the last batch that touched it (for eviction)
+        self.t_seq = torch.empty(0, dtype=torch.int64, device=dev)
+        self.t_touch = torch.empty(0, dtype=torch.int64, device=dev)
+        self._next_seq = 0
+        self._batch_no = 0
+        budget = getattr(self, "state_budget", None)
+        self.cold = ColdRows(budget, f"{self.name}-{self.index}") if budget is not None else None
+        self.table_restored()
+
+    def table_restored(self, restored: bool = False) -> None:
+        """The table was replaced (open, restore from a checkpoint): its
+        host-side key / start bounds are re-read on the next batch; a restored
+        table (rows in order of first appearance) gets fresh row orders."""
+        self._bounds = None  # host (kmin, kmax, smin, smax) covering the table's pairs
+        self._bounds_stale = self.t_key.numel() > 0
+        if restored:
+            T, dev = self.t_key.shape[0], self.device
+            self.t_seq = torch.arange(T, dtype=torch.int64, device=dev)
+            self.t_touch = torch.zeros(T, dtype=torch.int64, device=dev)
+            self._next_seq = T
+            if self.cold is not None:
+                self.cold.clear()
+
+    # -- the state budget: device rows <-> host / disk (state_budget.py) -------
+    def _rows(self, idx=None) -> dict:
+        cols = {"key": self.t_key, "start": self.t_start, "fired": self.t_fired, "count": self.t_count,
+                "seq": self.t_seq, "touch": self.t_touch, **{f"acc.{n}": a for n, a in self.t_acc.items()}}
+        return cols if idx is None else {n: c.index_select(0, idx) for n, c in cols.items()}
+
+    def _set_rows(self, rows: dict) -> None:
+        self.t_key, self.t_start, self.t_fired = rows["key"], rows["start"], rows["fired"]
+        self.t_count, self.t_seq, self.t_touch = rows["count"], rows["seq"], rows["touch"]
+        self.t_acc = {n[4:]: c for n, c in rows.items() if n.startswith("acc.")}
+
+    def _restore_rows(self, rows) -> None:
+        """Cold rows (CPU) back at the end of the device table."""
+        if rows is None:
+            return
+        dev = self.device
+        both = {n: torch.cat([c, rows[n].to(dev)]) for n, c in self._rows().items()}
+        self._set_rows(both)
+        k, st = rows["key"], rows["start"]
+        self._bounds = _merge_bounds(self._bounds, (int(k.min()), int(k.max()), int(st.min()), int(st.max())))
+
+    def table_bytes(self) -> int:
+        return sum(c.element_size() * c.numel() for c in self._rows().values())
+
+    def _enforce_budget(self) -> None:
+        """Move the coldest rows (least recently touched) to the host tier
+        until the device table fits the budget."""
+        if self.cold is None:
+            return
+        T = self.t_key.shape[0]
+        size = self.table_bytes()
+        limit = self.cold.budget.device_bytes
+        if T == 0 or size <= limit:
+            return
+        keep = min(T, limit * T // size)
+        order = torch.argsort(self.t_touch, stable=True)
+        evict = order[:T - keep]
+        kept = torch.sort(order[T - keep:]).values
+        self.cold.add({n: c.cpu() for n, c in self._rows(evict).items()})
+        self._set_rows(self._rows(kept))
+
+    def _cold_pairs(self, keys, starts) -> None:
+        """Bring back the cold rows of these distinct pairs."""
+        if self.cold is None or len(self.cold) == 0:
+            return
+        qk, qs = keys.cpu(), starts.cpu()
+        kmin, kmax, smin, smax = int(qk.min()), int(qk.max()), int(qs.min()), int(qs.max())
+
+        def might_hold(f):
+            return f["kmin"] <= kmax and f["kmax"] >= kmin and f["smin"] <= smax and f["smax"] >= smin
+
+        def mask_of(rows):
+            found, _ = find_pairs(qk, qs, rows["key"], rows["start"], self.assigner.slide)
+            return found
+
+        self._restore_rows(self.cold.take(mask_of, might_hold))
+
+    def dispose(self) -> None:
+        """The job ended (however): spill files and the host tier go."""
+        if self.cold is not None:
+            self.cold.clear()
+
+    def full_table(self) -> dict:
+        """Every row of every tier, in order of first appearance (checkpoints)."""
+        rows = self._rows()
+        if self.cold is not None:
+            cold = self.cold.take_all()
+            if cold is not None:
+                rows = {n: torch.cat([c, cold[n].to(self.device)]) for n, c in rows.items()}
+            order = torch.argsort(rows["seq"])
+            rows = {n: c.index_select(0, order) for n, c in rows.items()}
+        return {"key": rows["key"], "start": rows["start"], "fired": rows["fired"], "count": rows["count"],
+                "acc": {n[4:]: c for n, c in rows.items() if n.startswith("acc.")}}
 
     # -- accumulators -------------------------------------------------------
     def _column(self, batch, col):
@@ -102,19 +292,24 @@ class ColumnarWindowOperator(Operator):
         big = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
         return big if op == "min" else -big - (0 if dtype.is_floating_point else 1)
 
-    def _grow(self, new_pairs: list, dtypes: dict) -> None:
-        n = len(new_pairs)
+    def _grow(self, n: int, slots, keys, starts, dtypes: dict) -> None:
+        """Append ``n`` rows; ``slots`` is each pair's row (old rows are
+        rewritten with their own values, the new ones get theirs)."""
         if n == 0:
             return
-        base = self.t_key.shape[0]
-        for i, p in enumerate(new_pairs):
-            self.slot_of[p] = base + i
         dev = self.device
-        pairs = torch.tensor(new_pairs, dtype=torch.int64, device=dev).reshape(n, 2)
-        self.t_key = torch.cat([self.t_key, pairs[:, 0]])
-        self.t_start = torch.cat([self.t_start, pairs[:, 1]])
-        self.t_fired = torch.cat([self.t_fired, torch.zeros(n, dtype=torch.bool, device=dev)])
-        self.t_count = torch.cat([self.t_count, torch.zeros(n, dtype=torch.int64, device=dev)])
+
+        def ext(t, fill):
+            return torch.cat([t, torch.full((n,), fill, dtype=t.dtype, device=dev)])
+
+        self.t_key = ext(self.t_key, 0).index_put_((slots,), keys)
+        self.t_start = ext(self.t_start, 0).index_put_((slots,), starts)
+        self.t_fired = ext(self.t_fired, False)
+        self.t_count = ext(self.t_count, 0)
+        self.t_seq = torch.cat([self.t_seq, torch.arange(self._next_seq, self._next_seq + n, dtype=torch.int64,
+                                                         device=dev)])
+        self._next_seq += n
+        self.t_touch = ext(self.t_touch, self._batch_no)
         for name, (op, _) in self.agg.outputs.items():
             if op == "count":
                 continue
@@ -124,6 +319,7 @@ class ColumnarWindowOperator(Operator):
 
     def _fold(self, slots, counts, partials):
         self.t_count.index_add_(0, slots, counts)
+        self.t_touch.index_fill_(0, slots, self._batch_no)
         for name, (op, _) in self.agg.outputs.items():
             if op == "count":
                 continue
@@ -135,28 +331,73 @@ class ColumnarWindowOperator(Operator):
             else:
                 acc[slots] = torch.maximum(acc[slots], part)
 
-    def _slots(self, pairs: torch.Tensor, dtypes) -> torch.Tensor:
-        host = [tuple(p) for p in pairs.tolist()]  # the one host sync per batch
-        self._grow([p for p in dict.fromkeys(host) if p not in self.slot_of], dtypes)
-        return torch.tensor([self.slot_of[p] for p in host], dtype=torch.int64, device=self.device)
+    def _group(self, keys, starts, bounds):
+        """Distinct (key, start) pairs in lexicographic order and each row's pair."""
+        codes, span = pair_codes(keys, starts, bounds, self.assigner.slide)
+        if codes is None:
+            uniq, inv = group_pairs(keys, starts)
+            return uniq[:, 0], uniq[:, 1], inv
+        uniq, inv = group_codes(codes, (bounds[1] - bounds[0] + 1) * span)
+        uk = torch.div(uniq, span, rounding_mode="floor")
+        return uk + bounds[0], (uniq - uk * span) * self.assigner.slide + bounds[2], inv
+
+    def _slots(self, keys, starts, dtypes, bounds) -> torch.Tensor:
+        """Table rows of the distinct pairs ``(keys[i], starts[i])`` (in
+        lexicographic order), appending the pairs not in the table in that
+        order. On the device: the table's codes sorted, ``searchsorted``; one
+        host sync (the number of new rows)."""
+        self._cold_pairs(keys, starts)
+        T = self.t_key.shape[0]
+        found, old = find_pairs(self.t_key, self.t_start, keys, starts, self.assigner.slide,
+                                _merge_bounds(self._bounds, bounds))
+        new = ~found
+        rank = torch.cumsum(new, 0) - 1
+        slots = torch.where(found, old, rank + T)
+        n_new = int(rank[-1]) + 1 if rank.numel() else 0  # the host sync: how far the table grows
+        if n_new:
+            self._grow(n_new, slots, keys, starts, dtypes)
+            self._bounds = _merge_bounds(self._bounds, bounds)
+        return slots
 
     # -- records --------------------------------------------------------------
     def process_batch(self, batch):
-        if len(batch) == 0:
+        n = len(batch)
+        if n == 0:
             return
-        _check_timestamps(batch, self.name)
         from opforge.ops.hashing import segment_reduce
 
-        rows, starts, ends = self.assigner.assign(batch.timestamps)
+        self._batch_no += 1
+        ts = batch.timestamps
+        rows, starts, ends = self.assigner.assign(ts)
         keys = batch.keys.index_select(0, rows)
         wm = self.watermark
         max_ts = ends - 1
         kept = max_ts + self.lateness > wm
+        on_time = kept & (max_ts > wm)
         # Flink: a record is late when none of its windows took it and it is
         # past the lateness (its side output), not merely when one window is late
-        placed = torch.zeros(len(batch), dtype=torch.bool, device=self.device).index_fill_(0, rows[kept], True)
-        row_late = ~placed & (batch.timestamps + self.lateness <= wm)
-        self.late.handle(batch.select(row_late))
+        placed = torch.zeros(n, dtype=torch.int32, device=self.device) \
+            .index_add_(0, rows, kept.to(torch.int32)) > 0
+        row_late = ~placed & (ts + self.lateness <= wm)
+        m = rows.shape[0]
+        # the batch's shape in one read-back: missing timestamps, late rows,
+        # kept / on-time pairs, key and window-start ranges (and the table's)
+        parts = [(ts == NO_TIMESTAMP).sum(), row_late.sum(), kept.sum(), on_time.sum()]
+        if m:
+            parts += [keys.min(), keys.max(), starts.min(), starts.max()]
+        stale = self._bounds_stale and self.t_key.numel() > 0
+        if stale:
+            parts += [self.t_key.min(), self.t_key.max(), self.t_start.min(), self.t_start.max()]
+        stats = torch.stack(parts).tolist()
+        if stats[0]:
+            raise ValueError(f"{self.name}: a record has no timestamp; event-time windows need a "
+                             "WatermarkStrategy with a timestamp assigner on the source")
+        n_late, n_kept, n_on = stats[1], stats[2], stats[3]
+        bounds = tuple(stats[4:8]) if m else None
+        if stale:
+            self._bounds, self._bounds_stale = tuple(stats[-4:]), False
+        if n_late:
+            self.late.handle(batch.select(row_late))
         cols = {}
         dtypes = {}
         for name, (op, col) in self.agg.outputs.items():
@@ -164,30 +405,34 @@ class ColumnarWindowOperator(Operator):
                 c = self._column(batch, col)
                 cols[name] = c.index_select(0, rows)
                 dtypes[name] = self._acc_dtype(op, c.dtype)
-        on_time = kept & (max_ts > wm)
-        if bool(on_time.any()):
-            idx = torch.nonzero(on_time).flatten()
-            uniq, inv = group_pairs(keys[idx], starts[idx])
-            g = uniq.shape[0]
-            counts = torch.bincount(inv, minlength=g)
+        if n_on:
+            if n_on == m:  # the usual case: every pair on time, no selection
+                k_on, s_on, vals_of = keys, starts, cols
+            else:
+                idx = nonzero_known(on_time, n_on)
+                k_on, s_on = keys.index_select(0, idx), starts.index_select(0, idx)
+                vals_of = {name: c.index_select(0, idx) for name, c in cols.items()}
+            uk, us, inv = self._group(k_on, s_on, bounds)
+            g = uk.shape[0]
+            counts = torch.zeros(g, dtype=torch.int64, device=self.device).index_add_(0, inv, torch.ones_like(inv))
             partials = {}
             for name, (op, _) in self.agg.outputs.items():
                 if op == "count":
                     continue
-                vals = cols[name][idx].to(dtypes[name])
+                vals = vals_of[name].to(dtypes[name])
                 partials[name] = segment_reduce(vals, inv, g, "sum" if op == "mean" else op,
                                                 deterministic=True)
-            self._fold(self._slots(uniq, dtypes), counts, partials)
-        late_fire = torch.nonzero(kept & (max_ts <= wm)).flatten()
-        if late_fire.numel():
-            self._late_firings(late_fire, keys, starts, cols, dtypes)
+            self._fold(self._slots(uk, us, dtypes, bounds), counts, partials)
+        if n_kept > n_on:
+            late_fire = nonzero_known(kept & (max_ts <= wm), n_kept - n_on)
+            self._late_firings(late_fire, keys, starts, cols, dtypes, bounds)
+        self._enforce_budget()
 
-    def _late_firings(self, pairs_idx, keys, starts, cols, dtypes):
+    def _late_firings(self, pairs_idx, keys, starts, cols, dtypes, bounds):
         """Each late record updates its window and fires it (Flink's per-record late firing)."""
         fired = []
         for i in pairs_idx.tolist():
-            pair = torch.stack([keys[i:i + 1], starts[i:i + 1]], 1)
-            slot = self._slots(pair, dtypes)
+            slot = self._slots(keys[i:i + 1], starts[i:i + 1], dtypes, bounds)
             self._fold(slot, torch.ones(1, dtype=torch.int64, device=self.device),
                        {n: c[i:i + 1] for n, c in cols.items()})
             self.t_fired[slot] = True
@@ -219,26 +464,42 @@ class ColumnarWindowOperator(Operator):
 
     def on_watermark(self, watermark):
         self.watermark = watermark
-        if self.t_key.numel():
-            end_ts = self.t_start + self.assigner.size - 1
+        last = self.assigner.size - 1  # a window's last timestamp: start + size - 1
+        if self.cold is not None and len(self.cold):  # cold rows about to fire come back first
+            self._restore_rows(self.cold.take(
+                lambda r: (r["start"] + last <= watermark) & ~r["fired"],
+                lambda f: f["smin"] + last <= watermark))
+        T = self.t_key.shape[0]
+        if T:
+            end_ts = self.t_start + last
             due = (end_ts <= watermark) & ~self.t_fired
-            slots = torch.nonzero(due).flatten()
-            if slots.numel():
+            gone = end_ts + self.lateness <= watermark
+            n_due, n_gone = torch.stack([due.sum(), gone.sum()]).tolist()  # the one host sync
+            if n_due:
+                slots = nonzero_known(due, n_due)
+                if self.cold is not None:  # restored rows sit at the end: order by first appearance
+                    slots = slots[torch.argsort(self.t_seq[slots])]
                 order = torch.argsort(end_ts[slots], stable=True)
                 self._emit(slots[order])
                 self.t_fired[slots] = True
-            gone = end_ts + self.lateness <= watermark
-            if bool(gone.any()):
-                self._purge(~gone)
+            if n_gone:
+                self._purge(nonzero_known(~gone, T - n_gone))
+        if self.cold is not None and len(self.cold):  # cold rows past the lateness: fired, forgotten
+            horizon = watermark - self.lateness - last
+            self.cold.drop(lambda r: r["start"] <= horizon, lambda f: f["smax"] <= horizon,
+                           lambda f: f["smin"] <= horizon)
+        self._enforce_budget()
         self.out.emit_watermark(watermark)
 
-    def _purge(self, keep: torch.Tensor) -> None:
-        idx = torch.nonzero(keep).flatten()
+    def _purge(self, idx: torch.Tensor) -> None:
+        """Keep rows ``idx`` (ascending: rows keep their order)."""
         self.t_key, self.t_start = self.t_key[idx], self.t_start[idx]
         self.t_fired, self.t_count = self.t_fired[idx], self.t_count[idx]
+        self.t_seq, self.t_touch = self.t_seq[idx], self.t_touch[idx]
         self.t_acc = {n: a[idx] for n, a in self.t_acc.items()}
-        pairs = torch.stack([self.t_key, self.t_start], 1).tolist()
-        self.slot_of = {tuple(p): i for i, p in enumerate(pairs)}
+        self._bounds_stale = True  # narrowed at the next batch's read-back
+        if self.t_key.numel() == 0:
+            self._bounds, self._bounds_stale = None, False
 
 
 class _WindowContext:

@@ -82,8 +82,13 @@ class SlidingEventTimeWindows(WindowAssigner):
         last = ts - torch.remainder(ts - self.offset, self.slide)
         k = torch.arange(n_win, device=ts.device, dtype=torch.int64)
         starts = last[:, None] - k[None, :] * self.slide
-        keep = starts + self.size > ts[:, None]
         rows = torch.arange(ts.shape[0], device=ts.device).unsqueeze(1).expand_as(starts)
+        if self.size % self.slide == 0:
+            # every record lies in exactly size / slide windows: no mask, so no
+            # boolean indexing (a device-to-host sync); same rows, same order
+            starts = starts.reshape(-1)
+            return rows.reshape(-1), starts, starts + self.size
+        keep = starts + self.size > ts[:, None]
         return rows[keep], starts[keep], starts[keep] + self.size
 
     def assign_one(self, ts):

@@ -1,0 +1,140 @@
+"""Keyed columnar state over a budget (``env.set_state_budget``): the window
+table's cold rows move to host memory and to Arrow IPC files, come back when
+touched, and results are the same as without a budget, in the same order."""
+
+import os
+
+import pytest
+
+from opforge.stream import (Aggregations, CollectionSource, OutputTag, SlidingEventTimeWindows,
+                            StateBudget, StreamExecutionEnvironment, TumblingEventTimeWindows, WatermarkStrategy)
+from stream_helpers import out_of_order_events
+
+
+def files_under(path):
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def window_job(env, evs, assigner, observe=None):
+    late = OutputTag("late")
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(20).with_timestamp_assigner("ts")
+    src = env.from_source(CollectionSource(evs), strategy, "events")
+    if observe is not None:  # called per record ahead of the window, while the job runs
+        src = src.map(lambda r: (observe(), r)[1])
+    w = src.key_by("key").window(assigner) \
+        .allowed_lateness(15).side_output_late_data(late) \
+        .aggregate(Aggregations(with_window=True, n=("count",), total=("sum", "value"), low=("min", "value"),
+                                high=("max", "value"), mean=("mean", "value")))
+    return w.collect(), w.get_side_output(late).collect()
+
+
+def run(evs, assigner, budget=None, parallelism=2, batch=16, observe=None):
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch)
+    if budget is not None:
+        env.set_state_budget(*budget)
+    out, late = window_job(env, evs, assigner, observe)
+    result = env.execute()
+    return out.records(), late.records(), result
+
+
+def events(n=1500, keys=40, seed=3, late=0.05):
+    return [{"key": k, "value": v, "ts": t} for k, v, t in out_of_order_events(n, keys, 20, seed, late)]
+
+
+@pytest.mark.parametrize("assigner", [TumblingEventTimeWindows.of(50), SlidingEventTimeWindows.of(60, 20)],
+                         ids=["tumbling", "sliding"])
+def test_results_identical_with_a_tiny_budget(assigner, tmp_path):
+    evs = events()
+    ref, ref_late, _ = run(evs, assigner)
+    assert len(ref) > 100  # windows fired
+    if isinstance(assigner, TumblingEventTimeWindows):
+        assert ref_late  # and some records were late (the side output is compared too)
+    for budget in [(0,), (64,), (0, 0, tmp_path / "a"), (300, 2_000, tmp_path / "b")]:
+        got, got_late, _ = run(evs, assigner, budget)
+        assert got == ref, budget  # same rows, same order
+        assert got_late == ref_late, budget
+
+
+def test_spill_files_appear_during_the_job_and_are_removed(tmp_path):
+    spill = tmp_path / "spill"
+    seen = []
+
+    def observe():
+        seen.append(len(files_under(spill)))
+
+    evs = events(2000, 60, 5, late=0.0)
+    ref, _, _ = run(evs, TumblingEventTimeWindows.of(40), parallelism=1)
+    got, _, _ = run(evs, TumblingEventTimeWindows.of(40), (0, 0, spill), parallelism=1, observe=observe)
+    assert got == ref
+    assert max(seen) > 0  # rows went to disk (Arrow IPC files)
+    assert files_under(spill) == []  # and every spill file is gone at the end
+
+
+def test_spill_files_are_arrow_ipc_not_pickle(tmp_path):
+    import pyarrow as pa
+    import torch
+
+    from opforge.stream.state_budget import ColdRows
+
+    cold = ColdRows(StateBudget(0, 0, str(tmp_path)), "op")
+    rows = {"key": torch.tensor([5, 1, 9]), "start": torch.tensor([0, 10, 20]),
+            "fired": torch.tensor([False, True, False]), "acc.total": torch.tensor([1.5, 2.5, 3.5])}
+    cold.add(rows)
+    paths = files_under(tmp_path)
+    assert len(paths) == 1 and cold.host is None and len(cold) == 3
+    with pa.memory_map(paths[0], "r") as src:
+        table = pa.ipc.open_file(src).read_all()
+    assert table.column("key").to_pylist() == [5, 1, 9]
+    # a zone map keeps files out of lookups that cannot hit them
+    assert cold.take(lambda r: r["key"] == 100, lambda f: f["kmin"] <= 100 <= f["kmax"]) is None
+    assert len(files_under(tmp_path)) == 1
+    back = cold.take(lambda r: r["key"] == 9, lambda f: f["kmin"] <= 9 <= f["kmax"])
+    assert back["key"].tolist() == [9] and back["acc.total"].tolist() == [3.5]
+    assert files_under(tmp_path) == [] and len(cold) == 2  # the file was read back and deleted
+    cold.clear()
+    assert len(cold) == 0 and not os.path.exists(str(tmp_path / "x"))
+
+
+def test_nexmark_q5_with_a_tiny_budget(tmp_path):
+    from opforge.stream.nexmark import NexmarkConfig, q5
+
+    cfg = NexmarkConfig(events=6000, events_per_second=1000, max_out_of_orderness_ms=300)
+
+    def go(budget):
+        env = StreamExecutionEnvironment(batch_size=250)
+        if budget:
+            env.set_state_budget(*budget)
+        sink = q5(env, cfg, size_ms=2000, slide_ms=500).collect()
+        env.execute()
+        return sink.records()
+
+    ref = go(None)
+    assert len(ref) >= 10
+    assert go((256, 1024, tmp_path)) == ref
+    assert files_under(tmp_path) == []
+
+
+def test_budget_survives_checkpoint_and_restore(tmp_path, monkeypatch):
+    import test_checkpoint as tc
+
+    plain = tc.make_env
+
+    def with_budget(*args, **kwargs):
+        return plain(*args, **kwargs).set_state_budget(0, 0, tmp_path / "spill")
+
+    evs = tc.events(300, 6, 3, late=0.08)
+    ref, got, _ = tc.fail_and_restore(tmp_path / "plain", tc.window_job(evs), [90, 200])
+    monkeypatch.setattr(tc, "make_env", with_budget)
+    ref_b, got_b, _ = tc.fail_and_restore(tmp_path / "budget", tc.window_job(evs), [90, 200])
+    assert got_b == ref_b == ref == got
+    assert files_under(tmp_path / "spill") == []
+
+
+def test_set_state_budget_validates():
+    env = StreamExecutionEnvironment()
+    with pytest.raises(ValueError, match="device_bytes"):
+        env.set_state_budget(-1)
+    with pytest.raises(ValueError, match="host_bytes"):
+        env.set_state_budget(10, 1.5)
+    assert env.set_state_budget(10).get_state_budget() == StateBudget(10)
+    assert env.set_state_budget(None).get_state_budget() is None
