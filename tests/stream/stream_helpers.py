@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from opforge.stream import AggregateFunction
+
 
 def out_of_order_events(n: int, keys: int, bound: int, seed: int, late: float = 0.0):
     """``n`` records ``(key, value, ts)`` with timestamps rising by 0..9 ms and
@@ -30,3 +32,19 @@ def permute_within(events, bound: int, seed: int):
 
 def multiset(records):
     return sorted(records, key=repr)
+
+
+class Avg(AggregateFunction):
+    """The mean, as an AggregateFunction of (sum, count) accumulators."""
+
+    def create_accumulator(self):
+        return (0, 0)
+
+    def add(self, v, acc):
+        return (acc[0] + v, acc[1] + 1)
+
+    def get_result(self, acc):
+        return acc[0] / acc[1]
+
+    def merge(self, a, b):
+        return (a[0] + b[0], a[1] + b[1])

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from checkpoint_job import per_subtask_rows
-from opforge.stream import (AggregateFunction, AggregatingStateDescriptor, Aggregations, CheckpointRestoreError,
+from opforge.stream import (AggregatingStateDescriptor, Aggregations, CheckpointRestoreError,
                             CheckpointSerializationError, CollectionSource, EventTimeSessionWindows, FileSink,
                             KeyedProcessFunction, ListStateDescriptor, MapFunction, MapStateDescriptor,
                             NumberSequenceSource, OutputTag, ProcessWindowFunction, ReducingStateDescriptor,
                             SimulatedClock, SlidingEventTimeWindows, StateTtlConfig, StreamExecutionEnvironment,
                             TimeWindow, TumblingEventTimeWindows, ValueStateDescriptor, WatermarkStrategy)
 from opforge.stream.checkpoint import StateEncoder, completed_checkpoints, decode, read_checkpoint
-from stream_helpers import out_of_order_events
+from stream_helpers import Avg, out_of_order_events
 
 
 class Boom(RuntimeError):
@@ -75,20 +75,6 @@ def source(env, evs, fail_at, strategy=None):
 
 
 # -- keyed state of every kind, TTL, timers ------------------------------------------------
-
-class Avg(AggregateFunction):
-    def create_accumulator(self):
-        return (0, 0)
-
-    def add(self, v, acc):
-        return (acc[0] + v, acc[1] + 1)
-
-    def get_result(self, acc):
-        return acc[0] / acc[1]
-
-    def merge(self, a, b):
-        return (a[0] + b[0], a[1] + b[1])
-
 
 class EveryState(KeyedProcessFunction):
     def open(self, ctx):

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from opforge.stream import (AggregateFunction, AggregatingStateDescriptor, KeyedProcessFunction,
+from opforge.stream import (AggregatingStateDescriptor, KeyedProcessFunction,
                             ListStateDescriptor, MapStateDescriptor, ReducingStateDescriptor, SimulatedClock,
                             SplitSource, StateTtlConfig, StreamExecutionEnvironment, ValueStateDescriptor,
                             WatermarkStrategy)
 from opforge.stream.reference import run_reference
-from stream_helpers import multiset, out_of_order_events
+from stream_helpers import Avg, multiset, out_of_order_events
 
 DATA = [(i % 4, (i * 37) % 11, i) for i in range(40)]
 
@@ -37,20 +37,6 @@ def test_reduce_on_dict_records_by_name():
     env.execute()
     assert max(r["n"] for r in sink.records() if r["user"] == "a") == 3
     assert sorted(r["n"] for r in sink.records()) == [1, 1, 1, 2, 2, 2, 3]
-
-
-class Avg(AggregateFunction):
-    def create_accumulator(self):
-        return (0, 0)
-
-    def add(self, v, acc):
-        return (acc[0] + v, acc[1] + 1)
-
-    def get_result(self, acc):
-        return acc[0] / acc[1]
-
-    def merge(self, a, b):
-        return (a[0] + b[0], a[1] + b[1])
 
 
 class EveryState(KeyedProcessFunction):

@@ -44,13 +44,13 @@ def case_step(case: str, variant: str, config: dict):
 def main(argv: list[str]) -> int:
     import torch
 
-    from opforge.profile.resources import _resolve
+    from opforge.runtime.names import resolve
 
     job = json.loads(argv[1])
     for p in job.get("sys_path", []):
         if p not in sys.path:
             sys.path.append(p)
-    step = _resolve(job["callable"])(**job.get("kwargs", {}))
+    step = resolve(job["callable"])(**job.get("kwargs", {}))
     for _ in range(int(job.get("warmup", 3))):
         step()
     torch.cuda.synchronize()

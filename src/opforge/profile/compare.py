@@ -52,16 +52,16 @@ def rel_err(out, ref) -> float:
 
 
 def build(step: Step, device) -> Built:
-    from opforge.profile.resources import _resolve
+    from opforge.runtime.names import resolve
 
-    return _resolve(step.factory)(device=str(device), **step.kwargs)
+    return resolve(step.factory)(device=str(device), **step.kwargs)
 
 
 def ncu_step(factory: str, kwargs: dict):
     """The ncu target's step for a factory (see ``opforge.profile._ncu_target``)."""
-    from opforge.profile.resources import _resolve
+    from opforge.runtime.names import resolve
 
-    return _resolve(factory)(device="cuda", **kwargs).run
+    return resolve(factory)(device="cuda", **kwargs).run
 
 
 def compare(title: str, steps: list[Step], *, device=None, ncu: bool = False, resources: bool = True,

@@ -17,7 +17,6 @@ launch. This is generic over every Triton variant that launches through
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import json
 import os
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from opforge.profile.occupancy import Limits, Occupancy, theoretical_occupancy
+from opforge.runtime.names import resolve
 
 _LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
                    "launch_cooperative_grid", "launch_pdl", "debug", "sanitize_overflow"}
@@ -130,12 +130,6 @@ def kernel_name(fn) -> str:
     return f"{mod}:{name}"
 
 
-def _resolve(name: str):
-    mod, _, attr = name.partition(":")
-    obj = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _compile_local(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int) -> dict:
@@ -344,12 +338,12 @@ def _child_main() -> None:
             if job["kind"] == "op":
                 results.append({"launches": _child_op(job)})
             elif job["kind"] == "launch":
-                fn = _resolve(job["fn"])
+                fn = resolve(job["fn"])
                 args = tuple(_materialize(a) for a in job["args"])
                 kwargs = {k: _materialize(v) for k, v in job["kwargs"].items()}
                 results.append(_compile_launch(fn, args, kwargs, job["arch"]))
             else:
-                fn = _resolve(job["fn"])
+                fn = resolve(job["fn"])
                 results.append(_compile_local(fn, job["signature"], job["constexprs"], job["num_warps"],
                                               job["num_stages"], job["arch"]))
         except Exception as e:  # reported to the parent, which raises

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -40,6 +39,8 @@ import time as _time
 from dataclasses import dataclass
 
 import torch
+
+from opforge.runtime.names import resolve
 
 FORMAT_VERSION = 1
 METADATA = "_metadata"
@@ -147,10 +148,7 @@ def _class_name(cls) -> str:
 
 
 def _resolve_class(name: str):
-    module, _, qual = name.partition(":")
-    obj = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
+    obj = resolve(name)
     if not (isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, tuple))):
         raise CheckpointRestoreError(f"checkpoint: {name} is not a dataclass or namedtuple")
     return obj
