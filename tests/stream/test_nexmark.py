@@ -85,7 +85,8 @@ def _masked_reference(config, kind, first, last):
             "bid": off >= AUCTION + PERSON}[kind]
     n, off = n[mask], off[mask]
     epoch, seed = n // PROPORTION, config.seed
-    ts = n * 1000 // config.events_per_second - _uniform(n, 0, seed) % (config.max_out_of_orderness_ms + 1)
+    bound = config.max_out_of_orderness_ms
+    ts = n * 1000 // config.events_per_second + bound - _uniform(n, 0, seed) % (bound + 1)
     last_person = FIRST_ID + epoch * PERSON
     last_auction = FIRST_ID + epoch * AUCTION + (off - PERSON).clamp(0, AUCTION - 1)
     if kind == "person":

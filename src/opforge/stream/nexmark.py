@@ -4,9 +4,10 @@ Nexmark models an online auction: people register, open auctions and bid.
 Event ``n`` of the global sequence is, by ``n mod 50``, a person (1 in 50),
 an auction (3) or a bid (46) — the benchmark's proportions; ids start at 1000
 and a bid goes to one of the ``auctions_in_flight`` newest auctions (a
-``hot_ratio`` share to the newest, the hot one). Event ``n`` happens at
-``n * 1000 / events_per_second`` ms, then is delayed by up to
-``max_out_of_orderness_ms`` (the event-time skew). All columns are numeric and
+``hot_ratio`` share to the newest, the hot one). Event ``n`` is produced at
+``n * 1000 / events_per_second + max_out_of_orderness_ms`` ms (the offset keeps
+every timestamp at 0 or later) and stamped up to ``max_out_of_orderness_ms``
+earlier (the event-time skew). All columns are numeric and
 made on the device in whole batches, so a query's throughput is the engine's,
 not Python's. Not bit-compatible with the Java generator (no strings: names,
 channels and URLs are omitted; a person's ``state`` is an index into
@@ -139,8 +140,8 @@ def generate(config: NexmarkConfig, kind: str, first: int, last: int, device) ->
     seed = config.seed
     u = _uniforms(n, _SALTS[kind], seed)
     ts = n * 1000 // config.events_per_second
-    if config.max_out_of_orderness_ms:
-        ts -= u[0] % (config.max_out_of_orderness_ms + 1)
+    if config.max_out_of_orderness_ms:  # late by up to the bound, on a timeline that starts at 0
+        ts += config.max_out_of_orderness_ms - u[0] % (config.max_out_of_orderness_ms + 1)
     last_person = FIRST_ID + epoch * PERSON  # newest person id at this event
     if kind == "person":
         cols = {"id": last_person + off, "state": u[1] % 50, "city": u[2] % 1000, "date_time": ts}
