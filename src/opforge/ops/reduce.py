@@ -566,8 +566,8 @@ def _staged(name: str, x: torch.Tensor, dims: tuple, keepdim: bool, dtype=None):
     A reduction over ``[reduced, kept, reduced]`` (amax over dims (0, 2) of a
     contiguous [8, 64, N]) has no in-place geometry, and ``plan`` would permute
     and copy the whole input first. Sums, means and extremes decompose: reduce
-    the innermost reduced dims first (a rows reduction, in place), then the
-    rest on that far smaller result. Sums and means carry fp32 (fp64 for fp64)
+    the innermost run of reduced dims first (a rows or cols reduction, in
+    place), then the rest on that far smaller result. Sums and means carry fp32 (fp64 for fp64)
     between the steps. None where the plan needs no copy."""
     if name not in STAGED or not x.is_floating_point() or plan_of(x, dims, name).copy_perm is None:
         return None
