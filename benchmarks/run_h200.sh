@@ -55,7 +55,7 @@ for phase in "$@"; do
       timeout "${PROFILE_ALL_LIMIT:-200}" python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
       timeout 80 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
         --out "$OUT/profile-softmax"
-      for ex in transpose_ladder reduction_ladder; do
+      for ex in transpose_ladder reduction_ladder gemm_ladder; do
         timeout 60 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
       done ;;
     profile-cases)
