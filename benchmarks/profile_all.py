@@ -103,7 +103,8 @@ def finish(op, row: dict, resources: list) -> None:
 def write(path, device, rows) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     with open(path, "w") as f:
-        json.dump({"device": name, "torch": torch.__version__, "rows": rows}, f, indent=1, default=str)
+        json.dump({"device": name, "torch": torch.__version__,
+                   "rows": [{k: v for k, v in r.items() if k != "_todo"} for r in rows]}, f, indent=1, default=str)
 
 
 def main(argv=None) -> int:
