@@ -59,9 +59,9 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-ONLINE_VERSION = "1"
+ONLINE_VERSION = "2"
 SPLIT_VERSION = "1"
-BACKWARD_VERSION = "1"
+BACKWARD_VERSION = "2"
 
 # Programs that keep an H200 busy (132 SMs, a few resident programs each).
 TARGET_PROGRAMS = 528
@@ -154,6 +154,32 @@ def _grad_block(x, c, cmask, m, ls, tcl, a, b, d, w_ptr,
     return dx
 
 
+@triton.jit
+def _grad_sweep(x_rows, dx_rows, active, rmask, lo, hi, first, step, n, m, ls, tcl, a, b, d, w_ptr,
+                HAS_W: tl.constexpr, SMOOTH: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dx over ``n`` column blocks starting at ``first``, ``step`` apart (negative:
+    right to left), clipped to ``[lo, hi)``. Ignored rows are not read: x = -inf
+    gives p = 0 and a = b = d = 0. Blocks are loaded two iterations ahead (a
+    register ring of two): left to itself, ptxas issued one 16-byte load a thread
+    and waited for it before the exps, and it sinks a one-ahead prefetch to the
+    end of the iteration, where it hides nothing."""
+    offs = tl.arange(0, BLOCK_C)
+    c = first + offs
+    ahead1 = tl.load(x_rows + c[None, :], mask=active[:, None] & ((c >= lo) & (c < hi))[None, :], other=_NEG_INF)
+    c = c + step
+    ahead2 = tl.load(x_rows + c[None, :], mask=active[:, None] & ((c >= lo) & (c < hi))[None, :], other=_NEG_INF)
+    for i in range(0, n):
+        c = first + i * step + offs
+        cmask = (c >= lo) & (c < hi)
+        x = ahead1.to(COMPUTE)
+        ahead1 = ahead2
+        cn = c + 2 * step
+        ahead2 = tl.load(x_rows + cn[None, :], mask=active[:, None] & ((cn >= lo) & (cn < hi))[None, :],
+                         other=_NEG_INF)
+        dx = _grad_block(x, c, cmask, m, ls, tcl, a, b, d, w_ptr, HAS_W, SMOOTH, COMPUTE)
+        tl.store(dx_rows + c[None, :], dx.to(dx_rows.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
 # ---------------------------------------------------------------------------
 # Forward: online over column blocks; SPLITS > 1 writes partials for combine
 # ---------------------------------------------------------------------------
@@ -206,16 +232,9 @@ def forward_kernel(
             # is the likeliest still in L2.
             g = tl.where(active, tl.load(scale_ptr).to(COMPUTE), 0.0)
             a, b, d = _grad_coefs(g, wt, cols, eps_hi, eps_lo, wsum_ptr, HAS_W, SMOOTH)
-            dx_rows = dx_ptr + r[:, None] * sdx
             nblk = tl.cdiv(cols, BLOCK_C)
-            for i in range(0, nblk):
-                c = (nblk - 1 - i) * BLOCK_C + offs
-                cmask = c < cols
-                x = tl.load(x_rows + c[None, :], mask=active[:, None] & cmask[None, :],
-                            other=_NEG_INF).to(COMPUTE)
-                dx = _grad_block(x, c, cmask, m, ls, tcl, a, b, d, w_ptr, HAS_W, SMOOTH, COMPUTE)
-                tl.store(dx_rows + c[None, :], dx.to(dx_ptr.dtype.element_ty),
-                         mask=rmask[:, None] & cmask[None, :])
+            _grad_sweep(x_rows, dx_ptr + r[:, None] * sdx, active, rmask, 0, cols, (nblk - 1) * BLOCK_C, -BLOCK_C,
+                        nblk, m, ls, tcl, a, b, d, w_ptr, HAS_W, SMOOTH, COMPUTE, BLOCK_C)
     else:
         rmask = r < rows
         p = part_ptr + r * SPLITS + pid_s
@@ -284,17 +303,8 @@ def backward_kernel(
     a, b, d = _grad_coefs(g, wt, cols, eps_hi, eps_lo, wsum_ptr, HAS_W, SMOOTH)
     c_lo = pid_c * chunk
     c_hi = tl.minimum(c_lo + chunk, cols)
-    offs = tl.arange(0, BLOCK_C)
-    x_rows = x_ptr + r[:, None] * sx
-    dx_rows = dx_ptr + r[:, None] * sdx
-    for start in range(c_lo, c_hi, BLOCK_C):
-        c = start + offs
-        cmask = c < c_hi
-        mask = rmask[:, None] & cmask[None, :]
-        # Ignored rows are not read: x = -inf gives p = 0 and a = b = d = 0.
-        x = tl.load(x_rows + c[None, :], mask=active[:, None] & cmask[None, :], other=_NEG_INF).to(COMPUTE)
-        dx = _grad_block(x, c, cmask, m, ls, tcl, a, b, d, w_ptr, HAS_W, SMOOTH, COMPUTE)
-        tl.store(dx_rows + c[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    _grad_sweep(x_ptr + r[:, None] * sx, dx_ptr + r[:, None] * sdx, active, rmask, c_lo, c_hi, c_lo, BLOCK_C,
+                tl.cdiv(c_hi - c_lo, BLOCK_C), m, ls, tcl, a, b, d, w_ptr, HAS_W, SMOOTH, COMPUTE, BLOCK_C)
 
 
 # ---------------------------------------------------------------------------
