@@ -2,7 +2,7 @@
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
 #   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile
-#           profile-cases dist
+#           profile-cases tpch dist
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join bench; profile: `opforge profile` over every op, ncu on one op, the
@@ -55,8 +55,14 @@ for phase in "$@"; do
       timeout "${PROFILE_ALL_LIMIT:-200}" python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
       timeout 80 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
         --out "$OUT/profile-softmax"
-      for ex in transpose_ladder reduction_ladder gemm_ladder; do
+      for ex in ${LADDERS:-transpose_ladder reduction_ladder gemm_ladder}; do
         timeout 60 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"
+      done ;;
+    tpch)
+      # issue 8: TPC-H against DuckDB on the same host at each scale factor in $TPCH_SF
+      for sf in ${TPCH_SF:-1 10}; do
+        timeout "${TPCH_LIMIT:-400}" python3 benchmarks/tpch.py --sf "$sf" --device cuda --repeats "${TPCH_REPEATS:-3}" \
+          --out "$OUT/tpch-cuda-sf$sf-$stamp.json" || echo "tpch sf$sf: exit $?"
       done ;;
     profile-cases)
       # the slow bench cases of issue 3 under ncu: `opforge profile --case` takes a case's own inputs

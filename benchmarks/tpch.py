@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
     console = Console(stderr=True)
     with console.status(f"TPC-H SF{args.sf:g}: generating / loading data"):
         data.generate(args.sf, args.data_dir)
+    day = dt.date.today().isoformat()
+    out = Path(args.out) if args.out else HERE / "results" / f"tpch-{args.device.replace(':', '')}-sf{args.sf:g}-{day}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial.jsonl")
+    partial.unlink(missing_ok=True)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
 
         def on_query(record):
             progress.update(task, advance=1, description=f"{record.query} done")
+            with partial.open("a") as f:  # a run cut short by a time limit keeps the queries it finished
+                f.write(json.dumps(record.to_json()) + "\n")
 
         kwargs = {}
         if args.memory_budget is not None or args.join_algorithm != "auto":
@@ -159,10 +166,8 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
                 q["analyze_total_ms"] = prof.total_ms
                 q["operators"] = prof.to_arrow().to_pylist()
 
-    day = dt.date.today().isoformat()
-    out = Path(args.out) if args.out else HERE / "results" / f"tpch-{args.device.replace(':', '')}-sf{args.sf:g}-{day}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
+    partial.unlink(missing_ok=True)
     if not args.no_plot:
         plot(doc, out.with_suffix(".png"))
 
