@@ -7,7 +7,7 @@
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join bench; profile: `opforge profile` over every op, ncu on one op, the
 #    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
-#    overlapped tensor-parallel GEMM bench)
+#    overlapped tensor-parallel GEMM bench, and the distributed join bench: broadcast vs partitioned)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
@@ -48,12 +48,14 @@ for phase in "$@"; do
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OPFORGE_AUTOTUNE=off
       OPFORGE_INTERPRET=0 OPFORGE_DIST_TEST_BACKEND=nccl timeout 110 python3 -m pytest tests/dist -q -p no:cacheprovider
       timeout 170 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \
-        benchmarks/dist_overlap.py --json "$OUT/dist-overlap-$stamp.json" ;;
+        benchmarks/dist_overlap.py --json "$OUT/dist-overlap-$stamp.json"
+      timeout 150 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \
+        benchmarks/dist_join.py --json "$OUT/dist-join-$stamp.json" ;;
     profile)
       # issue 6 on the GPU: every op through `opforge profile`'s API, one op and one user kernel under ncu,
       # and the two example ladders with their reports
       timeout "${PROFILE_ALL_LIMIT:-200}" python3 benchmarks/profile_all.py --json "$OUT/profile-all-$stamp.json"
-      timeout 80 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
+      [ "${PROFILE_NCU_OP:-1}" = 1 ] && timeout 80 python3 -m opforge profile softmax --shape 8192x8192 --dtype bf16 --arg -1 --max-configs 4 --ncu \
         --out "$OUT/profile-softmax"
       for ex in ${LADDERS:-transpose_ladder reduction_ladder gemm_ladder}; do
         timeout 60 python3 examples/$ex.py --ncu --out "$OUT/$ex" || echo "$ex: exit $?"

@@ -1,7 +1,7 @@
 """One rank of the 2-process Gloo join test (``test_sql_dist_gloo.py``): each rank holds half of
-a fact and a dimension table, and joins them over ``opforge.dist`` (real all-to-all shuffles and
-all-gathers) the way ``sql/physical/distributed.py`` simulates it: partitioned with heavy-key
-handling (heavy probe rows dealt round-robin, their build rows replicated), and broadcast."""
+a fact and a dimension table, and joins them with ``sql/physical/dist_join.py`` (real all-to-all
+shuffles and all-gathers over ``opforge.dist``): partitioned with heavy-key handling (heavy probe
+rows dealt round-robin, their build rows replicated), and broadcast."""
 import os
 
 import numpy as np
@@ -20,8 +20,7 @@ def run(rank, world, port, out_q):
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     import opforge.dist as D
-    from opforge.sql.physical.join import hash_pairs
-    from opforge.sql.physical.skew import heavy_keys
+    from opforge.sql.physical.dist_join import broadcast_join, partitioned_join, sample_heavy_keys
 
     try:
         D.init("gloo", timeout=60)
@@ -32,31 +31,14 @@ def run(rank, world, port, out_q):
             return t[a:b], torch.arange(a, b)
         pk, prow = mine(fk)
         bk, brow = mine(dk)
-        # --- partitioned, with skew handling: heavy keys from a sample of every rank's probe keys
-        sample = D.all_gather(pk[::4].contiguous())
-        heavy = heavy_keys(sample, None, 0.05)
-        pdest = D.hash_partition(pk, world)
-        hp = torch.isin(pk, heavy)
-        pdest = torch.where(hp, (prow % world), pdest)  # heavy probe rows: round-robin
-        got_p, _ = D.shuffle_by({"k": pk, "row": prow}, pdest)
-        hb = torch.isin(bk, heavy)
-        light = ~hb
-        bdest = D.hash_partition(bk[light], world)
-        rep_k = bk[hb].repeat(world)  # heavy build rows: one copy for every rank
-        rep_row = brow[hb].repeat(world)
-        rep_dest = torch.arange(world).repeat_interleave(int(hb.sum()))
-        got_b, _ = D.shuffle_by({"k": torch.cat([bk[light], rep_k]), "row": torch.cat([brow[light], rep_row])},
-                                torch.cat([bdest, rep_dest]))
-        bi, pi = hash_pairs(got_b["k"], got_p["k"])
-        part_pairs = torch.stack([got_p["row"][pi], got_b["row"][bi]], 1)
-        load = len(got_p["k"]) + len(got_b["k"])
-        # --- broadcast: every rank gathers the whole build side, probes its own rows in place
-        all_bk, all_brow = D.all_gather(bk), D.all_gather(brow)
-        bi, pi = hash_pairs(all_bk, pk)
-        bcast_pairs = torch.stack([prow[pi], all_brow[bi]], 1)
+        # heavy keys from a sample of every rank's probe keys, then partitioned with skew handling
+        heavy = sample_heavy_keys(pk, 0.05, stride=4)
+        part_pairs, stats = partitioned_join(pk, prow, bk, brow, heavy=heavy)
+        # broadcast: every rank gathers the whole build side, probes its own rows in place
+        bcast_pairs, _ = broadcast_join(pk, prow, bk, brow)
         # numpy, not tensors: torch's queue would pass shared memory that dies with this process
-        out_q.put((rank, part_pairs.numpy(), bcast_pairs.numpy(), heavy.numpy(), load))
-    except Exception as e:  # noqa: BLE001 - the test reports it
+        out_q.put((rank, part_pairs.numpy(), bcast_pairs.numpy(), heavy.numpy(), stats["load"]))
+    except Exception:  # noqa: BLE001 - the test reports it
         import traceback
 
         out_q.put((rank, "error", traceback.format_exc(), None, None))

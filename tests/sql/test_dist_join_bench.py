@@ -1,0 +1,85 @@
+"""``benchmarks/dist_join.py --quick`` on 2 Gloo ranks: both methods timed for every shape, every
+union of the ranks' pairs equal to the single-process join, the planner's pick recorded (CPU
+figures: the shapes are small, the timings not a claim)."""
+import importlib.util
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "dist_join.py"
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no Gloo")
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, argv, out_q):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPFORGE_DIST_TIMEOUT="60",
+                      OPFORGE_INTERPRET="0", TRITON_INTERPRET="0")  # a plain CPU run, as under torchrun
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        spec = importlib.util.spec_from_file_location("dist_join_bench", BENCH)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        out_q.put((rank, bench.main(argv), None))
+    except BaseException:  # noqa: BLE001 - the test reports it
+        import traceback
+
+        out_q.put((rank, "error", traceback.format_exc()))
+
+
+def test_quick_bench_times_both_methods_and_checks_them(tmp_path):
+    path = tmp_path / "dj.json"
+    argv = ["--quick", "--backend", "gloo", "--repeats", "3", "--json", str(path)]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    world, port = 2, _port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, argv, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        results = sorted([q.get(timeout=90) for _ in range(world)], key=lambda r: r[0])
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    bad = [r[2] or f"rank {r[0]} exited {r[1]} (a check failed)" for r in results if r[1] != 0]
+    assert not bad, "\n".join(bad)
+    out = json.loads(path.read_text())
+    assert out["world_size"] == 2 and out["backend"] == "gloo" and out["cpu_figures"] and out["quick"]
+    assert out["schema_version"] == 1 and out["torch"] and out["device"] and out["date"]
+    shapes = {}
+    for row in out["rows"]:
+        shapes.setdefault((row["case"], row["build_rows"], row["probe_rows"]), []).append(row)
+    assert len(shapes) == out["summary"]["shapes"] >= 7
+    assert any(case.startswith("zipf") for case, _, _ in shapes)
+    picks = set()
+    for rows in shapes.values():
+        assert sorted(r["method"] for r in rows) == ["broadcast", "partitioned"]
+        fastest = min(rows, key=lambda r: r["median_ms"])["method"]
+        for r in rows:
+            assert r["checks"] and all(r["checks"].values()), r
+            assert r["planner_pick"] in ("broadcast", "partitioned") and r["faster_method"] == fastest
+            assert r["planner_right"] == (r["planner_pick"] == fastest)
+            assert r["median_ms"] > 0 and r["tuples_per_s"] > 0 and len(r["runs_ms"]) == 3
+            assert r["pairs"] == r["probe_rows"]  # every fact row meets exactly one dimension row
+            if r["method"] == "broadcast":
+                assert r["bytes_moved"] == r["bytes_moved_planner"]  # the planner's formula, exactly
+            picks.add(r["planner_pick"])
+    assert picks == {"broadcast", "partitioned"}  # the grid spans the planner's threshold
+    zipf = next(r for rows in shapes.values() for r in rows if r["case"].startswith("zipf")
+                and r["method"] == "partitioned")
+    assert zipf["heavy_keys"] >= 1 and zipf["max_rank_load_rows"] <= 1.2 * zipf["mean_rank_load_rows"]
