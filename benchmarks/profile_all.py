@@ -24,6 +24,15 @@ import time
 import torch
 
 
+def describe(a) -> str:
+    """An argument in a row: dtype and shape for a tensor (also inside lists and tuples)."""
+    if isinstance(a, torch.Tensor):
+        return f"{str(a.dtype).replace('torch.', '')}{tuple(a.shape)}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(describe(x) for x in a) + "]"
+    return repr(a)
+
+
 def pick(op, device):
     """(variant name, sample) of the first Triton variant that takes a sample."""
     from opforge.profile.resources import decide_for_profile
@@ -61,8 +70,7 @@ def plan(op, device, max_configs: int) -> dict:
         row["error"] = "no Triton variant takes any selftest sample here"
         return row
     row["variant"] = variant
-    row["args"] = [f"{str(a.dtype).replace('torch.', '')}{tuple(a.shape)}" if isinstance(a, torch.Tensor)
-                   else repr(a) for a in args if a is not None]
+    row["args"] = [describe(a) for a in args if a is not None]
     try:
         decision = decide_for_profile(op.name, args, variant)
         cpu = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)

@@ -134,7 +134,7 @@ def sweep(op_name: str, *args, variant: str | None = None, configs: list[dict] |
     moved = float(nbytes) if nbytes is not None else moved
     assumed = flops is None
     work = float(flops) if flops is not None else out_elems
-    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    on_cuda = _cuda_device(args) is not None
     ceil = None
     if on_cuda or timer is not None:
         ceil = _ceilings(args) if on_cuda else None
@@ -164,25 +164,34 @@ def sweep(op_name: str, *args, variant: str | None = None, configs: list[dict] |
                  any(r.median_ms is not None for r in rows), ceil)
 
 
-def _time(v, cfg, args, timer) -> float:
+def _cuda_device(args):
+    """The device of the first CUDA tensor in ``args``, looking inside lists and tuples (grouped
+    GEMM takes tuples of tensors); None when there is none."""
     import torch
 
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return a.device
+        if isinstance(a, (list, tuple)):
+            dev = _cuda_device(a)
+            if dev is not None:
+                return dev
+    return None
+
+
+def _time(v, cfg, args, timer) -> float:
     fn = lambda: v.run(cfg, *args)  # noqa: E731
     if timer is not None:
         return float(timer(fn))
     from opforge.runtime import timing
 
-    dev = next(a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda)
-    return timing.bench(fn, dev)
+    return timing.bench(fn, _cuda_device(args))
 
 
 def _ceilings(args) -> dict:
-    import torch
-
     from opforge.runtime import roofline
 
-    dev = next(a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda)
-    c = roofline.ceilings(dev)
+    c = roofline.ceilings(_cuda_device(args))
     return {"copy_tbps": c.copy_tbps, "bf16_tflops": c.bf16_tflops, "method": c.method}
 
 

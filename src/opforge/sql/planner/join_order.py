@@ -78,6 +78,7 @@ class JoinOrderOptimizer:
         self.workers, self.join_distribution = workers, join_distribution
         self.stats, self.tables, self.mode = stats, tables or {}, mode
         self.model = model or PhysicalCost(hardware)
+        self.table_budget = hardware.table_budget  # a broadcast build side must fit one worker
         self.max_pairs, self.time_budget_s = max_pairs, time_budget_s
         self.decisions: list[Decision] = []
         self.estimator: Estimator | None = None
@@ -169,7 +170,7 @@ class JoinOrderOptimizer:
         join.heavy_keys = self._heavy(keys)
         if self.workers > 1 and keys:
             join.distribution = choose_distribution(b.rows * b.width, a.rows * a.width, self.workers,
-                                                    self.join_distribution)
+                                                    self.join_distribution, worker_memory=self.table_budget)
             join.note += f"; planned distribution {join.distribution.method}: {join.distribution.reason}"
         return join
 
