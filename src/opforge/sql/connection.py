@@ -1,7 +1,8 @@
 """The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation.
 
-Each registered table's column statistics (``planner/statistics.py``) are gathered once, on
-register; the join planner and EXPLAIN's estimates read them.
+A registered table's columns reach the device when a query first reads them (``table.LazyColumns``)
+and each column's statistics (``planner/statistics.py``) are gathered once, when the join planner or
+EXPLAIN's estimates first look the column up.
 
 ``EXPLAIN <query>`` gives the plan with estimated rows, ``EXPLAIN ANALYZE <query>`` runs it with
 per-operator measurement (``sql/profile.py``); both as a relation with one row per operator, and
@@ -154,8 +155,9 @@ class Connection:
     def register(self, name: str, obj, partition_key: str | None = None) -> "Connection":
         """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
         partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
-        partitions) / .csv path onto the device under `name`. ``partition_key``: the column whose
-        hash places the rows on workers when ``workers > 1`` (joins on it need no shuffle)."""
+        partitions) / .csv path under `name`; each column moves to the device when a query first
+        reads it. ``partition_key``: the column whose hash places the rows on workers when
+        ``workers > 1`` (joins on it need no shuffle)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"register: name must be an identifier, got {name!r}")
         table = Table.load(obj, self.device)

@@ -57,7 +57,7 @@ def schema(con: Connection, name: str | None) -> str:
     for n in names:
         if n in con._tables:
             t = con._tables[n]
-            cols = ", ".join(f"{c} {col.type}" for c, col in zip(t.names, t.columns))
+            cols = ", ".join(f"{c} {typ}" for c, typ in zip(t.names, t.types))
             lines.append(f"{n}({cols})  -- {t.num_rows} rows")
         elif n.lower() in con.views:
             lines.append(f"VIEW {n} AS {con.views[n.lower()].sql(dialect='duckdb')}")

@@ -5,10 +5,15 @@ groups, is registered as one table whose rows keep their partitions (``bounds``:
 each partition, then the row count). Each column's per-partition min / max (``partition_range``,
 storage units, NULLs ignored) lets a scan skip partitions that a filter or a runtime filter
 excludes. ``partition_key``: the column whose hash places the rows on workers in the simulated
-multi-worker mode (``physical/distributed.py``)."""
+multi-worker mode (``physical/distributed.py``).
+
+Columns load lazily (``LazyColumns``): a table read from Arrow, pandas, Parquet or CSV keeps the
+Arrow data on the host and a column reaches the device the first time something reads it; names,
+types and the row count come from the Arrow schema without loading anything."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -17,14 +22,51 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
+from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
+
+
+class LazyColumns(Sequence):
+    """The columns of a table loaded from Arrow, each converted to a device ``Column`` (with its
+    sortedness checked) on first access and cached. Why: device memory and load time; only the
+    columns queries read reach the device (TPC-H's wide comment strings, which no query reads,
+    cost most of an eager load: dictionary encoding, sorting, a Python tuple of millions of
+    strings). The types are mapped from the Arrow schema up front, so an unsupported type still
+    fails at register; a column's Arrow data is dropped once it is on the device."""
+
+    def __init__(self, source: pa.Table, device):
+        self.device = device
+        self.names = list(source.column_names)
+        self.types = [T.from_arrow(f.type, f.name) for f in source.schema]
+        self.num_rows = source.num_rows
+        self._arrays: list[pa.ChunkedArray | None] = list(source.columns)
+        self._columns: list[Column | None] = [None] * len(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        col = self._columns[i]
+        if col is None:
+            col = Column.from_arrow(self._arrays[i], self.device, self.names[i]).mark_sorted()
+            self._columns[i], self._arrays[i] = col, None
+        return col
+
+    def loaded(self) -> list[str]:
+        """Names of the columns already on the device."""
+        return [n for n, c in zip(self.names, self._columns) if c is not None]
+
+    def __repr__(self) -> str:
+        return f"LazyColumns({len(self)} columns, loaded: {self.loaded()})"
 
 
 @dataclass
 class Table:
     names: list[str]
-    columns: list[Column]
+    columns: list[Column] | LazyColumns  # LazyColumns: loaded on first access of each column
     bounds: list[int] | None = None  # partitions: [start_0, start_1, ..., num_rows]
     partition_key: str | None = None
     _ranges: dict = field(default_factory=dict, repr=False)
@@ -70,16 +112,35 @@ class Table:
 
     @property
     def num_rows(self) -> int:
+        if isinstance(self.columns, LazyColumns):
+            return self.columns.num_rows
         return len(self.columns[0]) if self.columns else 0
 
     def column(self, name: str) -> Column:
         return self.columns[self.names.index(name)]
 
+    @property
+    def types(self) -> list[T.SqlType]:
+        """The columns' types (loads nothing)."""
+        if isinstance(self.columns, LazyColumns):
+            return list(self.columns.types)
+        return [c.type for c in self.columns]
+
+    def column_type(self, name: str) -> T.SqlType:
+        """The type of column ``name`` (loads nothing)."""
+        return self.types[self.names.index(name)]
+
+    def loaded_columns(self) -> list[str]:
+        """Names of the columns on the device (every column of a table built from Columns)."""
+        if isinstance(self.columns, LazyColumns):
+            return self.columns.loaded()
+        return list(self.names)
+
     @staticmethod
     def from_arrow(t: pa.Table, device) -> "Table":
-        # sortedness is checked once here so joins on a table loaded in key order can merge
-        return Table(list(t.column_names),
-                     [Column.from_arrow(t.column(i), device, n).mark_sorted() for i, n in enumerate(t.column_names)])
+        # each column is converted on first access; its sortedness is checked then, so joins on
+        # a table loaded in key order can merge
+        return Table(list(t.column_names), LazyColumns(t, device))
 
     @staticmethod
     def from_pandas(df: pd.DataFrame, device) -> "Table":

@@ -110,7 +110,7 @@ class Binder:
             if name not in tables:
                 raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
             table = self.catalog.tables[tables[name]]
-            outs = [self.new_col(n, c.type) for n, c in zip(table.names, table.columns)]
+            outs = [self.new_col(n, typ) for n, typ in zip(table.names, table.types)]  # loads no column
             return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
         if isinstance(t, exp.Subquery):
             return self._derived(t.this, alias, t, [])

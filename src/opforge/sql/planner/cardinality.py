@@ -21,6 +21,7 @@ enumerator compares plans over the same numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from opforge.sql import plan as P
 from opforge.sql.column import code_bound, storage_value
@@ -34,20 +35,42 @@ LIKE_SELECTIVITY = 0.1
 
 
 # ------------------------------------------------------------------------------- column lookup
-def column_index(node: P.Node, tables: dict[str, TableStats]) -> dict[int, ColumnStats]:
+class ColumnIndex(Mapping):
+    """cid -> ``ColumnStats`` of the base column it carries, looked up in the table's statistics
+    only when read: a column's statistics (and the column's load onto the device) are computed
+    for the columns the estimates use, not for every column a scan outputs."""
+
+    def __init__(self):
+        self.source: dict[int, tuple[Mapping, str]] = {}  # cid -> (TableStats.columns, column name)
+
+    def __getitem__(self, cid: int) -> ColumnStats:
+        cols, name = self.source[cid]
+        return cols[name]
+
+    def __contains__(self, cid) -> bool:
+        return cid in self.source
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def column_index(node: P.Node, tables: dict[str, TableStats]) -> ColumnIndex:
     """cid -> statistics of the base column it carries (through scans, renaming projections and
     grouping keys)."""
-    out: dict[int, ColumnStats] = {}
+    out = ColumnIndex()
 
     def walk(n: P.Node):
         for c in n.inputs():
             walk(c)
         if isinstance(n, P.Scan) and n.table in tables:
             cols = tables[n.table].columns
-            out.update({o.cid: cols[o.name] for o in n.outputs if o.name in cols})
+            out.source.update({o.cid: (cols, o.name) for o in n.outputs if o.name in cols})
         elif isinstance(n, (P.Project, P.Aggregate)):
             pairs = n.exprs if isinstance(n, P.Project) else n.keys
-            out.update({o.cid: out[e.cid] for o, e in pairs if isinstance(e, Ref) and e.cid in out})
+            out.source.update({o.cid: out.source[e.cid] for o, e in pairs if isinstance(e, Ref) and e.cid in out})
 
     walk(node)
     return out
@@ -74,7 +97,7 @@ def _literal(col: ColumnStats, ref: Ref, lit: Lit, side: str = "left") -> float 
 class FilterSelectivity:
     """Selectivity of predicates over columns with known statistics (``stats``: cid -> stats)."""
 
-    def __init__(self, stats: dict[int, ColumnStats]):
+    def __init__(self, stats: Mapping[int, ColumnStats]):
         self.stats = stats
 
     def of(self, pred: Expr | None) -> float:
@@ -179,7 +202,7 @@ class FilterSelectivity:
 class JoinCardinality:
     """Sizes of relation sets of one ``JoinGraph`` (memoized by bitmask)."""
 
-    def __init__(self, graph: G.JoinGraph, leaf_rows: list[float], stats: dict[int, ColumnStats],
+    def __init__(self, graph: G.JoinGraph, leaf_rows: list[float], stats: Mapping[int, ColumnStats],
                  filters: FilterSelectivity):
         self.graph, self.stats, self.filters = graph, stats, filters
         rows = list(leaf_rows)

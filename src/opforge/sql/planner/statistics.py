@@ -1,4 +1,5 @@
-"""Per-column statistics for the join planner, gathered once when a table is registered.
+"""Per-column statistics for the join planner, gathered once per column, the first time the
+planner looks the column up (``LazyColumnStats``; a column no query reads is never loaded or counted).
 
 For each column: row count, NULL count, min / max (in storage units: DECIMAL unscaled, DATE days,
 STRING dictionary codes, whose order is string order), a distinct-count estimate and the most
@@ -14,6 +15,7 @@ from the exact counts, or from a strided sample of ``MCV_SAMPLE_ROWS`` rows for 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
 import torch
@@ -87,10 +89,53 @@ class ColumnStats:
         return [(v, f) for v, f in self.mcv if f > threshold]
 
 
+class LazyColumnStats(MutableMapping):
+    """Column name -> ``ColumnStats``, each computed by ``compute(name)`` on first lookup and cached
+    (``in`` and iteration compute nothing). Computing a column's statistics loads the column onto
+    the device, so a registered table's unread columns stay on the host, uncounted."""
+
+    def __init__(self, names, compute: Callable[[str], ColumnStats]):
+        self._names = list(dict.fromkeys(names))
+        self._compute = compute
+        self._done: dict[str, ColumnStats] = {}
+
+    def __getitem__(self, name: str) -> ColumnStats:
+        if name not in self._done:
+            if name not in self._names:
+                raise KeyError(name)
+            self._done[name] = self._compute(name)
+        return self._done[name]
+
+    def __setitem__(self, name: str, value: ColumnStats) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._done[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+        self._done.pop(name, None)
+
+    def __contains__(self, name) -> bool:
+        return name in self._names
+
+    def __iter__(self):
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def computed(self) -> list[str]:
+        """Names of the columns whose statistics have been computed."""
+        return list(self._done)
+
+    def __repr__(self) -> str:
+        return f"LazyColumnStats({len(self)} columns, computed: {self.computed()})"
+
+
 @dataclass
 class TableStats:
     rows: int
-    columns: dict[str, ColumnStats]
+    columns: MutableMapping[str, ColumnStats]  # a dict, or LazyColumnStats (computed on lookup)
 
 
 # ------------------------------------------------------------------------------------- hashing
@@ -173,5 +218,6 @@ def column_stats(col: Column, exact_rows: int = EXACT_DISTINCT_ROWS, mcv_count: 
 
 
 def table_stats(table) -> TableStats:
-    """Statistics of every column of a ``sql.table.Table``."""
-    return TableStats(table.num_rows, {name: column_stats(c) for name, c in zip(table.names, table.columns)})
+    """Statistics of the columns of a ``sql.table.Table``, each computed (and the column loaded) on
+    its first lookup."""
+    return TableStats(table.num_rows, LazyColumnStats(table.names, lambda name: column_stats(table.column(name))))
