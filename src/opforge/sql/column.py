@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +74,10 @@ class Column:
             idx = enc.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
             codes = rank[idx] if size else np.zeros(len(arr), dtype=np.int32)
             codes = np.array(codes, dtype=np.int32, copy=True)
-            return Column(torch.from_numpy(codes).to(device), valid, typ,
-                          tuple(enc.dictionary.take(pa.array(order)).to_pylist()))
+            ordered = enc.dictionary.take(pa.array(order))
+            words = tuple(ordered.to_pylist())
+            arrow_dictionary(words, ordered)
+            return Column(torch.from_numpy(codes).to(device), valid, typ, words)
         if typ.kind == "DECIMAL":
             wide = pc.cast(arr, pa.decimal128(38, typ.scale))
             # reinterpret the unscaled 128-bit integers: value * 10^s exactly
@@ -172,6 +175,41 @@ def unify_strings(cols: list[Column]) -> list[Column]:
         return cols
     merged, maps = merge_dictionaries(*dicts)
     return [recode(c, merged, m) for c, m in zip(cols, maps)]
+
+
+# Arrow copies of string dictionaries, by identity: a table's columns and every column derived from
+# them (take, filter, join) share one dictionary tuple, so Arrow's vectorized string kernels can run
+# over it without rebuilding the array from Python strings each time.
+_ARROW_DICTIONARIES: OrderedDict[int, tuple[tuple, pa.Array]] = OrderedDict()
+_ARROW_DICTIONARY_CACHE = 64
+ARROW_MIN_WORDS = 4096  # below this the per-word Python loop costs less than the conversions
+
+
+def arrow_dictionary(words: tuple[str, ...], known: pa.Array | None = None) -> pa.Array:
+    """``words`` as an Arrow string array (``known``: one already built, remembered for later)."""
+    hit = _ARROW_DICTIONARIES.get(id(words))
+    if hit is not None and hit[0] is words:
+        _ARROW_DICTIONARIES.move_to_end(id(words))
+        return hit[1]
+    arr = known if known is not None else pa.array(words, pa.string())
+    _ARROW_DICTIONARIES[id(words)] = (words, arr)
+    if len(_ARROW_DICTIONARIES) > _ARROW_DICTIONARY_CACHE:
+        _ARROW_DICTIONARIES.popitem(last=False)
+    return arr
+
+
+def map_dictionary_arrow(col: Column, fn, out_type: T.SqlType) -> Column:
+    """As :func:`map_dictionary` with ``fn`` an Arrow kernel over the whole dictionary (one call
+    instead of one Python call per word): bool or string results, gathered through the codes."""
+    words = arrow_dictionary(col.dictionary)
+    results = fn(words)
+    if out_type.kind == "STRING":
+        merged = pc.take(pc.unique(results), pc.sort_indices(pc.unique(results)))
+        table = pc.index_in(results, value_set=merged).to_numpy(zero_copy_only=False).astype(np.int32)
+        table = torch.from_numpy(table).to(col.device)
+        return Column(table[col.values.long()], col.valid, out_type, tuple(merged.to_pylist()))
+    table = torch.from_numpy(np.asarray(results.to_numpy(zero_copy_only=False), dtype=bool)).to(col.device)
+    return Column(table[col.values.long()], col.valid, out_type)
 
 
 def map_dictionary(col: Column, fn, out_type: T.SqlType = T.STRING) -> Column:

@@ -8,11 +8,15 @@ import datetime
 import re
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from opforge.sql import dates
 from opforge.sql import types as T
-from opforge.sql.column import Column, code_bound, map_dictionary, unify_strings
+from opforge.sql.column import (
+    ARROW_MIN_WORDS, Column, arrow_dictionary, code_bound, map_dictionary, map_dictionary_arrow, unify_strings,
+)
 from opforge.sql.errors import NotSupportedError, SqlError
 
 
@@ -455,14 +459,31 @@ def like_regex(pattern: str) -> re.Pattern:
 
 def _like(e, args, batch):
     (a,) = args
-    rx = like_regex(e.extra[0])
-    m = map_dictionary(a, lambda s: rx.fullmatch(s) is not None, T.BOOL)
+    pattern = e.extra[0]
+    if len(a.dictionary or ()) >= ARROW_MIN_WORDS and "\\" not in pattern:  # Arrow's LIKE escapes with \
+        m = map_dictionary_arrow(a, lambda words: pc.match_like(words, pattern), T.BOOL)
+    else:
+        rx = like_regex(pattern)
+        m = map_dictionary(a, lambda s: rx.fullmatch(s) is not None, T.BOOL)
     return Column(~m.values if e.extra[1] else m.values, a.valid, T.BOOL)
 
 
-def _string_fn(fn):
+def _arrow_substring(words: pa.Array, extra) -> pa.Array | None:
+    """SUBSTRING over ASCII words with a positive start (Arrow slices code units), else None."""
+    start, length = extra
+    if start < 1 or (length is not None and length < 0) or not pc.all(pc.string_is_ascii(words)).as_py():
+        return None
+    stop = None if length is None else start - 1 + length
+    return pc.utf8_slice_codeunits(words, start - 1, stop)
+
+
+def _string_fn(fn, arrow_fn=None):
     def run(e, args, batch):
         (a,) = args
+        if arrow_fn is not None and len(a.dictionary or ()) >= ARROW_MIN_WORDS:
+            out = arrow_fn(arrow_dictionary(a.dictionary), e.extra)
+            if out is not None:
+                return map_dictionary_arrow(a, lambda _: out, e.type)
         return map_dictionary(a, lambda s: fn(s, e.extra), e.type)
     return run
 
@@ -540,7 +561,7 @@ _FUNCS = {
     "arith": _arith, "neg": _neg, "cmp": _compare, "and": _and, "or": _or, "not": _not, "is_null": _is_null,
     "case": _case, "coalesce": _coalesce, "nullif": _nullif, "cast": _cast, "in": _in_list, "like": _like,
     "upper": _string_fn(lambda s, _: s.upper()), "lower": _string_fn(lambda s, _: s.lower()),
-    "length": _string_fn(lambda s, _: len(s)), "substring": _string_fn(_substring), "trim": _string_fn(lambda s, _: s.strip()),
+    "length": _string_fn(lambda s, _: len(s)), "substring": _string_fn(_substring, _arrow_substring), "trim": _string_fn(lambda s, _: s.strip()),
     "concat": _concat, "to_string": _cast_string, "extract": _extract, "add_months": _add_months, "abs": _abs,
     "round": _round,
 }
