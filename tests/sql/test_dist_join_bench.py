@@ -4,24 +4,17 @@ figures: the shapes are small, the timings not a claim)."""
 import importlib.util
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from opforge.sql.planner.distribution import choose_distribution
+from spawn_ranks import run_ranks
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "dist_join.py"
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no Gloo")
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank, world, port, argv, out_q):
@@ -45,19 +38,7 @@ def _rank(rank, world, port, argv, out_q):
 def test_quick_bench_times_both_methods_and_checks_them(tmp_path):
     path = tmp_path / "dj.json"
     argv = ["--quick", "--backend", "gloo", "--repeats", "3", "--json", str(path)]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    world, port = 2, _port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, argv, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = sorted([q.get(timeout=90) for _ in range(world)], key=lambda r: r[0])
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    results = run_ranks(_rank, (argv,), world=2, timeout=90)
     bad = [r[2] or f"rank {r[0]} exited {r[1]} (a check failed)" for r in results if r[1] != 0]
     assert not bad, "\n".join(bad)
     out = json.loads(path.read_text())
