@@ -294,6 +294,22 @@ def _segment_reduce_atomic(cfg, values, group_ids, num_groups, op, valid=None, d
     return torch.where(counts > 0, out, 0)
 
 
+def _segment_reduce_private(cfg, values, group_ids, num_groups, op, valid=None, deterministic=False):
+    from opforge.kernels import hashing as K
+
+    dev = values.device
+    acc = segment_out_dtype(values, op)
+    ident = _identity(acc, op)
+    out = torch.full((num_groups,), ident, dtype=acc, device=dev)
+    counts = torch.zeros(num_groups, dtype=torch.int64, device=dev)
+    K.segment_reduce_private(values, group_ids, valid, out, counts, op, ident, cfg)
+    if op == "count":
+        return counts
+    if op == "sum":
+        return out
+    return torch.where(counts > 0, out, 0)
+
+
 def _too_many_rows(t):
     from opforge.kernels import hashing as K
 
@@ -353,7 +369,18 @@ def _segment_variants() -> list[Variant]:
     def bucket(values, group_ids, num_groups, op, *rest):
         return f"{bucket_size(values.numel())}/{bucket_size(num_groups)}:{op}"
 
+    def few_groups(values, group_ids, num_groups, op, valid=None, deterministic=False):
+        if num_groups > K.MAX_PRIVATE_GROUPS:
+            return f"{num_groups} groups: private accumulators take at most {K.MAX_PRIVATE_GROUPS}"
+        return check(values, group_ids, num_groups, op, valid, deterministic)
+
     return [
+        Variant("triton_private", _segment_reduce_private, version=K.HASH_VERSION, dtypes=VALUE_DTYPES,
+                check=few_groups,
+                configs=lambda *a: [{"BLOCK": b, "PROGRAMS": p} for b in (128, 256, 512) for p in (264, 528, 1056)],
+                default_config=lambda *a: {"BLOCK": 256, "PROGRAMS": 528}, bucket=bucket,
+                description="few groups: each program folds its rows into private per-group accumulators, "
+                            "then one atomic per group (not one per row on the same few addresses)"),
         Variant("triton_atomic", _segment_reduce_atomic, version=K.HASH_VERSION, dtypes=VALUE_DTYPES,
                 check=check, configs=lambda *a: [{"BLOCK": b} for b in (256, 512, 1024)],
                 default_config=lambda *a: {"BLOCK": 512}, bucket=bucket,
@@ -420,6 +447,7 @@ def segment_samples(device: torch.device) -> list[tuple]:
         for op in SEGMENT_OPS:
             out.append((v, gid, 800, op))  # no trailing None: selftest drops None arguments
             out.append((v, gid, 700, op, valid))
+            out.append((v, gid % 6, 6, op, valid))  # few groups: private accumulators
     return out
 
 
