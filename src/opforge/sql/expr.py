@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from opforge.sql import dates
+from opforge.sql import dates, strings
 from opforge.sql import types as T
 from opforge.sql.column import (
     ARROW_MIN_WORDS, Column, arrow_dictionary, code_bound, map_dictionary, map_dictionary_arrow, unify_strings,
@@ -457,10 +457,22 @@ def like_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out), re.DOTALL)
 
 
+def device_like(col: Column) -> bool:
+    """LIKE over the dictionary's bytes on the device (``sql/strings.py``) on GPUs; on the CPU
+    Arrow's kernel over the host dictionary is faster."""
+    return col.device.type == "cuda"
+
+
 def _like(e, args, batch):
     (a,) = args
     pattern = e.extra[0]
-    if len(a.dictionary or ()) >= ARROW_MIN_WORDS and "\\" not in pattern:  # Arrow's LIKE escapes with \
+    large = len(a.dictionary or ()) >= ARROW_MIN_WORDS
+    if large and device_like(a):
+        dw = strings.device_words(a.dictionary, arrow_dictionary(a.dictionary), a.device)
+        if strings.supports(dw, pattern):
+            m = strings.like(dw, pattern)[a.values.long()]
+            return Column(~m if e.extra[1] else m, a.valid, T.BOOL)
+    if large and "\\" not in pattern:  # Arrow's LIKE escapes with \
         m = map_dictionary_arrow(a, lambda words: pc.match_like(words, pattern), T.BOOL)
     else:
         rx = like_regex(pattern)
