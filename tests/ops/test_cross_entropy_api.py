@@ -309,3 +309,21 @@ def test_backward_op_errors():
         OPS.cross_entropy_backward(torch.ones(2), x, t, torch.zeros(3, 3), None, -100, 0.0)
     with pytest.raises(ValueError, match=r"opforge.cross_entropy_backward: stats has shape \(2, 3\)"):
         OPS.cross_entropy_backward(torch.ones(3), x, t, torch.zeros(2, 3), None, -100, 0.0)
+
+
+def test_fused_backward_rescales_in_place_on_the_first_backward_only(gen):
+    """A non-unit incoming gradient (a scaled loss, as under AMP's loss scaling) is applied to the
+    saved gradient in place, per row, by a kernel that decides on the device; a second backward
+    through the retained graph cannot undo that and says so."""
+    x = rand((6, 9), gen).requires_grad_()
+    t = targets((6,), 9, gen)
+    stats, dx = OPS.cross_entropy_fused(x, t, None, torch.full((1,), 0.25), -100, 0.0, True)  # grad_owned
+    g = torch.tensor([0.25, 0.5, 0.25, 0.0, 1.0, 0.25])  # some rows equal the scale, some not
+    (got,) = torch.autograd.grad(stats[0], x, grad_outputs=g, retain_graph=True)
+    assert got.data_ptr() == dx.data_ptr()  # in place, no new gradient tensor
+    xr = x.detach().double().requires_grad_()
+    rows = F.cross_entropy(xr, t, reduction="none")
+    (want,) = torch.autograd.grad(rows, xr, grad_outputs=g.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7)
+    with pytest.raises(RuntimeError, match="second backward through a retained graph"):
+        torch.autograd.grad(stats[0], x, grad_outputs=g)

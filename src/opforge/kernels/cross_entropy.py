@@ -518,3 +518,35 @@ def launch_backward(g, x, t, w, wsum, stats, dx, ignore_index: int, eps: float, 
         INT64=needs_int64(rows, cols, (x, dx), br * bc) or 3 * rows > _INT32_MAX,
         num_warps=config.get("num_warps", 8),
     )
+
+
+@triton.jit
+def rescale_rows_kernel(dx_ptr, g_ptr, scale_ptr, changed_ptr, cols, stride, big, BLOCK_C: tl.constexpr):
+    """Row r of the fused pass's saved gradient times ``g[r] / scale``, in place; a row whose
+    incoming gradient equals ``scale`` (every row under ``loss.backward()``) is left alone and
+    costs two scalar loads. The ratio follows ``nan_to_num(nan=0)`` (infinities to +-``big``) in
+    ``g``'s dtype; a row that changes sets ``changed[0]``."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.load(scale_ptr)
+    gr = tl.load(g_ptr + row)
+    if gr != s:
+        r = gr / s
+        r = tl.where(r != r, 0.0, r)
+        r = tl.minimum(tl.maximum(r, -big), big)
+        tl.store(changed_ptr, 1)
+        for c0 in range(0, cols, BLOCK_C):
+            offs = c0 + tl.arange(0, BLOCK_C)
+            m = offs < cols
+            x = tl.load(dx_ptr + row * stride + offs, mask=m)
+            tl.store(dx_ptr + row * stride + offs, (x.to(r.dtype) * r).to(x.dtype), mask=m)
+
+
+def rescale_rows(dx, g, scale, changed, big: float) -> None:
+    """``dx`` ``[rows, cols]`` (unit column stride) scaled in place by ``g / scale`` per row, where
+    it differs from 1 (see :func:`rescale_rows_kernel`); ``changed``: one int32, set when any row
+    was; ``big``: the largest finite value of ``g``'s dtype."""
+    rows, cols = dx.shape
+    if rows == 0 or cols == 0:
+        return
+    rescale_rows_kernel[(rows,)](dx, g, scale, changed, cols, dx.stride(0), big,
+                                 BLOCK_C=min(4096, _pow2(cols)), num_warps=8)

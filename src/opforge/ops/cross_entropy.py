@@ -88,6 +88,7 @@ import torch
 
 from opforge.ops.layout import bucket_size, check_tensor, empty_moved, rows_view
 from opforge.ops.library import define, direct_ok
+from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 
@@ -622,23 +623,24 @@ def _bwd_fake(grad, input, target, stats, weight, ignore_index, label_smoothing)
     return empty_moved(input, class_dim(input))
 
 
-def _fused_impl(input, target, weight, scale, ignore_index, label_smoothing):
+def _fused_impl(input, target, weight, scale, ignore_index, label_smoothing, grad_owned=False):
     stats = torch.empty((3, _num_rows(input)), dtype=stats_dtype(input.dtype), device=input.device)
     dx = dispatch.call(FUSED_OP, input, target, stats, scale, ignore_index, label_smoothing, weight)
     return stats, dx
 
 
-def _fused_fake(input, target, weight, scale, ignore_index, label_smoothing):
+def _fused_fake(input, target, weight, scale, ignore_index, label_smoothing, grad_owned=False):
     validate(input, target, ignore_index, label_smoothing, weight, where="opforge.cross_entropy_fused")
     stats = input.new_empty((3, _num_rows(input)), dtype=stats_dtype(input.dtype))
     return stats, empty_moved(input, class_dim(input))
 
 
 def _fused_setup(ctx, inputs, output):
-    input, target, weight, scale, ignore_index, label_smoothing = inputs
+    input, target, weight, scale, ignore_index, label_smoothing, *owned = inputs
     ctx.save_for_backward(output[1], scale)
     ctx.mark_non_differentiable(output[1])
     ctx.needs_dx = input.requires_grad
+    ctx.grad_owned = bool(owned and owned[0])
 
 
 def _concrete(t: torch.Tensor) -> bool:
@@ -648,28 +650,57 @@ def _concrete(t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def _rescale_in_place(ctx, dx, g, scale) -> bool:
+    """First backward of a fused pass whose gradient output nobody holds (``grad_owned``: the
+    public ``cross_entropy``), on the GPU or the interpreter: rows whose incoming
+    gradient differs from ``scale`` are rescaled in place by a kernel that decides per row on the
+    device, so the usual case (``loss.backward()``: every row equals ``scale``) costs no pass
+    over the gradient and no host sync. Later backwards through a retained graph take the
+    out-of-place path, since the first one handed ``dx`` out; if that one changed it, the
+    original is gone and they raise."""
+    changed = getattr(ctx, "rescaled", None)
+    if changed is not None:
+        if bool(changed.item()):
+            raise RuntimeError("opforge.cross_entropy: a second backward through a retained graph after a "
+                               "backward whose incoming gradient was not the loss's own scale; the fused pass "
+                               "rescaled its saved gradient in place. Compute the loss again for each backward.")
+        return False
+    if not (dx.is_cuda or devmod.interpret_mode()) or g.dtype != scale.dtype or g.dim() != 1:
+        return False
+    rows = rows_view(dx, class_dim(dx))
+    if rows.data_ptr() != dx.data_ptr() or not rows.is_contiguous():
+        return False
+    from opforge.kernels.cross_entropy import rescale_rows
+
+    ctx.rescaled = torch.zeros(1, dtype=torch.int32, device=dx.device)
+    rescale_rows(rows, g.contiguous(), scale.reshape(1), ctx.rescaled, torch.finfo(g.dtype).max)
+    return True
+
+
 def _fused_backward(ctx, grad_stats, grad_dx):
     """The gradient was computed in the forward for row scale ``scale``; the loss
     row's incoming gradient is ``scale`` on every row under ``loss.backward()`` of
-    opforge's sum / mean, and the saved gradient is returned as it is (one scalar
-    compare, no pass over it). Any other incoming gradient rescales each row."""
+    opforge's sum / mean, and the saved gradient is returned as it is. Any other
+    incoming gradient rescales each row (see :func:`_rescale_in_place`)."""
     dx, scale = ctx.saved_tensors
     if not ctx.needs_dx:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     g = grad_stats[0]
     if g.numel() == 0 or dx.numel() == 0:
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
+    if ctx.grad_owned and _concrete(g) and _rescale_in_place(ctx, dx, g, scale):
+        return dx, None, None, None, None, None, None
     if _concrete(g) and bool(torch.equal(g, scale.reshape(()).expand(g.shape).to(g.dtype))):
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
     cd = 1 if dx.dim() >= 2 else 0
     ratio = (g / scale.reshape(()).to(g.dtype)).nan_to_num(nan=0.0)
     out = empty_moved(dx, cd)
     rows_view(out, cd).copy_(rows_view(dx, cd).to(g.dtype) * ratio[:, None])
-    return out, None, None, None, None, None
+    return out, None, None, None, None, None, None
 
 
 define("cross_entropy_fused(Tensor input, Tensor target, Tensor? weight, Tensor scale, int ignore_index, "
-       "float label_smoothing) -> (Tensor, Tensor)", _fused_impl, _fused_fake, _fused_backward, _fused_setup)
+       "float label_smoothing, bool grad_owned=False) -> (Tensor, Tensor)", _fused_impl, _fused_fake, _fused_backward, _fused_setup)
 define("cross_entropy_backward(Tensor grad, Tensor input, Tensor target, Tensor stats, Tensor? weight, "
        "int ignore_index, float label_smoothing) -> Tensor", _bwd_impl, _bwd_fake)
 define("cross_entropy_forward(Tensor input, Tensor target, Tensor? weight, int ignore_index, "
@@ -725,7 +756,8 @@ def _fused(input, target, weight, ignore_index, reduction, eps):
         scale = torch.reciprocal(_denominator(input, target, weight, ignore_index, dtype)).reshape(1)
     else:
         scale = torch.ones(1, dtype=dtype, device=input.device)
-    stats, _ = torch.ops.opforge.cross_entropy_fused(input, target, weight, scale, ignore_index, eps)
+    # grad_owned: nobody else holds the gradient output, so the backward may rescale it in place
+    stats, _ = torch.ops.opforge.cross_entropy_fused(input, target, weight, scale, ignore_index, eps, True)
     return (stats[0].sum() * scale[0]).to(input.dtype)
 
 
