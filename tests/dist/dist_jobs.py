@@ -99,17 +99,26 @@ def shuffle_schema_mismatch():
     return D.shuffle_batch(batch, [2] + [0] * (D.world_size() - 1))
 
 
-def all_gather_matmul(m: int, k: int, n: int, dtype: str, chunks, integer: bool, middle: tuple = ()):
+def all_gather_matmul(m: int, k: int, n: int, dtype: str, chunks, integer: bool, middle: tuple = (),
+                      graph: bool = False):
     x = on(operand((m,) + tuple(middle) + (k,), dtype, 100 + D.rank(), integer))
     w = on(operand((k, n), dtype, 7, integer))
-    return D.all_gather_matmul(x, w, chunks=chunks), D.all_gather_matmul(x, w, chunks=chunks, overlap=False)
+    over = D.all_gather_matmul(x, w, chunks=chunks, graph=graph)
+    if graph:  # a second call replays the captured graph with new inputs
+        over = D.all_gather_matmul(x * 0, w, chunks=chunks, graph=True).add_(D.all_gather_matmul(x, w, chunks=chunks,
+                                                                                                  graph=True))
+    return over, D.all_gather_matmul(x, w, chunks=chunks, overlap=False)
 
 
-def matmul_reduce_scatter(m: int, kp: int, n: int, dtype: str, chunks, integer: bool, reduce_op: str = "sum"):
+def matmul_reduce_scatter(m: int, kp: int, n: int, dtype: str, chunks, integer: bool, reduce_op: str = "sum",
+                          graph: bool = False):
     x = on(operand((m, kp), dtype, 200 + D.rank(), integer))
     w = on(operand((kp, n), dtype, 300 + D.rank(), integer))
-    return (D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks),
-            D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, overlap=False))
+    over = D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, graph=graph)
+    if graph:
+        over = D.matmul_reduce_scatter(x * 0, w, reduce_op, chunks=chunks, graph=True).add_(
+            D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, graph=True))
+    return over, D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, overlap=False)
 
 
 def all_gather_matmul_uneven_shards():

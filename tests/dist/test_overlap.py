@@ -83,3 +83,13 @@ def test_chunking_helpers():
     assert default_chunks(1, 8, 1 << 20) == 1  # never more chunks than rows
     assert default_chunks(8192, 2, 8192) == 8 and default_chunks(64, 2, 64) == 1
 
+
+def test_graph_replays_equal_the_plain_pipeline(ranks2):
+    """``graph=True``: captured once, replayed with new inputs (zeros, then the operands), equal to the
+    non-overlapped chunks; on Gloo (CPU tensors) the flag is ignored and the pipeline runs as usual."""
+    expected = gathered_product(2, 5, 8, 6, "float32", True)
+    for over, seq in ranks2.run("all_gather_matmul", 5, 8, 6, "float32", 2, True, (), True):
+        assert torch.equal(over.double(), expected) and torch.equal(over, seq)
+    for over, seq in ranks2.run("matmul_reduce_scatter", 12, 5, 7, "float32", 3, True, "sum", True):
+        assert torch.equal(over, seq)
+

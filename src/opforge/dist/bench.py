@@ -9,7 +9,8 @@ measures
 - ``sequential``: the collective, then the GEMM (or the GEMM, then the
   collective), nothing overlapped,
 - ``overlapped``: :func:`~opforge.dist.all_gather_matmul` /
-  :func:`~opforge.dist.matmul_reduce_scatter` for each chunk count of the grid,
+  :func:`~opforge.dist.matmul_reduce_scatter` for each chunk count of the grid
+  (on CUDA also with dispatch's GEMM, and each chunk count replayed as a CUDA graph),
 
 and reports ``efficiency = (sequential - overlapped) / min(comm, compute)``
 (1: the shorter of the two is fully hidden), ``speedup = sequential /
@@ -118,8 +119,9 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
             comm()
             return compute()
 
-        def overlapped(c, overlap=True, variant="auto"):
-            return all_gather_matmul(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant)
+        def overlapped(c, overlap=True, variant="auto", graph=False):
+            return all_gather_matmul(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant,
+                                     graph=graph)
 
         rows, comm_bytes = m, (world - 1) * m * K * es  # received per rank
         chunk_of = lambda c: (full[: world * (m // c)], w)  # noqa: E731  a chunk's GEMM operands
@@ -140,8 +142,9 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
             reduce_scatter_single(out, compute(), group=group)
             return out
 
-        def overlapped(c, overlap=True, variant="auto"):
-            return matmul_reduce_scatter(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant)
+        def overlapped(c, overlap=True, variant="auto", graph=False):
+            return matmul_reduce_scatter(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant,
+                                         graph=graph)
 
         rows, comm_bytes = M // world, (world - 1) * (M // world) * N * es  # sent per rank
         chunk_of = lambda c: (x.view(world, M // world, kp)[:, : (M // world) // c], w)  # noqa: E731
@@ -156,16 +159,17 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
     ref = sequential().clone()
     runs = []
 
-    def measure(chunks: int, variant: str | None, default: bool) -> None:
-        ms = time_ms(lambda: overlapped(chunks, variant=variant), device, warmup=warmup, repeats=repeats,
-                     group=group)
-        got, plain = overlapped(chunks, variant=variant), overlapped(chunks, overlap=False, variant=variant)
+    def measure(chunks: int, variant: str | None, default: bool, graph: bool = False) -> None:
+        ms = time_ms(lambda: overlapped(chunks, variant=variant, graph=graph), device, warmup=warmup,
+                     repeats=repeats, group=group)
+        got = overlapped(chunks, variant=variant, graph=graph)
+        plain = overlapped(chunks, overlap=False, variant=variant)
         flag = torch.tensor([1.0 if torch.equal(got, plain) else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         err = torch.tensor([_rel_err(got, ref)], dtype=torch.float64, device=device)
         dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
         ran = resolve_variant("opforge.dist.bench", variant, device) or _matmul_variant(*chunk_of(chunks))
-        runs.append({"chunks": chunks, "default": default, "matmul_variant": ran,
+        runs.append({"chunks": chunks, "default": default, "graph": graph, "matmul_variant": ran,
                      "matmul_variant_arg": variant, "overlapped_ms": ms,
                      "identical_to_unoverlapped": bool(flag.item() == 1.0), "max_rel_err": float(err.item()),
                      "efficiency": (t["sequential"] - ms) / min(t["comm"], t["compute"]),
@@ -177,10 +181,13 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
             measure(chunks, "auto", c is None)
     if device.type == "cuda":  # the same pipeline with dispatch's own GEMM choice (persistent kernels too)
         measure(min(runs, key=lambda r: r["overlapped_ms"])["chunks"], None, False)
+        for c in sorted({r["chunks"] for r in runs}):  # each chunk count replayed as a CUDA graph
+            measure(c, "auto", False, graph=True)
     best = min(runs, key=lambda r: r["overlapped_ms"])
     tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
     return {
-        "op": f"opforge.dist.{op}", "variant": f"chunks={best['chunks']},{best['matmul_variant']}",
+        "op": f"opforge.dist.{op}",
+        "variant": f"chunks={best['chunks']},{best['matmul_variant']}" + (",graph" if best["graph"] else ""),
         "shape": list(shape),
         "dtype": str(dtype).replace("torch.", ""), "world_size": world,
         "flops": 2 * M * K * N // world, "comm_bytes": comm_bytes,

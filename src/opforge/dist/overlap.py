@@ -24,6 +24,11 @@ the collectives run as async work on Gloo's threads while the multiply runs
 on the caller's. ``overlap=False`` runs the same chunks one after the other:
 the same arithmetic, so the same numbers, for checking.
 
+Host cost. Each chunk costs Python time to issue (its GEMM, its collective,
+the events); at small shapes that exceeds the chunk's GPU time and the GPU
+idles between chunks. ``graph=True`` captures the pipeline once per shape as a
+CUDA graph and replays it in one launch (:func:`_replayed`).
+
 Per-chunk multiplies: ``opforge.matmul`` on CUDA (a tile-per-program
 variant while overlapping, see :data:`OVERLAP_MATMUL_VARIANT`), ``torch.matmul``
 on the CPU.
@@ -32,6 +37,8 @@ on the CPU.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -166,6 +173,55 @@ class _Channel:
         return ev
 
 
+@dataclass
+class _Graphed:
+    graph: torch.cuda.CUDAGraph
+    x: torch.Tensor  # the static input, refilled before each replay
+    w: torch.Tensor  # held: its address is in the graph
+    out: torch.Tensor  # the static output, copied out after each replay
+
+
+_graphs: OrderedDict[tuple, _Graphed] = OrderedDict()
+MAX_GRAPHS = 16
+
+
+def _replayed(run, x: torch.Tensor, w: torch.Tensor, key: tuple) -> torch.Tensor:
+    """``run(x)`` as a replayed CUDA graph.
+
+    Why: the bench traced the pipeline host-bound at these sizes (2 H200s, 2026-11-30): issuing a
+    chunk (its GEMM, its collective, the events) took longer in Python than the GPU took to run it,
+    so the GPU idled between chunks and overlap bought nothing. A graph issues the whole pipeline
+    (NCCL collectives included) in one launch. The graph is captured once per shape, dtype, ``w``
+    (by address: a weight updated in place is read afresh at each replay) and options, after two
+    warm-up runs on a side stream (kernels compiled, dispatch decided, NCCL communicators set up);
+    each call copies ``x`` into the static input and the static output out, so callers never
+    share memory with the graph. Every rank must call with the same shapes, as for the collectives."""
+    full_key = key + (tuple(x.shape), x.stride(), x.dtype, x.device, w.data_ptr(), tuple(w.shape), w.stride(),
+                      w.dtype)
+    hit = _graphs.get(full_key)
+    if hit is None:
+        static_x = x.clone()
+        current = torch.cuda.current_stream(x.device)
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run(static_x)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # NCCL's watchdog thread polls events
+            out = run(static_x)
+        hit = _Graphed(graph, static_x, w, out)
+        _graphs[full_key] = hit
+        if len(_graphs) > MAX_GRAPHS:
+            _graphs.popitem(last=False)
+    else:
+        _graphs.move_to_end(full_key)
+    hit.x.copy_(x)
+    hit.graph.replay()
+    return hit.out.clone()
+
+
 def _check_chunks(where: str, chunks, rows: int, world: int, n: int) -> int:
     if chunks is None:
         return default_chunks(rows, world, n)
@@ -192,7 +248,7 @@ def _check_operands(where: str, x_name: str, x, w_name: str, w, group) -> None:
 
 
 def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chunks: int | None = None,
-                      overlap: bool = True, matmul_variant: str | None = "auto") -> torch.Tensor:
+                      overlap: bool = True, matmul_variant: str | None = "auto", graph: bool = False) -> torch.Tensor:
     """``all_gather(x_shard, dim 0) @ w`` without waiting for the whole gather.
 
     ``x_shard``: ``[M/p, *, K]``, the same shape on every rank; ``w``:
@@ -200,13 +256,22 @@ def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chu
     rank r's shard. ``chunks``: row ranges per rank (None: by size, see
     :func:`default_chunks`); ``overlap=False``: the same chunks without overlap;
     ``matmul_variant``: the chunk GEMMs' ``opforge.matmul`` variant on CUDA
-    (``"auto"``: see :data:`OVERLAP_MATMUL_VARIANT`; None: dispatch's choice).
+    (``"auto"``: see :data:`OVERLAP_MATMUL_VARIANT`; None: dispatch's choice);
+    ``graph=True`` (CUDA, with overlap): replay the pipeline as a CUDA graph (see :func:`_replayed`).
     """
     world = G.world_size(group, where=WHERE_AG)
     _check_operands(WHERE_AG, "x_shard", x_shard, "w", w, group)
     variant = resolve_variant(WHERE_AG, matmul_variant, x_shard.device)
     if checks_enabled():
         exchange(WHERE_AG, "x_shard's shape and dtype", [], f"{list(x_shard.shape)};{signature(x_shard, w)}", group)
+    run = lambda x: _all_gather_matmul(x, w, group, world, chunks, overlap, variant)  # noqa: E731
+    if graph and overlap and x_shard.is_cuda:
+        return _replayed(run, x_shard, w, ("ag", id(group), chunks, variant))
+    return run(x_shard)
+
+
+def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, variant) -> torch.Tensor:
+    """The chunk pipeline of :func:`all_gather_matmul`, its arguments checked."""
     K, N = w.shape
     rows = math.prod(x_shard.shape[:-1])  # local rows, dims past dim 0 flattened
     out = torch.empty((world * x_shard.shape[0],) + tuple(x_shard.shape[1:-1]) + (N,), dtype=x_shard.dtype,
@@ -245,14 +310,14 @@ def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chu
 
 def matmul_reduce_scatter(x: torch.Tensor, w_shard: torch.Tensor, reduce_op: str = "sum", *, group=None,
                           chunks: int | None = None, overlap: bool = True,
-                          matmul_variant: str | None = "auto") -> torch.Tensor:
+                          matmul_variant: str | None = "auto", graph: bool = False) -> torch.Tensor:
     """``reduce_scatter(x @ w_shard, dim 0)`` with the reduction of one chunk
     running under the GEMM of the next.
 
     ``x``: ``[M, *, K/p]`` (M divisible by the group size); ``w_shard``:
     ``[K/p, N]``. Returns ``[M/p, *, N]``: rank r's rows ``[r*M/p, (r+1)*M/p)``
     of the sum (``reduce_op="avg"``: the mean) over ranks of ``x @ w_shard``.
-    ``chunks``, ``overlap``, ``matmul_variant``: as :func:`all_gather_matmul`.
+    ``chunks``, ``overlap``, ``matmul_variant``, ``graph``: as :func:`all_gather_matmul`.
     """
     world = G.world_size(group, where=WHERE_RS)
     _check_operands(WHERE_RS, "x", x, "w_shard", w_shard, group)
@@ -263,6 +328,15 @@ def matmul_reduce_scatter(x: torch.Tensor, w_shard: torch.Tensor, reduce_op: str
         raise ValueError(f"{WHERE_RS}: x has {x.shape[0]} rows (dim 0), not divisible by the group size {world}")
     if checks_enabled():
         exchange(WHERE_RS, "x's shape and dtype", [], f"{list(x.shape)};{signature(x, w_shard)}", group)
+    run = lambda a: _matmul_reduce_scatter(a, w_shard, reduce_op, group, world, chunks, overlap, variant)  # noqa: E731
+    if graph and overlap and x.is_cuda:
+        return _replayed(run, x, w_shard, ("rs", id(group), chunks, variant, reduce_op))
+    return run(x)
+
+
+def _matmul_reduce_scatter(x, w_shard, reduce_op: str, group, world: int, chunks, overlap: bool,
+                           variant) -> torch.Tensor:
+    """The chunk pipeline of :func:`matmul_reduce_scatter`, its arguments checked."""
     Kp, N = w_shard.shape
     rows = math.prod(x.shape[:-1]) // world  # output rows of each rank, dims past dim 0 flattened
     out = torch.empty((x.shape[0] // world,) + tuple(x.shape[1:-1]) + (N,), dtype=x.dtype, device=x.device)
@@ -277,8 +351,8 @@ def matmul_reduce_scatter(x: torch.Tensor, w_shard: torch.Tensor, reduce_op: str
         if ch.mode == "cuda" and j >= 2:
             ch.wait(sent[j - 2])  # at most three chunk partials alive
         partial = chunk_matmul(x3[:, a:b], w_shard, variant).view(world * (b - a), N)
-        if ch.mode == "cuda":
-            partial.record_stream(ch.comm)
+        if ch.mode == "cuda" and not torch.cuda.is_current_stream_capturing():
+            partial.record_stream(ch.comm)  # (a captured graph keeps its own memory pool)
         target = out2[a:b]
         sent.append(ch.start(
             lambda async_op, t=target, p=partial: reduce_scatter_single(t, p, group=group, async_op=async_op),
