@@ -5,7 +5,7 @@
 #           profile-cases tpch dist
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
-#    accuracy tables, hash-join bench; profile: `opforge profile` over every op, ncu on one op, the
+#    accuracy tables, hash-join and Zipf skew-join benches; profile: `opforge profile` over every op, ncu on one op, the
 #    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
 #    overlapped tensor-parallel GEMM bench, and the distributed join bench: broadcast vs partitioned)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
@@ -78,6 +78,8 @@ for phase in "$@"; do
     extras)
       timeout 240 python3 -c "import json, torch; from opforge.bench import attention as A; d = torch.device('cuda'); \
 json.dump({'peak_memory': A.peak_memory_table(d), 'accuracy': A.accuracy_table(d)}, open('$OUT/attention-tables-$stamp.json', 'w'), indent=1, default=str)"
-      timeout 240 python3 benchmarks/hash_join.py --out "$OUT/hash-join-$stamp.json" ;;
+      timeout 240 python3 benchmarks/hash_join.py --out "$OUT/hash-join-$stamp.json"
+      timeout 120 python3 benchmarks/join_skew.py --device cuda --probe 50000000 --build 1000000 \
+        --json "$OUT/join-skew-$stamp.json" ;;
   esac
 done 2>&1 | tee -a "$OUT/log-$stamp.txt"
