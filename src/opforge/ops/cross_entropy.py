@@ -700,7 +700,8 @@ def _fused_backward(ctx, grad_stats, grad_dx):
 
 
 define("cross_entropy_fused(Tensor input, Tensor target, Tensor? weight, Tensor scale, int ignore_index, "
-       "float label_smoothing, bool grad_owned=False) -> (Tensor, Tensor)", _fused_impl, _fused_fake, _fused_backward, _fused_setup)
+       "float label_smoothing, bool grad_owned=False) -> (Tensor, Tensor)",
+       _fused_impl, _fused_fake, _fused_backward, _fused_setup)
 define("cross_entropy_backward(Tensor grad, Tensor input, Tensor target, Tensor stats, Tensor? weight, "
        "int ignore_index, float label_smoothing) -> Tensor", _bwd_impl, _bwd_fake)
 define("cross_entropy_forward(Tensor input, Tensor target, Tensor? weight, int ignore_index, "

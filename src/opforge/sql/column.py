@@ -204,7 +204,8 @@ def map_dictionary_arrow(col: Column, fn, out_type: T.SqlType) -> Column:
     words = arrow_dictionary(col.dictionary)
     results = fn(words)
     if out_type.kind == "STRING":
-        merged = pc.take(pc.unique(results), pc.sort_indices(pc.unique(results)))
+        uniques = pc.unique(results)
+        merged = pc.take(uniques, pc.sort_indices(uniques))
         table = pc.index_in(results, value_set=merged).to_numpy(zero_copy_only=False).astype(np.int32)
         table = torch.from_numpy(table).to(col.device)
         return Column(table[col.values.long()], col.valid, out_type, tuple(merged.to_pylist()))
