@@ -5,8 +5,8 @@
 NCCL on GPUs (each rank on cuda:LOCAL_RANK), Gloo on CPUs. Every rank generates its own rows on
 its device from ``seed`` and its rank (nothing crosses the host): a probe (fact) side of P rows
 per rank (50M on GPUs; 200k with --quick or on CPUs) with uniform foreign keys, against build
-(dimension) sides of unique keys whose total is ``FRACTIONS`` x the probe total, spanning the
-planner's threshold (broadcast while B < P / (w - 1)), plus one Zipf(1.2)-skewed probe case.
+(dimension) sides of unique keys whose total is ``FRACTIONS`` x the probe total (a thousandth to
+twice the probe side), plus one Zipf(1.2)-skewed probe case.
 
 For each shape both methods of ``sql/physical/dist_join.py`` run once (warm-up, also the
 checked run), then ``repeats`` times: each run starts after a barrier (and a CUDA sync), is timed
@@ -191,7 +191,6 @@ def run(*, quick: bool = False, probe_rows_per_rank: int | None = None, repeats:
         "opforge": vers["opforge"], "quick": quick, "cpu_figures": device.type != "cuda",
         "probe_rows_per_rank": ppr, "repeats": repeats, "warmup": warmup, "seed": seed,
         "skew_threshold": DEFAULT_SKEW_THRESHOLD, "check_sample_1_in": k,
-        "threshold_build_rows": ppr * world / (world - 1) if world > 1 else None,
         "method": "perf_counter around the whole collective join (barrier + CUDA sync before, CUDA sync after); "
                   "per run the slowest rank (all_reduce MAX); median over runs",
         "rows": [],
