@@ -60,3 +60,61 @@ def test_tpch_queries_on_the_gpu_match_duckdb(n, tmp_path_factory):
     ref = reference.run(reference.connect(paths)[0], text)
     keys = compare.order_keys(text)
     assert compare.compare(ours, ref, ordered=keys is not None, order_by=keys) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["sum", "min", "max", "count"])
+def test_private_segment_reduce_matches_the_reference_with_few_groups(dtype, op):
+    """The private-accumulator variant (≤ 32 groups, as TPC-H q1's 4 groups over 59M rows)."""
+    from opforge.ops import hashing as H
+    from opforge.runtime.dispatch import force_variant
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    n = 5_000_000
+    values = (torch.randint(-10**6, 10**6, (n,), device="cuda", generator=g).to(dtype) if not dtype.is_floating_point
+              else torch.randn(n, device="cuda", generator=g, dtype=torch.float64).to(dtype))
+    for groups in (1, 4, 32):
+        gid = torch.randint(-1, groups + 1, (n,), device="cuda", generator=g)
+        valid = torch.rand(n, device="cuda", generator=g) > 0.1
+        assert opforge.explain("segment_reduce", values, gid, groups, op, valid, False).variant.name == "triton_private"
+        with force_variant("segment_reduce", "triton_private"):
+            got = H.segment_reduce(values, gid, groups, op, valid=valid)
+        want = H.SEGMENT_REDUCE.reference(values, gid, groups, op, valid)
+        if dtype.is_floating_point and op == "sum":
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                                       atol=1e-3)
+        else:
+            assert torch.equal(got, want), (groups, op)
+
+
+def test_like_on_the_device_dictionary_matches_python():
+    """``sql.strings.like`` over a dictionary's bytes on the GPU, against Python's ``re``."""
+    import random
+    import re
+
+    import pyarrow as pa
+
+    from opforge.sql import strings
+
+    rng = random.Random(9)
+    words = sorted({"".join(rng.choice("ab c") for _ in range(rng.randint(0, 30))) for _ in range(50_000)})
+    dw = strings.from_arrow(pa.array(words, pa.string()), "cuda")
+    for pattern in ["%ab%c%", "a%", "%b", "a_c%", "%a b%ab%", "", "%", "abc"]:
+        rx = re.compile("".join(".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern), re.DOTALL)
+        assert strings.like(dw, pattern).tolist() == [rx.fullmatch(w) is not None for w in words], pattern
+
+
+def test_fused_cross_entropy_backward_rescales_on_the_device():
+    """loss.backward() of the public cross_entropy hands the fused pass's gradient back with no
+    host sync; a scaled loss rescales it in place; both equal torch's."""
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(4096, 32000, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 32000, (4096,), device="cuda", generator=g)
+    for scale in (1.0, 64.0):
+        x.grad = None
+        (opforge.cross_entropy(x, t) * scale).backward()
+        xr = x.detach().float().requires_grad_()
+        (F.cross_entropy(xr, t) * scale).backward()
+        torch.testing.assert_close(x.grad.float(), xr.grad, rtol=2e-2, atol=1e-5 * scale)
