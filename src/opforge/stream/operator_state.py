@@ -47,7 +47,8 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         s["late_dropped"] = op.late.dropped
     elif isinstance(op, RollingOperator):
         schema = op.schema
-        s["rolling"] = {"acc": op.acc, "slot_of": op.slot_of, "first": op.first, "running": op.running,
+        slot_of, first, running = op.full_state()  # every tier of a table over its state budget
+        s["rolling"] = {"acc": op.acc, "slot_of": slot_of, "first": first, "running": running,
                         "schema": None if schema is None else
                         [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]}
     elif not isinstance(op, _STATELESS):
@@ -86,6 +87,7 @@ def restore_operator(op: Operator, s: dict) -> None:
     elif isinstance(op, RollingOperator):
         r = s["rolling"]
         op.acc, op.slot_of, op.first, op.running = r["acc"], r["slot_of"], dict(r["first"]), r["running"]
+        op.restored()
         if r["schema"] is not None:
             kind, names, cls = r["schema"]
             op.schema = RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))

@@ -9,6 +9,11 @@ arrival order. Per-key state is a table on the device (running value, first
 record's columns); one host sync per batch maps the batch's distinct keys to
 table rows. Float sums may differ from a sequential sum in the last bits.
 ``reduce(fn)`` and non-number fields call Python once per record.
+
+Under a state budget (``env.set_state_budget``) the table's rows touched
+longest ago move to host memory and to Arrow files (``state_budget.ColdRows``)
+when its tensors outgrow ``device_bytes``, and come back when a batch meets
+their key; checkpoints hold every tier.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 from opforge.stream.functions import as_callable, field_of
 from opforge.stream.operators import Operator, records_batch
 from opforge.stream.records import Batch, RecordSchema, concat_columns, take
+from opforge.stream.state_budget import ColdRows
 
 _COMBINE = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
 
@@ -45,7 +51,11 @@ class RollingOperator(Operator):
         self.slot_of: dict[int, int] = {}  # columnar path: key id -> table row
         self.first: dict = {}  # column -> first records' values (tensor or list)
         self.running: torch.Tensor | None = None
+        self.touch: torch.Tensor | None = None  # per row: the last batch that met its key
         self.schema: RecordSchema | None = None
+        self._batch_no = 0
+        budget = getattr(self, "state_budget", None)
+        self.cold = ColdRows(budget, f"{self.name}-{self.index}") if budget is not None else None
 
     def _column_name(self, batch: Batch) -> str:
         name = self.field if isinstance(self.field, str) else f"f{self.field}"
@@ -104,6 +114,7 @@ class RollingOperator(Operator):
             self.running = self.running.to(vals.dtype)
         # table rows of this batch's keys; new keys keep their first record
         seg_keys = sk[starts].tolist()  # the host sync: one per distinct key
+        self._bring_back([k for k in seg_keys if k not in self.slot_of])
         fresh = [i for i, k in enumerate(seg_keys) if k not in self.slot_of]
         if fresh:
             self._add_keys(batch, order[starts[fresh]], [seg_keys[i] for i in fresh], vals[starts[fresh]])
@@ -123,17 +134,97 @@ class RollingOperator(Operator):
         row_slots = torch.empty_like(order)
         row_slots[order] = slots[seg]
         cols = {n: (result if n == name else take(c, row_slots)) for n, c in self.first.items()}
+        self._batch_no += 1
+        self.touch[slots] = self._batch_no
         self.out.emit(Batch(cols, batch.timestamps, self.schema))
+        self._enforce_budget()
 
     def _add_keys(self, batch, rows, keys, first_values):
         base = len(self.slot_of)
         for i, k in enumerate(keys):
             self.slot_of[k] = base + i
         firsts = batch.select(rows)
+        touch = torch.zeros(len(keys), dtype=torch.int64, device=self.device)
         if self.schema is None:
             self.schema = batch.schema
             self.first = dict(firsts.columns)
             self.running = first_values.clone()
+            self.touch = touch
             return
         self.first = {n: concat_columns([c, firsts.columns[n]]) for n, c in self.first.items()}
         self.running = torch.cat([self.running, first_values.to(self.running.dtype)])
+        self.touch = torch.cat([self.touch, touch])
+
+    # -- the state budget: table rows <-> host / disk (state_budget.py) -------
+    def _rows(self, keep: torch.Tensor | None = None) -> dict:
+        """The table as rows (ColdRows' layout: ``key`` and a zero ``start`` for its zone maps)."""
+        keys = torch.tensor(list(self.slot_of), dtype=torch.int64, device=self.device)  # slot order
+        rows = {"key": keys, "start": torch.zeros_like(keys), "running": self.running, "touch": self.touch,
+                **{f"first.{n}": c for n, c in self.first.items()}}
+        return rows if keep is None else {n: take(c, keep) for n, c in rows.items()}
+
+    def _set_rows(self, rows: dict) -> None:
+        self.slot_of = {k: i for i, k in enumerate(rows["key"].tolist())}
+        self.running, self.touch = rows["running"], rows["touch"]
+        self.first = {n[6:]: c for n, c in rows.items() if n.startswith("first.")}
+
+    def table_bytes(self) -> int:
+        if self.running is None:
+            return 0
+        cols = [self.running, self.touch] + [c for c in self.first.values() if isinstance(c, torch.Tensor)]
+        return sum(c.element_size() * c.numel() for c in cols) + 8 * len(self.slot_of)
+
+    def _enforce_budget(self) -> None:
+        """Move the rows touched longest ago to the host tier until the table fits."""
+        if self.cold is None or not self.slot_of:
+            return
+        n, size, limit = len(self.slot_of), self.table_bytes(), self.cold.budget.device_bytes
+        if size <= limit:
+            return
+        keep = min(n, limit * n // size)
+        order = torch.argsort(self.touch, stable=True)
+        evicted = self._rows(order[:n - keep])
+        self.cold.add({k: (c.cpu() if isinstance(c, torch.Tensor) else c) for k, c in evicted.items()})
+        self._set_rows(self._rows(torch.sort(order[n - keep:]).values))
+
+    def _bring_back(self, keys: list) -> None:
+        """The cold rows of these keys, back at the end of the table."""
+        if self.cold is None or not keys or len(self.cold) == 0:
+            return
+        want = torch.tensor(keys, dtype=torch.int64)
+        lo, hi = int(want.min()), int(want.max())
+        rows = self.cold.take(lambda r: torch.isin(r["key"], want), lambda f: f["kmin"] <= hi and f["kmax"] >= lo)
+        if rows is not None:
+            self._append(rows)
+
+    def _append(self, rows: dict) -> None:
+        dev = self.device
+        rows = {n: (c.to(dev) if isinstance(c, torch.Tensor) else c) for n, c in rows.items()}
+        if self.running is not None and self.slot_of:
+            rows = {n: concat_columns([c, rows[n]]) for n, c in self._rows().items()}
+        elif self.running is not None:
+            rows["running"] = rows["running"].to(self.running.dtype)
+        self._set_rows(rows)
+
+    def full_state(self) -> tuple[dict, dict, torch.Tensor | None]:
+        """(slot_of, first, running) over every tier, the device rows first (checkpoints)."""
+        if self.cold is None or len(self.cold) == 0:
+            return self.slot_of, self.first, self.running
+        rows = self._rows() if self.slot_of else None
+        cold = self.cold.take_all()
+        cold = {n: (c.to(self.device) if isinstance(c, torch.Tensor) else c) for n, c in cold.items()}
+        rows = cold if rows is None else {n: concat_columns([c, cold[n]]) for n, c in rows.items()}
+        return ({k: i for i, k in enumerate(rows["key"].tolist())},
+                {n[6:]: c for n, c in rows.items() if n.startswith("first.")}, rows["running"])
+
+    def restored(self) -> None:
+        """The table was replaced by a checkpoint's (every tier): all rows on the device again."""
+        if self.running is not None:
+            self.touch = torch.zeros(self.running.shape[0], dtype=torch.int64, device=self.device)
+        if self.cold is not None:
+            self.cold.clear()
+
+    def dispose(self) -> None:
+        """The job ended (however): spill files and the host tier go."""
+        if self.cold is not None:
+            self.cold.clear()

@@ -49,23 +49,49 @@ class StateBudget:
                 raise ValueError(f"set_state_budget: {name} must be a non-negative int of bytes, got {v!r}")
 
 
+# A column of rows is a tensor, or a Python list for values that are not numbers (a rolling
+# aggregate's first records may carry strings): lists live on the host in every tier.
 def rows_bytes(rows: dict) -> int:
-    return sum(c.element_size() * c.numel() for c in rows.values())
+    """Bytes of the tensor columns (what a tier's budget counts)."""
+    return sum(c.element_size() * c.numel() for c in rows.values() if isinstance(c, torch.Tensor))
 
 
 def rows_len(rows: dict) -> int:
-    return next(iter(rows.values())).shape[0] if rows else 0
+    return len(next(iter(rows.values()))) if rows else 0
+
+
+def _cat(a, b):
+    return torch.cat([a, b]) if isinstance(a, torch.Tensor) else list(a) + list(b)
 
 
 def cat_rows(a: dict | None, b: dict) -> dict:
     if not a or rows_len(a) == 0:
         return b
-    return {n: torch.cat([a[n], b[n]]) for n in a}
+    return {n: _cat(a[n], b[n]) for n in a}
+
+
+def _mask(c, mask: torch.Tensor):
+    if isinstance(c, torch.Tensor):
+        return c[mask.to(c.device)]
+    return [v for v, m in zip(c, mask.tolist()) if m]
 
 
 def take_rows(rows: dict, mask: torch.Tensor) -> tuple[dict, dict]:
     """(rows where ``mask``, the others), both in row order."""
-    return {n: c[mask] for n, c in rows.items()}, {n: c[~mask] for n, c in rows.items()}
+    return {n: _mask(c, mask) for n, c in rows.items()}, {n: _mask(c, ~mask) for n, c in rows.items()}
+
+
+def _from_arrow(table) -> dict:
+    import pyarrow as pa
+
+    out = {}
+    for n in table.column_names:
+        col = table.column(n)
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+            out[n] = torch.from_numpy(col.to_numpy(zero_copy_only=False).copy())
+        else:
+            out[n] = col.to_pylist()
+    return out
 
 
 def _remove_tree(path: str) -> None:
@@ -121,7 +147,7 @@ class ColdRows:
 
         path = os.path.join(self._directory(), f"rows-{self._seq:06d}.arrow")
         self._seq += 1
-        table = pa.table({n: pa.array(c.numpy()) for n, c in rows.items()})
+        table = pa.table({n: pa.array(c.numpy() if isinstance(c, torch.Tensor) else c) for n, c in rows.items()})
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
         k, s = rows["key"], rows["start"]
@@ -134,7 +160,7 @@ class ColdRows:
 
         with pa.memory_map(f["path"], "r") as src:
             table = pa.ipc.open_file(src).read_all()
-        rows = {n: torch.from_numpy(table.column(n).to_numpy(zero_copy_only=False).copy()) for n in table.column_names}
+        rows = _from_arrow(table)
         os.remove(f["path"])
         return rows
 
@@ -186,8 +212,7 @@ class ColdRows:
 
             with pa.memory_map(f["path"], "r") as src:
                 table = pa.ipc.open_file(src).read_all()
-            parts.append({n: torch.from_numpy(table.column(n).to_numpy(zero_copy_only=False).copy())
-                          for n in table.column_names})
+            parts.append(_from_arrow(table))
         if not parts:
             return None
         out = parts[0]
