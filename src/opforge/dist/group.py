@@ -105,7 +105,7 @@ def init(backend: str | None = None, *, timeout: float | datetime.timedelta | No
         torch.cuda.set_device(device_id)
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds), world_size=world,
-                                rank=rank, device_id=device_id)
+                                rank=rank, device_id=device_id, pg_options=_nccl_options(backend))
     except (RuntimeError, TimeoutError) as e:  # DistStoreError: a rank never joined the rendezvous
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SetupError(f"{WHERE}: rank {rank} of {world} could not form the group within {seconds:g} s "
@@ -115,10 +115,27 @@ def init(backend: str | None = None, *, timeout: float | datetime.timedelta | No
     return info()
 
 
+def _nccl_options(backend: str):
+    """NCCL on high-priority streams: a collective overlapped with a GEMM gets SMs as soon as
+    any free up, ahead of the GEMM's tiles still queued (PyTorch's ``is_high_priority_stream``)."""
+    if backend != "nccl":
+        return None
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    return opts
+
+
+# Called before the group goes: what holds NCCL work (captured CUDA graphs) must go first,
+# or tearing the communicators down waits on it.
+before_destroy: list = []
+
+
 def destroy() -> None:
     """Tear down the default group (a no-op when none)."""
     global _timeout_s
     if dist.is_initialized():
+        for release in before_destroy:
+            release()
         dist.destroy_process_group()
     _timeout_s = None
 

@@ -12,9 +12,10 @@ collectives (NCCL or Gloo), so they run wherever a process group does:
   a row-parallel layer's partial products, summed over ranks, each rank
   keeping its block of rows.
 
-Pipelining. The local rows are cut into ``chunks`` row ranges; chunk j of
-the all-gather version gathers rows j of every rank while the GEMM of chunk
-j-1 runs (the reduce-scatter version multiplies chunk j while chunk j-1's
+Pipelining. The local rows are cut into ``chunks`` row ranges; the
+all-gather version multiplies its own shard while chunk 0 is gathered, then
+gathers chunk j of every rank while the other ranks' rows of chunk j-1
+multiply (the reduce-scatter version multiplies chunk j while chunk j-1's
 partial sums travel). On CUDA the collectives are issued on a communication
 stream and ordered against the compute stream by CUDA events; the gather
 buffers are two chunk-sized buffers used in turn, and a reduce-scatter keeps
@@ -185,6 +186,16 @@ _graphs: OrderedDict[tuple, _Graphed] = OrderedDict()
 MAX_GRAPHS = 16
 
 
+def release_graphs() -> None:
+    """Drop the captured graphs (they hold NCCL work; :func:`opforge.dist.destroy` calls this first)."""
+    if _graphs:
+        torch.cuda.synchronize()
+        _graphs.clear()
+
+
+G.before_destroy.append(release_graphs)
+
+
 def _replayed(run, x: torch.Tensor, w: torch.Tensor, key: tuple) -> torch.Tensor:
     """``run(x)`` as a replayed CUDA graph.
 
@@ -271,8 +282,13 @@ def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chu
 
 
 def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, variant) -> torch.Tensor:
-    """The chunk pipeline of :func:`all_gather_matmul`, its arguments checked."""
+    """The chunk pipeline of :func:`all_gather_matmul`, its arguments checked.
+
+    The local shard needs no collective, so its GEMM runs first, under the gather of chunk 0;
+    each gathered chunk then multiplies only the other ranks' rows (at most two row blocks,
+    those of the ranks before and after this one)."""
     K, N = w.shape
+    me = G.rank(group)
     rows = math.prod(x_shard.shape[:-1])  # local rows, dims past dim 0 flattened
     out = torch.empty((world * x_shard.shape[0],) + tuple(x_shard.shape[1:-1]) + (N,), dtype=x_shard.dtype,
                       device=x_shard.device)
@@ -280,28 +296,35 @@ def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, var
         return out.zero_()
     x2 = x_shard.contiguous().view(rows, K)
     out3 = out.view(world, rows, N)
+    if world == 1:  # nothing to gather
+        out3[0].copy_(chunk_matmul(x2, w, variant))
+        return out
     bounds = chunk_bounds(rows, _check_chunks(WHERE_AG, chunks, rows, world, N))
     longest = max(b - a for a, b in bounds)
     ch = _Channel(WHERE_AG, "the all-gather of a chunk", group, x2.device, overlap)
     bufs = [torch.empty(world * longest * K, dtype=x2.dtype, device=x2.device)
             for _ in range(2 if ch.overlapped and len(bounds) > 1 else 1)]
     freed: list[torch.cuda.Event | None] = [None] * len(bufs)
+    others = [(r0, r1) for r0, r1 in ((0, me), (me + 1, world)) if r1 > r0]  # ranks' row blocks to multiply
 
     def gathered(j):
         a, b = bounds[j]
-        return bufs[j % len(bufs)][: world * (b - a) * K].view(world * (b - a), K)
+        return bufs[j % len(bufs)][: world * (b - a) * K].view(world, b - a, K)
 
     def start(j):
         a, b = bounds[j]
-        return ch.start(lambda async_op: all_gather_single(gathered(j), x2[a:b], group=group, async_op=async_op),
+        return ch.start(lambda async_op: all_gather_single(gathered(j).view(-1, K), x2[a:b], group=group,
+                                                           async_op=async_op),
                         after=freed[j % len(bufs)])
 
     pending = start(0)
+    out3[me].copy_(chunk_matmul(x2, w, variant))
     for j, (a, b) in enumerate(bounds):
         following = start(j + 1) if ch.overlapped and j + 1 < len(bounds) else None
         ch.wait(pending)
-        y = chunk_matmul(gathered(j), w, variant)
-        out3[:, a:b].copy_(y.view(world, b - a, N))
+        for r0, r1 in others:
+            y = chunk_matmul(gathered(j)[r0:r1].view((r1 - r0) * (b - a), K), w, variant)
+            out3[r0:r1, a:b].copy_(y.view(r1 - r0, b - a, N))
         freed[j % len(bufs)] = ch.mark()  # the buffer may be gathered into again
         if j + 1 < len(bounds):
             pending = following if ch.overlapped else start(j + 1)
