@@ -52,6 +52,7 @@ SHAPES = {
 QUICK_SHAPES = {"all_gather_matmul": [(256, 128, 64), (512, 256, 32)],
                 "matmul_reduce_scatter": [(256, 64, 128), (512, 128, 64)]}
 CHUNK_GRID = (None, 2, 4, 8)
+WARM_S = 0.2
 
 
 def _barrier(device: torch.device, group=None) -> None:
@@ -62,9 +63,22 @@ def _barrier(device: torch.device, group=None) -> None:
 
 
 def time_ms(fn, device: torch.device, *, warmup: int, repeats: int, group=None) -> float:
-    """The slowest rank's median milliseconds of ``fn``; every run starts together on all ranks."""
+    """The slowest rank's median milliseconds of ``fn``; every run starts together on all ranks.
+
+    Warm-up runs ``warmup`` calls and then keeps calling for :data:`WARM_S` seconds: the GPU
+    idles while the host makes a shape's inputs, its clocks drop, and a few sub-millisecond
+    calls do not bring them back (the first figure measured then read slow)."""
     for _ in range(warmup):
         fn()
+    if device.type == "cuda":
+        _barrier(device, group)
+        t0 = time.perf_counter()
+        fn()
+        _barrier(device, group)
+        calls = torch.tensor([min(1000, int(WARM_S / max(time.perf_counter() - t0, 1e-6)))], device=device)
+        dist.all_reduce(calls, op=dist.ReduceOp.MAX, group=group)  # every rank makes the same collectives
+        for _ in range(int(calls.item())):
+            fn()
     times = []
     for _ in range(repeats):
         _barrier(device, group)
