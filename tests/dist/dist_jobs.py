@@ -100,25 +100,31 @@ def shuffle_schema_mismatch():
 
 
 def all_gather_matmul(m: int, k: int, n: int, dtype: str, chunks, integer: bool, middle: tuple = (),
-                      graph: bool = False):
+                      graph: bool = False, transport: str = "auto"):
     x = on(operand((m,) + tuple(middle) + (k,), dtype, 100 + D.rank(), integer))
     w = on(operand((k, n), dtype, 7, integer))
-    over = D.all_gather_matmul(x, w, chunks=chunks, graph=graph)
+
+    def call(a, **kw):
+        return D.all_gather_matmul(a, w, chunks=chunks, transport=transport, **kw)
+
+    over = call(x, graph=graph)
     if graph:  # a second call replays the captured graph with new inputs
-        over = D.all_gather_matmul(x * 0, w, chunks=chunks, graph=True).add_(D.all_gather_matmul(x, w, chunks=chunks,
-                                                                                                  graph=True))
-    return over, D.all_gather_matmul(x, w, chunks=chunks, overlap=False)
+        over = call(x * 0, graph=True).add_(call(x, graph=True))
+    return over, call(x, overlap=False)
 
 
 def matmul_reduce_scatter(m: int, kp: int, n: int, dtype: str, chunks, integer: bool, reduce_op: str = "sum",
-                          graph: bool = False):
+                          graph: bool = False, transport: str = "auto"):
     x = on(operand((m, kp), dtype, 200 + D.rank(), integer))
     w = on(operand((kp, n), dtype, 300 + D.rank(), integer))
-    over = D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, graph=graph)
+
+    def call(a, **kw):
+        return D.matmul_reduce_scatter(a, w, reduce_op, chunks=chunks, transport=transport, **kw)
+
+    over = call(x, graph=graph)
     if graph:
-        over = D.matmul_reduce_scatter(x * 0, w, reduce_op, chunks=chunks, graph=True).add_(
-            D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, graph=True))
-    return over, D.matmul_reduce_scatter(x, w, reduce_op, chunks=chunks, overlap=False)
+        over = call(x * 0, graph=True).add_(call(x, graph=True))
+    return over, call(x, overlap=False)
 
 
 def all_gather_matmul_uneven_shards():

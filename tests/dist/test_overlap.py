@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dist_jobs import operand
+from dist_ranks import BACKEND
 
 
 def gathered_product(world, m, k, n, dtype, integer, middle=()):
@@ -73,6 +74,25 @@ def test_matmul_reduce_scatter_avg_random_floats(ranks2):
 def test_matmul_reduce_scatter_rows_must_divide(ranks2):
     for kind, msg in ranks2.errors("matmul_reduce_scatter", 3, 4, 2, "float32", None, True):
         assert kind == "ValueError" and "not divisible by the group size 2" in msg
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_copy_engine_transport_exact(ranks2, graph):
+    """``transport="copy_engine"`` (peer copies through symmetric memory, NCCL groups on one host)
+    gives the exact products, overlapped or not, replayed or not; Gloo groups refuse it clearly."""
+    ag = ("all_gather_matmul", 5, 8, 6, "float32", 2, True, (), graph, "copy_engine")
+    rs = ("matmul_reduce_scatter", 12, 5, 7, "float32", 3, True, "sum", graph, "copy_engine")
+    if BACKEND == "gloo":
+        for job in (ag, rs):
+            for kind, msg in ranks2.errors(*job):
+                assert kind == "ValueError" and "transport='copy_engine' cannot run" in msg and "gloo" in msg
+        return
+    expected = gathered_product(2, 5, 8, 6, "float32", True)
+    for over, seq in ranks2.run(*ag):
+        assert torch.equal(over.double(), expected) and torch.equal(over, seq)
+    expected = partial_sum(2, 12, 5, 7, "float32", True)
+    for r, (over, seq) in enumerate(ranks2.run(*rs)):
+        assert torch.equal(over.double(), expected[6 * r: 6 * r + 6]) and torch.equal(over, seq)
 
 
 def test_chunking_helpers():

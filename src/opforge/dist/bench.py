@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from opforge.dist import group as G
+from opforge.dist import symmetric
 from opforge.dist.collectives import all_gather_single, reduce_scatter_single
 from opforge.dist.overlap import (
     OVERLAP_MATMUL_VARIANT, all_gather_matmul, chunk_matmul, default_chunks, matmul_reduce_scatter, resolve_variant,
@@ -98,6 +99,12 @@ def time_ms(fn, device: torch.device, *, warmup: int, repeats: int, group=None) 
     return float(worst.item())
 
 
+def run_name(run: dict) -> str:
+    """A chunk run's short name: chunks, GEMM variant, then copy_engine and graph when used."""
+    return (f"chunks={run['chunks']},{run['matmul_variant']}" + (",copy_engine" if run["transport"] == "copy_engine"
+                                                                  else "") + (",graph" if run["graph"] else ""))
+
+
 def _matmul_variant(a: torch.Tensor, b: torch.Tensor) -> str:
     """The kernel that runs a chunk's GEMM (what dispatch picks; ``torch.matmul`` off CUDA)."""
     if a.device.type != "cuda":
@@ -133,9 +140,12 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
             comm()
             return compute()
 
-        def overlapped(c, overlap=True, variant="auto", graph=False):
+        def overlapped(c, overlap=True, variant="auto", graph=False, transport="nccl"):
             return all_gather_matmul(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant,
-                                     graph=graph)
+                                     graph=graph, transport=transport)
+
+        def async_tp():
+            return torch.ops.symm_mem.fused_all_gather_matmul(x, [w], gather_dim=0, group_name=symmetric.group_name(group))[1][0]
 
         rows, comm_bytes = m, (world - 1) * m * K * es  # received per rank
         chunk_of = lambda c: (full[: world * (m // c)], w)  # noqa: E731  a chunk's GEMM operands
@@ -156,9 +166,12 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
             reduce_scatter_single(out, compute(), group=group)
             return out
 
-        def overlapped(c, overlap=True, variant="auto", graph=False):
+        def overlapped(c, overlap=True, variant="auto", graph=False, transport="nccl"):
             return matmul_reduce_scatter(x, w, group=group, chunks=c, overlap=overlap, matmul_variant=variant,
-                                         graph=graph)
+                                         graph=graph, transport=transport)
+
+        def async_tp():
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w, "sum", scatter_dim=0, group_name=symmetric.group_name(group))
 
         rows, comm_bytes = M // world, (world - 1) * (M // world) * N * es  # sent per rank
         chunk_of = lambda c: (x.view(world, M // world, kp)[:, : (M // world) // c], w)  # noqa: E731
@@ -173,18 +186,18 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
     ref = sequential().clone()
     runs = []
 
-    def measure(chunks: int, variant: str | None, default: bool, graph: bool = False) -> None:
-        ms = time_ms(lambda: overlapped(chunks, variant=variant, graph=graph), device, warmup=warmup,
-                     repeats=repeats, group=group)
-        got = overlapped(chunks, variant=variant, graph=graph)
-        plain = overlapped(chunks, overlap=False, variant=variant)
+    def measure(chunks: int, variant: str | None, default: bool, graph: bool = False, transport: str = "nccl") -> None:
+        run = lambda: overlapped(chunks, variant=variant, graph=graph, transport=transport)  # noqa: E731
+        ms = time_ms(run, device, warmup=warmup, repeats=repeats, group=group)
+        got = run()
+        plain = overlapped(chunks, overlap=False, variant=variant, transport=transport)
         flag = torch.tensor([1.0 if torch.equal(got, plain) else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         err = torch.tensor([_rel_err(got, ref)], dtype=torch.float64, device=device)
         dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
         ran = resolve_variant("opforge.dist.bench", variant, device) or _matmul_variant(*chunk_of(chunks))
-        runs.append({"chunks": chunks, "default": default, "graph": graph, "matmul_variant": ran,
-                     "matmul_variant_arg": variant, "overlapped_ms": ms,
+        runs.append({"chunks": chunks, "default": default, "graph": graph, "transport": transport,
+                     "matmul_variant": ran, "matmul_variant_arg": variant, "overlapped_ms": ms,
                      "identical_to_unoverlapped": bool(flag.item() == 1.0), "max_rel_err": float(err.item()),
                      "efficiency": (t["sequential"] - ms) / min(t["comm"], t["compute"]),
                      "speedup": t["sequential"] / ms, "ratio_to_max": ms / max(t["comm"], t["compute"])})
@@ -193,15 +206,31 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
         chunks = default_chunks(rows, world, N) if c is None else c
         if not any(r["chunks"] == chunks for r in runs):
             measure(chunks, "auto", c is None)
+    peers = {}
     if device.type == "cuda":  # the same pipeline with dispatch's own GEMM choice (persistent kernels too)
         measure(min(runs, key=lambda r: r["overlapped_ms"])["chunks"], None, False)
-        for c in sorted({r["chunks"] for r in runs}):  # each chunk count replayed as a CUDA graph
+        grid = sorted({r["chunks"] for r in runs})
+        ce = symmetric.unavailable_reason(group) is None
+        for c in grid:  # each chunk count replayed as a CUDA graph, and over the copy engines
             measure(c, "auto", False, graph=True)
+            if ce:
+                measure(c, "auto", False, transport="copy_engine")
+                measure(c, "auto", False, graph=True, transport="copy_engine")
+        if ce:  # PyTorch's own async-TP op on the same operands
+            try:
+                from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+                enable_symm_mem_for_group(symmetric.group_name(group))
+                ms = time_ms(async_tp, device, warmup=warmup, repeats=repeats, group=group)
+                err = _rel_err(async_tp(), ref)
+                peers["torch_async_tp"] = {"median_ms": ms, "max_rel_err": err}
+            except Exception as e:  # noqa: BLE001  a peer that cannot run is recorded, not fatal
+                peers["torch_async_tp"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     best = min(runs, key=lambda r: r["overlapped_ms"])
     tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
     return {
         "op": f"opforge.dist.{op}",
-        "variant": f"chunks={best['chunks']},{best['matmul_variant']}" + (",graph" if best["graph"] else ""),
+        "variant": run_name(best),
         "shape": list(shape),
         "dtype": str(dtype).replace("torch.", ""), "world_size": world,
         "flops": 2 * M * K * N // world, "comm_bytes": comm_bytes,
@@ -212,7 +241,9 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
         "efficiency": best["efficiency"], "speedup": best["speedup"], "ratio_to_max": best["ratio_to_max"],
         "max_rel_err": best["max_rel_err"],
         "correct": all(r["identical_to_unoverlapped"] and r["max_rel_err"] <= tol for r in runs),
-        "peers": {"sequential": {"median_ms": t["sequential"], "ratio": t["sequential"] / best["overlapped_ms"]}},
+        "peers": {"sequential": {"median_ms": t["sequential"], "ratio": t["sequential"] / best["overlapped_ms"]},
+                  **{k: dict(v, ratio=v["median_ms"] / best["overlapped_ms"]) if "median_ms" in v else v
+                     for k, v in peers.items()}},
         "chunk_runs": runs,
     }
 

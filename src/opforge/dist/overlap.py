@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from opforge.dist import group as G
+from opforge.dist import symmetric
 from opforge.dist.collectives import (
     all_gather_single, check_tensor, checks_enabled, exchange, guard, reduce_scatter_single, signature,
 )
@@ -62,6 +63,8 @@ MAX_CHUNKS = 8
 # after the collective: no overlap. Tile-per-program kernels fill whatever SMs
 # are free, so the overlapped chunks use one unless asked otherwise.
 OVERLAP_MATMUL_VARIANT = "triton_tiled"
+TRANSPORTS = ("auto", "nccl", "copy_engine")
+DEFAULT_TRANSPORT = "nccl"
 
 _comm_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -110,6 +113,21 @@ def resolve_variant(where: str, variant: str | None, device: torch.device) -> st
     if variant not in names:
         raise ValueError(f"{where}: matmul_variant must be 'auto', None or one of {names}, got {variant!r}")
     return variant
+
+
+def resolve_transport(where: str, transport: str, group) -> str:
+    """How rows travel between ranks: ``"nccl"`` (the group's collectives: NCCL kernels, or Gloo),
+    ``"copy_engine"`` (peer copies through symmetric memory, see :mod:`opforge.dist.symmetric`:
+    no SM spent on transfers; NCCL groups on one host) or ``"auto"`` (:data:`DEFAULT_TRANSPORT`
+    where it can run, else ``"nccl"``)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"{where}: transport must be one of {TRANSPORTS}, got {transport!r}")
+    if transport == "nccl":
+        return transport
+    reason = symmetric.unavailable_reason(group)
+    if transport == "copy_engine" and reason:
+        raise ValueError(f"{where}: transport='copy_engine' cannot run: {reason}")
+    return "nccl" if reason else DEFAULT_TRANSPORT
 
 
 def _comm_stream(device: torch.device) -> torch.cuda.Stream:
@@ -259,7 +277,8 @@ def _check_operands(where: str, x_name: str, x, w_name: str, w, group) -> None:
 
 
 def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chunks: int | None = None,
-                      overlap: bool = True, matmul_variant: str | None = "auto", graph: bool = False) -> torch.Tensor:
+                      overlap: bool = True, matmul_variant: str | None = "auto", graph: bool = False,
+                      transport: str = "auto") -> torch.Tensor:
     """``all_gather(x_shard, dim 0) @ w`` without waiting for the whole gather.
 
     ``x_shard``: ``[M/p, *, K]``, the same shape on every rank; ``w``:
@@ -268,25 +287,29 @@ def all_gather_matmul(x_shard: torch.Tensor, w: torch.Tensor, *, group=None, chu
     :func:`default_chunks`); ``overlap=False``: the same chunks without overlap;
     ``matmul_variant``: the chunk GEMMs' ``opforge.matmul`` variant on CUDA
     (``"auto"``: see :data:`OVERLAP_MATMUL_VARIANT`; None: dispatch's choice);
-    ``graph=True`` (CUDA, with overlap): replay the pipeline as a CUDA graph (see :func:`_replayed`).
+    ``graph=True`` (CUDA, with overlap): replay the pipeline as a CUDA graph (see :func:`_replayed`);
+    ``transport``: how rows travel, see :func:`resolve_transport`.
     """
     world = G.world_size(group, where=WHERE_AG)
     _check_operands(WHERE_AG, "x_shard", x_shard, "w", w, group)
     variant = resolve_variant(WHERE_AG, matmul_variant, x_shard.device)
+    transport = resolve_transport(WHERE_AG, transport, group)
     if checks_enabled():
         exchange(WHERE_AG, "x_shard's shape and dtype", [], f"{list(x_shard.shape)};{signature(x_shard, w)}", group)
-    run = lambda x: _all_gather_matmul(x, w, group, world, chunks, overlap, variant)  # noqa: E731
+    run = lambda x: _all_gather_matmul(x, w, group, world, chunks, overlap, variant, transport)  # noqa: E731
     if graph and overlap and x_shard.is_cuda:
-        return _replayed(run, x_shard, w, ("ag", id(group), chunks, variant))
+        return _replayed(run, x_shard, w, ("ag", id(group), chunks, variant, transport))
     return run(x_shard)
 
 
-def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, variant) -> torch.Tensor:
+def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, variant, transport: str) -> torch.Tensor:
     """The chunk pipeline of :func:`all_gather_matmul`, its arguments checked.
 
-    The local shard needs no collective, so its GEMM runs first, under the gather of chunk 0;
-    each gathered chunk then multiplies only the other ranks' rows (at most two row blocks,
-    those of the ranks before and after this one)."""
+    The local shard needs no transfer, so its GEMM runs first, under the first transfer. Then
+    each piece arrives in one of two buffers while the previous piece multiplies: with NCCL a
+    piece is chunk j of every rank (one all-gather; its GEMMs take the other ranks' rows, at
+    most two row blocks), with the copy engines it is chunk j of one peer, pulled from the
+    peer's published shard."""
     K, N = w.shape
     me = G.rank(group)
     rows = math.prod(x_shard.shape[:-1])  # local rows, dims past dim 0 flattened
@@ -300,60 +323,80 @@ def _all_gather_matmul(x_shard, w, group, world: int, chunks, overlap: bool, var
         out3[0].copy_(chunk_matmul(x2, w, variant))
         return out
     bounds = chunk_bounds(rows, _check_chunks(WHERE_AG, chunks, rows, world, N))
+    if transport == "copy_engine":
+        h = symmetric.workspace(group, rows * K * x2.element_size())
+        h.barrier(channel=0)  # every peer has read this rank's previous shard
+        symmetric.view(h, me, (rows, K), x2.dtype).copy_(x2)
+        h.barrier(channel=1)  # every shard is published
+        shards = {q: symmetric.view(h, q, (rows, K), x2.dtype) for q in range(world) if q != me}
+        pieces = [((q, q + 1), a, b) for step in range(1, world) for q in [(me + step) % world] for a, b in bounds]
+        slots = 1
+
+        def fetch(buf, ranks, a, b, async_op):
+            return buf[0].copy_(shards[ranks[0]][a:b])
+    else:
+        others = [(r0, r1) for r0, r1 in ((0, me), (me + 1, world)) if r1 > r0]  # ranks' row blocks
+        pieces = [(None, a, b) for a, b in bounds]  # chunk j of every rank
+        slots = world
+
+        def fetch(buf, ranks, a, b, async_op):
+            return all_gather_single(buf.view(-1, K), x2[a:b], group=group, async_op=async_op)
+    ch = _Channel(WHERE_AG, f"the {'copy' if slots == 1 else 'all-gather'} of a chunk", group, x2.device, overlap)
     longest = max(b - a for a, b in bounds)
-    ch = _Channel(WHERE_AG, "the all-gather of a chunk", group, x2.device, overlap)
-    bufs = [torch.empty(world * longest * K, dtype=x2.dtype, device=x2.device)
-            for _ in range(2 if ch.overlapped and len(bounds) > 1 else 1)]
+    bufs = [torch.empty(slots * longest * K, dtype=x2.dtype, device=x2.device)
+            for _ in range(2 if ch.overlapped and len(pieces) > 1 else 1)]
     freed: list[torch.cuda.Event | None] = [None] * len(bufs)
-    others = [(r0, r1) for r0, r1 in ((0, me), (me + 1, world)) if r1 > r0]  # ranks' row blocks to multiply
 
-    def gathered(j):
-        a, b = bounds[j]
-        return bufs[j % len(bufs)][: world * (b - a) * K].view(world, b - a, K)
+    def arrived(i):
+        _, a, b = pieces[i]
+        return bufs[i % len(bufs)][: slots * (b - a) * K].view(slots, b - a, K)
 
-    def start(j):
-        a, b = bounds[j]
-        return ch.start(lambda async_op: all_gather_single(gathered(j).view(-1, K), x2[a:b], group=group,
-                                                           async_op=async_op),
-                        after=freed[j % len(bufs)])
+    def start(i):
+        ranks, a, b = pieces[i]
+        return ch.start(lambda async_op: fetch(arrived(i), ranks, a, b, async_op), after=freed[i % len(bufs)])
 
     pending = start(0)
     out3[me].copy_(chunk_matmul(x2, w, variant))
-    for j, (a, b) in enumerate(bounds):
-        following = start(j + 1) if ch.overlapped and j + 1 < len(bounds) else None
+    for i, (ranks, a, b) in enumerate(pieces):
+        following = start(i + 1) if ch.overlapped and i + 1 < len(pieces) else None
         ch.wait(pending)
-        for r0, r1 in others:
-            y = chunk_matmul(gathered(j)[r0:r1].view((r1 - r0) * (b - a), K), w, variant)
+        got = arrived(i)
+        for r0, r1 in ([ranks] if slots == 1 else others):
+            src = got if slots == 1 else got[r0:r1]
+            y = chunk_matmul(src.view((r1 - r0) * (b - a), K), w, variant)
             out3[r0:r1, a:b].copy_(y.view(r1 - r0, b - a, N))
-        freed[j % len(bufs)] = ch.mark()  # the buffer may be gathered into again
-        if j + 1 < len(bounds):
-            pending = following if ch.overlapped else start(j + 1)
+        freed[i % len(bufs)] = ch.mark()  # the buffer may be filled again
+        if i + 1 < len(pieces):
+            pending = following if ch.overlapped else start(i + 1)
     return out
 
 
 def matmul_reduce_scatter(x: torch.Tensor, w_shard: torch.Tensor, reduce_op: str = "sum", *, group=None,
                           chunks: int | None = None, overlap: bool = True,
-                          matmul_variant: str | None = "auto", graph: bool = False) -> torch.Tensor:
+                          matmul_variant: str | None = "auto", graph: bool = False,
+                          transport: str = "auto") -> torch.Tensor:
     """``reduce_scatter(x @ w_shard, dim 0)`` with the reduction of one chunk
     running under the GEMM of the next.
 
     ``x``: ``[M, *, K/p]`` (M divisible by the group size); ``w_shard``:
     ``[K/p, N]``. Returns ``[M/p, *, N]``: rank r's rows ``[r*M/p, (r+1)*M/p)``
     of the sum (``reduce_op="avg"``: the mean) over ranks of ``x @ w_shard``.
-    ``chunks``, ``overlap``, ``matmul_variant``, ``graph``: as :func:`all_gather_matmul`.
+    ``chunks``, ``overlap``, ``matmul_variant``, ``graph``, ``transport``: as :func:`all_gather_matmul`.
     """
     world = G.world_size(group, where=WHERE_RS)
     _check_operands(WHERE_RS, "x", x, "w_shard", w_shard, group)
     variant = resolve_variant(WHERE_RS, matmul_variant, x.device)
+    transport = resolve_transport(WHERE_RS, transport, group)
     if reduce_op not in ("sum", "avg"):
         raise ValueError(f"{WHERE_RS}: reduce_op must be 'sum' or 'avg', got {reduce_op!r}")
     if x.shape[0] % world:
         raise ValueError(f"{WHERE_RS}: x has {x.shape[0]} rows (dim 0), not divisible by the group size {world}")
     if checks_enabled():
         exchange(WHERE_RS, "x's shape and dtype", [], f"{list(x.shape)};{signature(x, w_shard)}", group)
-    run = lambda a: _matmul_reduce_scatter(a, w_shard, reduce_op, group, world, chunks, overlap, variant)  # noqa: E731
+    pipeline = _matmul_reduce_scatter_ce if transport == "copy_engine" else _matmul_reduce_scatter
+    run = lambda a: pipeline(a, w_shard, reduce_op, group, world, chunks, overlap, variant)  # noqa: E731
     if graph and overlap and x.is_cuda:
-        return _replayed(run, x, w_shard, ("rs", id(group), chunks, variant, reduce_op))
+        return _replayed(run, x, w_shard, ("rs", id(group), chunks, variant, reduce_op, transport))
     return run(x)
 
 
@@ -382,6 +425,44 @@ def _matmul_reduce_scatter(x, w_shard, reduce_op: str, group, world: int, chunks
             after=ch.mark()))
     for h in sent[-2:] if ch.mode == "cuda" else sent:
         ch.wait(h)
+    if reduce_op == "avg":
+        out.div_(world)
+    return out
+
+
+def _matmul_reduce_scatter_ce(x, w_shard, reduce_op: str, group, world: int, chunks, overlap: bool,
+                              variant) -> torch.Tensor:
+    """:func:`matmul_reduce_scatter` over the copy engines: each chunk's partial product for rank q
+    is copied into q's slot for this rank in q's symmetric workspace (the peers' rows first, this
+    rank's own last), and each rank then sums its ``world`` slots in a fixed order."""
+    Kp, N = w_shard.shape
+    me = G.rank(group)
+    rows = math.prod(x.shape[:-1]) // world
+    out = torch.empty((x.shape[0] // world,) + tuple(x.shape[1:-1]) + (N,), dtype=x.dtype, device=x.device)
+    if rows == 0 or Kp == 0:
+        return out.zero_()
+    x3 = x.contiguous().view(world, rows, Kp)
+    bounds = chunk_bounds(rows, _check_chunks(WHERE_RS, chunks, rows, world, N))
+    h = symmetric.workspace(group, world * rows * N * x.element_size())
+    h.barrier(channel=0)  # every rank has summed its slots of the previous call
+    slots = [symmetric.view(h, q, (world, rows, N), x.dtype) for q in range(world)]
+    ch = _Channel(WHERE_RS, "the copy of a chunk's partial sums", group, x.device, overlap)
+    sent: list = []
+    for q in [(me + step) % world for step in range(1, world + 1)]:
+        for a, b in bounds:
+            if ch.mode == "cuda" and len(sent) >= 2:
+                ch.wait(sent[-2])  # at most three chunk partials alive
+            partial = chunk_matmul(x3[q, a:b], w_shard, variant)
+            if q == me:
+                slots[me][me, a:b].copy_(partial)
+                continue
+            if ch.mode == "cuda" and not torch.cuda.is_current_stream_capturing():
+                partial.record_stream(ch.comm)
+            sent.append(ch.start(lambda async_op, d=slots[q][me, a:b], p=partial: d.copy_(p), after=ch.mark()))
+    for handle in sent[-2:]:
+        ch.wait(handle)
+    h.barrier(channel=1)  # every rank's partials have landed
+    torch.sum(slots[me], dim=0, out=out.view(rows, N))
     if reduce_op == "avg":
         out.div_(world)
     return out
