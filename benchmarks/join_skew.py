@@ -1,4 +1,4 @@
-"""Skewed joins: the plain partitioned hash join against the skew-aware one (issue 9) on Zipf keys.
+"""Skewed joins: plain against skew-aware (issue 9) on Zipf keys, in two scenarios.
 
     python benchmarks/join_skew.py [--probe 2000000] [--build 100000] [--zipf 1.2] [--parts 8]
                                    [--threshold 0.05] [--device cuda|cpu] [--repeats 5] [--json [PATH]]
@@ -12,6 +12,14 @@ pairs put back in order); the skew-aware one first finds the heavy keys (a sampl
 rows to every partition. Reported per contender: median wall time (device synchronized), the
 largest partition's rows (what a worker holding that partition must process and hold), and the
 imbalance (largest / mean). Both contenders' pairs are checked equal to the unpartitioned join.
+
+Scenario ``thread_blocks``: the build side's keys follow Zipf(s) (key 0 holds ~18 % of the build
+rows), the probe keys are uniform over the key range, and one ``opforge.hash_join`` runs on the
+whole device. The plain join writes each probe row's pairs in the row-parallel kernel (a program
+of rows loops as often as its row with the most matches); the skew-aware one sends rows past
+``opforge.kernels.hashing.HEAVY_ROW_PAIRS`` pairs to the output-parallel kernel. Both contenders'
+pairs are checked equal to the sort-based join's.
+
 ``--json`` writes the record (to PATH, or stdout without one).
 """
 from __future__ import annotations
@@ -45,6 +53,48 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def time_ms(fn, device, repeats: int) -> tuple[list[float], object]:
+    """Wall times of ``repeats`` runs after one warm-up (device synchronized), and the last result."""
+    times, out = [], None
+    for i in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        if i:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times, out
+
+
+def thread_blocks(args, device) -> list[dict]:
+    """The build-side skew scenario (see the module docstring)."""
+    from opforge.kernels import hashing as K
+    from opforge.ops import hashing
+    from opforge.runtime.dispatch import force_variant
+
+    rng = np.random.default_rng(11)
+    build = torch.tensor((rng.zipf(args.zipf, args.build) - 1) % args.build, device=device)
+    probe = torch.tensor(rng.integers(0, args.build, args.probe), device=device)
+    with force_variant("hash_join", "torch_sort" if device.type == "cuda" else "reference"):
+        want_b, want_p = hashing.hash_join(build, probe)
+    entries, saved = [], K.HEAVY_ROW_PAIRS
+    counts = torch.bincount(build, minlength=args.build)
+    try:
+        for variant, heavy in (("plain", None), ("skew_aware", saved or 32)):
+            K.HEAVY_ROW_PAIRS = heavy
+            with force_variant("hash_join", "triton_hash"):
+                times, (bi, pi) = time_ms(lambda: hashing.hash_join(build, probe), device, args.repeats)
+            if not (torch.equal(bi, want_b) and torch.equal(pi, want_p)):
+                raise SystemExit(f"join_skew: thread_blocks {variant} pairs differ from the sort-based join")
+            entries.append({"scenario": "thread_blocks", "variant": variant, "median_ms": statistics.median(times),
+                            "times_ms": times, "heavy_row_pairs": heavy, "output_rows": int(len(pi)),
+                            "max_build_rows_per_key": int(counts.max()),
+                            "probe_rows_past_threshold": int((counts[probe] > (heavy or 0)).sum()) if heavy else 0})
+    finally:
+        K.HEAVY_ROW_PAIRS = saved
+    return entries
+
+
 def run(args) -> dict:
     from opforge.ops import hashing
     from opforge.sql.physical.skew import hash_dest, heavy_keys, partitioned_pairs
@@ -68,7 +118,7 @@ def run(args) -> dict:
             raise SystemExit(f"join_skew: {variant} pairs differ from the unpartitioned join")
         mean = sum(report.loads) / len(report.loads)
         entries.append({
-            "variant": variant, "median_ms": statistics.median(times), "times_ms": times,
+            "scenario": "partitions", "variant": variant, "median_ms": statistics.median(times), "times_ms": times,
             "max_partition_rows": max(report.loads), "mean_partition_rows": mean,
             "imbalance": max(report.loads) / mean, "heavy_keys": report.heavy[:16],
             "heavy_probe_rows": report.heavy_probe_rows, "replicated_build_rows": report.replicated_build_rows,
@@ -81,7 +131,7 @@ def run(args) -> dict:
         "torch": torch.__version__,
         "config": {"probe": args.probe, "build": args.build, "zipf": args.zipf, "parts": args.parts,
                    "threshold": args.threshold, "repeats": args.repeats},
-        "entries": entries,
+        "entries": entries + (thread_blocks(args, device) if device.type == "cuda" or args.build <= 200_000 else []),
     }
 
 
@@ -101,8 +151,13 @@ def main(argv=None) -> int:
     record = run(args)
     if args.json is None:
         for e in record["entries"]:
-            print(f"{e['variant']:>10}: {e['median_ms']:9.2f} ms  largest partition {e['max_partition_rows']} rows "
-                  f"(imbalance {e['imbalance']:.2f}), heavy keys {e['heavy_keys'][:5]}")
+            line = f"{e['scenario']:>13} {e['variant']:>10}: {e['median_ms']:9.2f} ms"
+            if e["scenario"] == "partitions":
+                line += (f"  largest partition {e['max_partition_rows']} rows (imbalance {e['imbalance']:.2f}), "
+                         f"heavy keys {e['heavy_keys'][:5]}")
+            else:
+                line += f"  {e['output_rows']} pairs, {e['probe_rows_past_threshold']} probe rows output-parallel"
+            print(line)
     elif args.json == "-":
         print(json.dumps(record, indent=1))
     else:

@@ -192,3 +192,20 @@ def test_segment_reduce_extremes_small_blocks(dtype, gen):
         for variant, cfg in (("triton_atomic", {"BLOCK": 16}), ("triton_private", {"BLOCK": 16, "PROGRAMS": 3})):
             out = H.SEGMENT_REDUCE.variant(variant).run(cfg, v, g, 8, op)
             np.testing.assert_array_equal(out.numpy(), want.to_numpy().astype(out.numpy().dtype))
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+@pytest.mark.parametrize("heavy", [None, 0, 3])
+def test_join_skewed_build_keys_heavy_rows(monkeypatch, how, heavy):
+    """Build keys with many duplicates (key 0: 300 rows): probe rows past ``HEAVY_ROW_PAIRS``
+    pairs are written by the output-parallel kernel (small blocks, so one row spans several
+    programs and a grid dim is capped); None writes every row in the row-parallel kernel."""
+    monkeypatch.setattr(K, "HEAVY_ROW_PAIRS", heavy)
+    monkeypatch.setattr(K, "HEAVY_BLOCK", 16)
+    monkeypatch.setattr(K, "MAX_GRID_Y", 4)  # 300 pairs over 4 programs of 16: each loops
+    g = torch.Generator().manual_seed(5)
+    b = torch.cat([torch.zeros(300, dtype=torch.int64), torch.full((40,), 7), torch.randint(-20, 20, (200,), generator=g)])
+    b = b[torch.randperm(len(b), generator=g)]
+    p = torch.randint(-25, 25, (150,), generator=g)
+    pv = torch.rand(150, generator=g) > 0.1
+    check_join(CONFIGS["small_blocks"], b, p, how, pv=pv)

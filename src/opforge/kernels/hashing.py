@@ -30,12 +30,18 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-HASH_VERSION = "1"
+HASH_VERSION = "2"
 
 _FIB = tl.constexpr(0x9E3779B97F4A7C15)
 
 # Largest build side the int32 owner array addresses.
 MAX_BUILD_ROWS = (1 << 31) - 2
+# Join skew inside the GPU: probe rows with more pairs than this go to the output-parallel
+# kernel (programs of HEAVY_BLOCK pairs). None: every row in the row-parallel kernel (the
+# plain join that benchmarks/join_skew.py compares against).
+HEAVY_ROW_PAIRS: int | None = 32
+HEAVY_BLOCK = 256
+MAX_GRID_Y = 65535
 
 
 @triton.jit
@@ -118,11 +124,12 @@ def probe_count_kernel(
 
 @triton.jit
 def probe_write_kernel(
-    slot_ptr, cnt_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr, n,
+    slot_ptr, cnt_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr, n, heavy,
     LEFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Write each probe row's pairs at its offset: the matching build rows in
-    ``perm`` order (ascending build row), or ``(-1, row)`` for a left-join miss."""
+    ``perm`` order (ascending build row), or ``(-1, row)`` for a left-join miss.
+    Rows with more than ``heavy`` pairs are left to :func:`heavy_write_kernel`."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = rows < n
     s = tl.load(slot_ptr + rows, mask=inb, other=-1)
@@ -133,12 +140,33 @@ def probe_write_kernel(
         miss = inb & (c == 0)
         tl.store(out_b_ptr + o, tl.full([BLOCK], -1, tl.int64), mask=miss)
         tl.store(out_p_ptr + o, rows, mask=miss)
+    c = tl.where(c > heavy, 0, c)  # the heavy rows' pairs: heavy_write_kernel
     most = tl.max(c, 0)
     for j in range(0, most):
         w = inb & (j < c)
         b = tl.load(perm_ptr + st + j, mask=w, other=0)
         tl.store(out_b_ptr + o + j, b, mask=w)
         tl.store(out_p_ptr + o + j, rows, mask=w)
+
+
+@triton.jit
+def heavy_write_kernel(row_ptr, slot_ptr, cnt_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr,
+                       BLOCK: tl.constexpr):
+    """The pairs of the heavy probe rows, output-parallel: program (i, j) writes pairs
+    ``[j*BLOCK, (j+1)*BLOCK)`` of heavy row i, so a row with many matches is spread over
+    many programs and every store is coalesced."""
+    i = tl.program_id(0)
+    row = tl.load(row_ptr + i)
+    c = tl.load(cnt_ptr + row)
+    o = tl.load(off_ptr + row)
+    st = tl.load(start_ptr + tl.load(slot_ptr + row))
+    step = tl.num_programs(1).to(tl.int64) * BLOCK
+    for base in range(tl.program_id(1).to(tl.int64) * BLOCK, c, step):
+        j = base + tl.arange(0, BLOCK)
+        w = j < c
+        b = tl.load(perm_ptr + st + j, mask=w, other=0)
+        tl.store(out_b_ptr + o + j, b, mask=w)
+        tl.store(out_p_ptr + o + j, tl.zeros([BLOCK], tl.int64) + row, mask=w)
 
 
 @triton.jit
@@ -228,17 +256,28 @@ def probe_count(keys, valid, table, cfg):
     return slot, cnt
 
 
-def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg):
-    """Pass 2 of the probe: the ``total`` pairs, by probe row then build row."""
+def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg, heavy_rows=None, most=0):
+    """Pass 2 of the probe: the ``total`` pairs, by probe row then build row.
+
+    ``heavy_rows``: probe rows with more than :data:`HEAVY_ROW_PAIRS` pairs (``most``: the
+    largest count), written by the output-parallel kernel. Without it one program of
+    ``BLOCK`` rows loops as often as its row with the most matches: a build key with
+    thousands of rows (skew) makes every program that meets it run that long with one
+    thread busy."""
     import torch
 
     dev = slot.device
     out_b = torch.empty(total, dtype=torch.int64, device=dev)
     out_p = torch.empty(total, dtype=torch.int64, device=dev)
     n = slot.numel()
+    split = heavy_rows is not None and heavy_rows.numel() > 0
     if n and total:
         probe_write_kernel[_grid(n, cfg["BLOCK"])](slot, cnt, offsets, starts, perm, out_b, out_p, n,
+                                                   HEAVY_ROW_PAIRS if split else 2**62 - 1,
                                                    LEFT=left, BLOCK=cfg["BLOCK"])
+    if n and total and split:
+        grid = (heavy_rows.numel(), min(triton.cdiv(most, HEAVY_BLOCK), MAX_GRID_Y))
+        heavy_write_kernel[grid](heavy_rows, slot, cnt, offsets, starts, perm, out_b, out_p, BLOCK=HEAVY_BLOCK)
     return out_b, out_p
 
 
