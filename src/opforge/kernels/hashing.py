@@ -40,8 +40,7 @@ MAX_BUILD_ROWS = (1 << 31) - 2
 # kernel (programs of HEAVY_BLOCK pairs). None: every row in the row-parallel kernel (the
 # plain join that benchmarks/join_skew.py compares against).
 HEAVY_ROW_PAIRS: int | None = 32
-HEAVY_BLOCK = 256
-MAX_GRID_Y = 65535
+HEAVY_BLOCK = 1024
 
 
 @triton.jit
@@ -150,23 +149,28 @@ def probe_write_kernel(
 
 
 @triton.jit
-def heavy_write_kernel(row_ptr, slot_ptr, cnt_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr,
-                       BLOCK: tl.constexpr):
-    """The pairs of the heavy probe rows, output-parallel: program (i, j) writes pairs
-    ``[j*BLOCK, (j+1)*BLOCK)`` of heavy row i, so a row with many matches is spread over
-    many programs and every store is coalesced."""
-    i = tl.program_id(0)
-    row = tl.load(row_ptr + i)
-    c = tl.load(cnt_ptr + row)
-    o = tl.load(off_ptr + row)
-    st = tl.load(start_ptr + tl.load(slot_ptr + row))
-    step = tl.num_programs(1).to(tl.int64) * BLOCK
-    for base in range(tl.program_id(1).to(tl.int64) * BLOCK, c, step):
-        j = base + tl.arange(0, BLOCK)
-        w = j < c
-        b = tl.load(perm_ptr + st + j, mask=w, other=0)
-        tl.store(out_b_ptr + o + j, b, mask=w)
-        tl.store(out_p_ptr + o + j, tl.zeros([BLOCK], tl.int64) + row, mask=w)
+def heavy_write_kernel(row_ptr, hoff_ptr, nh, total, slot_ptr, off_ptr, start_ptr, perm_ptr, out_b_ptr, out_p_ptr,
+                       LOG2: tl.constexpr, BLOCK: tl.constexpr):
+    """The heavy probe rows' pairs, output-parallel: the heavy rows' pairs laid end to end
+    (``hoff``: where each row's start, ``nh + 1`` entries), each program writes ``BLOCK`` of them,
+    every lane finding its row by binary search. A row with many matches is spread over many
+    programs, no program idles, and consecutive lanes store to consecutive addresses."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    w = t < total
+    lo = tl.zeros([BLOCK], tl.int64)
+    hi = tl.zeros([BLOCK], tl.int64) + nh
+    for _ in range(LOG2):  # invariant: hoff[lo] <= t < hoff[hi]
+        mid = (lo + hi) // 2
+        below = tl.load(hoff_ptr + mid, mask=w, other=0) <= t
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid)
+    row = tl.load(row_ptr + lo, mask=w, other=0)
+    j = t - tl.load(hoff_ptr + lo, mask=w, other=0)
+    o = tl.load(off_ptr + row, mask=w, other=0)
+    st = tl.load(start_ptr + tl.load(slot_ptr + row, mask=w, other=0), mask=w, other=0)
+    b = tl.load(perm_ptr + st + j, mask=w, other=0)
+    tl.store(out_b_ptr + o + j, b, mask=w)
+    tl.store(out_p_ptr + o + j, row, mask=w)
 
 
 @triton.jit
@@ -256,14 +260,13 @@ def probe_count(keys, valid, table, cfg):
     return slot, cnt
 
 
-def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg, heavy_rows=None, most=0):
+def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg, heavy_rows=None, heavy_pairs=0):
     """Pass 2 of the probe: the ``total`` pairs, by probe row then build row.
 
-    ``heavy_rows``: probe rows with more than :data:`HEAVY_ROW_PAIRS` pairs (``most``: the
-    largest count), written by the output-parallel kernel. Without it one program of
-    ``BLOCK`` rows loops as often as its row with the most matches: a build key with
-    thousands of rows (skew) makes every program that meets it run that long with one
-    thread busy."""
+    ``heavy_rows``: probe rows with more than :data:`HEAVY_ROW_PAIRS` pairs (``heavy_pairs``
+    in all), written by the output-parallel kernel. Without it one program of ``BLOCK`` rows
+    loops as often as its row with the most matches: a build key with thousands of rows
+    (skew) makes every program that meets it run that long with one thread busy."""
     import torch
 
     dev = slot.device
@@ -276,8 +279,12 @@ def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg, heavy_rows=N
                                                    HEAVY_ROW_PAIRS if split else 2**62 - 1,
                                                    LEFT=left, BLOCK=cfg["BLOCK"])
     if n and total and split:
-        grid = (heavy_rows.numel(), min(triton.cdiv(most, HEAVY_BLOCK), MAX_GRID_Y))
-        heavy_write_kernel[grid](heavy_rows, slot, cnt, offsets, starts, perm, out_b, out_p, BLOCK=HEAVY_BLOCK)
+        nh = heavy_rows.numel()
+        hoff = torch.zeros(nh + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(cnt.gather(0, heavy_rows), 0, out=hoff[1:])
+        heavy_write_kernel[_grid(heavy_pairs, HEAVY_BLOCK)](heavy_rows, hoff, nh, heavy_pairs, slot, offsets, starts,
+                                                            perm, out_b, out_p, LOG2=max(1, nh.bit_length()),
+                                                            BLOCK=HEAVY_BLOCK)
     return out_b, out_p
 
 

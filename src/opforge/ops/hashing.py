@@ -259,14 +259,16 @@ def _join_hash(cfg, build_keys, probe_keys, how="inner", build_valid=None, probe
     offsets = cumsum(out_count, 0, exclusive=True)
     heavy = K.HEAVY_ROW_PAIRS
     if n and heavy is not None:  # the one host sync: the output size, and the skew inside the GPU
-        total, most, n_heavy = torch.stack([offsets[-1] + out_count[-1], cnt.max(), (cnt > heavy).sum()]).tolist()
+        past = cnt > heavy
+        total, n_heavy, heavy_pairs = torch.stack([offsets[-1] + out_count[-1], past.sum(),
+                                                   torch.where(past, cnt, 0).sum()]).tolist()
     else:
-        total, most, n_heavy = (int(offsets[-1] + out_count[-1]) if n else 0), 0, 0
+        total, n_heavy, heavy_pairs = (int(offsets[-1] + out_count[-1]) if n else 0), 0, 0
     cap = 1 << log2cap
     starts = cumsum(counts[:cap], 0, exclusive=True)
     perm = torch.argsort(slots, stable=True)  # rows grouped by slot, in row order; NULL rows (slot CAP) last
-    heavy_rows = compact(rows, cnt > heavy, size=n_heavy) if n_heavy else None
-    return K.probe_write(slot, cnt, offsets, starts, perm, total, how == "left", cfg, heavy_rows, most)
+    heavy_rows = compact(rows, past, size=n_heavy) if n_heavy else None
+    return K.probe_write(slot, cnt, offsets, starts, perm, total, how == "left", cfg, heavy_rows, heavy_pairs)
 
 
 def _group_by_hash(cfg, keys, valid=None):
