@@ -15,6 +15,7 @@ from opforge.sql.expr import Expr, Lit, Ref, and_, conjuncts, fold_constants, sp
 
 
 SEMI_SINK_MAX_SELECTIVITY = 0.5
+SEMI_SETTLE_ROUNDS = 4
 
 
 def optimize(node: P.Node, device, join_order=None) -> P.Node:
@@ -28,7 +29,13 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
     from opforge.sql.planner.cardinality import Estimator
 
     node = _key_sets(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
-    return join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
+    node = join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
+    for _ in range(SEMI_SETTLE_ROUNDS):  # a move can make another one pay: again until none does
+        moves: list = []
+        node = _settle_semi(node, Estimator(node, join_order.stats), moves)
+        if not moves:
+            break
+    return node
 
 
 # ------------------------------------------------------------------------ key sets into aggregates
@@ -146,6 +153,63 @@ def _place(semi: P.Join, target: P.Node, need: set[int]) -> P.Node:
     if isinstance(target, P.Filter) and need <= _cids(target.child):
         return P.Filter(_place(semi, target.child, need), target.predicate)
     return dataclasses.replace(semi, left=target)
+
+
+def _settle_semi(node: P.Node, est, moves: list) -> P.Node:
+    """After join ordering: each semi / anti join goes, among the subtrees below it that hold its
+    left-side columns (down through inner joins, filters and other semi / anti joins), above the
+    one where the plan's estimated C_out (the sum of every join's output rows) is least. TPC-H
+    q21: the EXISTS / NOT EXISTS over lineitem filter the Saudi suppliers' late lines before the
+    join with orders, as DuckDB places them, instead of after it."""
+    from opforge.sql.planner.join_order import _with_inputs
+
+    node = _with_inputs(node, [_settle_semi(c, est, moves) for c in node.inputs()])
+    if not (isinstance(node, P.Join) and node.kind in ("semi", "anti")):
+        return node
+    need = (_refs(node.left_keys) | _refs([node.residual])) & _cids(node.left)
+    best, least = node, _c_out(node, est)
+    for spot in list(_spots(node.left, need))[1:]:
+        moved = _insert(node.left, spot, node)
+        cost = _c_out(moved, est)
+        if cost < least * (1 - 1e-9):
+            best, least = moved, cost
+    if best is not node:
+        moves.append(best)
+    return best
+
+
+def _spots(node: P.Node, need: set[int]):
+    """``node`` and the subtrees below it that output every column of ``need``, top down."""
+    yield node
+    if isinstance(node, P.Join) and node.kind in ("inner", "cross"):
+        for side in (node.left, node.right):
+            if need <= _cids(side):
+                yield from _spots(side, need)
+    elif isinstance(node, P.Join) and node.kind in ("semi", "anti"):
+        yield from _spots(node.left, need)
+    elif isinstance(node, P.Filter) and need <= _cids(node.child):
+        yield from _spots(node.child, need)
+
+
+def _insert(tree: P.Node, spot: P.Node, semi: P.Join) -> P.Node:
+    """``tree`` with ``semi`` (its left input replaced) placed above ``spot``, a subtree of it."""
+    if tree is spot:
+        return dataclasses.replace(semi, left=spot)
+    if isinstance(tree, P.Filter):
+        return dataclasses.replace(tree, child=_insert(tree.child, spot, semi))
+    if _holds(tree.left, spot):
+        return dataclasses.replace(tree, left=_insert(tree.left, spot, semi))
+    return dataclasses.replace(tree, right=_insert(tree.right, spot, semi))
+
+
+def _holds(tree: P.Node, spot: P.Node) -> bool:
+    return tree is spot or any(_holds(c, spot) for c in tree.inputs())
+
+
+def _c_out(node: P.Node, est) -> float:
+    """Estimated sum of the output rows of every join in ``node``."""
+    own = est.rows(node) if isinstance(node, P.Join) else 0.0
+    return own + sum(_c_out(c, est) for c in node.inputs())
 
 
 # ---------------------------------------------------------------------------------------------- top-k

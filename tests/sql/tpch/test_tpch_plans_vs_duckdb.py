@@ -13,15 +13,12 @@ MULTI_JOIN = [2, 3, 5, 7, 8, 9, 10, 11, 15, 16, 17, 18, 20, 21, 22]
 # Measured when written (opforge C_out vs DuckDB C_out, inner joins), and why they cannot be fixed
 # by join ordering: the difference is a rewrite DuckDB makes before ordering joins.
 KNOWN_WORSE = {
-    2: "1671 vs 50: DuckDB decorrelates the min(ps_supplycost) subquery with a DELIM join that passes "
-       "the outer query's part keys into the subquery (magic sets), so its partsupp/supplier/nation/region "
-       "joins see ~1 % of the rows; opforge aggregates the subquery over all parts, then joins",
+    2: "76 vs 50: DuckDB evaluates the min(ps_supplycost) subquery on the outer query's own join result "
+       "(one more join, of the few rows per part), opforge joins partsupp/supplier/nation/region again for "
+       "the outer query's part keys (the key-set semi join keeps that to those parts)",
     18: "16 vs 4: DuckDB 2.0 reuses the IN subquery's GROUP BY l_orderkey aggregate for the outer "
         "sum(l_quantity) and drops the outer lineitem join; opforge's graph still joins lineitem (14 rows) "
         "after the semi join (sunk onto orders) leaves 2 orders",
-    21: "580 vs 407: DuckDB places the EXISTS / NOT EXISTS (semi / anti) joins inside the inner join tree, "
-        "after l1 joins supplier and nation; opforge keeps them above the tree because their right side "
-        "(lineitem) is larger than l1 (placing them is not part of opforge's join enumeration yet)",
 }
 
 
