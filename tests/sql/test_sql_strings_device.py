@@ -77,3 +77,45 @@ def test_queries_through_the_device_path_match_duckdb(monkeypatch):
               "select k from t where w like '_b%' order by k", "select count(*) from t where w like '%e'"]:
         assert con.sql(q).fetchall() == ref.sql(q).fetchall(), q
     assert len(calls) == 4  # every LIKE went through the device path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_short_substring_matches_python_slices(seed):
+    """Each word's slice and the new dictionary (sorted, distinct) against Python's slicing."""
+    rng = random.Random(seed)
+    words = random_words(rng, 300, "abcAB 9-")
+    dw = strings.from_arrow(pa.array(words, pa.string()), "cpu")
+    for begin, length in [(0, 2), (1, 3), (0, 0), (4, 7), (12, 2), (0, 7)]:
+        codes, new = strings.short_substring(dw, begin, length)
+        want = [w[begin:begin + length] for w in words]
+        assert list(new) == sorted(set(want))
+        assert [new[c] for c in codes.tolist()] == want
+
+
+def test_short_substring_declines_what_it_cannot_do_exactly():
+    ascii_words = strings.from_arrow(pa.array(["abc", "de"], pa.string()), "cpu")
+    assert strings.short_substring(ascii_words, 0, strings.SHORT_MAX + 1) is None
+    assert strings.short_substring(strings.from_arrow(pa.array(["ça", "b"], pa.string()), "cpu"), 0, 1) is None
+    assert strings.short_substring(strings.from_arrow(pa.array(["a\0b", "b"], pa.string()), "cpu"), 0, 2) is None
+
+
+def test_substring_queries_through_the_device_path_match_duckdb(monkeypatch):
+    rng = random.Random(3)
+    n = 3 * ARROW_MIN_WORDS
+    words = [f"{rng.randint(10, 40)}-{rng.randint(0, 999):03d}-{i}" for i in range(n)]
+    t = pa.table({"k": list(range(n)), "w": words, "v": [rng.random() for _ in range(n)]})
+    monkeypatch.setattr(expr, "device_like", lambda col: True)
+    calls = []
+    real = strings.short_substring
+    monkeypatch.setattr(strings, "short_substring", lambda *a: calls.append(a[1:]) or real(*a))
+    con = sql.connect(device="cpu")
+    con.register("t", t)
+    ref = duckdb.connect()
+    ref.register("t", t)
+    for q in ["select substring(w, 1, 2) as c, count(*), sum(v) from t where substring(w, 1, 2) in ('13', '31', '23')"
+              " group by c order by c",
+              "select substring(w, 4, 3) as c, count(*) from t group by c order by c limit 5"]:
+        got, want = con.sql(q).fetchall(), ref.sql(q).fetchall()
+        assert [r[:2] for r in got] == [r[:2] for r in want], q
+        assert all(abs(a[-1] - b[-1]) < 1e-6 * max(1.0, abs(b[-1])) for a, b in zip(got, want)), q
+    assert len(calls) >= 3

@@ -639,6 +639,9 @@ def _fused_setup(ctx, inputs, output):
     input, target, weight, scale, ignore_index, label_smoothing, *owned = inputs
     ctx.save_for_backward(output[1], scale)
     ctx.mark_non_differentiable(output[1])
+    # no zero-filled logits-sized gradient for the gradient output (nobody differentiates it):
+    # on the H200 that fill took 78 us of a 1.06 ms training step
+    ctx.set_materialize_grads(False)
     ctx.needs_dx = input.requires_grad
     ctx.grad_owned = bool(owned and owned[0])
 
@@ -683,7 +686,7 @@ def _fused_backward(ctx, grad_stats, grad_dx):
     opforge's sum / mean, and the saved gradient is returned as it is. Any other
     incoming gradient rescales each row (see :func:`_rescale_in_place`)."""
     dx, scale = ctx.saved_tensors
-    if not ctx.needs_dx:
+    if not ctx.needs_dx or grad_stats is None:
         return None, None, None, None, None, None, None
     g = grad_stats[0]
     if g.numel() == 0 or dx.numel() == 0:

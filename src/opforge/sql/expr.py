@@ -500,6 +500,20 @@ def _string_fn(fn, arrow_fn=None):
     return run
 
 
+def _substring_run(e, args, batch):
+    """SUBSTRING: over a large dictionary on the GPU from its bytes there when the slice is short
+    (``strings.short_substring``), else per distinct word (Arrow, or Python)."""
+    (a,) = args
+    start, length = e.extra
+    if len(a.dictionary or ()) >= ARROW_MIN_WORDS and device_like(a) and start >= 1 and length is not None:
+        dw = strings.device_words(a.dictionary, arrow_dictionary(a.dictionary), a.device)
+        out = strings.short_substring(dw, start - 1, length)
+        if out is not None:
+            table, words = out
+            return Column(table[a.values.long()], a.valid, e.type, words)
+    return _substring_words(e, args, batch)
+
+
 def _substring(s: str, extra) -> str:
     start, length = extra
     begin = max(start - 1, 0) if start > 0 else max(len(s) + start, 0) if start < 0 else 0
@@ -569,11 +583,13 @@ def _round(e, args, batch):
     return a
 
 
+_substring_words = _string_fn(_substring, _arrow_substring)
+
 _FUNCS = {
     "arith": _arith, "neg": _neg, "cmp": _compare, "and": _and, "or": _or, "not": _not, "is_null": _is_null,
     "case": _case, "coalesce": _coalesce, "nullif": _nullif, "cast": _cast, "in": _in_list, "like": _like,
     "upper": _string_fn(lambda s, _: s.upper()), "lower": _string_fn(lambda s, _: s.lower()),
-    "length": _string_fn(lambda s, _: len(s)), "substring": _string_fn(_substring, _arrow_substring), "trim": _string_fn(lambda s, _: s.strip()),
+    "length": _string_fn(lambda s, _: len(s)), "substring": _substring_run, "trim": _string_fn(lambda s, _: s.strip()),
     "concat": _concat, "to_string": _cast_string, "extract": _extract, "add_months": _add_months, "abs": _abs,
     "round": _round,
 }
