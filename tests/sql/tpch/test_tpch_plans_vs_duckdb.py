@@ -16,9 +16,6 @@ KNOWN_WORSE = {
     2: "76 vs 50: DuckDB evaluates the min(ps_supplycost) subquery on the outer query's own join result "
        "(one more join, of the few rows per part), opforge joins partsupp/supplier/nation/region again for "
        "the outer query's part keys (the key-set semi join keeps that to those parts)",
-    18: "16 vs 4: DuckDB 2.0 reuses the IN subquery's GROUP BY l_orderkey aggregate for the outer "
-        "sum(l_quantity) and drops the outer lineitem join; opforge's graph still joins lineitem (14 rows) "
-        "after the semi join (sunk onto orders) leaves 2 orders",
 }
 
 

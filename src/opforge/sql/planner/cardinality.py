@@ -287,6 +287,17 @@ class Estimator:
             d *= st.distinct if st is not None and st.distinct > 0 else max(1.0, 0.1 * rows)
         return max(1.0, min(d, rows))
 
+    def _groups(self, keys: list[Expr], rows: float) -> float:
+        """Distinct key combinations among ``rows`` rows drawn from the keys' ``d`` values
+        (Cardenas: d * (1 - (1 - 1/d)^rows)): a filtered or joined input holds fewer of a key's
+        values than the table does, and groups shrink rows only once rows approach d."""
+        d = self._key_distinct(keys, float("inf"))
+        if not math.isfinite(d):  # a key without statistics: the old cap
+            return self._key_distinct(keys, rows)
+        if d <= 1.0 or rows <= 1.0:
+            return max(1.0, min(d, rows))
+        return max(1.0, min(rows, -d * math.expm1(rows * math.log1p(-1.0 / d))))
+
     def _rows(self, n: P.Node) -> float:
         if isinstance(n, P.Scan):
             base = self.tables[n.table].rows if n.table in self.tables else 1000.0
@@ -318,10 +329,10 @@ class Estimator:
                     "full": max(inner, left, right)}.get(n.kind, inner)
         if isinstance(n, P.Aggregate):
             child = self.rows(n.child)
-            return 1.0 if not n.keys else self._key_distinct([e for _, e in n.keys], child)
+            return 1.0 if not n.keys else self._groups([e for _, e in n.keys], child)
         if isinstance(n, P.Distinct):
             child = self.rows(n.child)
-            return self._key_distinct([Ref(o.cid, o.type, o.name) for o in n.outputs], child)
+            return self._groups([Ref(o.cid, o.type, o.name) for o in n.outputs], child)
         if isinstance(n, P.Limit):
             c = self.rows(n.child)
             return c if n.limit is None else min(c, float(n.limit))

@@ -23,6 +23,7 @@ import torch
 from opforge.sql.column import Column
 
 EXACT_DISTINCT_ROWS = 1 << 17
+UNIQUE_CHECK_FRACTION = 0.95  # a HyperLogLog count this close to the rows: check for a key exactly
 HLL_PRECISION = 12
 MCV_COUNT = 8
 MCV_SAMPLE_ROWS = 1 << 16
@@ -50,6 +51,7 @@ class ColumnStats:
     exact: bool  # distinct is exact (else a HyperLogLog estimate)
     mcv: list[tuple[float, float]] = field(default_factory=list)  # (value, fraction of all rows)
     dictionary: tuple[str, ...] | None = None  # STRING: the sorted dictionary the codes index
+    unique: bool = False  # every row holds a distinct non-NULL value (checked exactly): a key
 
     @property
     def null_fraction(self) -> float:
@@ -214,7 +216,15 @@ def column_stats(col: Column, exact_rows: int = EXACT_DISTINCT_ROWS, mcv_count: 
     complete = exact and uniq.numel() <= mcv_count  # few values: keep the whole distribution
     mcv = [(float(v), c * scale / n) for v, c in zip(uniq[top].tolist(), top_counts.tolist())
            if complete or (c * scale > uniform * 1.5 and c >= min_count)]  # else only the skewed ones
-    return ColumnStats(n, nulls, lo, hi, distinct, exact, mcv, col.dictionary)
+    unique = nulls == 0 and (distinct == n if exact else distinct >= UNIQUE_CHECK_FRACTION * n and _all_distinct(values))
+    return ColumnStats(n, nulls, lo, hi, distinct, exact, mcv, col.dictionary, unique)
+
+
+def _all_distinct(values: torch.Tensor) -> bool:
+    """Exactly: no value twice (one pass when ascending, as keys often are; else one sort)."""
+    if bool((values[1:] > values[:-1]).all()):
+        return True
+    return torch.unique(values).numel() == values.numel()
 
 
 def table_stats(table) -> TableStats:
