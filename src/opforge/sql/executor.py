@@ -14,7 +14,7 @@ from opforge.sql import plan as P
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch, Ref
-from opforge.sql.physical.aggregate import run_aggregate
+from opforge.sql.physical.aggregate import run_aggregate, run_window
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.distinct import run_distinct
 from opforge.sql.physical.filter import keep_rows
@@ -85,6 +85,8 @@ class Executor:
             return run_project(node, inputs[0])
         if isinstance(node, P.Aggregate):
             return run_aggregate(node, inputs[0], ctx)
+        if isinstance(node, P.Window):
+            return run_window(node, inputs[0], ctx)
         if isinstance(node, P.Join):
             return run_join(node, inputs[0], inputs[1], ctx)
         if isinstance(node, P.TopK):

@@ -106,6 +106,24 @@ class Aggregate(Unary):
 
 
 @dataclass(eq=False)
+class Window(Unary):
+    """Each row with aggregates over the rows that share its ``partition`` values (SQL's
+    ``agg(x) OVER (PARTITION BY ...)``): the child's columns, then one column per aggregate."""
+    child: Node
+    partition: list[Expr]
+    aggs: list[tuple[OutCol, AggCall]]
+
+    @property
+    def outputs(self):
+        return self.child.outputs + [o for o, _ in self.aggs]
+
+    def describe(self):
+        k = ", ".join(str(e) for e in self.partition)
+        a = ", ".join(f"{o.name}#{o.cid}={c}" for o, c in self.aggs)
+        return f"Window partition=[{k}] aggs=[{a}]"
+
+
+@dataclass(eq=False)
 class Join(Node):
     left: Node
     right: Node

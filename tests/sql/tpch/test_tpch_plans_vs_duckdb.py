@@ -10,14 +10,6 @@ from opforge.sql.tpch import plans, queries, reference
 # queries whose DuckDB plan has two or more join operators
 MULTI_JOIN = [2, 3, 5, 7, 8, 9, 10, 11, 15, 16, 17, 18, 20, 21, 22]
 
-# Measured when written (opforge C_out vs DuckDB C_out, inner joins), and why they cannot be fixed
-# by join ordering: the difference is a rewrite DuckDB makes before ordering joins.
-KNOWN_WORSE = {
-    2: "76 vs 50: DuckDB evaluates the min(ps_supplycost) subquery on the outer query's own join result "
-       "(one more join, of the few rows per part), opforge joins partsupp/supplier/nation/region again for "
-       "the outer query's part keys (the key-set semi join keeps that to those parts)",
-}
-
 
 @pytest.fixture(scope="module")
 def engines(tpch_paths):
@@ -32,8 +24,7 @@ def engines(tpch_paths):
 _ROWS = {}
 
 
-@pytest.mark.parametrize("n", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_WORSE[n], strict=True))
-                               if n in KNOWN_WORSE else n for n in MULTI_JOIN], ids=queries.name)
+@pytest.mark.parametrize("n", MULTI_JOIN, ids=queries.name)
 def test_opforge_c_out_no_worse_than_duckdb(engines, n):
     con, duck = engines
     [row] = plans.compare(con, duck, [n])

@@ -18,7 +18,7 @@ from opforge.sql.errors import NotSupportedError
 from opforge.sql.expr import Batch, cast_values, evaluate
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.keys import dense_ids, key_tensor, partition_bits, partition_of, partitions
-from opforge.sql.plan import Aggregate
+from opforge.sql.plan import Aggregate, Window
 
 GROUP_BYTES_PER_ROW = 48
 _MIX = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -71,6 +71,22 @@ def run_aggregate(node: Aggregate, batch: Batch, ctx: ExecContext | None = None)
         return Batch(cols, sum(o.n for o in outs), dev)
     ctx.note(f"hash aggregate: {n} rows, {len(node.keys)} key(s), {len(node.aggs)} aggregate(s)")
     return _aggregate(node, batch, key_cols)
+
+
+def run_window(node: Window, batch: Batch, ctx: ExecContext | None = None) -> Batch:
+    """The aggregates per partition (the group ids and reductions of :func:`run_aggregate`),
+    each gathered back onto the partition's rows."""
+    n, dev = batch.n, batch.device
+    gid, groups = dense_ids([evaluate(e, batch) for e in node.partition], n, dev)
+    if ctx is not None:
+        ctx.note(f"window: {n} rows in {groups} partitions, {len(node.aggs)} aggregate(s)")
+    out = dict(batch.cols)
+    rows_per_group = []
+    for o, call in node.aggs:
+        per_group = _reduce(call.func, None if call.arg is None else evaluate(call.arg, batch), gid, groups, n, dev,
+                            o.type, rows_per_group)
+        out[o.cid] = per_group.take(gid)
+    return Batch(out, n, dev)
 
 
 def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column]) -> Batch:

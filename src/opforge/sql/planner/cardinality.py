@@ -32,6 +32,7 @@ from opforge.sql.planner.statistics import ColumnStats, TableStats
 
 _FLIP = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 LIKE_SELECTIVITY = 0.1
+LIKE_SAMPLE_WORDS = 20_000
 
 
 # ------------------------------------------------------------------------------- column lookup
@@ -194,8 +195,30 @@ class FilterSelectivity:
             if c.name == "not":
                 return 1.0 - self.of(c.args[0])
             if c.name == "like":
-                return 1.0 - LIKE_SELECTIVITY if c.extra[1] else LIKE_SELECTIVITY
+                hit = self._like(c)
+                return 1.0 - hit if c.extra[1] else hit
         return heuristic_selectivity(c)
+
+
+    def _like(self, c: Func) -> float:
+        """LIKE's selectivity from the column's dictionary: the share of its rows whose word
+        matches (by the most-common values when they hold the whole distribution, else the share
+        of the words, or of a sample of :data:`LIKE_SAMPLE_WORDS` of them, taken as equally common);
+        :data:`LIKE_SELECTIVITY` without one. TPC-H q2's ``p_type LIKE '%BRASS'`` matches 1 in 5."""
+        a = c.args[0]
+        st = self.stats.get(a.cid) if isinstance(a, Ref) else None
+        words = st.dictionary if st is not None else None
+        if not words:
+            return LIKE_SELECTIVITY
+        from opforge.sql.expr import like_regex
+
+        rx = like_regex(c.extra[0])
+        present = 1.0 - st.null_fraction
+        if st.mcv_complete:
+            return sum(f for v, f in st.mcv if 0 <= int(v) < len(words) and rx.fullmatch(words[int(v)]))
+        step = max(1, len(words) // LIKE_SAMPLE_WORDS)
+        sample = words[::step]
+        return present * sum(1 for w in sample if rx.fullmatch(w)) / len(sample)
 
 
 # ------------------------------------------------------------------------------------- joins

@@ -219,6 +219,8 @@ def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
         return P.Project(inputs[0], node.exprs)
     if isinstance(node, P.Aggregate):
         return P.Aggregate(inputs[0], node.keys, node.aggs)
+    if isinstance(node, P.Window):
+        return P.Window(inputs[0], node.partition, node.aggs)
     if isinstance(node, P.Sort):
         return P.Sort(inputs[0], node.keys)
     if isinstance(node, P.Limit):
