@@ -1,18 +1,29 @@
 """Rule-based rewrites on the logical plan: constant folding, predicate pushdown (into scans, through
-projections, into join sides and join keys), projection pruning; then the join order optimizer
-(``sql/planner``) replaces each tree of inner joins by the best one it finds (the binder's FROM
-order, connected relations first, is kept with ``join_reordering="none"``). Before join ordering,
-semi and anti joins sink below inner joins onto the relation whose rows they filter
-(``_sink_semi``), as DuckDB places them: the inner join tree then joins the reduced relation; and
-a decorrelated subquery's aggregate receives the outer key set as a semi join (``_key_sets``)."""
+projections, into join sides and join keys), projection pruning; then, with the join planner on,
+the rewrites DuckDB also makes and the join order optimizer (``sql/planner``), which replaces each
+tree of inner joins by the best one it finds (the binder's FROM order, connected relations first,
+is kept with ``join_reordering="none"``):
+
+* a correlated aggregate subquery over the outer query's own rows becomes a window
+  (``planner/subquery_windows.py``);
+* a decorrelated subquery's aggregate receives the outer key set as a semi join (``_key_sets``);
+* before join ordering, selective semi and anti joins sink onto the relation whose rows they
+  filter (``_sink_semi``); after it, each settles where the plan's estimated C_out is least
+  (``_settle_semi``);
+* aggregates are computed partly below joins that cannot duplicate rows
+  (``planner/eager_aggregation.py``)."""
 from __future__ import annotations
 
 import dataclasses
 import itertools
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, fold_constants, split_equi, substitute
+from opforge.sql.expr import Expr, Lit, Ref, and_, conjuncts, fold_constants, split_equi, substitute
+from opforge.sql.planner.eager_aggregation import eager_aggregate
+from opforge.sql.planner.subquery_windows import windowed_subqueries
 
+
+_cids, _refs = P.output_cids, P.expr_cids
 
 SEMI_SINK_MAX_SELECTIVITY = 0.5
 SEMI_SETTLE_ROUNDS = 4
@@ -28,7 +39,7 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
         return node if join_order is None else join_order.optimize(node)
     from opforge.sql.planner.cardinality import Estimator
 
-    node = _windowed_subqueries(node, join_order.stats)
+    node = windowed_subqueries(node, join_order.stats)
     node = _key_sets(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
     node = join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
     for _ in range(SEMI_SETTLE_ROUNDS):  # a move can make another one pay: again until none does
@@ -36,140 +47,7 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
         node = _settle_semi(node, Estimator(node, join_order.stats), moves)
         if not moves:
             break
-    return _eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
-
-
-# --------------------------------------------------------------- subqueries over the outer query's rows
-WINDOW_FUNCS = ("sum", "count", "count_star", "min", "max", "avg")
-
-
-def _windowed_subqueries(node: P.Node, tables) -> P.Node:
-    """A decorrelated aggregate subquery joined back on its key (``outer LEFT JOIN (SELECT k, agg(x)
-    FROM sub GROUP BY k) ON key = k``) whose relations, filters and join predicates are the outer
-    query's own, less relations joined only on the key through a unique column of theirs, reads
-    the same rows as the outer query does per key: the aggregate becomes a window over the outer
-    rows, partitioned by the key, and the subquery's joins are not run at all. TPC-H q2: the
-    minimum supply cost per part over the outer query's European suppliers, as DuckDB evaluates
-    it. Each outer row is itself one of its key's subquery rows (the same predicates hold), so the
-    left join always finds its group; a relation joined only on the key keeps or drops a key's
-    rows together, so the window sees all of them or none."""
-    from opforge.sql.planner.join_order import _with_inputs
-
-    node = _with_inputs(node, [_windowed_subqueries(c, tables) for c in node.inputs()])
-    if not (isinstance(node, P.Join) and node.kind == "left" and len(node.left_keys) == 1 and node.residual is None):
-        return node
-    proj, agg = (node.right, node.right.child) if isinstance(node.right, P.Project) else (None, node.right)
-    if not (isinstance(agg, P.Aggregate) and len(agg.keys) == 1 and isinstance(agg.keys[0][1], Ref)
-            and all(c.func in WINDOW_FUNCS for _, c in agg.aggs)):
-        return node
-    outer, sub = _flat_joins(node.left), _flat_joins(agg.child)
-    if outer is None or sub is None:
-        return node
-    cmap = _map_relations(sub, outer)
-    if cmap is None:
-        return node
-    key = cmap.get(agg.keys[0][1].cid)
-    lk, rk = node.left_keys[0], node.right_keys[0]
-    k_out = next((o for o, e in (proj.exprs if proj else []) if isinstance(e, Ref) and e.cid == agg.keys[0][0].cid),
-                 agg.keys[0][0] if proj is None else None)
-    if key is None or not isinstance(lk, Ref) or not isinstance(rk, Ref) or k_out is None or rk.cid != k_out.cid             or not _same_class(lk.cid, key, outer[1]) or not _extras_on_key(sub, outer, key, tables):
-        return node
-    if any(c.arg is not None and not c.arg.cids() <= set(cmap) for _, c in agg.aggs):
-        return node
-    aggs = [(o, P.AggCall(c.func, None if c.arg is None else substitute(c.arg, _refs_to(cmap, c.arg)), c.type))
-            for o, c in agg.aggs]
-    key_ref = Ref(key, agg.keys[0][1].type, agg.keys[0][1].name)
-    window = P.Window(node.left, [key_ref], aggs)
-    if proj is None:  # the join's right columns, in order: the key, then the aggregates
-        right = [(k_out, key_ref)] + [(o, Ref(o.cid, o.type, o.name)) for o, _ in aggs]
-    else:
-        right = [(o, key_ref if o.cid == k_out.cid else e) for o, e in proj.exprs]
-    return P.Project(window, [(o, Ref(o.cid, o.type, o.name)) for o in node.left.outputs] + right)
-
-
-def _flat_joins(node: P.Node):
-    """(scans, equi-join column pairs) of a tree of inner joins over scans, else None."""
-    if isinstance(node, P.Scan):
-        return [node], []
-    if not (isinstance(node, P.Join) and node.kind == "inner" and node.residual is None and node.left_keys):
-        return None
-    left, right = _flat_joins(node.left), _flat_joins(node.right)
-    if left is None or right is None or not all(isinstance(k, Ref) for k in node.left_keys + node.right_keys):
-        return None
-    pairs = [(a.cid, b.cid) for a, b in zip(node.left_keys, node.right_keys)]
-    return left[0] + right[0], left[1] + right[1] + pairs
-
-
-def _map_relations(sub, outer) -> dict[int, int] | None:
-    """sub's column ids -> outer's, when each sub scan has the one outer scan of its table with
-    the same filters and columns, and sub's join predicates are exactly outer's among those scans."""
-    (sscans, spairs), (oscans, opairs) = sub, outer
-    by_table = {}
-    for o in oscans:
-        if o.table in by_table:
-            return None  # a table twice: which copy is which is not decided here
-        by_table[o.table] = o
-    if len({s.table for s in sscans}) != len(sscans):
-        return None
-    cmap: dict[int, int] = {}
-    for s in sscans:
-        o = by_table.get(s.table)
-        if o is None:
-            return None
-        names = {c.name: c.cid for c in o.outputs}
-        for c in s.outputs:
-            if c.name not in names:
-                return None
-            cmap[c.cid] = names[c.name]
-        mapped = sorted(str(substitute(f, _refs_to(cmap, f))) for f in s.filters)
-        if mapped != sorted(str(f) for f in o.filters):
-            return None
-    inside = {cmap[c] for c in cmap}
-    want = {frozenset((cmap[a], cmap[b])) for a, b in spairs}
-    have = {frozenset(p) for p in opairs if set(p) <= inside}
-    return cmap if want == have else None
-
-
-def _refs_to(cmap: dict[int, int], e: Expr) -> dict[int, Expr]:
-    return {r.cid: Ref(cmap[r.cid], r.type, r.name) for r in _ref_nodes(e) if r.cid in cmap}
-
-
-def _ref_nodes(e: Expr) -> list[Ref]:
-    if isinstance(e, Ref):
-        return [e]
-    return [r for c in e.children() for r in _ref_nodes(c)] if hasattr(e, "children") else []
-
-
-def _same_class(a: int, b: int, pairs) -> bool:
-    """Whether the join predicates ``pairs`` make columns ``a`` and ``b`` equal."""
-    seen, todo = {a}, [a]
-    while todo:
-        x = todo.pop()
-        for p, q in pairs:
-            for u, v in ((p, q), (q, p)):
-                if u == x and v not in seen:
-                    seen.add(v)
-                    todo.append(v)
-    return b in seen
-
-
-def _extras_on_key(sub, outer, key: int, tables) -> bool:
-    """Every outer scan not in ``sub`` joins the rest only on columns equal to ``key``, through a
-    column of its own that is unique (at most one of its rows per key value)."""
-    sub_tables = {s.table for s in sub[0]}
-    for scan in outer[0]:
-        if scan.table in sub_tables:
-            continue
-        mine = _cids(scan)
-        links = [(p, q) for p, q in outer[1] if (p in mine) != (q in mine)]
-        if not links:
-            return False
-        uniq = _unique_columns(scan, tables)
-        for p, q in links:
-            own, other = (p, q) if p in mine else (q, p)
-            if own not in uniq or not _same_class(other, key, outer[1]):
-                return False
-    return True
+    return eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
 
 
 # ------------------------------------------------------------------------ key sets into aggregates
@@ -346,144 +224,6 @@ def _c_out(node: P.Node, est) -> float:
     return own + sum(_c_out(c, est) for c in node.inputs())
 
 
-# ------------------------------------------------------------------------------- eager aggregation
-EAGER_FUNCS = {"sum": "sum", "count": "sum", "count_star": "sum", "min": "min", "max": "max"}  # partial -> final
-
-
-def _eager_aggregate(node: P.Node, est, new_cids) -> P.Node:
-    """Eager aggregation (Yan & Larson): an aggregate whose arguments all come from one input S of
-    the joins below it, where every join between S and the aggregate meets at most one row on the
-    other side (its key there is unique), is computed in two steps: a partial aggregate of S grouped
-    by the columns of S used above it (the final keys, join keys, predicates), then the joins on
-    the fewer rows, then the final aggregate combining the partials (sums of sums and counts, min of
-    mins). Each row of S meets the same other rows as its partial group, so the groups and values
-    are those of the one-step aggregate. Applied where the partial aggregate is estimated to shrink
-    S. TPC-H q13: orders counted per customer before the outer join (150,000 rows out at SF 1
-    instead of 1.5M); q18, q10: lineitem summed per order, or per customer, before the joins, as
-    DuckDB plans them."""
-    from opforge.sql.planner.join_order import _with_inputs
-
-    node = _with_inputs(node, [_eager_aggregate(c, est, new_cids) for c in node.inputs()])
-    if not isinstance(node, P.Aggregate) or not node.keys or not node.aggs \
-            or any(a.func not in EAGER_FUNCS for _, a in node.aggs):
-        return node
-    args = _refs([a.arg for _, a in node.aggs if a.arg is not None])
-    if not args:
-        return node
-    best = None
-    for site, above, outer in _partial_sites(node.child, args, _refs([e for _, e in node.keys]), node.aggs,
-                                             est.tables):
-        keys = [o for o in site.outputs if o.cid in above]
-        ratio = est.rows(P.Aggregate(site, [(o, Ref(o.cid, o.type, o.name)) for o in keys], [])) / \
-            max(1.0, est.rows(site))
-        if ratio <= EAGER_MAX_FRACTION and (best is None or ratio <= best[0]):
-            best = (ratio, site, keys, outer)
-    if best is None:
-        return node
-    _, site, keys, outer = best
-    partials = [(P.OutCol(next(new_cids), f"partial_{o.name}", a.type), a) for o, a in node.aggs]
-    pre = P.Aggregate(site, [(o, Ref(o.cid, o.type, o.name)) for o in keys], partials)
-    finals, fixes = [], []
-    for (o, a), (po, _) in zip(node.aggs, partials):
-        combined = P.AggCall(EAGER_FUNCS[a.func], Ref(po.cid, po.type, po.name), a.type)
-        if outer and a.func == "count":  # a customer with no orders: the partial is NULL, the count 0
-            mid = P.OutCol(next(new_cids), o.name, o.type)
-            finals.append((mid, combined))
-            fixes.append((o, Func("coalesce", [Ref(mid.cid, mid.type, mid.name), Lit(0, o.type)], o.type)))
-        else:
-            finals.append((o, combined))
-            fixes.append((o, Ref(o.cid, o.type, o.name)))
-    top = P.Aggregate(_swap(node.child, site, pre), node.keys, finals)
-    if all(isinstance(e, Ref) and e.cid == o.cid for o, e in fixes):
-        return top
-    return P.Project(top, [(o, Ref(o.cid, o.type, o.name)) for o, _ in node.keys] + fixes)
-
-
-EAGER_MAX_FRACTION = 0.8
-
-
-def _partial_sites(node: P.Node, args: set[int], used: set[int], aggs, tables):
-    """Each input S below ``node``, top down, that holds ``args`` and whose rows each meet at most
-    one row of every other input between S and ``node``: (S, columns of S used above it, whether
-    S is on the NULL-supplying side of an outer join). ``used``: the columns the aggregate groups
-    by; every column read above S becomes a grouping key of the partial aggregate (an argument
-    too: grouped by its value, its partial is still exact)."""
-    outer, cur = False, node
-    while True:
-        step = _below(cur, args, aggs, tables)
-        if step is None:
-            return
-        cur, reads, null_side = step
-        used = used | reads  # grouping keys of the partial: a column read above keeps its values
-        outer = outer or null_side
-        yield cur, used & _cids(cur), outer
-
-
-def _below(node: P.Node, args: set[int], aggs, tables):
-    """The input of ``node`` one step down towards ``args`` that a partial aggregate may replace:
-    (input, columns ``node`` reads from it, whether the input is NULL-supplying), or None."""
-    if isinstance(node, P.Filter) and args <= _cids(node.child):
-        return node.child, _refs([node.predicate]), False
-    if not isinstance(node, P.Join):
-        return None
-    reads = _refs(list(node.left_keys) + list(node.right_keys) + [node.residual])
-    if node.kind in ("semi", "anti") and args <= _cids(node.left):
-        return node.left, reads, False
-    if node.kind not in ("inner", "left") or not node.left_keys:
-        return None
-    if args <= _cids(node.left) and _unique(node.right, node.right_keys, tables):
-        return node.left, reads, False
-    if args <= _cids(node.right) and _unique(node.left, node.left_keys, tables):
-        if node.kind == "left" and any(a.func == "count_star" for _, a in aggs):
-            return None  # an unmatched row counts 1 under the outer join, 0 in a partial count
-        return node.right, reads, node.kind == "left"
-    return None
-
-
-def _unique(node: P.Node, keys, tables) -> bool:
-    """Whether ``keys`` (column refs) hold each value on at most one row of ``node``."""
-    cids = {k.cid for k in keys if isinstance(k, Ref)}
-    if len(cids) != len(keys):
-        return False
-    if isinstance(node, P.Scan):
-        return any(c in cids for c in _unique_columns(node, tables))
-    if isinstance(node, (P.Filter, P.Limit, P.TopK)) or (isinstance(node, P.Join) and node.kind in ("semi", "anti")):
-        return _unique(node.inputs()[0], keys, tables)
-    if isinstance(node, P.Aggregate):
-        return {o.cid for o, _ in node.keys} <= cids
-    if isinstance(node, P.Join) and node.kind == "inner" and node.left_keys:
-        mine = [k for k in keys if k.cid in _cids(node.left)]
-        theirs = [k for k in keys if k.cid in _cids(node.right)]
-        # a side's unique key stays unique when each of its rows meets at most one row of the other
-        if mine and not theirs:
-            return _unique(node.left, mine, tables) and _unique(node.right, node.right_keys, tables)
-        if theirs and not mine:
-            return _unique(node.right, theirs, tables) and _unique(node.left, node.left_keys, tables)
-    return False
-
-
-def _unique_columns(scan: P.Scan, tables) -> set[int]:
-    """Columns of a scan that are keys of its table (``ColumnStats.unique``)."""
-    table = tables.get(scan.table)
-    if table is None:
-        return set()
-    out = set()
-    for o in scan.outputs:
-        st = table.columns.get(o.name)
-        if st is not None and st.unique:
-            out.add(o.cid)
-    return out
-
-
-def _swap(node: P.Node, old: P.Node, new: P.Node) -> P.Node:
-    """``node`` with the subtree ``old`` replaced by ``new``."""
-    from opforge.sql.planner.join_order import _with_inputs
-
-    if node is old:
-        return new
-    return _with_inputs(node, [_swap(c, old, new) for c in node.inputs()])
-
-
 # ---------------------------------------------------------------------------------------------- top-k
 def _topk(node: P.Node) -> P.Node:
     """Limit(k) over Sort, directly or through a row-wise Project, becomes TopK(k) (under the
@@ -550,10 +290,6 @@ def _wrap(node, preds):
     return P.Filter(node, and_(preds)) if preds else node
 
 
-def _cids(node) -> set[int]:
-    return {o.cid for o in node.outputs}
-
-
 def _push(node: P.Node, preds: list[Expr]) -> P.Node:
     if isinstance(node, P.Filter):
         return _push(node.child, preds + conjuncts(node.predicate))
@@ -610,14 +346,6 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
 
 
 # ------------------------------------------------------------------------------------------ pruning
-def _refs(exprs) -> set[int]:
-    out: set[int] = set()
-    for e in exprs:
-        if e is not None:
-            out |= e.cids()
-    return out
-
-
 def _prune(node: P.Node, need: set[int]) -> P.Node:
     if isinstance(node, P.Scan):
         keep = need | _refs(node.filters)

@@ -212,3 +212,17 @@ def explain(node: Node, indent: int = 0, estimate=None) -> str:
     for c in node.inputs():
         lines.append(explain(c, indent + 1, estimate))
     return "\n".join(lines)
+
+
+def output_cids(node: Node) -> set[int]:
+    """The column ids ``node`` outputs."""
+    return {o.cid for o in node.outputs}
+
+
+def expr_cids(exprs) -> set[int]:
+    """The column ids ``exprs`` read (None entries skipped)."""
+    out: set[int] = set()
+    for e in exprs:
+        if e is not None:
+            out |= e.cids()
+    return out
