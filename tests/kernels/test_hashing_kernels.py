@@ -208,3 +208,17 @@ def test_join_skewed_build_keys_heavy_rows(monkeypatch, how, heavy):
     p = torch.randint(-25, 25, (150,), generator=g)
     pv = torch.rand(150, generator=g) > 0.1
     check_join(CONFIGS["small_blocks"], b, p, how, pv=pv)
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_join_with_at_most_one_match_per_probe_row_uses_the_slot_owner(monkeypatch, how):
+    """A build side whose repeated keys no probe row meets still writes the right build rows
+    through the one-match path (each matched slot holds one build row)."""
+    calls = []
+    real = K.probe_write_single
+    monkeypatch.setattr(K, "probe_write_single", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(3)
+    b = torch.cat([torch.randperm(60, generator=g), torch.full((5,), 500)])  # 500 repeats, never probed
+    p = torch.randint(-10, 80, (120,), generator=g)
+    check_join(CONFIGS["small_blocks"], b, p, how)
+    assert calls == [1]

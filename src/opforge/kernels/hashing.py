@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-HASH_VERSION = "2"
+HASH_VERSION = "3"
 
 _FIB = tl.constexpr(0x9E3779B97F4A7C15)
 
@@ -146,6 +146,26 @@ def probe_write_kernel(
         b = tl.load(perm_ptr + st + j, mask=w, other=0)
         tl.store(out_b_ptr + o + j, b, mask=w)
         tl.store(out_p_ptr + o + j, rows, mask=w)
+
+
+@triton.jit
+def probe_write_single_kernel(slot_ptr, cnt_ptr, off_ptr, owner_ptr, out_b_ptr, out_p_ptr, n,
+                              LEFT: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 2 when no probe row matches more than one build row (unique build keys, the usual
+    key-foreign-key join): the build row is the slot's owner (the row that inserted the key), so
+    the build rows need no grouping by slot (no sort, no scan over the table)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = rows < n
+    s = tl.load(slot_ptr + rows, mask=inb, other=-1)
+    c = tl.load(cnt_ptr + rows, mask=inb, other=0)
+    o = tl.load(off_ptr + rows, mask=inb, other=0)
+    hit = inb & (c > 0)
+    b = tl.load(owner_ptr + s, mask=hit, other=0).to(tl.int64) - 1
+    w = hit
+    if LEFT:  # a probe row without a match: (-1, row)
+        w = w | (inb & (c == 0))
+    tl.store(out_b_ptr + o, tl.where(hit, b, -1), mask=w)
+    tl.store(out_p_ptr + o, rows, mask=w)
 
 
 @triton.jit
@@ -285,6 +305,21 @@ def probe_write(slot, cnt, offsets, starts, perm, total, left, cfg, heavy_rows=N
         heavy_write_kernel[_grid(heavy_pairs, HEAVY_BLOCK)](heavy_rows, hoff, nh, heavy_pairs, slot, offsets, starts,
                                                             perm, out_b, out_p, LOG2=max(1, nh.bit_length()),
                                                             BLOCK=HEAVY_BLOCK)
+    return out_b, out_p
+
+
+def probe_write_single(slot, cnt, offsets, owner, total, left, cfg):
+    """Pass 2 of the probe when every probe row has at most one match (see
+    :func:`probe_write_single_kernel`): the ``total`` pairs, by probe row."""
+    import torch
+
+    dev = slot.device
+    out_b = torch.empty(total, dtype=torch.int64, device=dev)
+    out_p = torch.empty(total, dtype=torch.int64, device=dev)
+    n = slot.numel()
+    if n and total:
+        probe_write_single_kernel[_grid(n, cfg["BLOCK"])](slot, cnt, offsets, owner, out_b, out_p, n,
+                                                          LEFT=left, BLOCK=cfg["BLOCK"])
     return out_b, out_p
 
 

@@ -41,8 +41,10 @@ pass over the data: each op makes one device-to-host sync to size its output
 
 Variants, in dispatch order: ``triton_hash`` (open-addressing table built
 with atomic compare-and-swap, linear probing; join: count pass, exclusive
-scan, write pass; the build side's duplicates are grouped by a stable sort of
-the build rows' slot ids, so pairs come out in build-row order),
+scan, write pass; when no probe row meets more than one build row, its match is
+the row that owns the slot; otherwise the build side's duplicates are grouped
+by a stable sort of the build rows' slot ids, so pairs come out in build-row
+order, and probe rows with many matches are written output-parallel),
 ``torch_sort`` (sort + searchsorted / unique, CUDA: the peer) and
 ``reference`` (the same plain-torch sort algorithm on any device: the oracle
 and the CPU fallback). ``segment_reduce``: ``triton_atomic``, ``torch_sort``,
@@ -257,13 +259,15 @@ def _join_hash(cfg, build_keys, probe_keys, how="inner", build_valid=None, probe
         return torch.full_like(pi, -1), pi
     out_count = cnt if how == "inner" else cnt.clamp(min=1)
     offsets = cumsum(out_count, 0, exclusive=True)
+    if not n:
+        return torch.zeros(0, dtype=torch.int64, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
     heavy = K.HEAVY_ROW_PAIRS
-    if n and heavy is not None:  # the one host sync: the output size, and the skew inside the GPU
-        past = cnt > heavy
-        total, n_heavy, heavy_pairs = torch.stack([offsets[-1] + out_count[-1], past.sum(),
-                                                   torch.where(past, cnt, 0).sum()]).tolist()
-    else:
-        total, n_heavy, heavy_pairs = (int(offsets[-1] + out_count[-1]) if n else 0), 0, 0
+    past = cnt > (heavy if heavy is not None else torch.iinfo(torch.int64).max)
+    # the one host sync: the output size, the most matches of a row, and the skew inside the GPU
+    total, most, n_heavy, heavy_pairs = torch.stack([offsets[-1] + out_count[-1], cnt.max(), past.sum(),
+                                                     torch.where(past, cnt, 0).sum()]).tolist()
+    if most <= 1:  # no probe row meets a repeated build key: each match is its slot's one row
+        return K.probe_write_single(slot, cnt, offsets, owner, total, how == "left", cfg)
     cap = 1 << log2cap
     starts = cumsum(counts[:cap], 0, exclusive=True)
     perm = torch.argsort(slots, stable=True)  # rows grouped by slot, in row order; NULL rows (slot CAP) last
