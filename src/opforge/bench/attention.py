@@ -246,7 +246,11 @@ def accuracy_table(device: torch.device, shapes=((2, 8, 1024, 128), (1, 8, 4096,
 # Peak memory of forward + backward
 # ---------------------------------------------------------------------------
 def _peak_mib(fn, q, k, v, do) -> float:
-    """Peak memory above the inputs while ``fn`` runs forward + backward."""
+    """Peak memory above the inputs while ``fn`` runs forward + backward, after one untimed
+    forward + backward: a first call may autotune (trial outputs, the timer's cache-flush
+    buffer), which is not what a training step holds (the fourth session's table showed ours
+    130 MiB over SDPA at S = 2048 only, the first shape measured)."""
+    torch.autograd.grad(fn(q, k, v), (q, k, v), do)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
