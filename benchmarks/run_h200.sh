@@ -2,7 +2,7 @@
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
 #   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile
-#           profile-cases tpch dist
+#           profile-cases tpch dist stream
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join and Zipf skew-join benches; profile: `opforge profile` over every op, ncu on one op, the
@@ -75,6 +75,14 @@ for phase in "$@"; do
       done ;;
     sass)
       python3 benchmarks/sass_check.py --json "$OUT/sass-$stamp.json" ;;
+    stream)
+      # issue 10: Nexmark with events generated in device memory, in micro-batches large enough that the
+      # per-batch host cost (~2.5 ms, third session) stops dominating; then host-fed and the Bytewax peer
+      timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events "${STREAM_EVENTS:-67108864}" \
+        --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q7}" --feeds device \
+        --json "$OUT/stream-nexmark-large-$stamp.json" || echo "stream large: exit $?"
+      timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events 4000000 \
+        --batch-size 1048576 --json "$OUT/stream-nexmark-$stamp.json" || echo "stream: exit $?" ;;
     extras)
       timeout 240 python3 -c "import json, torch; from opforge.bench import attention as A; d = torch.device('cuda'); \
 json.dump({'peak_memory': A.peak_memory_table(d), 'accuracy': A.accuracy_table(d)}, open('$OUT/attention-tables-$stamp.json', 'w'), indent=1, default=str)"
