@@ -6,6 +6,8 @@ collective overlapped with a GEMM takes its SMs from the GEMM and the pair runs 
 one after the other. A symmetric buffer (``torch.distributed._symmetric_memory``, the mechanism
 of PyTorch's async-TP ops) is mapped into every rank's address space; ``dst.copy_(peer_view)``
 is then a peer-to-peer ``cudaMemcpyAsync`` that the copy engines run over NVLink, using no SM.
+Measured there (2026-11-30): overlapped GEMMs over this transport land within 10 % of NCCL's, so
+the SMs are not the only limit (BENCHMARKS.md, fifth session).
 
 One workspace per process group, grown when a call needs more (never while a CUDA graph is
 being captured) and rendezvoused by every rank together, as a collective.
