@@ -11,7 +11,8 @@ is kept with ``join_reordering="none"``):
   filter (``_sink_semi``); after it, each settles where the plan's estimated C_out is least
   (``_settle_semi``);
 * aggregates are computed partly below joins that cannot duplicate rows
-  (``planner/eager_aggregation.py``)."""
+  (``planner/eager_aggregation.py``), and group on the keys that determine the others
+  (``planner/dependencies.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ import itertools
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Expr, Lit, Ref, and_, conjuncts, fold_constants, split_equi, substitute
+from opforge.sql.planner.dependencies import group_on_determinants
 from opforge.sql.planner.eager_aggregation import eager_aggregate
 from opforge.sql.planner.subquery_windows import windowed_subqueries
 
@@ -47,7 +49,8 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
         node = _settle_semi(node, Estimator(node, join_order.stats), moves)
         if not moves:
             break
-    return eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
+    node = eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
+    return group_on_determinants(node, join_order.stats)
 
 
 # ------------------------------------------------------------------------ key sets into aggregates

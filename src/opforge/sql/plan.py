@@ -94,6 +94,9 @@ class Aggregate(Unary):
     child: Node
     keys: list[tuple[OutCol, Expr]]
     aggs: list[tuple[OutCol, AggCall]]
+    # positions of the keys the groups are formed on (None: all); the other keys follow from
+    # them (functional dependencies, ``planner/dependencies.py``) and are read off each group's first row
+    grouped: tuple[int, ...] | None = None
 
     @property
     def outputs(self):
@@ -102,7 +105,9 @@ class Aggregate(Unary):
     def describe(self):
         k = ", ".join(str(e) for _, e in self.keys)
         a = ", ".join(f"{o.name}#{o.cid}={c}" for o, c in self.aggs)
-        return f"Aggregate keys=[{k}] aggs=[{a}]"
+        on = "" if self.grouped is None else \
+            f" grouped on [{', '.join(str(self.keys[i][1]) for i in self.grouped)}] (the other keys follow)"
+        return f"Aggregate keys=[{k}]{on} aggs=[{a}]"
 
 
 @dataclass(eq=False)

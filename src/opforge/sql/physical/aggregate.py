@@ -57,7 +57,8 @@ def run_aggregate(node: Aggregate, batch: Batch, ctx: ExecContext | None = None)
     if bits:
         ctx.note(f"radix-partitioned into {1 << bits} parts (group table <= {n * GROUP_BYTES_PER_ROW} B "
                  f"> budget {ctx.memory_budget} B)")
-        parts = [p for p in partitions(partition_of(_row_hash(key_cols), bits), bits) if len(p)]
+        on = key_cols if node.grouped is None else [key_cols[i] for i in node.grouped]
+        parts = [p for p in partitions(partition_of(_row_hash(on), bits), bits) if len(p)]
         outs = [_aggregate(node, batch.take(idx), [c.take(idx) for c in key_cols]) for idx in parts]
         if not outs:
             return _aggregate(node, batch, key_cols)
@@ -91,7 +92,8 @@ def run_window(node: Window, batch: Batch, ctx: ExecContext | None = None) -> Ba
 
 def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column]) -> Batch:
     n, dev = batch.n, batch.device
-    gid, groups = dense_ids(key_cols, n, dev)
+    grouped = key_cols if node.grouped is None else [key_cols[i] for i in node.grouped]
+    gid, groups = dense_ids(grouped, n, dev)
     if not node.keys:
         groups = 1
     out: dict[int, Column] = {}

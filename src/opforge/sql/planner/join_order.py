@@ -218,7 +218,7 @@ def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
     if isinstance(node, P.Project):
         return P.Project(inputs[0], node.exprs)
     if isinstance(node, P.Aggregate):
-        return P.Aggregate(inputs[0], node.keys, node.aggs)
+        return dataclasses.replace(node, child=inputs[0])
     if isinstance(node, P.Window):
         return P.Window(inputs[0], node.partition, node.aggs)
     if isinstance(node, P.Sort):
