@@ -6,8 +6,10 @@ masked-off lanes aim their compare-and-swap, since ``tl.atomic_cas`` takes no
 mask). A slot is owned by the first build row that claims it: ``owner[slot]``
 holds that row + 1 (0 = empty), so any key value is legal, INT_MIN and
 INT_MAX included: no key is reserved as the empty marker. The winner also
-copies its key into ``tkeys[slot]``; kernels launched later read the copy
-(one load) instead of chasing ``keys[owner - 1]``. Inside the build kernel a
+copies its key (as int64) into the slot; kernels launched later read the copy
+instead of chasing ``keys[owner - 1]``. A slot is one 16-byte entry, the owner,
+the row count (join builds) and the key side by side, so a probe step reads one
+32-byte sector of the table, not one in each of three arrays. Inside the build kernel a
 loser compares against ``keys[owner - 1]`` (the input, always visible), never
 against the copy, which another program may not have written yet.
 
@@ -30,9 +32,12 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-HASH_VERSION = "3"
+HASH_VERSION = "4"
 
 _FIB = tl.constexpr(0x9E3779B97F4A7C15)
+# One 16-byte entry per slot: int32 owner, int32 count, int64 key (see the module docstring)
+ENTRY = tl.constexpr(4)  # int32 words per entry: owner at 4*slot, count at 4*slot + 1
+KEY_STEP = tl.constexpr(2)  # int64 words per entry: the key at 2*slot + 1
 
 # Largest build side the int32 owner array addresses.
 MAX_BUILD_ROWS = (1 << 31) - 2
@@ -74,9 +79,9 @@ def insert_kernel(
     zero = tl.zeros([BLOCK], tl.int32)
     while tl.max(active.to(tl.int32), 0) > 0:
         target = tl.where(active, pos, CAP)
-        old = tl.atomic_cas(owner_ptr + target, zero, tl.where(active, me, zero))
+        old = tl.atomic_cas(owner_ptr + target * ENTRY, zero, tl.where(active, me, zero))
         won = active & (old == 0)
-        tl.store(tkeys_ptr + pos, k.to(tkeys_ptr.dtype.element_ty), mask=won)
+        tl.store(tkeys_ptr + pos * KEY_STEP, k, mask=won)
         taken = active & (old != 0)
         other = tl.load(keys_ptr + (old.to(tl.int64) - 1), mask=taken, other=0).to(tl.int64)
         done = won | (taken & (other == k))
@@ -86,7 +91,7 @@ def insert_kernel(
     tl.store(slot_ptr + rows, slot, mask=inb)
     placed = inb & (slot < CAP)
     if COUNT:
-        tl.atomic_add(count_ptr + slot, tl.full([BLOCK], 1, tl.int32), mask=placed)
+        tl.atomic_add(count_ptr + slot * ENTRY, tl.full([BLOCK], 1, tl.int32), mask=placed)
     if FIRST:
         tl.atomic_min(first_ptr + slot, rows, mask=inb)
 
@@ -108,15 +113,15 @@ def probe_count_kernel(
     pos = _home(k, LOG2CAP, COLLIDE)
     found = tl.full([BLOCK], -1, tl.int64)
     while tl.max(active.to(tl.int32), 0) > 0:
-        o = tl.load(owner_ptr + pos, mask=active, other=0)
+        o = tl.load(owner_ptr + pos * ENTRY, mask=active, other=0)
         full = active & (o != 0)
-        tk = tl.load(tkeys_ptr + pos, mask=full, other=0).to(tl.int64)
+        tk = tl.load(tkeys_ptr + pos * KEY_STEP, mask=full, other=0)
         hit = full & (tk == k)
         found = tl.where(hit, pos, found)
         active = full & ~hit
         pos = tl.where(active, (pos + 1) & (CAP - 1), pos)
     hit = found >= 0
-    c = tl.load(count_ptr + found, mask=hit, other=0).to(tl.int64)
+    c = tl.load(count_ptr + found * ENTRY, mask=hit, other=0).to(tl.int64)
     tl.store(slot_ptr + rows, found, mask=inb)
     tl.store(cnt_ptr + rows, c, mask=inb)
 
@@ -160,7 +165,7 @@ def probe_write_single_kernel(slot_ptr, cnt_ptr, off_ptr, owner_ptr, out_b_ptr, 
     c = tl.load(cnt_ptr + rows, mask=inb, other=0)
     o = tl.load(off_ptr + rows, mask=inb, other=0)
     hit = inb & (c > 0)
-    b = tl.load(owner_ptr + s, mask=hit, other=0).to(tl.int64) - 1
+    b = tl.load(owner_ptr + s * ENTRY, mask=hit, other=0).to(tl.int64) - 1
     w = hit
     if LEFT:  # a probe row without a match: (-1, row)
         w = w | (inb & (c == 0))
@@ -250,9 +255,10 @@ def build_table(keys, valid, cfg, *, count: bool, first: bool):
     dev = keys.device
     log2cap = log2_capacity(n, cfg["CAP_FACTOR"])
     cap = 1 << log2cap
-    owner = torch.zeros(cap + 1, dtype=torch.int32, device=dev)
-    tkeys = torch.empty(cap + 1, dtype=keys.dtype, device=dev)
-    counts = torch.zeros(cap + 1, dtype=torch.int32, device=dev) if count else owner
+    table = torch.zeros((cap + 1) * 4, dtype=torch.int32, device=dev)
+    entries = table.view(cap + 1, 4)
+    owner, counts = entries[:, 0], entries[:, 1]  # strided views: kernels index entry * ENTRY
+    tkeys = table.view(torch.int64).view(cap + 1, 2)[:, 1]
     firsts = torch.full((cap + 1,), n, dtype=torch.int64, device=dev) if first else owner
     slots = torch.empty(n, dtype=torch.int64, device=dev)
     if n:

@@ -269,7 +269,7 @@ def _join_hash(cfg, build_keys, probe_keys, how="inner", build_valid=None, probe
     if most <= 1:  # no probe row meets a repeated build key: each match is its slot's one row
         return K.probe_write_single(slot, cnt, offsets, owner, total, how == "left", cfg)
     cap = 1 << log2cap
-    starts = cumsum(counts[:cap], 0, exclusive=True)
+    starts = cumsum(counts[:cap].contiguous(), 0, exclusive=True)  # counts: one field of the 16-byte entries
     perm = torch.argsort(slots, stable=True)  # rows grouped by slot, in row order; NULL rows (slot CAP) last
     heavy_rows = compact(rows, past, size=n_heavy) if n_heavy else None
     return K.probe_write(slot, cnt, offsets, starts, perm, total, how == "left", cfg, heavy_rows, heavy_pairs)
