@@ -47,7 +47,7 @@ def test_group_by_and_segment_sum_match_pandas():
     assert ((got - want).abs() <= 1e-9 * (1 + want.abs())).all()
 
 
-@pytest.mark.parametrize("n", [1, 3, 6, 10, 18])
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 10, 13, 17, 18, 21, 22])
 def test_tpch_queries_on_the_gpu_match_duckdb(n, tmp_path_factory):
     from opforge.sql.tpch import compare, data, queries, reference
 
@@ -118,3 +118,45 @@ def test_fused_cross_entropy_backward_rescales_on_the_device():
         xr = x.detach().float().requires_grad_()
         (F.cross_entropy(xr, t) * scale).backward()
         torch.testing.assert_close(x.grad.float(), xr.grad, rtol=2e-2, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("case", ["unique_build", "skewed_build"])
+def test_hash_join_one_match_and_heavy_rows_paths_match_torch_sort(case):
+    """Unique build keys take the one-match path (the slot's owner); a Zipf build side sends rows
+    with many matches to the output-parallel kernel. Both against the sort-based variant."""
+    import numpy as np
+
+    from opforge.kernels import hashing as K
+    from opforge.runtime.dispatch import force_variant
+
+    rng = np.random.default_rng(3)
+    if case == "unique_build":
+        build = torch.tensor(rng.permutation(2_000_000), device="cuda")
+    else:
+        build = torch.tensor((rng.zipf(1.2, 200_000) - 1) % 50_000, device="cuda")
+        assert int(torch.bincount(build).max()) > K.HEAVY_ROW_PAIRS
+    probe = torch.tensor(rng.integers(0, 2_000_000 if case == "unique_build" else 50_000, 3_000_000), device="cuda")
+    for how in ("inner", "left"):
+        with force_variant("hash_join", "triton_hash"):
+            got = opforge.hash_join(build, probe, how=how)
+        with force_variant("hash_join", "torch_sort"):
+            want = opforge.hash_join(build, probe, how=how)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), how
+
+
+def test_short_substring_on_the_device_matches_python():
+    import random
+
+    import pyarrow as pa
+
+    from opforge.sql import strings
+
+    rng = random.Random(2)
+    words = sorted({f"{rng.randint(10, 34)}-{rng.randint(100, 999)}-{rng.randint(0, 10**6)}" for _ in range(60_000)})
+    dw = strings.from_arrow(pa.array(words, pa.string()), "cuda")
+    for begin, length in [(0, 2), (3, 3), (0, 7)]:
+        codes, new = strings.short_substring(dw, begin, length)
+        want = [w[begin:begin + length] for w in words]
+        assert list(new) == sorted(set(want))
+        assert [new[c] for c in codes.tolist()] == want
+
