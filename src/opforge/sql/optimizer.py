@@ -22,6 +22,7 @@ from opforge.sql import plan as P
 from opforge.sql.expr import Expr, Lit, Ref, and_, conjuncts, fold_constants, split_equi, substitute
 from opforge.sql.planner.dependencies import group_on_determinants
 from opforge.sql.planner.eager_aggregation import eager_aggregate
+from opforge.sql.planner.join_order import _with_inputs, replace_subtree
 from opforge.sql.planner.subquery_windows import windowed_subqueries
 
 
@@ -66,8 +67,6 @@ def _key_sets(node: P.Node, est, new_cids) -> P.Node:
     cost of ~40 parts, not of all 200,000). Applied when the scan is estimated at most
     ``KEY_SET_MAX_FRACTION`` of the groups; ``_sink_semi`` then moves the semi join down onto the
     relation it reduces. NULL keys never match the join, so dropping them changes nothing."""
-    from opforge.sql.planner.join_order import _with_inputs
-
     node = _with_inputs(node, [_key_sets(c, est, new_cids) for c in node.inputs()])
     if not (isinstance(node, P.Join) and node.kind in ("inner", "left") and len(node.left_keys) == 1):
         return node
@@ -87,7 +86,7 @@ def _key_sets(node: P.Node, est, new_cids) -> P.Node:
     refs = {o.cid: Ref(fresh[o.cid], o.type, o.name) for o in cols}
     copy = P.Scan(scan.table, outs, [substitute(f, refs) for f in scan.filters])
     semi = P.Join(agg.child, copy, "semi", [key], [refs[lk.cid]])
-    return dataclasses.replace(node, right=_replace(node.right, agg, P.Aggregate(semi, agg.keys, agg.aggs)))
+    return dataclasses.replace(node, right=replace_subtree(node.right, agg, P.Aggregate(semi, agg.keys, agg.aggs)))
 
 
 def _scan_with(node: P.Node, cid: int) -> P.Scan | None:
@@ -115,13 +114,6 @@ def _grouped_by(node: P.Node, cid: int):
     return None
 
 
-def _replace(node: P.Node, old: P.Node, new: P.Node) -> P.Node:
-    """``node`` with ``old`` (reached through unary nodes) replaced by ``new``."""
-    if node is old:
-        return new
-    return dataclasses.replace(node, child=_replace(node.child, old, new))
-
-
 def _max_cid(node: P.Node) -> int:
     return max([o.cid for o in node.outputs] + [_max_cid(c) for c in node.inputs()] + [-1])
 
@@ -135,8 +127,6 @@ def _sink_semi(node: P.Node, est) -> P.Node:
     side is cheaper to probe with the join's fewer rows). It only drops rows of that
     input by the input's own columns, so the answer is unchanged; the rows it drops are not joined
     first."""
-    from opforge.sql.planner.join_order import _with_inputs
-
     if isinstance(node, P.Join) and node.kind in ("semi", "anti"):
         need = (_refs(node.left_keys) | _refs([node.residual])) & _cids(node.left)
         target = _target(node.left, need)
@@ -176,15 +166,13 @@ def _settle_semi(node: P.Node, est, moves: list) -> P.Node:
     one where the plan's estimated C_out (the sum of every join's output rows) is least. TPC-H
     q21: the EXISTS / NOT EXISTS over lineitem filter the Saudi suppliers' late lines before the
     join with orders, as DuckDB places them, instead of after it."""
-    from opforge.sql.planner.join_order import _with_inputs
-
     node = _with_inputs(node, [_settle_semi(c, est, moves) for c in node.inputs()])
     if not (isinstance(node, P.Join) and node.kind in ("semi", "anti")):
         return node
     need = (_refs(node.left_keys) | _refs([node.residual])) & _cids(node.left)
     best, least = node, _c_out(node, est)
     for spot in list(_spots(node.left, need))[1:]:
-        moved = _insert(node.left, spot, node)
+        moved = replace_subtree(node.left, spot, dataclasses.replace(node, left=spot))
         cost = _c_out(moved, est)
         if cost < least * (1 - 1e-9):
             best, least = moved, cost
@@ -204,21 +192,6 @@ def _spots(node: P.Node, need: set[int]):
         yield from _spots(node.left, need)
     elif isinstance(node, P.Filter) and need <= _cids(node.child):
         yield from _spots(node.child, need)
-
-
-def _insert(tree: P.Node, spot: P.Node, semi: P.Join) -> P.Node:
-    """``tree`` with ``semi`` (its left input replaced) placed above ``spot``, a subtree of it."""
-    if tree is spot:
-        return dataclasses.replace(semi, left=spot)
-    if isinstance(tree, P.Filter):
-        return dataclasses.replace(tree, child=_insert(tree.child, spot, semi))
-    if _holds(tree.left, spot):
-        return dataclasses.replace(tree, left=_insert(tree.left, spot, semi))
-    return dataclasses.replace(tree, right=_insert(tree.right, spot, semi))
-
-
-def _holds(tree: P.Node, spot: P.Node) -> bool:
-    return tree is spot or any(_holds(c, spot) for c in tree.inputs())
 
 
 def _c_out(node: P.Node, est) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Func, Lit, Ref
-from opforge.sql.planner.join_order import _with_inputs
+from opforge.sql.planner.join_order import _with_inputs, replace_subtree
 
 _cids, _refs = P.output_cids, P.expr_cids
 
@@ -54,7 +54,7 @@ def eager_aggregate(node: P.Node, est, new_cids) -> P.Node:
         else:
             finals.append((o, combined))
             fixes.append((o, Ref(o.cid, o.type, o.name)))
-    top = P.Aggregate(_swap(node.child, site, pre), node.keys, finals)
+    top = P.Aggregate(replace_subtree(node.child, site, pre), node.keys, finals)
     if all(isinstance(e, Ref) and e.cid == o.cid for o, e in fixes):
         return top
     return P.Project(top, [(o, Ref(o.cid, o.type, o.name)) for o, _ in node.keys] + fixes)
@@ -131,10 +131,3 @@ def unique_columns(scan: P.Scan, tables) -> set[int]:
         if st is not None and st.unique:
             out.add(o.cid)
     return out
-
-
-def _swap(node: P.Node, old: P.Node, new: P.Node) -> P.Node:
-    """``node`` with the subtree ``old`` replaced by ``new``."""
-    if node is old:
-        return new
-    return _with_inputs(node, [_swap(c, old, new) for c in node.inputs()])

@@ -204,6 +204,13 @@ def _note(plan: JoinPlan, rule: str) -> str:
     return text + (f"; planned {choice}" if choice else "")
 
 
+def replace_subtree(node: P.Node, old: P.Node, new: P.Node) -> P.Node:
+    """``node`` with its subtree ``old`` (by identity) replaced by ``new``."""
+    if node is old:
+        return new
+    return _with_inputs(node, [replace_subtree(c, old, new) for c in node.inputs()])
+
+
 def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
     """``node`` over new inputs (the same node when they did not change)."""
     old = node.inputs()

@@ -11,7 +11,7 @@ them or none."""
 from __future__ import annotations
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Expr, Ref, substitute
+from opforge.sql.expr import Ref, substitute
 from opforge.sql.planner.eager_aggregation import unique_columns
 from opforge.sql.planner.join_order import _with_inputs
 
@@ -32,20 +32,20 @@ def windowed_subqueries(node: P.Node, tables) -> P.Node:
     outer, sub = _flat_joins(node.left), _flat_joins(agg.child)
     if outer is None or sub is None:
         return node
-    cmap = _map_relations(sub, outer)
-    if cmap is None:
+    remap = _map_relations(sub, outer)
+    if remap is None:
         return node
-    key = cmap.get(agg.keys[0][1].cid)
+    key_ref = remap.get(agg.keys[0][1].cid)
+    key = None if key_ref is None else key_ref.cid
     lk, rk = node.left_keys[0], node.right_keys[0]
     k_out = next((o for o, e in (proj.exprs if proj else []) if isinstance(e, Ref) and e.cid == agg.keys[0][0].cid),
                  agg.keys[0][0] if proj is None else None)
     if key is None or not isinstance(lk, Ref) or not isinstance(rk, Ref) or k_out is None or rk.cid != k_out.cid             or not _same_class(lk.cid, key, outer[1]) or not _extras_on_key(sub, outer, key, tables):
         return node
-    if any(c.arg is not None and not c.arg.cids() <= set(cmap) for _, c in agg.aggs):
+    if any(c.arg is not None and not c.arg.cids() <= set(remap) for _, c in agg.aggs):
         return node
-    aggs = [(o, P.AggCall(c.func, None if c.arg is None else substitute(c.arg, _refs_to(cmap, c.arg)), c.type))
+    aggs = [(o, P.AggCall(c.func, None if c.arg is None else substitute(c.arg, remap), c.type))
             for o, c in agg.aggs]
-    key_ref = Ref(key, agg.keys[0][1].type, agg.keys[0][1].name)
     window = P.Window(node.left, [key_ref], aggs)
     if proj is None:  # the join's right columns, in order: the key, then the aggregates
         right = [(k_out, key_ref)] + [(o, Ref(o.cid, o.type, o.name)) for o, _ in aggs]
@@ -67,8 +67,8 @@ def _flat_joins(node: P.Node):
     return left[0] + right[0], left[1] + right[1] + pairs
 
 
-def _map_relations(sub, outer) -> dict[int, int] | None:
-    """sub's column ids -> outer's, when each sub scan has the one outer scan of its table with
+def _map_relations(sub, outer) -> dict[int, Ref] | None:
+    """sub's column ids -> references to outer's same columns, when each sub scan has the one outer scan of its table with
     the same filters and columns, and sub's join predicates are exactly outer's among those scans."""
     (sscans, spairs), (oscans, opairs) = sub, outer
     by_table = {}
@@ -78,33 +78,23 @@ def _map_relations(sub, outer) -> dict[int, int] | None:
         by_table[o.table] = o
     if len({s.table for s in sscans}) != len(sscans):
         return None
-    cmap: dict[int, int] = {}
+    remap: dict[int, Ref] = {}
     for s in sscans:
         o = by_table.get(s.table)
         if o is None:
             return None
-        names = {c.name: c.cid for c in o.outputs}
+        theirs = {c.name: c for c in o.outputs}
         for c in s.outputs:
-            if c.name not in names:
+            if c.name not in theirs:
                 return None
-            cmap[c.cid] = names[c.name]
-        mapped = sorted(str(substitute(f, _refs_to(cmap, f))) for f in s.filters)
-        if mapped != sorted(str(f) for f in o.filters):
+            t = theirs[c.name]
+            remap[c.cid] = Ref(t.cid, t.type, t.name)
+        if sorted(str(substitute(f, remap)) for f in s.filters) != sorted(str(f) for f in o.filters):
             return None
-    inside = {cmap[c] for c in cmap}
-    want = {frozenset((cmap[a], cmap[b])) for a, b in spairs}
+    inside = {r.cid for r in remap.values()}
+    want = {frozenset((remap[a].cid, remap[b].cid)) for a, b in spairs}
     have = {frozenset(p) for p in opairs if set(p) <= inside}
-    return cmap if want == have else None
-
-
-def _refs_to(cmap: dict[int, int], e: Expr) -> dict[int, Expr]:
-    return {r.cid: Ref(cmap[r.cid], r.type, r.name) for r in _ref_nodes(e) if r.cid in cmap}
-
-
-def _ref_nodes(e: Expr) -> list[Ref]:
-    if isinstance(e, Ref):
-        return [e]
-    return [r for c in e.children() for r in _ref_nodes(c)] if hasattr(e, "children") else []
+    return remap if want == have else None
 
 
 def _same_class(a: int, b: int, pairs) -> bool:
