@@ -177,7 +177,7 @@ def test_tma_k_major_weight(pair, modes, gen):
     a, w = qdata((M, K), pair[0], gen), qdata((N, K), pair[1], gen)
     sa, sb = make_scales(*modes, (M,), K, N, gen)
     cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 2,
-           "FLATTEN": False, "WARP_SPEC": modes[0] == "row"}
+           "FLATTEN": False}
     out = run("triton_tma_persistent", cfg, a, w.t(), sa, sb)
     check(out, oracle(a, w.t(), sa, sb), F32)
     # The persistent loop: fewer programs than tiles.
@@ -414,17 +414,3 @@ def test_clear_errors(gen):
         assert str(info.value).startswith("opforge.scaled_matmul:"), info.value
     with pytest.raises(ValueError, match="int32 accumulator"):
         SM.validate(torch.zeros((1, 140000), dtype=I8), torch.zeros((140000, 1), dtype=I8), one, one)
-
-
-def test_tma_warp_specialized_tiles_fit_the_accumulators():
-    """fp8 with promotion (two accumulators) or block scales gets no 128 x 256
-    warp-specialized tile (ptxas spills it); fast accumulation and int8 do."""
-    from opforge.kernels import gemm_scaled as K_
-
-    def ws(**kw):
-        return {(c["BLOCK_M"], c["BLOCK_N"]) for c in K_.tma_configs(8192, 8192, 8192, **kw) if c.get("WARP_SPEC")}
-
-    assert (128, 256) not in ws(fp8=True, fast_acc=False, block_scaled=False)
-    assert (128, 256) not in ws(fp8=False, fast_acc=True, block_scaled=True)
-    assert {(128, 256), (256, 128)} <= ws(fp8=True, fast_acc=True, block_scaled=False)
-    assert {(128, 256), (256, 128)} <= ws(fp8=False, fast_acc=False, block_scaled=False)

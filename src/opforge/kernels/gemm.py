@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-TMA_VERSION = "2"
+TMA_VERSION = "1"
 TILED_VERSION = "1"
 SPLITK_VERSION = "1"
 
@@ -281,7 +281,7 @@ def gemm_tma_persistent_kernel(
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     # A[m, k] lies at m * lda + k (K-major) or k * lda + m; B[k, n] at
     # n * ldb + k (K-major, e.g. a Linear weight seen as W^T) or k * ldb + n.
@@ -298,7 +298,7 @@ def gemm_tma_persistent_kernel(
     grid_n = tl.cdiv(N, BLOCK_N)
     n_tiles = grid_m * grid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(start, n_tiles, tl.num_programs(0), flatten=FLATTEN, warp_specialize=WARP_SPEC):
+    for tile in tl.range(start, n_tiles, tl.num_programs(0), flatten=FLATTEN):
         om, on = tile_origin(tile, grid_m, grid_n, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
@@ -402,25 +402,11 @@ def tma_default_config(M: int, N: int, K: int, itemsize: int, sms: int = H200_SM
     return cfg
 
 
-# Warp-specialized TMA tiles (Triton's automatic warp specialization on sm_90):
-# num_warps is one consumer warpgroup's; the compiler adds a producer warpgroup
-# for the TMA loads and splits the tile over two consumers (12 warps in all),
-# which get the registers the producer gives up. (BLOCK_M, BLOCK_N, stages)
-WARP_SPEC_TILES = ((128, 256, 3), (128, 256, 4), (256, 128, 3), (128, 128, 5))
-
-
 def tma_configs(M: int, N: int, K: int, itemsize: int) -> list[dict]:
     out = [dict(c, FLATTEN=False) for c in tile_configs(1, M, N, K, itemsize)]
     # Flattening the tile and K loops lets the next tile's loads overlap this
     # tile's epilogue; worth measuring on the large shapes.
     out += [dict(c, FLATTEN=True) for c in out[:3]]
-    if itemsize == 2:
-        bk = _itemsize_block_k(itemsize)
-        for bm, bn, s in WARP_SPEC_TILES:
-            cfg = {"BLOCK_M": _fit(M, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _fit(K, bk), "GROUP_M": 8,
-                   "num_warps": 4, "num_stages": s, "FLATTEN": False, "WARP_SPEC": True}
-            if smem_bytes(cfg, itemsize) <= SMEM_LIMIT and cfg not in out:
-                out.append(cfg)
     return out
 
 
@@ -621,6 +607,5 @@ def launch_tma(A, B, C, bias, R, act: int, tf32: bool, config: dict, sms: int) -
         PRECISION=precision(A.dtype, tf32), UPCAST=_upcast(A.dtype),
         INT64=needs_int64(C, R, extra=max(bm, bn)), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M=config.get("GROUP_M", 8), FLATTEN=config.get("FLATTEN", False),
-        WARP_SPEC=config.get("WARP_SPEC", False),
         num_warps=config.get("num_warps", 8), num_stages=config.get("num_stages", 3),
     )

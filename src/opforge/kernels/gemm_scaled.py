@@ -68,7 +68,6 @@ from opforge.kernels.gemm import (
     H200_SMS,
     MAX_GRID_YZ,
     SMEM_LIMIT,
-    WARP_SPEC_TILES,
     SPLITK_MAX_M,  # re-exported: the split-K limits are gemm's
     _epilogue_args,
     _fit,
@@ -87,7 +86,7 @@ from opforge.kernels.gemm import (
 from opforge.kernels.gemm import splitk_splits as _gemm_splitk_splits
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-TMA_VERSION = "2"
+TMA_VERSION = "1"
 TILED_VERSION = "1"
 SPLITK_VERSION = "1"
 
@@ -210,7 +209,7 @@ def scaled_gemm_tma_kernel(
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ACC_T: tl.constexpr, DOT_T: tl.constexpr,
     FAST_ACC: tl.constexpr, INT64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     # A[m, k] at m * lda + k; B[k, n] at n * ldb + k (both K-major).
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[lda, 1], block_shape=[BLOCK_M, BLOCK_K])
@@ -220,7 +219,7 @@ def scaled_gemm_tma_kernel(
     grid_n = tl.cdiv(N, BLOCK_N)
     n_tiles = grid_m * grid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(start, n_tiles, tl.num_programs(0), flatten=FLATTEN, warp_specialize=WARP_SPEC):
+    for tile in tl.range(start, n_tiles, tl.num_programs(0), flatten=FLATTEN):
         om, on = tile_origin(tile, grid_m, grid_n, BLOCK_M, BLOCK_N, GROUP_M)
         rm, rn = tile_ranges(om, on, BLOCK_M, BLOCK_N, INT64)
         am = rm % M
@@ -300,16 +299,6 @@ def tma_configs(M: int, N: int, K: int, **kw) -> list[dict]:
     # Flattening the tile and K loops overlaps the next tile's loads with this
     # tile's epilogue; worth measuring on the large shapes.
     out += [dict(c, FLATTEN=True) for c in out[:3]]
-    # Warp-specialized tiles (gemm.WARP_SPEC_TILES: a producer warpgroup and two
-    # consumers); with fp8 promotion or block scales 128 x 256 spills (ptxas), the others fit.
-    narrow = not _wide_ok(kw["fp8"], kw["fast_acc"]) or kw["block_scaled"]
-    for bm, bn, s in WARP_SPEC_TILES:
-        if narrow and bn > 128:
-            continue
-        cfg = {"BLOCK_M": _fit(M, bm), "BLOCK_N": _fit(N, bn), "BLOCK_K": _block_k(K, 128, kw["block_scaled"]),
-               "GROUP_M": 8, "num_warps": 4, "num_stages": s, "FLATTEN": False, "WARP_SPEC": True}
-        if smem_bytes(cfg) <= SMEM_LIMIT and cfg not in out:
-            out.append(cfg)
     return out
 
 
@@ -434,6 +423,5 @@ def launch_tma(A, B, C, SA, SB, sa_mode: int, sb_mode: int, bias, act: int, fast
         SA_MODE=sa_mode, SB_MODE=sb_mode, IN_LOOP=in_loop, HAS_BIAS=bias is not None, ACT=act,
         ACC_T=acc_t, DOT_T=dot_t, FAST_ACC=fast, INT64=needs_int64(C, SA, SB, extra=max(bm, bn)),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.get("GROUP_M", 8), FLATTEN=config.get("FLATTEN", False),
-        WARP_SPEC=config.get("WARP_SPEC", False),
         num_warps=config.get("num_warps", 8), num_stages=config.get("num_stages", 3),
     )
