@@ -288,6 +288,12 @@ def build_operator(t: Transformation, key):
     if "function" in p:
         p["function"] = (p["function"][0], _instance(p["function"][1]))
     k = t.kind
+    if k in ("process", "co_process") and key is not None:
+        # a keyed function with a columnar form (columnar_join.ColumnarForm) runs as that operator
+        columnar = getattr(p["fn"], "columnar_operator", None)
+        op = columnar(name, key) if callable(columnar) else None
+        if op is not None:
+            return op
     if k in ("union", "side_output"):
         return PassThrough(name)
     if k == "map":

@@ -9,7 +9,11 @@ two-input co-process operator), keyed state and event-time timers.
   it); an event-time timer at the window's ``max_timestamp`` hands both
   buffers to the function and clears them. Outputs carry ``max_timestamp``.
   A join is the inner co-group: ``fn(first, second)`` for every pair, each
-  first-input record (arrival order) with every second-input record.
+  first-input record (arrival order) with every second-input record. A join
+  function marked ``@vectorized`` runs columnar instead
+  (``opforge.stream.columnar_join.WindowJoinOperator``): ``fn(first,
+  second)`` gets two aligned ``Batch`` es of pairs (row ``i`` of each is one
+  pair) and returns their outputs, once per batch of fired windows.
 * Interval join (``IntervalJoin``): ``a.key_by(k).interval_join(b.key_by(k))
   .between(lower, upper).process(ProcessJoinFunction)`` pairs records of equal
   keys with ``a.ts + lower <= b.ts <= a.ts + upper`` (bounds inclusive unless
@@ -20,17 +24,20 @@ two-input co-process operator), keyed state and event-time timers.
   timer drops a buffered record once the watermark says no record of the
   other side can still match it.
 
-Pairs are made one record at a time over host-memory keyed state, so results
-are exact and the record-at-a-time reference executor runs the same
-functions (the joins are ordinary ``KeyedCoProcessFunction`` s).
+Unmarked functions pair one record at a time over host-memory keyed state,
+so results are exact and the record-at-a-time reference executor runs the
+same functions (the joins are ordinary ``KeyedCoProcessFunction`` s); with a
+vectorized join function the reference runs that record form too, calling
+the function on the batch of one key and window's pairs.
 """
 
 from __future__ import annotations
 
 import inspect
 
+from opforge.stream.columnar_join import ColumnarForm, WindowJoinOperator, join_records
 from opforge.stream.functions import (CoGroupFunction, FlatJoinFunction, KeyedCoProcessFunction,
-                                      TimestampedValue, as_callable)
+                                      TimestampedValue, as_callable, is_vectorized)
 from opforge.stream.graph import OutputTag
 from opforge.stream.state import MapStateDescriptor
 from opforge.stream.time import _millis
@@ -52,13 +59,19 @@ def _timestamp(ctx, where: str) -> int:
 
 # -- window join / co-group ------------------------------------------------------
 
-class WindowCoGroupFunction(KeyedCoProcessFunction):
+class WindowCoGroupFunction(ColumnarForm, KeyedCoProcessFunction):
     """The keyed two-input function behind window joins and co-groups. State:
-    ``{(window start, end): ([first records], [second records])}`` per key."""
+    ``{(window start, end): ([first records], [second records])}`` per key.
+    A join whose function is ``@vectorized`` runs as a ``WindowJoinOperator``."""
 
     def __init__(self, assigner: WindowAssigner, function, kind: str):
         self.assigner, self.function, self.kind = assigner, function, kind
         self.flat = kind == "flat_join" or isinstance(function, FlatJoinFunction)
+
+    def make_operator(self, name, key_selector):
+        if self.kind == "co_group" or not is_vectorized(as_callable(self.function, "join", name)):
+            return None
+        return WindowJoinOperator(name, self.assigner, self.function, key_selector, self.flat)
 
     def open(self, ctx):
         self.where = ctx.task_name
@@ -96,6 +109,10 @@ class WindowCoGroupFunction(KeyedCoProcessFunction):
             self.panes.remove(slot)
             if self.kind == "co_group":
                 yield from self.call(first, second) or ()
+            elif first and second and is_vectorized(self.call):
+                firsts = [a for a in first for _ in second]
+                seconds = [b for _ in first for b in second]
+                yield from join_records(self.call, firsts, seconds, timestamp, self.flat, self.where)
             elif first and second:
                 for a in first:
                     for b in second:

@@ -19,19 +19,22 @@ channels and URLs are omitted; a person's ``state`` is an index into
 * q3 — local item suggestion: persons in OR, ID or CA joined with the
   category-10 auctions they sell (``auction.seller = person.id``), an
   incremental (regular, unwindowed) join: each match is emitted once, when
-  its second side arrives.
+  its second side arrives (``columnar_join.RegularJoin``).
 * q4 — average winning price per category: an auction's winning bid is its
   highest bid with ``auction.date_time <= bid.date_time <= auction.expires``,
   known when the watermark passes ``expires`` (the auction closes); each
   closed auction updates its category's running average. The last update per
-  category is the SQL query's answer.
+  category is the SQL query's answer. Both steps are columnar operators
+  (``WinningBidsOperator``, ``RunningAverageOperator``) with record-at-a-time
+  forms (``_WinningBids``, ``_AveragePrice``) that give the same updates in
+  the same order.
 * q5 — hot items: per sliding window (10 s every 2 s), the auctions with the
   most bids.
 * q7 — highest bid: per tumbling window (10 s), the bids with the highest price
   (all of them on a tie).
 * q8 — monitor new users: people who registered and opened an auction in the
-  same tumbling window (10 s), once per person and window: a window join of
-  persons with the distinct sellers of the window.
+  same tumbling window (10 s), once per person and window: a (columnar)
+  window join of persons with the distinct sellers of the window.
 
 Every query takes ``source(env, config, kind) -> DataStream`` (default:
 ``stream``, events made on the device), so tests and benchmarks can feed the
@@ -44,8 +47,10 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.stream.columnar_join import ColumnarForm, RegularJoin, Rows, SortedRows
 from opforge.stream.functions import (Aggregations, KeyedCoProcessFunction, KeyedProcessFunction,
                                       ProcessWindowFunction, vectorized)
+from opforge.stream.operators import Operator
 from opforge.stream.records import Batch, RecordSchema
 from opforge.stream.state import ListStateDescriptor, ValueStateDescriptor
 from opforge.stream.sources import RangeSplit, Source
@@ -286,50 +291,34 @@ def _q3_auction(batch):
     return batch["category"] == Q3_CATEGORY
 
 
-class _LocalItemSuggestion(KeyedCoProcessFunction):
-    """person.id = auction.seller, a regular join: the person (ids are unique)
-    stays in value state for the whole stream; an auction that comes before
-    its seller waits in list state (state is never expired, as in Flink SQL's
-    join without a state TTL)."""
-
-    def open(self, ctx):
-        self.person = ctx.get_state(ValueStateDescriptor("person"))
-        self.waiting = ctx.get_list_state(ListStateDescriptor("auctions"))
-
-    def process_element1(self, person, ctx):
-        self.person.update((person["city"], person["state"]))
-        for auction in self.waiting.get():
-            yield _q3_row(person["id"], person["city"], person["state"], auction)
-        self.waiting.clear()
-
-    def process_element2(self, auction, ctx):
-        p = self.person.value()
-        if p is None:
-            self.waiting.add(auction["id"])
-        else:
-            yield _q3_row(auction["seller"], p[0], p[1], auction["id"])
-
-
-def _q3_row(person, city, state, auction):
-    return {"person": person, "city": city, "state": state, "auction": auction}
+@vectorized
+def _q3_rows(person, auction):
+    """A (person, auction) pair's output row, for a batch of pairs."""
+    return {"person": person["id"], "city": person["city"], "state": person["state"], "auction": auction["id"]}
 
 
 def q3(env, config: NexmarkConfig, source=stream):
     """``SELECT P.id, P.city, P.state, A.id FROM auction A JOIN person P ON A.seller = P.id
-    WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')`` (name omitted)."""
+    WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')`` (name omitted): a regular
+    join (``columnar_join.RegularJoin``), each pair emitted when its later side arrives
+    (person ids are unique: one person per auction)."""
     persons = source(env, config, "person").filter(_q3_person)
     auctions = source(env, config, "auction").filter(_q3_auction)
-    return persons.connect(auctions).key_by("id", "seller").process(_LocalItemSuggestion()).name("Q3Join")
+    return persons.connect(auctions).key_by("id", "seller").process(RegularJoin(_q3_rows)).name("Q3Join")
 
 
 # -- q4: average price per category ----------------------------------------------
 
-class _WinningBids(KeyedCoProcessFunction):
+class _WinningBids(ColumnarForm, KeyedCoProcessFunction):
     """Per auction id: the highest valid bid (``auction.date_time <= bid.date_time
     <= auction.expires``), emitted when the watermark passes ``expires`` (the
     auction closes). Bids that come before their auction wait in list state; a
     waiting bid is dropped once the watermark passes its time (its auction,
-    which is not later than the bid, could then only be late)."""
+    which is not later than the bid, could then only be late). The record
+    form; the engine runs ``WinningBidsOperator``."""
+
+    def make_operator(self, name, key_selector):
+        return WinningBidsOperator(name, key_selector)
 
     def open(self, ctx):
         self.auction = ctx.get_state(ValueStateDescriptor("auction"))
@@ -373,8 +362,12 @@ class _WinningBids(KeyedCoProcessFunction):
             self.waiting.update([b for b in self.waiting.get() if b[1] + 1 > timestamp])
 
 
-class _AveragePrice(KeyedProcessFunction):
-    """A category's running average of winning prices."""
+class _AveragePrice(ColumnarForm, KeyedProcessFunction):
+    """A category's running average of winning prices. The record form; the
+    engine runs ``RunningAverageOperator``."""
+
+    def make_operator(self, name, key_selector):
+        return RunningAverageOperator(name)
 
     def open(self, ctx):
         self.total = ctx.get_state(ValueStateDescriptor("sum-count"))
@@ -384,6 +377,179 @@ class _AveragePrice(KeyedProcessFunction):
         total, count = total + winner["price"], count + 1
         self.total.update((total, count))
         yield {"category": winner["category"], "avg": total / count, "auctions": count}
+
+
+NO_BID = torch.iinfo(torch.int64).min  # an open auction's best price before a valid bid
+_SEQ_MAX = 2**63 - 1
+
+
+class WinningBidsOperator(Operator):
+    """``_WinningBids`` on whole batches, with the same outputs in the same
+    order. The open auctions are rows sorted by id (``SortedRows``: category,
+    date_time, expires and ``best``, the highest valid price so far); a bid
+    batch finds its auctions with ``searchsorted`` and folds valid prices in
+    with one scatter-max. Bids whose auction is not open wait as rows until
+    their auction comes (folded in, then dropped) or the watermark passes
+    their time. A watermark closes the auctions with ``expires <= watermark``
+    in the record path's timer order: by ``expires``, then by when the timer
+    was registered (``seq``: the auction's arrival, or an earlier waiting
+    bid's cleanup timer at ``date_time + 1 == expires``, which is the same
+    timer). Auction ids are unique (Nexmark's are)."""
+
+    def __init__(self, name, key_selector):
+        super().__init__(name)
+        self.key_selector = key_selector
+
+    def open(self):
+        self.auctions = SortedRows(self.device)
+        self.early = Rows.empty(self.device)  # bids before their auction: price, date_time
+        self.next_seq = 0
+
+    def process_input(self, batch, input_index):
+        n = len(batch)
+        if n == 0:
+            return
+        seq = torch.arange(self.next_seq, self.next_seq + n, dtype=torch.int64, device=self.device)
+        self.next_seq += n
+        if input_index == 0:
+            self._open_auctions(batch, seq)
+        else:
+            self._bid(batch, seq)
+
+    def process_batch(self, batch):
+        raise TypeError(f"{self.name}: a two-input operator needs the input index")
+
+    def _open_auctions(self, batch: Batch, seq: torch.Tensor) -> None:
+        start, expires = batch["date_time"], batch["expires"]
+        best = torch.full((len(batch),), NO_BID, dtype=torch.int64, device=self.device)
+        early = self.early
+        if len(early):  # the waiting bids of these auctions: folded in, then dropped
+            ids, order = torch.sort(batch.keys)
+            pos = torch.searchsorted(ids, early.key).clamp_(max=len(batch) - 1)
+            hit = ids.index_select(0, pos) == early.key
+            row = order.index_select(0, pos)
+            t, price = early.columns["date_time"], early.columns["price"]
+            end = expires.index_select(0, row)
+            valid = hit & (start.index_select(0, row) <= t) & (t <= end)
+            best = best.scatter_reduce(0, row, torch.where(valid, price, NO_BID), "amax")
+            same_timer = hit & (t + 1 == end)
+            seq = seq.scatter_reduce(0, row, torch.where(same_timer, early.seq, _SEQ_MAX), "amin")
+            self.early = early.take(torch.nonzero(~hit).flatten())
+        cols = {"category": batch["category"], "date_time": start, "expires": expires, "best": best}
+        self.auctions.insert(Rows(cols, batch.timestamps, batch.keys, seq))
+
+    def _bid(self, batch: Batch, seq: torch.Tensor) -> None:
+        price, t = batch["price"].to(torch.int64), batch["date_time"]
+        n_open = len(self.auctions)
+        if n_open:
+            lo, count = self.auctions.runs(batch.keys)
+            row = lo.clamp(max=n_open - 1)
+            a = self.auctions.rows.columns
+            valid = (count > 0) & (a["date_time"].index_select(0, row) <= t) & (t <= a["expires"].index_select(0, row))
+            a["best"] = a["best"].scatter_reduce(0, row, torch.where(valid, price, NO_BID), "amax")
+            waiting = torch.nonzero(count == 0).flatten()
+        else:
+            waiting = torch.arange(len(batch), device=self.device)
+        bids = Rows({"price": price, "date_time": t}, batch.timestamps, batch.keys, seq)
+        self.early = Rows.concat([self.early, bids.take(waiting)])
+
+    def on_watermark(self, watermark):
+        self.watermark = watermark
+        checks = []
+        if len(self.auctions):
+            closing = self.auctions.rows.columns["expires"] <= watermark
+            checks.append(closing.sum())
+        if len(self.early):
+            stale = self.early.columns["date_time"] < watermark  # cleanup timers at date_time + 1 fired
+            checks.append(stale.sum())
+        counts = torch.stack(checks).tolist() if checks else []
+        if len(self.auctions) and counts.pop(0):
+            closed = self.auctions.rows.take(torch.nonzero(closing).flatten())
+            self.auctions.keep(~closing)
+            self._emit_winners(closed)
+        if len(self.early) and counts.pop(0):
+            self.early = self.early.take(torch.nonzero(~stale).flatten())
+        self.out.emit_watermark(watermark)
+
+    def _emit_winners(self, closed: Rows) -> None:
+        by_seq = torch.argsort(closed.seq, stable=True)
+        order = by_seq.index_select(0, torch.argsort(closed.columns["expires"].index_select(0, by_seq), stable=True))
+        closed = closed.take(order)
+        won = closed.take(torch.nonzero(closed.columns["best"] != NO_BID).flatten())
+        if len(won):
+            cols = {"auction": self.key_selector.decode_many(won.key), "category": won.columns["category"],
+                    "price": won.columns["best"]}
+            self.out.emit(Batch(cols, won.columns["expires"], RecordSchema("dict", tuple(cols))))
+
+    def snapshot_state(self) -> dict:
+        return {"auctions": self.auctions.rows.state(), "early": self.early.state(), "next_seq": self.next_seq}
+
+    def restore_state(self, s: dict) -> None:
+        self.auctions.rows = Rows.from_state(s["auctions"], self.device)
+        self.early = Rows.from_state(s["early"], self.device)
+        self.next_seq = s["next_seq"]
+
+
+class RunningAverageOperator(Operator):
+    """``_AveragePrice`` on whole batches: one output per winner, in input
+    order. Per category a running (sum, count) of the integer prices: the
+    batch's rows sorted by category (stable), prefix sums within each
+    category, seeded with the table's totals; the average is ``sum / count``
+    in float64, as Python divides two ints below 2^53."""
+
+    def open(self):
+        none = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.keys, self.total, self.count = none, none, none  # sorted by key
+
+    def process_batch(self, batch):
+        n = len(batch)
+        if n == 0:
+            return
+        dev = self.device
+        groups, inv = torch.unique(batch.keys, return_inverse=True)
+        order = torch.argsort(inv, stable=True)
+        g = inv.index_select(0, order)
+        size = torch.bincount(inv, minlength=groups.shape[0])
+        first = torch.cumsum(size, 0) - size
+        price = batch["price"].to(torch.int64).index_select(0, order)
+        csum = torch.cumsum(price, 0)
+        run_total = csum - (csum - price).index_select(0, first).index_select(0, g)
+        run_count = torch.arange(n, device=dev) - first.index_select(0, g) + 1
+        base_total, base_count = self._totals_of(groups)
+        total = torch.empty(n, dtype=torch.int64, device=dev)
+        count = torch.empty(n, dtype=torch.int64, device=dev)
+        total[order] = run_total + base_total.index_select(0, g)
+        count[order] = run_count + base_count.index_select(0, g)
+        cols = {"category": batch["category"], "avg": total.to(torch.float64) / count.to(torch.float64),
+                "auctions": count}
+        self.out.emit(Batch(cols, batch.timestamps, RecordSchema("dict", tuple(cols))))
+        last = order.index_select(0, first + size - 1)  # each category's last row: its new totals
+        self._store(groups, total.index_select(0, last), count.index_select(0, last))
+
+    def _totals_of(self, groups: torch.Tensor):
+        """The table's (sum, count) of each group (0, 0 for a new one)."""
+        zero = torch.zeros_like(groups)
+        if self.keys.numel() == 0:
+            return zero, zero
+        pos = torch.searchsorted(self.keys, groups).clamp_(max=self.keys.shape[0] - 1)
+        found = self.keys.index_select(0, pos) == groups
+        return (torch.where(found, self.total.index_select(0, pos), zero),
+                torch.where(found, self.count.index_select(0, pos), zero))
+
+    def _store(self, groups, total, count) -> None:
+        keys = torch.cat([self.keys, groups])
+        uniq, inv = torch.unique(keys, return_inverse=True)
+        newest = torch.full((uniq.shape[0],), -1, dtype=torch.int64, device=self.device) \
+            .scatter_reduce(0, inv, torch.arange(keys.shape[0], device=self.device), "amax")
+        self.keys = uniq
+        self.total = torch.cat([self.total, total]).index_select(0, newest)
+        self.count = torch.cat([self.count, count]).index_select(0, newest)
+
+    def snapshot_state(self) -> dict:
+        return {"keys": self.keys, "total": self.total, "count": self.count}
+
+    def restore_state(self, s: dict) -> None:
+        self.keys, self.total, self.count = (s[n].to(self.device) for n in ("keys", "total", "count"))
 
 
 def q4(env, config: NexmarkConfig, source=stream):
@@ -437,7 +603,9 @@ def q7(env, config: NexmarkConfig, size_ms: int = 10_000, source=stream):
 
 # -- q8: monitor new users (a window join) ------------------------------------
 
+@vectorized
 def _new_user(person, seller):
+    """A batch of (person, seller of the same window) pairs: the new users."""
     return {"id": person["id"], "window_start": seller["window_start"], "window_end": seller["window_end"]}
 
 
@@ -445,8 +613,8 @@ def q8(env, config: NexmarkConfig, size_ms: int = 10_000, source=stream):
     """``SELECT P.id, P.starttime FROM (persons per tumbling window) P JOIN (distinct
     sellers per tumbling window) A ON P.id = A.seller AND P.starttime = A.starttime``
     (name omitted). The distinct sellers of a window come from the columnar window
-    aggregation (its results carry the window's time ``end - 1``), then a window
-    join with the persons."""
+    aggregation (its results carry the window's time ``end - 1``), then a columnar
+    window join with the persons (``columnar_join.WindowJoinOperator``)."""
     window = TumblingEventTimeWindows.of(size_ms)
     sellers = source(env, config, "auction").key_by("seller").window(window) \
         .aggregate(Aggregations(with_window=True, auctions=("count",)))

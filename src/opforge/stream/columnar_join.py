@@ -1,0 +1,427 @@
+"""Columnar joins: two-input keyed operators that pair whole micro-batches
+with tensor ops (sorts, ``searchsorted``, ``repeat_interleave``) instead of
+one Python call per record.
+
+* ``WindowJoinOperator``: Flink's window join,
+  ``a.join(b).where(k).equal_to(k).window(TumblingEventTimeWindows |
+  SlidingEventTimeWindows).apply(fn)`` with a ``@vectorized`` ``fn``. Each
+  input's rows are buffered once, as columns (not once per window). When the
+  watermark passes window ends (``(previous watermark, watermark]`` holds a
+  window's ``max_timestamp``), the rows' due windows are expanded, both sides
+  grouped by (key, window start) and every pair made at once; rows whose last
+  window has fired are dropped. A row is late for the windows that had fired
+  when it came (their ends are not after the watermark it met), and only for
+  those, as in the record-at-a-time ``WindowCoGroupFunction``.
+* ``RegularJoin`` / ``RegularJoinOperator``: Flink SQL's regular (unwindowed)
+  inner equi-join: both inputs kept for ever (no state TTL), each pair
+  emitted once, when the later of its two records arrives (Nexmark q3).
+
+**The vectorized join function.** ``fn(first, second)`` gets two ``Batch`` es
+of equal length: row ``i`` of ``first`` (a first-input record) is paired
+with row ``i`` of ``second`` (a second-input record) — Flink's
+``join(first, second)``, one call for a batch of pairs. It returns what a
+vectorized map returns (a ``Batch``, a mapping of columns or one tensor), one
+row per pair; a flat join (``with_flat_join``) returns columns plus
+``"__row__"``, the pair each output row comes from, as a vectorized flat_map.
+Both batches' timestamps are the pairs' time: a window's ``max_timestamp``
+for window joins, the arriving record's time for regular joins. Outputs
+carry it.
+
+**Exactness.** The operators give the records of their record-at-a-time
+forms, in the same order: a window join fires windows by end, then by the
+arrival of the window's first record (the record path's timer order), and a
+window's pairs first-input-major, both in arrival order; a regular join's
+pairs follow the arriving batch's rows, each with the other side's records
+in arrival order. The record forms are what the reference executor runs
+(they call a vectorized function on the batch of one key's pairs).
+
+State is tensors and column lists (``Rows``), checkpointed through
+``snapshot_state`` / ``restore_state`` (no pickle).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.stream.functions import (KeyedCoProcessFunction, as_callable, batch_result, is_vectorized)
+from opforge.stream.operators import Operator, open_function
+from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema, concat_columns, take
+from opforge.stream.state import ListStateDescriptor
+from opforge.stream.window_operator import group_pairs
+
+_INT64_MAX = 2**63 - 1
+
+
+# -- buffered rows ------------------------------------------------------------
+
+class Rows:
+    """Buffered rows of one input as columns: the records' fields, event
+    times, key ids and arrival numbers (``seq``: the order in which the
+    record-at-a-time path would have seen them, over both inputs)."""
+
+    def __init__(self, columns: dict, ts: torch.Tensor, key: torch.Tensor, seq: torch.Tensor):
+        self.columns, self.ts, self.key, self.seq = columns, ts, key, seq
+
+    def __len__(self) -> int:
+        return self.ts.shape[0]
+
+    @staticmethod
+    def empty(device) -> "Rows":
+        none = torch.empty(0, dtype=torch.int64, device=device)
+        return Rows({}, none, none, none)
+
+    @staticmethod
+    def of(batch: Batch, first_seq: int) -> "Rows":
+        if batch.keys is None:
+            raise ValueError("columnar join: a batch without key ids (the inputs must be keyed)")
+        seq = torch.arange(first_seq, first_seq + len(batch), dtype=torch.int64, device=batch.device)
+        return Rows(dict(batch.columns), batch.timestamps, batch.keys, seq)
+
+    def take(self, idx: torch.Tensor) -> "Rows":
+        return Rows({n: take(c, idx) for n, c in self.columns.items()}, self.ts.index_select(0, idx),
+                    self.key.index_select(0, idx), self.seq.index_select(0, idx))
+
+    @staticmethod
+    def concat(parts: list) -> "Rows":
+        full = [p for p in parts if len(p)]
+        if len(full) <= 1:
+            return full[0] if full else parts[0]
+        return Rows({n: concat_columns([p.columns[n] for p in full]) for n in full[0].columns},
+                    torch.cat([p.ts for p in full]), torch.cat([p.key for p in full]),
+                    torch.cat([p.seq for p in full]))
+
+    def batch(self, ts: torch.Tensor, schema: RecordSchema | None) -> Batch:
+        return Batch(dict(self.columns), ts, schema)
+
+    def state(self) -> dict:
+        return {"columns": self.columns, "ts": self.ts, "key": self.key, "seq": self.seq}
+
+    @staticmethod
+    def from_state(s: dict, device) -> "Rows":
+        cols = {n: c.to(device) if isinstance(c, torch.Tensor) else list(c) for n, c in s["columns"].items()}
+        return Rows(cols, s["ts"].to(device), s["key"].to(device), s["seq"].to(device))
+
+
+class SortedRows:
+    """Rows kept sorted by key, equal keys in arrival order: a batch finds its
+    keys' runs with ``searchsorted`` and new rows are merged in (no re-sort of
+    the table)."""
+
+    def __init__(self, device):
+        self.rows = Rows.empty(device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def runs(self, keys: torch.Tensor):
+        """``(lo, count)`` per key: its rows are ``lo .. lo + count - 1``."""
+        lo = torch.searchsorted(self.rows.key, keys, right=False)
+        return lo, torch.searchsorted(self.rows.key, keys, right=True) - lo
+
+    def insert(self, new: Rows) -> None:
+        """Merge ``new`` (in arrival order) in: after the table's rows of equal keys."""
+        key, order = torch.sort(new.key, stable=True)
+        new = new.take(order)
+        old = self.rows
+        if len(old) == 0:
+            self.rows = new
+            return
+        dev = key.device
+        n_old, n_new = len(old), len(new)
+        at_old = torch.arange(n_old, device=dev) + torch.searchsorted(key, old.key, right=False)
+        at_new = torch.arange(n_new, device=dev) + torch.searchsorted(old.key, key, right=True)
+        perm = torch.empty(n_old + n_new, dtype=torch.int64, device=dev)
+        perm[at_old] = torch.arange(n_old, device=dev)
+        perm[at_new] = torch.arange(n_old, n_old + n_new, device=dev)
+        self.rows = Rows.concat([old, new]).take(perm)
+
+    def keep(self, mask: torch.Tensor) -> None:
+        self.rows = self.rows.take(torch.nonzero(mask).flatten())
+
+
+def expand_runs(lo: torch.Tensor, count: torch.Tensor):
+    """``(probe, build)``: probe row ``i`` with build rows ``lo[i] ..
+    lo[i] + count[i] - 1``, probe-major (one host sync: the pair count)."""
+    dev = count.device
+    probe = torch.repeat_interleave(torch.arange(count.shape[0], device=dev), count)
+    base = torch.cumsum(count, 0) - count
+    build = lo.index_select(0, probe) + torch.arange(probe.shape[0], device=dev) - base.index_select(0, probe)
+    return probe, build
+
+
+# -- calling the join function ----------------------------------------------------
+
+def join_pairs(fn, first: Batch, second: Batch, flat: bool, where: str) -> Batch:
+    """The vectorized join function on aligned pair batches, as an output batch
+    timed like the pairs (``first.timestamps``)."""
+    like = Batch({}, first.timestamps, None)
+    res = fn(first, second)
+    if flat:
+        if not isinstance(res, dict) or "__row__" not in res:
+            raise ValueError(f"{where}: a vectorized flat join returns columns and '__row__' "
+                             "(the pair each output row comes from)")
+        res = dict(res)
+        rows = torch.as_tensor(res.pop("__row__"), dtype=torch.int64, device=first.device)
+        res["__timestamp__"] = first.timestamps.index_select(0, rows)
+        return batch_result(res, like, where, same_length=False).with_keys(None)
+    return batch_result(res, like, where, same_length=True).with_keys(None)
+
+
+def join_records(fn, firsts: list, seconds: list, ts, flat: bool, where: str) -> list:
+    """The record path of a vectorized join function: one call on the pairs
+    ``(firsts[i], seconds[i])`` (host batches), the outputs as records."""
+    if not firsts:
+        return []
+    times = [NO_TIMESTAMP if ts is None else ts] * len(firsts)
+    a = Batch.from_records(firsts, "cpu", timestamps=times, where=where)
+    b = Batch.from_records(seconds, "cpu", timestamps=times, where=where)
+    return join_pairs(fn, a, b, flat, where).records()
+
+
+def _schema_state(schema: RecordSchema | None):
+    from opforge.stream.checkpoint import _class_name
+
+    if schema is None:
+        return None
+    return [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]
+
+
+def _schema_of(s) -> RecordSchema | None:
+    from opforge.stream.checkpoint import _resolve_class
+
+    if s is None:
+        return None
+    kind, names, cls = s
+    return RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))
+
+
+class ColumnarForm:
+    """A process function that also runs as a columnar operator: the engine
+    builds ``make_operator(name, key_selector)``; the reference executor (and
+    the engine, with ``columnar = False``) runs the record-at-a-time methods."""
+
+    columnar = True
+
+    def columnar_operator(self, name: str, key_selector):
+        return self.make_operator(name, key_selector) if self.columnar else None
+
+    def make_operator(self, name: str, key_selector):
+        raise NotImplementedError
+
+
+class _TwoInputs(Operator):
+    """Shared by the columnar joins: the join function, both inputs' record
+    shapes and the arrival counter."""
+
+    def __init__(self, name, function, key_selector, flat=False):
+        super().__init__(name)
+        self.function, self.key_selector, self.flat = function, key_selector, flat
+        self.fn = as_callable(function, "join", name)
+
+    def open(self):
+        self.schemas = [None, None]
+        self.next_seq = 0
+        open_function(self.function, self.runtime_context())
+
+    def _rows(self, batch: Batch, side: int) -> Rows:
+        if self.schemas[side] is None:
+            self.schemas[side] = batch.schema
+        rows = Rows.of(batch, self.next_seq)
+        self.next_seq += len(batch)
+        return rows
+
+    def _emit_pairs(self, first: Rows, second: Rows, ts: torch.Tensor) -> None:
+        out = join_pairs(self.fn, first.batch(ts, self.schemas[0]), second.batch(ts, self.schemas[1]), self.flat,
+                         self.name)
+        if len(out):
+            self.out.emit(out)
+
+    def process_batch(self, batch):
+        raise TypeError(f"{self.name}: a two-input operator needs the input index")
+
+    def _base_state(self) -> dict:
+        return {"schemas": [_schema_state(s) for s in self.schemas], "next_seq": self.next_seq}
+
+    def _restore_base(self, s: dict) -> None:
+        self.schemas = [_schema_of(x) for x in s["schemas"]]
+        self.next_seq = s["next_seq"]
+
+
+# -- window join ------------------------------------------------------------------
+
+class WindowJoinOperator(_TwoInputs):
+    """A window join of event-time tumbling or sliding windows, whole batches at a time."""
+
+    def __init__(self, name, assigner, function, key_selector, flat=False):
+        super().__init__(name, function, key_selector, flat)
+        self.assigner = assigner
+
+    def open(self):
+        super().open()
+        self.buffers: list[list[Rows]] = [[], []]  # per input: chunks in arrival order
+
+    def process_input(self, batch, input_index):
+        if len(batch):
+            self.buffers[input_index].append(self._rows(batch, input_index))
+
+    def on_watermark(self, watermark):
+        prev, self.watermark = self.watermark, watermark
+        if self._window_end_within(prev, watermark):
+            self._fire(prev, watermark)
+        self.out.emit_watermark(watermark)
+
+    def _window_end_within(self, prev: int, wm: int) -> bool:
+        """Whether some window's ``max_timestamp`` lies in ``(prev, wm]`` (host
+        arithmetic: ends sit on the slide grid); else nothing fires or expires."""
+        a = self.assigner
+        grid = a.offset + a.size - 1
+        return wm - (wm - grid) % a.slide > prev
+
+    def _input(self, side: int) -> Rows:
+        rows = Rows.concat(self.buffers[side]) if self.buffers[side] else Rows.empty(self.device)
+        self.buffers[side] = [rows] if len(rows) else []
+        return rows
+
+    def _due(self, rows: Rows, prev: int, wm: int):
+        """``(row, window start)`` of the rows' windows ending in ``(prev, wm]``."""
+        r, starts, ends = self.assigner.assign(rows.ts)
+        max_ts = ends - 1
+        idx = torch.nonzero((max_ts > prev) & (max_ts <= wm)).flatten()
+        return r.index_select(0, idx), starts.index_select(0, idx)
+
+    def _fire(self, prev: int, wm: int) -> None:
+        first, second = self._input(0), self._input(1)
+        missing = [(rows.ts == NO_TIMESTAMP).sum() for rows in (first, second) if len(rows)]
+        if missing and int(torch.stack(missing).sum()):
+            raise ValueError(f"{self.name}: a record has no timestamp; joins run in event time (give the "
+                             "sources a WatermarkStrategy with a timestamp assigner)")
+        if len(first) and len(second):
+            self._pair_windows(first, second, prev, wm)
+        for side, rows in enumerate((first, second)):
+            if len(rows):
+                self.buffers[side] = self._unexpired(rows, wm)
+
+    def _pair_windows(self, first: Rows, second: Rows, prev: int, wm: int) -> None:
+        r0, s0 = self._due(first, prev, wm)
+        r1, s1 = self._due(second, prev, wm)
+        n0 = r0.shape[0]
+        if n0 == 0 or r1.shape[0] == 0:
+            return
+        # panes: (key, window start) groups over both sides
+        panes, inv = group_pairs(torch.cat([first.key.index_select(0, r0), second.key.index_select(0, r1)]),
+                                 torch.cat([s0, s1]))
+        g0, g1 = inv[:n0], inv[n0:]
+        groups, starts = panes.shape[0], panes[:, 1]
+        seqs = torch.cat([first.seq.index_select(0, r0), second.seq.index_select(0, r1)])
+        opened = torch.full((groups,), _INT64_MAX, dtype=torch.int64, device=inv.device) \
+            .scatter_reduce(0, inv, seqs, "amin")
+        rank = _firing_rank(starts, opened)
+        probe = torch.argsort(rank.index_select(0, g0), stable=True)  # first input: by pane, then arrival
+        build = torch.argsort(g1, stable=True)  # second input: by pane, then arrival
+        count = torch.bincount(g1, minlength=groups)
+        lo = torch.cumsum(count, 0) - count
+        g = g0.index_select(0, probe)
+        pi, pos = expand_runs(lo.index_select(0, g), count.index_select(0, g))
+        if pi.numel() == 0:
+            return
+        a, b = probe.index_select(0, pi), build.index_select(0, pos)
+        ts = s0.index_select(0, a) + (self.assigner.size - 1)
+        self._emit_pairs(first.take(r0.index_select(0, a)), second.take(r1.index_select(0, b)), ts)
+
+    def _unexpired(self, rows: Rows, wm: int) -> list:
+        """The rows with a window still to fire (the last one ends after ``wm``)."""
+        a = self.assigner
+        last_end = rows.ts - torch.remainder(rows.ts - a.offset, a.slide) + (a.size - 1)
+        kept = rows.take(torch.nonzero(last_end > wm).flatten())
+        return [kept] if len(kept) else []
+
+    def snapshot_state(self) -> dict:
+        return {**self._base_state(), "inputs": [self._input(side).state() for side in (0, 1)]}
+
+    def restore_state(self, s: dict) -> None:
+        self._restore_base(s)
+        self.buffers = [[r] if len(r) else [] for r in (Rows.from_state(x, self.device) for x in s["inputs"])]
+
+
+def _firing_rank(starts: torch.Tensor, opened: torch.Tensor) -> torch.Tensor:
+    """Each pane's place in the firing order: by window (all of one size, so
+    by start), then by the arrival of its first record (when the record path
+    registered its timer)."""
+    by_open = torch.argsort(opened, stable=True)
+    order = by_open.index_select(0, torch.argsort(starts.index_select(0, by_open), stable=True))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=order.device)
+    return rank
+
+
+# -- regular join --------------------------------------------------------------------
+
+class RegularJoin(ColumnarForm, KeyedCoProcessFunction):
+    """Flink SQL's regular inner join of two connected keyed streams
+    (``a.connect(b).key_by(ka, kb).process(RegularJoin(fn))``): every pair of
+    records with equal keys, emitted once, when the later of the two arrives,
+    timed like it; both inputs are kept for ever (no state TTL). ``fn(first,
+    second)``: a ``@vectorized`` join function (the columnar operator) or a
+    plain one called per pair. Record path: each key's records in list state."""
+
+    def __init__(self, function):
+        if not (callable(function) or hasattr(function, "join")):
+            raise TypeError("RegularJoin: expected a join function (first, second)")
+        self.function = function
+
+    def make_operator(self, name, key_selector):
+        if not is_vectorized(as_callable(self.function, "join", name)):
+            return None
+        return RegularJoinOperator(name, self.function, key_selector)
+
+    def open(self, ctx):
+        self.where = ctx.task_name
+        self.call = as_callable(self.function, "join", self.where)
+        self.inputs = (ctx.get_list_state(ListStateDescriptor("regular-join-first")),
+                       ctx.get_list_state(ListStateDescriptor("regular-join-second")))
+        open_function(self.function, ctx)
+
+    def _arrive(self, side: int, value, ctx):
+        others = list(self.inputs[1 - side].get())
+        self.inputs[side].add(value)
+        firsts, seconds = ([value] * len(others), others) if side == 0 else (others, [value] * len(others))
+        if is_vectorized(self.call):
+            return join_records(self.call, firsts, seconds, ctx.timestamp(), False, self.where)
+        return [self.call(a, b) for a, b in zip(firsts, seconds)]
+
+    def process_element1(self, value, ctx):
+        return self._arrive(0, value, ctx)
+
+    def process_element2(self, value, ctx):
+        return self._arrive(1, value, ctx)
+
+
+class RegularJoinOperator(_TwoInputs):
+    """``RegularJoin`` on whole batches: each input's rows sorted by key; an
+    arriving batch finds its keys' runs in the other input (``searchsorted``),
+    its pairs are expanded at once, then its rows are merged into its own input."""
+
+    def open(self):
+        super().open()
+        self.inputs = [SortedRows(self.device), SortedRows(self.device)]
+
+    def process_input(self, batch, input_index):
+        if len(batch) == 0:
+            return
+        rows = self._rows(batch, input_index)
+        other = self.inputs[1 - input_index]
+        if len(other):
+            probe, build = expand_runs(*other.runs(rows.key))
+            if probe.numel():
+                mine, theirs = rows.take(probe), other.rows.take(build)
+                pair = (mine, theirs) if input_index == 0 else (theirs, mine)
+                self._emit_pairs(*pair, mine.ts)
+        self.inputs[input_index].insert(rows)
+
+    def snapshot_state(self) -> dict:
+        return {**self._base_state(), "inputs": [side.rows.state() for side in self.inputs]}
+
+    def restore_state(self, s: dict) -> None:
+        self._restore_base(s)
+        for side, state in zip(self.inputs, s["inputs"]):
+            side.rows = Rows.from_state(state, self.device)
