@@ -9,7 +9,8 @@ engine, so late data is decided at the same points of the stream.
 
 Scope: one source subtask (parallelism of other operators is irrelevant to
 results), event time and count triggers (no processing time). A
-``@vectorized`` function is called on one-row batches.
+``@vectorized`` function is called on one-row batches, except a vectorized
+join function: it gets the batch of one key's and one window's pairs.
 
 ``run_reference(env) -> {sink: [(record, timestamp), ...]}``.
 """
