@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from opforge.stream import AggregateFunction
+import pytest
+
+from opforge.stream import AggregateFunction, StreamExecutionEnvironment
+from opforge.stream.reference import run_reference
 
 
 def out_of_order_events(n: int, keys: int, bound: int, seed: int, late: float = 0.0):
@@ -48,3 +51,31 @@ class Avg(AggregateFunction):
 
     def merge(self, a, b):
         return (a[0] + b[0], a[1] + b[1])
+
+
+def reference_outputs(job, events, batch_size: int):
+    """The (record, timestamp) multiset that the record-at-a-time reference
+    executor gives for ``job(env, events)``'s sink."""
+    env = StreamExecutionEnvironment(batch_size=batch_size)
+    sink = job(env, events)
+    return multiset(run_reference(env)[sink])
+
+
+def run_with_failures(make_env, build, tmp_path, fail_ats, error):
+    """Run ``build(env, out_dir, fail_at)`` once without failure (outputs under
+    ``tmp_path / "ref"``), then once per ``fail_ats`` entry, failing there with
+    ``error`` and restoring from the latest checkpoint each time, then to the end
+    (outputs under ``tmp_path / "out"``). Returns the two output directories."""
+    env = make_env().enable_checkpointing(200, str(tmp_path / "ref-ckpt"))
+    build(env, tmp_path / "ref", None)
+    env.execute()
+    ckpt = str(tmp_path / "ckpt")
+    for at in fail_ats:
+        env = make_env().enable_checkpointing(200, ckpt)
+        build(env, tmp_path / "out", at)
+        with pytest.raises(error):
+            env.execute(restore_from=ckpt)
+    env = make_env().enable_checkpointing(200, ckpt)
+    build(env, tmp_path / "out", None)
+    assert env.execute(restore_from=ckpt).restored_from is not None
+    return tmp_path / "ref", tmp_path / "out"

@@ -14,8 +14,7 @@ from opforge.stream.executor import build_operator
 from opforge.stream.nexmark import (NexmarkConfig, RunningAverageOperator, WinningBidsOperator, generate, q3, q4,
                                     q8)
 from opforge.stream.operators import CoProcessOperator, ProcessOperator
-from opforge.stream.reference import run_reference
-from stream_helpers import multiset, out_of_order_events
+from stream_helpers import multiset, out_of_order_events, reference_outputs, run_with_failures
 
 BOUND = 15
 WINDOWS = {
@@ -88,12 +87,6 @@ def engine(job, events, parallelism, batch_size):
     return list(zip(sink.records(), sink.timestamps()))
 
 
-def reference(job, events, batch_size):
-    env = StreamExecutionEnvironment(batch_size=batch_size)
-    sink = job(env, events)
-    return multiset(run_reference(env)[sink])
-
-
 def window_pairs(events, size, slide, offset=0):
     """Brute force: every (left, right) of a key in a common window, at its end - 1."""
     left = [e for e in events if e[1] % 2 == 0]
@@ -143,7 +136,7 @@ def test_vectorized_window_join_equals_the_record_path(window, late):
         got = engine(window_join(vector_pair, window), events, parallelism, batch_size)
         assert got == engine(window_join(Pair(), window), events, parallelism, batch_size), (parallelism, batch_size)
     got = multiset(engine(window_join(vector_pair, window), events, 2, 9))
-    assert got == reference(window_join(vector_pair, window), events, 9)  # the record form, late rows dropped
+    assert got == reference_outputs(window_join(vector_pair, window), events, 9)  # the record form, late rows dropped
     everything = brute_force(events, window)
     if late:
         assert len(got) < len(everything) and all(g in everything for g in got)
@@ -180,7 +173,7 @@ def test_vectorized_flat_join_equals_the_record_path():
         got = engine(window_join(vector_difference, "sliding", flat=True), events, parallelism, batch_size)
         assert got and got == engine(window_join(Difference(), "sliding", flat=True), events, parallelism,
                                      batch_size)
-    assert multiset(got) == reference(window_join(vector_difference, "sliding", flat=True), events, 64)
+    assert multiset(got) == reference_outputs(window_join(vector_difference, "sliding", flat=True), events, 64)
 
 
 # -- regular join ----------------------------------------------------------------------
@@ -197,7 +190,7 @@ def test_regular_join_equals_its_record_form_and_every_pair():
     # one record a batch: the engine sees the records in the reference's order, so
     # a pair's time (its later record's) is the same too
     got = engine(regular_join(vector_pair), events, 2, 1)
-    assert multiset(got) == reference(regular_join(vector_pair), events, 1)
+    assert multiset(got) == reference_outputs(regular_join(vector_pair), events, 1)
     env = StreamExecutionEnvironment()
     regular_join(vector_pair)(env, events)
     assert isinstance(operator_of(env, "KeyedCoProcess"), RegularJoinOperator)
@@ -235,21 +228,10 @@ def _crash_and_restore(tmp_path, build, fail_ats, sinks):
     def env_():
         return StreamExecutionEnvironment(parallelism=2, batch_size=64, clock=SimulatedClock(step_ms=100))
 
-    env = env_().enable_checkpointing(200, str(tmp_path / "ref-ckpt"))
-    build(env, tmp_path / "ref", None)
-    env.execute()
-    ckpt = str(tmp_path / "ckpt")
-    for at in fail_ats:
-        env = env_().enable_checkpointing(200, ckpt)
-        build(env, tmp_path / "out", at)
-        with pytest.raises(_Boom):
-            env.execute(restore_from=ckpt)
-    env = env_().enable_checkpointing(200, ckpt)
-    build(env, tmp_path / "out", None)
-    assert env.execute(restore_from=ckpt).restored_from is not None
+    ref, out = run_with_failures(env_, build, tmp_path, fail_ats, _Boom)
     for sink in sinks:
-        want = _rows(tmp_path / "ref" / sink)
-        assert want and _rows(tmp_path / "out" / sink) == want, sink
+        want = _rows(ref / sink)
+        assert want and _rows(out / sink) == want, sink
 
 
 @vectorized

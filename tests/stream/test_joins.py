@@ -11,8 +11,7 @@ from opforge.stream import (CoGroupFunction, EventTimeSessionWindows, FlatJoinFu
 from opforge.stream.keys import KeySelector
 from opforge.stream.operators import CoProcessOperator
 from opforge.stream.records import Batch
-from opforge.stream.reference import run_reference
-from stream_helpers import multiset, out_of_order_events
+from stream_helpers import multiset, out_of_order_events, reference_outputs, run_with_failures
 
 BOUND = 15
 
@@ -32,12 +31,6 @@ def engine(job, events, parallelism, batch_size):
     sink = job(env, events)
     env.execute()
     return multiset(zip(sink.records(), sink.timestamps()))
-
-
-def reference(job, events, batch_size):
-    env = StreamExecutionEnvironment(batch_size=batch_size)
-    sink = job(env, events)
-    return multiset(run_reference(env)[sink])
 
 
 class Pair(JoinFunction):
@@ -74,7 +67,7 @@ def test_window_join_is_every_pair_of_a_key_and_window(size, slide, parallelism,
     want = window_pairs(events, size, slide)
     assert len(want) > 100
     assert engine(job, events, parallelism, batch_size) == want
-    assert reference(job, events, batch_size) == want
+    assert reference_outputs(job, events, batch_size) == want
 
 
 def test_window_join_drops_late_records_like_the_reference():
@@ -85,7 +78,7 @@ def test_window_join_drops_late_records_like_the_reference():
         return left.join(right).where(0).equal_to(0).window(TumblingEventTimeWindows.of(30)).apply(Pair()).collect()
 
     got = engine(job, events, 2, 9)
-    assert got == reference(job, events, 9)
+    assert got == reference_outputs(job, events, 9)
     everything = window_pairs(events, 30, 30)
     assert len(got) < len(everything) and all(g in everything for g in got)
 
@@ -122,7 +115,7 @@ def test_flat_join_and_co_group():
         g[2] += v if v % 2 == 0 else -v
     want = multiset([((n0, n1, d), start + 24) for (k, start), (n0, n1, d) in groups.items()])
     assert engine(co_group, events, 3, 11) == want  # one-sided groups too: an outer co-group
-    assert reference(co_group, events, 11) == want
+    assert reference_outputs(co_group, events, 11) == want
 
 
 class Interval(ProcessJoinFunction):
@@ -156,7 +149,7 @@ def test_interval_join_pairs_and_times(lo, hi, exclusive, parallelism, batch_siz
     want = interval_pairs(events, lo + (exclusive in ("lower", "both")), hi - (exclusive in ("upper", "both")))
     assert len(want) >= (3 if lo == hi else 50)
     assert engine(job, events, parallelism, batch_size) == want
-    assert reference(job, events, batch_size) == want
+    assert reference_outputs(job, events, batch_size) == want
 
 
 def test_interval_join_late_records_go_to_side_outputs_like_the_reference():
@@ -173,7 +166,7 @@ def test_interval_join_late_records_go_to_side_outputs_like_the_reference():
         return out
 
     got = engine(job, events, 1, 8)
-    assert got == reference(job, events, 8)
+    assert got == reference_outputs(job, events, 8)
     late = [r for r, _ in got if r[0] in ("L", "R")]
     assert late and all((r[0] == "L") == (r[2] % 2 == 0) for r in late)
     pairs = [g for g in got if g[0][0] not in ("L", "R")]
@@ -323,18 +316,7 @@ def test_join_state_survives_a_failure_and_restore(tmp_path):
     def rows(path):
         return multiset([r for part in per_subtask_rows(path).values() for r in part])
 
-    ckpt = str(tmp_path / "ckpt")
-    env = env_().enable_checkpointing(200, str(tmp_path / "ref-ckpt"))
-    build(env, tmp_path / "ref", None)
-    env.execute()
-    for at in (80, 190):
-        env = env_().enable_checkpointing(200, ckpt)
-        build(env, tmp_path / "out", at)
-        with pytest.raises(_Boom):
-            env.execute(restore_from=ckpt)
-    env = env_().enable_checkpointing(200, ckpt)
-    build(env, tmp_path / "out", None)
-    assert env.execute(restore_from=ckpt).restored_from is not None
+    ref, out = run_with_failures(env_, build, tmp_path, (80, 190), _Boom)
     for sink in ("window", "interval"):
-        want = rows(tmp_path / "ref" / sink)
-        assert want and rows(tmp_path / "out" / sink) == want
+        want = rows(ref / sink)
+        assert want and rows(out / sink) == want
