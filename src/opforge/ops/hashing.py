@@ -68,6 +68,18 @@ HOWS = ("inner", "left", "semi", "anti")
 # ---------------------------------------------------------------------------
 # Reference semantics (plain torch: sort + searchsorted, unique)
 # ---------------------------------------------------------------------------
+def expand_runs(lo: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, position)`` pairs: row ``i`` with positions ``lo[i] .. lo[i] + counts[i] - 1``,
+    row-major (the sort-merge joins of the SQL engine and the stream's columnar
+    joins). One host sync: the pair count."""
+    dev = lo.device
+    total = int(counts.sum()) if counts.numel() else 0
+    rows = torch.repeat_interleave(torch.arange(len(lo), device=dev), counts, output_size=total)
+    starts = torch.cumsum(counts, 0) - counts
+    within = torch.arange(total, device=dev) - starts[rows]
+    return rows, lo[rows] + within
+
+
 def _common_dtype(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if a.dtype == b.dtype:
         return a, b

@@ -154,6 +154,22 @@ def _resolve_class(name: str):
     return obj
 
 
+def schema_state(schema) -> list | None:
+    """A record schema (``records.RecordSchema``) as checkpoint JSON: kind, field names, class."""
+    if schema is None:
+        return None
+    return [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]
+
+
+def schema_from_state(s):
+    from opforge.stream.records import RecordSchema
+
+    if s is None:
+        return None
+    kind, names, cls = s
+    return RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))
+
+
 def decode(value, tensors: dict):
     from opforge.stream.windows import TimeWindow
 

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import torch
 
+from opforge.ops.hashing import expand_runs
+from opforge.stream.checkpoint import schema_from_state, schema_state
 from opforge.stream.functions import (KeyedCoProcessFunction, as_callable, batch_result, is_vectorized)
 from opforge.stream.operators import Operator, open_function
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema, concat_columns, take
@@ -139,16 +141,6 @@ class SortedRows:
         self.rows = self.rows.take(torch.nonzero(mask).flatten())
 
 
-def expand_runs(lo: torch.Tensor, count: torch.Tensor):
-    """``(probe, build)``: probe row ``i`` with build rows ``lo[i] ..
-    lo[i] + count[i] - 1``, probe-major (one host sync: the pair count)."""
-    dev = count.device
-    probe = torch.repeat_interleave(torch.arange(count.shape[0], device=dev), count)
-    base = torch.cumsum(count, 0) - count
-    build = lo.index_select(0, probe) + torch.arange(probe.shape[0], device=dev) - base.index_select(0, probe)
-    return probe, build
-
-
 # -- calling the join function ----------------------------------------------------
 
 def join_pairs(fn, first: Batch, second: Batch, flat: bool, where: str) -> Batch:
@@ -176,23 +168,6 @@ def join_records(fn, firsts: list, seconds: list, ts, flat: bool, where: str) ->
     a = Batch.from_records(firsts, "cpu", timestamps=times, where=where)
     b = Batch.from_records(seconds, "cpu", timestamps=times, where=where)
     return join_pairs(fn, a, b, flat, where).records()
-
-
-def _schema_state(schema: RecordSchema | None):
-    from opforge.stream.checkpoint import _class_name
-
-    if schema is None:
-        return None
-    return [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]
-
-
-def _schema_of(s) -> RecordSchema | None:
-    from opforge.stream.checkpoint import _resolve_class
-
-    if s is None:
-        return None
-    kind, names, cls = s
-    return RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))
 
 
 class ColumnarForm:
@@ -240,10 +215,10 @@ class _TwoInputs(Operator):
         raise TypeError(f"{self.name}: a two-input operator needs the input index")
 
     def _base_state(self) -> dict:
-        return {"schemas": [_schema_state(s) for s in self.schemas], "next_seq": self.next_seq}
+        return {"schemas": [schema_state(s) for s in self.schemas], "next_seq": self.next_seq}
 
     def _restore_base(self, s: dict) -> None:
-        self.schemas = [_schema_of(x) for x in s["schemas"]]
+        self.schemas = [schema_from_state(x) for x in s["schemas"]]
         self.next_seq = s["next_seq"]
 
 

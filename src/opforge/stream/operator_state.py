@@ -11,10 +11,9 @@ Restore runs after ``open``, so the structures ``open`` made are replaced.
 
 from __future__ import annotations
 
-from opforge.stream.checkpoint import CheckpointSerializationError, _class_name, _resolve_class
+from opforge.stream.checkpoint import CheckpointSerializationError, schema_from_state, schema_state
 from opforge.stream.operators import (FilterOperator, FlatMapOperator, MapOperator, Operator, PassThrough,
                                       ProcessOperator, SinkOperator)
-from opforge.stream.records import RecordSchema
 from opforge.stream.rolling import RollingOperator
 from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
 
@@ -49,8 +48,7 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         schema = op.schema
         slot_of, first, running = op.full_state()  # every tier of a table over its state budget
         s["rolling"] = {"acc": op.acc, "slot_of": slot_of, "first": first, "running": running,
-                        "schema": None if schema is None else
-                        [schema.kind, list(schema.names), None if schema.cls is None else _class_name(schema.cls)]}
+                        "schema": schema_state(schema)}
     elif not isinstance(op, _STATELESS):
         raise CheckpointSerializationError(
             f"checkpoint: operator {op.name!r} ({type(op).__name__}) does not support checkpoints; "
@@ -89,8 +87,7 @@ def restore_operator(op: Operator, s: dict) -> None:
         op.acc, op.slot_of, op.first, op.running = r["acc"], r["slot_of"], dict(r["first"]), r["running"]
         op.restored()
         if r["schema"] is not None:
-            kind, names, cls = r["schema"]
-            op.schema = RecordSchema(kind, tuple(names), None if cls is None else _resolve_class(cls))
+            op.schema = schema_from_state(r["schema"])
 
 
 def notify_checkpoint_complete(op: Operator, checkpoint_id: int) -> None:

@@ -57,16 +57,6 @@ RADIX_MIN_BITS = 2  # join_algorithm="radix" uses at least 4 partitions
 
 
 # ------------------------------------------------------------------------------------- algorithms
-def _counts_to_pairs(lo: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expand per-left-row runs ``[lo, lo + count)`` of right positions into (left, position) pairs."""
-    dev = lo.device
-    total = int(counts.sum()) if counts.numel() else 0  # the output size: one host sync
-    li = torch.repeat_interleave(torch.arange(len(lo), device=dev), counts, output_size=total)
-    starts = torch.cumsum(counts, 0) - counts
-    within = torch.arange(total, device=dev) - starts[li]
-    return li, lo[li] + within
-
-
 def merge_pairs(lkey, rkey, lvalid=None, rvalid=None, presorted=False):
     """Sort-merge: sort the right side (skipped when ``presorted``: both sides ascending), then each
     left key's matches are a ``searchsorted`` range. Pairs ordered by left row, then right row."""
@@ -84,7 +74,7 @@ def merge_pairs(lkey, rkey, lvalid=None, rvalid=None, presorted=False):
     counts = torch.searchsorted(sorted_r, lk, side="right") - lo
     if lvalid is not None:
         counts = torch.where(lvalid, counts, 0)
-    li, pos = _counts_to_pairs(lo, counts)
+    li, pos = hashing.expand_runs(lo, counts)
     return li, (pos if order is None else order[pos])
 
 
