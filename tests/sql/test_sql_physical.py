@@ -176,6 +176,65 @@ def test_partition_helpers():
     assert all(bool((x[1:] > x[:-1]).all()) for x in parts if len(x) > 1)  # row order kept
 
 
+def _tuple_groups(cols: list[Column]) -> list[tuple]:
+    """Reference: each row's key tuple, NULL as None."""
+    vals = [[None if (c.valid is not None and not bool(c.valid[i])) else int(c.values[i]) for i in range(len(c))]
+            for c in cols]
+    return list(zip(*vals))
+
+
+def _same_partition(ids: torch.Tensor, tuples: list[tuple]) -> bool:
+    """Rows share an id exactly when they share a key tuple, and ids are dense 0..G-1."""
+    first = {}
+    for g, t in zip(ids.tolist(), tuples):
+        if first.setdefault(t, g) != g:
+            return False
+    return len(set(first.values())) == len(first) and sorted(set(ids.tolist())) == list(range(len(first)))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 5), (-3, 3), (0, 50_000_000), (-(2**62), 2**62)])
+def test_dense_ids_every_encoding(lo, hi):
+    """Packed direct-address, packed hash and per-column hash encodings all group by the key tuple,
+    NULL being one value of its own; a range past 2^62 falls back to grouping column by column."""
+    g = torch.Generator().manual_seed(lo & 0xFFFF)
+    n = 3000
+    a = torch.randint(0, 7, (n,), generator=g) * ((hi - lo) // 7) + lo
+    b = torch.randint(-2, 2, (n,), generator=g, dtype=torch.int32)
+    cols = [Column(a, torch.rand(n, generator=g) > 0.1, T.INT64), Column(b, torch.rand(n, generator=g) > 0.3, T.INT32)]
+    notes = []
+
+    class Ctx:
+        def note(self, text):
+            notes.append(text)
+
+    ids, count = K.dense_ids(cols, n, "cpu", Ctx())
+    tuples = _tuple_groups(cols)
+    assert count == len(set(tuples)) and _same_partition(ids, tuples)
+    if hi - lo < 2 * n:
+        assert "direct-address" in notes[0]
+        order = sorted(set(tuples), key=lambda t: tuple((x is None, x) for x in t))  # numbered in key order
+        assert [order.index(t) for t in tuples] == ids.tolist()
+    elif hi - lo < 2**55:
+        assert "packed keys" in notes[0]
+    else:
+        assert "per key column" in notes[0]
+
+
+def test_join_keys_pack_two_columns_over_both_sides():
+    """Two int key columns become one int64 per side, equal exactly when both columns are, with
+    bounds taken over both sides (a value present on one side only still gets its own code)."""
+    g = torch.Generator().manual_seed(3)
+    la, lb = torch.randint(-5, 40, (500,), generator=g), torch.randint(0, 9, (500,), generator=g, dtype=torch.int32)
+    ra, rb = torch.randint(0, 60, (300,), generator=g), torch.randint(-4, 5, (300,), generator=g, dtype=torch.int32)
+    lv = torch.rand(500, generator=g) > 0.2
+    left = [Column(la, lv, T.INT64), Column(lb, None, T.INT32)]
+    right = [Column(ra, None, T.INT64), Column(rb, None, T.INT32)]
+    lk, rk, lvalid, rvalid = K.join_keys(left, right, "cpu")
+    assert lk.dtype == rk.dtype == torch.int64 and rvalid is None and torch.equal(lvalid, lv)
+    want = (la[:, None] == ra[None, :]) & (lb[:, None] == rb[None, :])
+    assert torch.equal((lk[:, None] == rk[None, :])[lv], want[lv])  # NULL rows never match: valid says so
+
+
 def test_connect_options_are_validated():
     with pytest.raises(ValueError, match="memory_budget must be > 0"):
         sql.connect("cpu", memory_budget=0)

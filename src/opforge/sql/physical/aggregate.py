@@ -61,7 +61,7 @@ def run_aggregate(node: Aggregate, batch: Batch, ctx: ExecContext | None = None)
         parts = [p for p in partitions(partition_of(_row_hash(on), bits), bits) if len(p)]
         outs = [_aggregate(node, batch.take(idx), [c.take(idx) for c in key_cols]) for idx in parts]
         if not outs:
-            return _aggregate(node, batch, key_cols)
+            return _aggregate(node, batch, key_cols, ctx)
         cols = {}
         for cid, first in outs[0].cols.items():
             parts_c = [o.cols[cid] for o in outs]
@@ -71,14 +71,14 @@ def run_aggregate(node: Aggregate, batch: Batch, ctx: ExecContext | None = None)
             cols[cid] = Column(torch.cat([c.values for c in parts_c]), valid, first.type, first.dictionary)
         return Batch(cols, sum(o.n for o in outs), dev)
     ctx.note(f"hash aggregate: {n} rows, {len(node.keys)} key(s), {len(node.aggs)} aggregate(s)")
-    return _aggregate(node, batch, key_cols)
+    return _aggregate(node, batch, key_cols, ctx)
 
 
 def run_window(node: Window, batch: Batch, ctx: ExecContext | None = None) -> Batch:
     """The aggregates per partition (the group ids and reductions of :func:`run_aggregate`),
     each gathered back onto the partition's rows."""
     n, dev = batch.n, batch.device
-    gid, groups = dense_ids([evaluate(e, batch) for e in node.partition], n, dev)
+    gid, groups = dense_ids([evaluate(e, batch) for e in node.partition], n, dev, ctx)
     if ctx is not None:
         ctx.note(f"window: {n} rows in {groups} partitions, {len(node.aggs)} aggregate(s)")
     out = dict(batch.cols)
@@ -90,10 +90,10 @@ def run_window(node: Window, batch: Batch, ctx: ExecContext | None = None) -> Ba
     return Batch(out, n, dev)
 
 
-def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column]) -> Batch:
+def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecContext | None = None) -> Batch:
     n, dev = batch.n, batch.device
     grouped = key_cols if node.grouped is None else [key_cols[i] for i in node.grouped]
-    gid, groups = dense_ids(grouped, n, dev)
+    gid, groups = dense_ids(grouped, n, dev, ctx if node.keys else None)
     if not node.keys:
         groups = 1
     out: dict[int, Column] = {}

@@ -1,11 +1,19 @@
-"""Key encoding shared by aggregation, join and distinct: several key columns -> one dense int64 id.
+"""Key encoding shared by aggregation, join and distinct: several key columns -> one int64 key.
 
 Every grouping goes through the registry op ``opforge.group_by`` (dispatch picks the Triton
 open-addressing table on CUDA, the sort-based reference on the CPU), so the SQL operators never
-hash on their own. A multi-column key is reduced exactly, never by a lossy hash of the tuple: each
-column is grouped on its own, the ids are packed (``ids * G_next + g_next``, below 2^62 since both
-factors are at most the row count), and the packed id is grouped again to keep it dense.
-Group ids are numbered by first occurrence (``group_by``'s rule), so results are deterministic.
+hash on their own. A multi-column key is reduced exactly, never by a lossy hash of the tuple:
+
+* integer keys whose ranges multiply to less than 2^62 (dictionary codes, dates, TPC-H's dense
+  ids) are *packed*: ``sum((k_i - min_i) * stride_i)``, one min / max pass per column and one host
+  sync for all of them. A join then probes one int64 key per side; a grouping groups it once.
+* otherwise each column is grouped on its own, the ids are packed (``ids * G_next + g_next``,
+  below 2^62 since both factors are at most the row count), and the packed id is grouped again.
+
+A key whose range is small next to the row count (at most ``2 n + 64 Ki``) needs no hash table:
+its groups come from a direct-address table (mark the codes present, a prefix sum ranks them), so
+a few hot groups (TPC-H q1's four) cost no atomic contention. Groups are then numbered in key
+order; the hash table numbers them by first occurrence. Either way the numbering is deterministic.
 
 ``partition_of`` spreads keys over 2^p radix partitions for operators that exceed the memory
 budget. It mixes with a different multiplier than the hash kernels' Fibonacci hashing, whose
@@ -50,6 +58,54 @@ def hash_key(col: Column) -> torch.Tensor:
     return key_tensor(col)
 
 
+# Largest product of key ranges that packs into one int64 key (leaves headroom for the NULL slot).
+PACK_LIMIT = 1 << 62
+
+
+def _direct_limit(n: int) -> int:
+    """Largest code range grouped by a direct-address table: its two arrays stay near the input's size."""
+    return 2 * n + 65_536
+
+
+def _is_int(t: torch.Tensor) -> bool:
+    return not t.dtype.is_floating_point and t.dtype != torch.bool
+
+
+def _bounds(keys: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """(min, max) of each non-empty int tensor, with one host sync for all of them."""
+    stats = torch.stack([v for k in keys for v in torch.aminmax(k)]).tolist()
+    return [(stats[2 * i], stats[2 * i + 1]) for i in range(len(keys))]
+
+
+def pack(keys: list[torch.Tensor], bounds: list[tuple[int, int]], valids=None) -> tuple[torch.Tensor, int] | None:
+    """``(codes, code_range)``: one int64 per row, equal exactly when all keys are, in ``[0,
+    code_range)`` and ordered as the key tuples; ``valids[i]`` (or None) makes NULL one more value
+    of column i. None when the ranges multiply past ``PACK_LIMIT``."""
+    valids = valids or [None] * len(keys)
+    radix = [hi - lo + 1 + (v is not None) for (lo, hi), v in zip(bounds, valids)]
+    total = 1
+    for r in radix:
+        total *= r
+    if total >= PACK_LIMIT:
+        return None
+    codes = None
+    for k, (lo, hi), v, r in zip(keys, bounds, valids, radix):
+        c = k.long() - lo
+        if v is not None:
+            c = torch.where(v, c, hi - lo + 1)
+        codes = c if codes is None else codes * r + c
+    return codes, total
+
+
+def direct_ids(codes: torch.Tensor, code_range: int) -> tuple[torch.Tensor, int]:
+    """Dense ids of int codes in ``[0, code_range)``, numbered in code order, without hashing:
+    mark the codes present, an inclusive prefix sum ranks them (one host sync: the group count)."""
+    present = torch.zeros(code_range, dtype=torch.bool, device=codes.device)
+    present[codes] = True
+    rank = torch.cumsum(present, 0)
+    return rank[codes] - 1, int(rank[-1])
+
+
 def group_ids(keys: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """Dense ids (first occurrence) of one int key tensor through ``opforge.group_by``; NULL rows
     (valid False) form one group of their own."""
@@ -57,16 +113,34 @@ def group_ids(keys: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[to
     return out[0], int(out[1].shape[0])
 
 
-def dense_ids(cols: list[Column], n: int, device) -> tuple[torch.Tensor, int]:
+def _note(ctx, text: str) -> None:
+    if ctx is not None:
+        ctx.note(text)
+
+
+def dense_ids(cols: list[Column], n: int, device, ctx=None) -> tuple[torch.Tensor, int]:
     """Group id per row (0..groups-1) for the combination of key values; NULL is one value of its own.
-    Groups are numbered by first occurrence, so the result is deterministic."""
+    The numbering is deterministic: key order (direct-address path) or first occurrence (hash table).
+    ``ctx`` (an ``ExecContext``) is told which way the groups were found, for EXPLAIN ANALYZE."""
     if not cols:
         return torch.zeros(n, dtype=torch.int64, device=device), (1 if n else 0)
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=device), 0
+    keys = [hash_key(c) for c in cols]
+    if all(_is_int(k) for k in keys):
+        packed = pack(keys, _bounds(keys), [c.valid for c in cols])
+        if packed is not None:
+            codes, code_range = packed
+            if code_range <= _direct_limit(n):
+                _note(ctx, f"groups by direct-address table over a key range of {code_range}")
+                return direct_ids(codes, code_range)
+            if len(cols) > 1:
+                _note(ctx, f"groups by hash table of {len(cols)} packed keys (range {code_range})")
+                return group_ids(codes)
+    _note(ctx, "groups by hash table" + (" per key column, regrouped" if len(cols) > 1 else ""))
     ids, count = None, 1
-    for col in cols:
-        g, gc = group_ids(hash_key(col), col.valid)
+    for col, k in zip(cols, keys):
+        g, gc = group_ids(k, col.valid)
         if ids is None:
             ids, count = g, gc
         else:
@@ -80,11 +154,12 @@ def join_keys(left: list[Column], right: list[Column], device
     (False where any key is NULL: such rows never match), or None when a side has no NULL keys.
 
     One column: its values in the pair's common type (``comparable``), int32 kept as int32.
-    Several: each column is grouped over both sides together (``dense_ids`` on the concatenation)
-    and the ids are packed and regrouped, so the pair of keys is dense int64."""
+    Several: packed over both sides' common bounds (``pack``) when the ranges allow; otherwise each
+    column is grouped over both sides together (``dense_ids`` on the concatenation) and the ids are
+    packed and regrouped, so the pair of keys is dense int64."""
     from opforge.sql.expr import comparable
 
-    nl = len(left[0])
+    nl, nr = len(left[0]), len(right[0])
     lvalid = rvalid = None
     for l, r in zip(left, right):
         if l.valid is not None:
@@ -94,28 +169,21 @@ def join_keys(left: list[Column], right: list[Column], device
     pairs = []
     for l, r in zip(left, right):
         lv, rv = comparable(l, r)
-        pairs.append((Column(lv, l.valid, l.type), Column(rv, r.valid, r.type)))
+        pairs.append((hash_key(Column(lv, l.valid, l.type)), hash_key(Column(rv, r.valid, r.type))))
     if len(pairs) == 1:
-        lk, rk = hash_key(pairs[0][0]), hash_key(pairs[0][1])
+        lk, rk = pairs[0]
         if lk.dtype != rk.dtype:
             lk, rk = lk.long(), rk.long()
         return lk, rk, lvalid, rvalid
-    both = [Column(torch.cat([hash_key(l).long(), hash_key(r).long()]), None, l.type) for l, r in pairs]
-    ids, _ = dense_ids(both, nl + len(right[0]), device)
+    if nl and nr and all(_is_int(a) and _is_int(b) for a, b in pairs):
+        lb, rb = _bounds([a for a, _ in pairs]), _bounds([b for _, b in pairs])
+        bounds = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(lb, rb)]
+        packed_l, packed_r = pack([a for a, _ in pairs], bounds), pack([b for _, b in pairs], bounds)
+        if packed_l is not None:
+            return packed_l[0], packed_r[0], lvalid, rvalid
+    both = [Column(torch.cat([a.long(), b.long()]), None, l.type) for (a, b), l in zip(pairs, left)]
+    ids, _ = dense_ids(both, nl + nr, device)
     return ids[:nl], ids[nl:], lvalid, rvalid
-
-
-def joint_ids(left: list[Column], right: list[Column], device
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Dense int64 ids over both sides' keys together, plus which rows have any NULL key (never match)."""
-    lk, rk, lvalid, rvalid = join_keys(left, right, device)
-    if len(left) == 1:
-        ids, _ = dense_ids([Column(torch.cat([lk.long(), rk.long()]), None, left[0].type)],
-                           len(lk) + len(rk), device)
-        lk, rk = ids[:len(lk)], ids[len(lk):]
-    lnull = torch.zeros(len(lk), dtype=torch.bool, device=device) if lvalid is None else ~lvalid
-    rnull = torch.zeros(len(rk), dtype=torch.bool, device=device) if rvalid is None else ~rvalid
-    return lk, rk, lnull, rnull
 
 
 def partition_of(keys: torch.Tensor, bits: int) -> torch.Tensor:
