@@ -363,11 +363,11 @@ def _compare_scaled(op: str, a: Column, b: Column) -> torch.Tensor:
 
 def _and(e, args, batch):
     a, b = args
+    if a.valid is None and b.valid is None:
+        return Column(a.values & b.values, None, T.BOOL)
     av, bv = a.values & a.valid_mask(), b.values & b.valid_mask()
     a_false = a.valid_mask() & ~a.values
     b_false = b.valid_mask() & ~b.values
-    if a.valid is None and b.valid is None:
-        return Column(a.values & b.values, None, T.BOOL)
     valid = (a.valid_mask() & b.valid_mask()) | a_false | b_false
     return Column(av & bv, valid, T.BOOL)
 
