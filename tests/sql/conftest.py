@@ -1,12 +1,13 @@
-"""SQL tests run the hash ops (hash_join, group_by, segment_reduce) through their plain-torch
-reference: the Triton interpreter takes seconds per call at TPC-H SF0.01 sizes. Tests marked
-``triton_kernels`` keep dispatch's own choice, so under OPFORGE_INTERPRET=1 the SQL operators run
-the Triton hash kernels in the interpreter (on tiny tables)."""
+"""SQL tests run the hash ops (hash_join, group_by, segment_reduce, and the runtime filters'
+blocked_bloom_probe) through their plain-torch reference: the Triton interpreter takes seconds per
+call at TPC-H SF0.01 sizes. Tests marked ``triton_kernels`` keep dispatch's own choice, so under
+OPFORGE_INTERPRET=1 the SQL operators run the Triton hash kernels in the interpreter (on tiny
+tables)."""
 import contextlib
 
 import pytest
 
-HASH_OPS = ("hash_join", "group_by", "segment_reduce")
+HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe")
 
 
 def pytest_configure(config):

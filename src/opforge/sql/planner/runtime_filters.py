@@ -14,6 +14,13 @@ from them (all torch ops on the keys' device, no per-row Python):
   256-bit block (four int64 words: one 32-byte DRAM sector), the key's k bits all lie in it, so a
   probe touches one sector instead of k random ones; built with torch ops (the distinct
   (word, bit) pairs of all keys, summed per word: a sum of distinct powers of two is their OR).
+  Its bit positions are ``opforge.ops.bloom.block_positions``, the reference of the op that tests
+  it: ``opforge.blocked_bloom_probe`` (one Triton pass on a GPU: key, range, NULL and bits).
+
+``RuntimeFilter.mask`` with a blocked Bloom filter is that one op call (the range [min, max], the
+probe side's NULL mask and the bits); with an IN-list, a range test and a ``searchsorted`` in the
+probe keys' own dtype (an int32 column is not widened to int64: bounds are clamped to its range
+and the list cut to it).
 
 Each filter passes every probe row that can match (no false negatives): applying it before the
 join never changes the join's answer, only the rows the join reads.
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.ops.bloom import BLOCK_WORDS, MAX_HASHES, blocked_bloom_probe, bloom_contains, build_words
 from opforge.sql.planner.statistics import as_int64, mix64
 
 IN_LIST_MAX = 1024
@@ -54,9 +62,6 @@ class BloomFilter:
         return out
 
 
-BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
-
-
 @dataclass
 class BlockedBloomFilter:
     words: torch.Tensor  # int64, BLOCK_WORDS per block, a power-of-two number of blocks
@@ -65,40 +70,21 @@ class BlockedBloomFilter:
     @staticmethod
     def build(keys: torch.Tensor, bits_per_key: int = BLOOM_BITS_PER_KEY,
               hashes: int = BLOOM_HASHES) -> "BlockedBloomFilter":
-        if bits_per_key < 1 or hashes < 1:
-            raise ValueError(f"BlockedBloomFilter.build: bits_per_key and hashes must be >= 1, "
+        if bits_per_key < 1 or not 1 <= hashes <= MAX_HASHES:
+            raise ValueError(f"BlockedBloomFilter.build: bits_per_key must be >= 1 and hashes in 1..{MAX_HASHES}, "
                              f"got {bits_per_key}, {hashes}")
         bits = max(1, keys.numel()) * bits_per_key
         blocks = 1 << max(0, (-(-bits // (64 * BLOCK_WORDS)) - 1).bit_length())
-        words = torch.zeros(blocks * BLOCK_WORDS, dtype=torch.int64, device=keys.device)
-        if keys.numel():
-            word, bit = _block_positions(keys, blocks, hashes)
-            flat = torch.unique((word * 64 + bit).reshape(-1))  # each (word, bit) once
-            words.index_add_(0, flat // 64, torch.bitwise_left_shift(torch.ones_like(flat), flat % 64))
-        return BlockedBloomFilter(words, hashes)
+        return BlockedBloomFilter(build_words(as_int64(keys).reshape(-1), blocks, hashes), hashes)
 
     def might_contain(self, keys: torch.Tensor) -> torch.Tensor:
-        blocks = self.words.numel() // BLOCK_WORDS
-        word, bit = _block_positions(keys, blocks, self.hashes)
-        hit = (torch.bitwise_right_shift(self.words[word], bit) & 1).bool()
-        return hit.all(dim=-1) if hit.dim() > 1 else hit
+        if keys.dtype in (torch.int32, torch.int64) and keys.dim() == 1:
+            return blocked_bloom_probe(self.words, keys, self.hashes)
+        return bloom_contains(self.words, as_int64(keys).reshape(-1), self.hashes).reshape(keys.shape)
 
     @property
     def size_bits(self) -> int:
         return self.words.numel() * 64
-
-
-def _block_positions(keys: torch.Tensor, blocks: int, hashes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(word index, bit 0..63) of each key's ``hashes`` bits, shape (n, hashes): the block from the
-    mix's low bits, 8 bits of the high half per bit position within the 256-bit block."""
-    h = mix64(as_int64(keys))
-    block = h & (blocks - 1)
-    out_w, out_b = [], []
-    for i in range(hashes):
-        pos = (h >> (56 - 8 * (i % 7))) & 0xFF  # 0..255 within the block
-        out_w.append(block * BLOCK_WORDS + pos // 64)
-        out_b.append(pos % 64)
-    return torch.stack(out_w, -1), torch.stack(out_b, -1)
 
 
 def _positions(keys: torch.Tensor, m: int, hashes: int):
@@ -136,15 +122,28 @@ class RuntimeFilter:
 
     def mask(self, keys: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """True for each probe row that may find a match."""
-        k = keys.long()
         if self.min is None:
+            return torch.zeros(keys.shape, dtype=torch.bool, device=keys.device)
+        if valid is not None and valid.dtype != torch.bool:
+            valid = valid.bool()
+        k = keys if keys.dtype in (torch.int32, torch.int64) else keys.long()
+        if isinstance(self.bloom, BlockedBloomFilter) and k.dim() == 1:  # range, NULLs and bits: one pass
+            return blocked_bloom_probe(self.bloom.words, k, self.bloom.hashes, self.min, self.max, valid)
+        info = torch.iinfo(k.dtype)
+        if self.min > info.max or self.max < info.min:  # no key of this dtype is in range
             return torch.zeros(k.shape, dtype=torch.bool, device=k.device)
-        keep = (k >= self.min) & (k <= self.max)
+        # bounds clamped to the keys' dtype: an int32 tensor compared with a Python int past its range wraps
+        keep = (k >= max(self.min, info.min)) & (k <= min(self.max, info.max))
         if valid is not None:
             keep &= valid
         if self.in_list is not None:
-            pos = torch.searchsorted(self.in_list, k).clamp(max=self.in_list.numel() - 1)
-            keep &= self.in_list[pos] == k
+            listed = self.in_list
+            if listed.dtype != k.dtype:  # the listed keys an int32 column can hold, as int32 (still sorted)
+                listed = listed[(listed >= info.min) & (listed <= info.max)].to(k.dtype)
+            if listed.numel() == 0:
+                return torch.zeros(k.shape, dtype=torch.bool, device=k.device)
+            pos = torch.searchsorted(listed, k).clamp(max=listed.numel() - 1)
+            keep &= listed[pos] == k
         elif self.bloom is not None:
             keep &= self.bloom.might_contain(k)
         return keep

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from opforge.ops.bloom import mix64  # SplitMix64's finalizer: one implementation, beside the Bloom probe op
 from opforge.sql.column import Column
 
 EXACT_DISTINCT_ROWS = 1 << 17
@@ -28,17 +29,6 @@ HLL_PRECISION = 12
 MCV_COUNT = 8
 MCV_SAMPLE_ROWS = 1 << 16
 MCV_MIN_SAMPLE_COUNT = 10
-
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(x: int) -> int:
-    """A 64-bit pattern as the int64 torch stores."""
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-_MIX1, _MIX2, _GOLDEN = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(0x9E3779B97F4A7C15)
 
 
 @dataclass
@@ -149,16 +139,6 @@ def as_int64(values: torch.Tensor) -> torch.Tensor:
         v = torch.where(v == 0, torch.zeros_like(v), v)
         return v.view(torch.int64)
     return values.long()
-
-
-def mix64(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
-    def shr(v, s):
-        return (v >> s) & ((1 << (64 - s)) - 1)
-    x = x + _GOLDEN
-    x = (x ^ shr(x, 30)) * _MIX1
-    x = (x ^ shr(x, 27)) * _MIX2
-    return x ^ shr(x, 31)
 
 
 def hyperloglog(values: torch.Tensor, precision: int = HLL_PRECISION) -> float:

@@ -1,0 +1,275 @@
+"""Blocked Bloom filter probe: ``opforge.blocked_bloom_probe``, the runtime filter's test of
+probe keys against a join's build side in one pass.
+
+``blocked_bloom_probe(words, keys, hashes, lo, hi, valid=None)`` returns a bool tensor of
+``keys``' shape: True for key i iff ``lo <= keys[i] <= hi`` (compared as int64; ``lo`` and
+``hi`` are Python ints, any size, ``None`` for no bound), ``valid[i]`` (when given; False = NULL)
+and each of the key's ``hashes`` bits is set in ``words``.
+
+The filter (Putze et al.'s *blocked* Bloom filter): ``words`` is int64, ``BLOCK_WORDS = 4``
+words (256 bits, one 32-byte DRAM sector) per block, a power-of-two number of blocks. A key's
+hash is SplitMix64's finalizer (``mix64``) of the key as int64; its low bits pick the block
+(``h & (blocks - 1)``) and its high bytes the bits: bit i at ``pos = (h >> (56 - 8 * (i % 7)))
+& 0xFF`` of the block, i.e. word ``block * 4 + pos // 64``, bit ``pos % 64``
+(:func:`block_positions`, shared with ``sql.planner.runtime_filters.BlockedBloomFilter``, which
+sets the same bits when it builds the filter). Bit i takes byte ``7 - i % 7`` of the hash, so
+``hashes`` is 1..7 (an eighth would repeat the first). A key whose bits were set is always found
+(no false negatives).
+
+Keys: int32 or int64, 1-D, any length (0 too). The Triton kernel never materializes
+``keys.long()``: it reads each key once, hashes it, reads its block's sector and writes one byte
+(H200, 60M keys, 3 hashes: 0.70-0.80 ms against the reference's 20 ms; bench family ``bloom``).
+
+Variants, in dispatch order: ``triton_fused`` (the one-pass kernel) and ``reference`` (plain
+torch: the range test, the mask, :func:`block_positions`, a gather of the words and ``all``:
+about 20 ops on int64 temporaries; the oracle and the CPU fallback).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from opforge.ops.layout import bucket_size
+from opforge.ops.library import define, direct_ok
+from opforge.runtime import dispatch, registry
+from opforge.runtime.registry import Op, Variant
+
+KEY_DTYPES = (torch.int32, torch.int64)
+BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
+MAX_HASHES = 7  # bit i takes byte 7 - (i % 7) of the hash: 7 distinct bytes
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX1, _MIX2, _GOLDEN = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(0x9E3779B97F4A7C15)
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (plain torch)
+# ---------------------------------------------------------------------------
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
+    def shr(v, s):
+        return (v >> s) & ((1 << (64 - s)) - 1)
+    x = x + _GOLDEN
+    x = (x ^ shr(x, 30)) * _MIX1
+    x = (x ^ shr(x, 27)) * _MIX2
+    return x ^ shr(x, 31)
+
+
+def block_positions(keys: torch.Tensor, blocks: int, hashes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word index, bit 0..63) of each key's ``hashes`` bits, shape (n, hashes): the block from the
+    mix's low bits, 8 bits of the high half per bit position within the 256-bit block. ``keys``:
+    integers (as int64 values) or int64 bit patterns."""
+    h = mix64(keys.long())
+    block = h & (blocks - 1)
+    out_w, out_b = [], []
+    for i in range(hashes):
+        pos = (h >> (56 - 8 * (i % 7))) & 0xFF  # 0..255 within the block
+        out_w.append(block * BLOCK_WORDS + pos // 64)
+        out_b.append(pos % 64)
+    return torch.stack(out_w, -1), torch.stack(out_b, -1)
+
+
+def build_words(keys: torch.Tensor, blocks: int, hashes: int) -> torch.Tensor:
+    """The ``blocks * BLOCK_WORDS`` int64 words of a filter holding ``keys``: the distinct
+    (word, bit) pairs of all keys, summed per word (a sum of distinct powers of two is their OR;
+    no atomics)."""
+    words = torch.zeros(blocks * BLOCK_WORDS, dtype=torch.int64, device=keys.device)
+    if keys.numel():
+        word, bit = block_positions(keys, blocks, hashes)
+        flat = torch.unique((word * 64 + bit).reshape(-1))  # each (word, bit) once
+        words.index_add_(0, flat // 64, torch.bitwise_left_shift(torch.ones_like(flat), flat % 64))
+    return words
+
+
+def bloom_contains(words: torch.Tensor, keys: torch.Tensor, hashes: int) -> torch.Tensor:
+    """True where all of the key's bits are set in ``words`` (no range, no mask)."""
+    word, bit = block_positions(keys, words.numel() // BLOCK_WORDS, hashes)
+    return (torch.bitwise_right_shift(words[word], bit) & 1).bool().all(dim=-1)
+
+
+def _clamp_bounds(lo, hi) -> tuple[int, int]:
+    lo = INT64_MIN if lo is None else max(INT64_MIN, min(operator.index(lo), INT64_MAX))
+    hi = INT64_MAX if hi is None else max(INT64_MIN, min(operator.index(hi), INT64_MAX))
+    return lo, hi
+
+
+def _probe_ref(words, keys, hashes, lo, hi, valid=None):
+    """The range test, the mask and the Bloom test in plain torch ops on int64 keys."""
+    k = keys.long()
+    lo, hi = _clamp_bounds(lo, hi)
+    keep = (k >= lo) & (k <= hi)
+    if valid is not None:
+        keep &= valid
+    return keep & bloom_contains(words, k, hashes)
+
+
+REFERENCE = {"blocked_bloom_probe": _probe_ref}
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+WHERE = "opforge.blocked_bloom_probe"
+
+
+def _check_bound(arg, v):
+    if v is None:
+        return
+    if isinstance(v, bool):
+        raise TypeError(f"{WHERE}: {arg} must be an int or None, got a bool")
+    try:
+        operator.index(v)
+    except TypeError:
+        raise TypeError(f"{WHERE}: {arg} must be an int or None, got {type(v).__name__}") from None
+
+
+def validate_probe(words, keys, hashes, lo, hi, valid=None):
+    if not isinstance(words, torch.Tensor):
+        raise TypeError(f"{WHERE}: words must be a torch.Tensor, got {type(words).__name__}")
+    if words.dtype != torch.int64:
+        raise TypeError(f"{WHERE}: words must be int64, got {words.dtype}")
+    if words.dim() != 1:
+        raise ValueError(f"{WHERE}: words must be 1-D, got shape {tuple(words.shape)}")
+    blocks, rest = divmod(words.numel(), BLOCK_WORDS)
+    if rest or blocks == 0 or blocks & (blocks - 1):
+        raise ValueError(f"{WHERE}: words must hold a power-of-two number of {BLOCK_WORDS}-word blocks, "
+                         f"got {words.numel()} words")
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"{WHERE}: keys must be a torch.Tensor, got {type(keys).__name__}")
+    if keys.dtype not in KEY_DTYPES:
+        raise TypeError(f"{WHERE}: keys must be int32 or int64, got {keys.dtype}")
+    if keys.dim() != 1:
+        raise ValueError(f"{WHERE}: keys must be 1-D, got shape {tuple(keys.shape)}")
+    if words.device != keys.device:
+        raise ValueError(f"{WHERE}: words is on {words.device} but keys is on {keys.device}")
+    if isinstance(hashes, bool) or not isinstance(hashes, int) or not 1 <= hashes <= MAX_HASHES:
+        raise ValueError(f"{WHERE}: hashes must be an int in 1..{MAX_HASHES}, got {hashes!r}")
+    _check_bound("lo", lo)
+    _check_bound("hi", hi)
+    if valid is None:
+        return
+    if not isinstance(valid, torch.Tensor):
+        raise TypeError(f"{WHERE}: valid must be a bool torch.Tensor or None, got {type(valid).__name__}")
+    if valid.dtype != torch.bool:
+        raise TypeError(f"{WHERE}: valid must be a bool tensor, got {valid.dtype}")
+    if valid.shape != keys.shape:
+        raise ValueError(f"{WHERE}: valid has shape {tuple(valid.shape)} but keys has {tuple(keys.shape)}")
+    if valid.device != keys.device:
+        raise ValueError(f"{WHERE}: valid is on {valid.device} but keys is on {keys.device}")
+
+
+# ---------------------------------------------------------------------------
+# Triton variant
+# ---------------------------------------------------------------------------
+def _probe_fused(cfg, words, keys, hashes, lo, hi, valid=None):
+    from opforge.kernels import bloom as K
+
+    lo, hi = _clamp_bounds(lo, hi)
+    out = torch.empty(keys.shape, dtype=torch.bool, device=keys.device)
+    v = valid.contiguous().view(torch.int8) if valid is not None else None
+    K.probe(words.contiguous(), keys.contiguous(), hashes, lo, hi, v, out.view(torch.int8), cfg)
+    return out
+
+
+def _variants() -> list[Variant]:
+    from opforge.kernels import bloom as K
+
+    def bucket(words, keys, hashes, lo, hi, valid=None):
+        return f"{bucket_size(keys.numel())}/{bucket_size(words.numel())}:{hashes}"
+
+    return [
+        Variant("triton_fused", _probe_fused, version=K.BLOOM_VERSION, configs=lambda *a: K.configs(),
+                default_config=lambda *a: K.default_config(), bucket=bucket,
+                description="one pass: load the key, range + NULL test, SplitMix64 in uint64, "
+                            "one 32-byte block load, test the bits, write a byte"),
+        Variant("reference", lambda cfg, *a: _probe_ref(*a), kind="reference", devices=("cpu", "cuda"),
+                description="plain torch: mix64 and the bit positions on int64 temporaries, gather, all "
+                            "(the oracle and the CPU fallback)"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Selftest inputs
+# ---------------------------------------------------------------------------
+def probe_samples(device: torch.device) -> list[tuple]:
+    """Inserted keys and misses, extreme int32/int64 keys, bounds inside and outside the key
+    type's range, NULLs, 1..7 hashes, one and many blocks, an empty probe."""
+    g = torch.Generator(device="cpu").manual_seed(11)
+    out = []
+    for dtype in KEY_DTYPES:
+        info = torch.iinfo(dtype)
+        for blocks, hashes in ((1, 3), (64, 1), (256, 3), (1024, 7)):
+            build = torch.randint(-5000, 5000, (blocks * 20,), generator=g).to(dtype)
+            words = build_words(build, blocks, hashes).to(device)
+            probe = torch.cat([build[:500], torch.randint(-10000, 10000, (3000,), generator=g).to(dtype),
+                               torch.tensor([info.min, info.max, -1, 0], dtype=dtype)]).to(device)
+            valid = (torch.rand(probe.numel(), generator=g) > 0.1).to(device)
+            out.append((words, probe, hashes, info.min, info.max))
+            out.append((words, probe, hashes, -3000, 2500, valid))
+            out.append((words, probe, hashes, -(1 << 40), 1 << 40, valid))
+        out.append((words, probe[:0], 7, 0, 10))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registration: registry entry + torch.library op
+# ---------------------------------------------------------------------------
+PROBE = registry.register(Op(
+    name="blocked_bloom_probe",
+    reference=_probe_ref,
+    tensors=lambda w, k, h, lo, hi, v=None: (k,) if v is None else (k, v),
+    memo_key=lambda w, k, h, lo, hi, v=None: (
+        w.dtype, w.device, w.shape, k.dtype, k.device, k.dim(), k.numel().bit_length(), h, type(lo), type(hi),
+        None if v is None else (v.dtype, v.device, v.shape == k.shape)),
+    dtype_key=lambda w, k, *rest: str(k.dtype).replace("torch.", ""),
+    variants=_variants(),
+    validate=validate_probe,
+    samples=probe_samples,
+    doc="blocked Bloom filter + [lo, hi] range + NULL test of int keys in one pass (runtime filters)",
+))
+
+
+def _define() -> None:
+    def impl(words, keys, hashes, lo, hi, valid):
+        return dispatch.call(PROBE, words, keys, hashes, lo, hi, valid)
+
+    def fake(words, keys, hashes, lo, hi, valid):
+        validate_probe(words, keys, hashes, lo, hi, valid)
+        return keys.new_empty(keys.shape, dtype=torch.bool)
+
+    define("blocked_bloom_probe(Tensor words, Tensor keys, int hashes, int lo, int hi, Tensor? valid) -> Tensor",
+           impl, fake)
+
+
+_define()
+
+
+# ---------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------
+def blocked_bloom_probe(words: torch.Tensor, keys: torch.Tensor, hashes: int, lo: int | None = None,
+                        hi: int | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """True for each key with ``lo <= key <= hi`` (int64 comparison; None: no bound), ``valid``
+    (when given) and all ``hashes`` of its bits set in the blocked Bloom filter ``words``."""
+    _check_bound("lo", lo)
+    _check_bound("hi", hi)
+    lo, hi = _clamp_bounds(lo, hi)
+    if direct_ok(keys) and type(words) is torch.Tensor and (valid is None or type(valid) is torch.Tensor):
+        return dispatch.call(PROBE, words, keys, hashes, lo, hi, valid)
+    validate_probe(words, keys, hashes, lo, hi, valid)
+    return torch.ops.opforge.blocked_bloom_probe.default(words, keys, hashes, lo, hi, valid)
+
+
+__all__ = ["blocked_bloom_probe", "block_positions", "bloom_contains", "build_words", "mix64", "BLOCK_WORDS",
+           "MAX_HASHES"]
