@@ -18,11 +18,19 @@ Two feeds per query, the same events:
 Each (query, feed) runs once at 1/10 of the size to warm up, then once timed.
 ``seconds`` is the job's net runtime; ``events_per_s`` = Nexmark events
 (persons + auctions + bids of the generator's sequence) / seconds.
-Latency: a plain (non-transactional) sink notes when each output record
+Latency: a plain (non-transactional) sink notes when each output batch
 arrives; an output with event time ``t`` is charged from the moment the first
 source batch reaching event time ``t`` was polled (the earliest any input
 could have led to it; outputs timed past the input are charged from its end)
-— for windows this includes waiting for the watermark.
+— for windows this includes waiting for the watermark. The latencies are
+sampled, so that the sink does not bound a query that emits one output per
+input (q1: copying every timestamp to the host costs more than the query):
+of a batch of ``n > 1024`` outputs the sink copies every ``ceil(n / 1024)``-th
+timestamp (at most ``LATENCY_SAMPLE`` = 1024), each standing for
+``n / samples`` outputs, and the batch's oldest timestamp (its worst latency,
+weight 1), taken on the device; smaller batches are copied whole. So ``max``
+is exact, and p50 / p99 are weighted percentiles (inverted CDF) of the
+sample: exact percentiles of every output when no batch has more than 1024.
 Per batch: ``batches`` (source batches polled), ``ms_per_batch`` (net runtime /
 batches) and ``host_cpu_ms_per_batch`` (the process's CPU time / batches: on a
 GPU, the host's share of a batch — Python, launches and sync waits, which spin
@@ -211,21 +219,47 @@ def _max_date_time(item) -> int | None:
     return None if col.numel() == 0 else int(col.max())
 
 
+LATENCY_SAMPLE = 1024
+
+
+def latency_sample(ts: torch.Tensor, limit: int = LATENCY_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
+    """``(timestamps, weights)``: the batch's event times to charge, as a
+    strided sample on the device (every ``ceil(n / limit)``-th, each weighing
+    ``n / samples``) plus the oldest (weight 1); all of them, weight 1, when
+    ``n <= limit``. One small copy to the host (which waits for the device)."""
+    n = ts.shape[0]
+    if n <= limit:
+        return ts.cpu().numpy(), np.ones(n)
+    strided = ts[::-(-n // limit)]
+    m = strided.shape[0]
+    sample = torch.cat([strided, ts.min().reshape(1)]).cpu().numpy()
+    return sample, np.append(np.full(m, n / m), 1.0)
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile of values standing for ``weights`` records each
+    (inverted CDF: the smallest value whose cumulative weight reaches q%)."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    i = int(np.searchsorted(cum, q / 100 * cum[-1], side="left"))
+    return float(values[order][min(i, len(values) - 1)])
+
+
 class LatencySink(Sink):
-    """Notes each output record's arrival (a plain, non-transactional sink);
-    with ``keep`` also the window results (key, window_start, num) for the
-    peer comparison."""
+    """Notes each output batch's arrival with a sample of its event times
+    (``latency_sample``: a plain, non-transactional sink); with ``keep``
+    also the window results (key, window_start, num) for the peer comparison."""
 
     def __init__(self, keep: bool = False):
-        self.arrivals: list = []  # (wall time, event times)
+        self.arrivals: list = []  # (wall time, sampled event times, their weights)
         self.records = 0
         self.keep = keep
         self.kept: list = []
 
     def write(self, batch, subtask):
-        ts = batch.timestamps.cpu().numpy()  # waits for the device
-        self.arrivals.append((time.perf_counter(), ts))
-        self.records += len(ts)
+        ts, weights = latency_sample(batch.timestamps)  # waits for the device
+        self.arrivals.append((time.perf_counter(), ts, weights))
+        self.records += batch.timestamps.shape[0]
         if self.keep:
             self.kept.append(tuple(batch[c].cpu() for c in ("key", "window_start", "num")))
 
@@ -237,12 +271,21 @@ class LatencySink(Sink):
         n, total, check = _checksum(triples)
         return {"results": n, "total": total, "checksum": check}
 
-    def latencies_ms(self, log: IngestLog) -> np.ndarray:
+    def latencies_ms(self, log: IngestLog) -> tuple[np.ndarray, np.ndarray]:
+        """(latencies of the sampled outputs, the outputs each stands for)."""
         if not self.arrivals:
-            return np.empty(0)
-        out = [(wall - log.first_reach(ts)) * 1000 for wall, ts in self.arrivals]
-        lat = np.concatenate(out)
-        return lat[np.isfinite(lat)]
+            return np.empty(0), np.empty(0)
+        lat = np.concatenate([(wall - log.first_reach(ts)) * 1000 for wall, ts, _ in self.arrivals])
+        weights = np.concatenate([w for _, _, w in self.arrivals])
+        finite = np.isfinite(lat)
+        return lat[finite], weights[finite]
+
+    def latency_summary(self, log: IngestLog) -> dict:
+        lat, weights = self.latencies_ms(log)
+        if not len(lat):
+            return {"p50": None, "p99": None, "max": None}
+        return {"p50": round(weighted_percentile(lat, weights, 50), 3),
+                "p99": round(weighted_percentile(lat, weights, 99), 3), "max": round(float(lat.max()), 3)}
 
 
 def host_batches(config: NexmarkConfig, kind: str, batch_size: int) -> list:
@@ -282,14 +325,12 @@ def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: in
     inputs = sum(m.records_out for name, m in result.metrics.items()
                  if name.startswith(("Nexmark", "Arrow Source")))
     batches = max(sum(len(walls) - 1 for walls, _ in log.per_source.values()), 1)  # less each end mark
-    lat = sink.latencies_ms(log)
-    pct = (lambda q: round(float(np.percentile(lat, q)), 3)) if len(lat) else (lambda q: None)
     out = {"query": query, "feed": feed, "events": config.events, "input_records": inputs,
            "output_records": sink.records, "seconds": round(seconds, 6),
            "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None,
            "batches": batches, "ms_per_batch": round(seconds * 1000 / batches, 4),
            "host_cpu_ms_per_batch": round(cpu_ms / batches, 4),
-           "latency_ms": {"p50": pct(50), "p99": pct(99), "max": round(float(lat.max()), 3) if len(lat) else None}}
+           "latency_ms": sink.latency_summary(log)}
     if keep:
         out["result"] = sink.result()
     return out

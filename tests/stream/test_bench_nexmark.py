@@ -93,3 +93,48 @@ def test_bytewax_peer_gives_the_same_counts(bench, tmp_path):
         assert e["result"] == peers[e["query"]]["result"]
         assert e["peers"]["bytewax"]["ratio"] > 0
     assert peers["tumble_count"]["result"]["total"] == peers["q1"]["result"]["results"]
+
+
+def test_latency_sample_keeps_the_oldest_event_and_weighs_the_rest(bench):
+    import torch
+
+    ts = torch.arange(10_000, 20_000)
+    ts[4321] = 7  # the oldest, off the stride
+    sample, weights = bench.latency_sample(ts)
+    assert len(sample) == 1001 and 7 in sample  # every 10th of 10_000, and the oldest
+    assert weights.sum() == pytest.approx(10_001)
+    small = torch.tensor([5, 3, 9])
+    s, w = bench.latency_sample(small)
+    assert s.tolist() == [5, 3, 9] and w.tolist() == [1, 1, 1]  # small batches whole
+
+
+def test_sampled_latency_percentiles_match_the_full_computation(bench):
+    """Synthetic arrivals: a source reaches event time t at wall t ms; batch b
+    of 50_000 outputs (event times spread over 5 s, a long tail of old ones)
+    arrives at wall (b + 6) s. The sink's sampled p50 / p99 equal the
+    percentiles of all 1_000_000 latencies within the sampling, and max exactly."""
+    import numpy as np
+    import torch
+
+    from opforge.stream.records import Batch, RecordSchema
+
+    rng = np.random.default_rng(0)
+    log = bench.IngestLog()
+    marks = np.arange(0, 40_000, 10)
+    log.per_source["s"] = ([float(m) / 1000 for m in marks], [int(m) for m in marks])
+    sink = bench.LatencySink()
+    every = []
+    for b in range(20):
+        ts = b * 1000 + rng.integers(0, 5000, 50_000)
+        ts[rng.integers(0, 50_000, 200)] -= rng.integers(0, 3000, 200)  # the tail
+        ts = np.maximum(ts, 0)
+        sink.write(Batch({"x": torch.zeros(len(ts))}, torch.from_numpy(ts), RecordSchema("dict", ("x",))), 0)
+        wall = float(b + 6)
+        sink.arrivals[-1] = (wall,) + sink.arrivals[-1][1:]
+        every.append((wall - log.first_reach(ts)) * 1000)
+    every = np.concatenate(every)
+    got = sink.latency_summary(log)
+    assert sink.records == len(every)
+    assert got["max"] == pytest.approx(every.max(), abs=1e-3)
+    for q in (50, 99):
+        assert got[f"p{q}"] == pytest.approx(np.percentile(every, q), abs=20), q  # 20 ms of a 9 s range

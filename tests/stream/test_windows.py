@@ -8,7 +8,7 @@ from opforge.stream import (Aggregations, CountTrigger, EventTimeSessionWindows,
                             ProcessWindowFunction, SimulatedClock, SlidingEventTimeWindows, SplitSource,
                             StreamExecutionEnvironment, TimeWindow, TumblingEventTimeWindows,
                             TumblingProcessingTimeWindows, WatermarkStrategy)
-from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
+from opforge.stream.window_operator import ColumnarWindowOperator, PanedWindowOperator, WindowOperator
 from stream_helpers import multiset, out_of_order_events
 
 AGG = dict(n=("count",), total=("sum", "f1"), low=("min", "f1"), high=("max", "f1"), avg=("mean", "f1"))
@@ -52,7 +52,7 @@ def test_the_fast_path_is_taken_and_agrees_with_the_record_path(assigner, monkey
     results = []
     for record_path in (False, True):
         if record_path:  # the generic operator in place of the columnar one
-            monkeypatch.setattr(executor, "ColumnarWindowOperator",
+            monkeypatch.setattr(executor, "columnar_window_operator",
                                 lambda name, a, fn, key, lateness, tag: WindowOperator(
                                     name, a, EventTimeTrigger(), ("aggregate", fn), key, lateness, tag))
         env = StreamExecutionEnvironment(parallelism=2, batch_size=3)
@@ -61,7 +61,8 @@ def test_the_fast_path_is_taken_and_agrees_with_the_record_path(assigner, monkey
             .allowed_lateness(5).side_output_late_data(late).aggregate(Aggregations(with_window=True, **AGG))
         t = env.transformations[-1]
         op = executor.build_operator(t, t.inputs[0].key)
-        assert isinstance(op, WindowOperator if record_path else ColumnarWindowOperator)
+        columnar = PanedWindowOperator if assigner.size % assigner.slide == 0 else ColumnarWindowOperator
+        assert isinstance(op, WindowOperator if record_path else columnar)
         main, side = out.collect(), out.get_side_output(late).collect()
         env.execute()
         results.append((multiset(zip(main.records(), main.timestamps())), multiset(side.records())))

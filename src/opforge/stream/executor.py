@@ -41,7 +41,7 @@ from opforge.stream.records import NO_TIMESTAMP, Batch
 from opforge.stream.rolling import RollingOperator
 from opforge.stream.sources import as_batch, positioned
 from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK, SystemClock, WatermarkGenerator
-from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
+from opforge.stream.window_operator import WindowOperator, columnar_window_operator
 from opforge.stream.windows import SlidingEventTimeWindows
 
 
@@ -314,7 +314,7 @@ def build_operator(t: Transformation, key):
         assigner, trigger, (kind, fn) = p["assigner"], p["trigger"], p["function"]
         if kind == "aggregate" and isinstance(fn, Aggregations) and isinstance(assigner, SlidingEventTimeWindows) \
                 and assigner.event_time and trigger.kind == "event_time":
-            return ColumnarWindowOperator(name, assigner, fn, key, p["allowed_lateness"], p["late_tag"])
+            return columnar_window_operator(name, assigner, fn, key, p["allowed_lateness"], p["late_tag"])
         return WindowOperator(name, assigner, trigger, (kind, fn), key, p["allowed_lateness"], p["late_tag"])
     raise ValueError(f"stream: unknown transformation kind {k!r}")
 

@@ -262,7 +262,8 @@ def _window_top_counts(batch):
 
 
 def q5(env, config: NexmarkConfig, size_ms: int = 10_000, slide_ms: int = 2_000, source=stream):
-    """Bid counts per auction and sliding window (the columnar path), then, per
+    """Bid counts per auction and sliding window (the columnar pane path: each
+    bid is counted once, in its slide-long pane; a window sums its panes), then, per
     window (all its counts carry the time ``end - 1``), the auctions with the most
     (a per-batch pre-filter on the device keeps only each batch's top counts)."""
     counts = bids(env, config, source).key_by("auction").window(SlidingEventTimeWindows.of(size_ms, slide_ms)) \

@@ -15,7 +15,7 @@ from opforge.stream.checkpoint import CheckpointSerializationError, schema_from_
 from opforge.stream.operators import (FilterOperator, FlatMapOperator, MapOperator, Operator, PassThrough,
                                       ProcessOperator, SinkOperator)
 from opforge.stream.rolling import RollingOperator
-from opforge.stream.window_operator import ColumnarWindowOperator, WindowOperator
+from opforge.stream.window_operator import ColumnarWindows, WindowOperator
 
 _STATELESS = (MapOperator, FilterOperator, FlatMapOperator, PassThrough)
 
@@ -41,7 +41,7 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         s["fire_timers"] = op.fire_timers.snapshot()
         s["cleanup_timers"] = op.cleanup_timers.snapshot()
         s["late_dropped"] = op.late.dropped
-    elif isinstance(op, ColumnarWindowOperator):
+    elif isinstance(op, ColumnarWindows):
         s["window_table"] = op.full_table()  # every tier of a table over its state budget
         s["late_dropped"] = op.late.dropped
     elif isinstance(op, RollingOperator):
@@ -76,11 +76,8 @@ def restore_operator(op: Operator, s: dict) -> None:
         op.fire_timers.restore(s["fire_timers"])
         op.cleanup_timers.restore(s["cleanup_timers"])
         op.late.dropped = s["late_dropped"]
-    elif isinstance(op, ColumnarWindowOperator):
-        t = s["window_table"]
-        op.t_key, op.t_start, op.t_fired, op.t_count = t["key"], t["start"], t["fired"], t["count"]
-        op.t_acc = dict(t["acc"])
-        op.table_restored(restored=True)
+    elif isinstance(op, ColumnarWindows):
+        op.restore_table(s["window_table"])
         op.late.dropped = s["late_dropped"]
     elif isinstance(op, RollingOperator):
         r = s["rolling"]

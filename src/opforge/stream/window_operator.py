@@ -1,20 +1,26 @@
 """The engine's window operators.
 
-``ColumnarWindowOperator``: ``Aggregations`` over event-time tumbling or
-sliding windows, the GPU path. Per micro-batch: assign every record its
-windows as tensors, group the (key, window start) pairs (one stable sort of
-an order-preserving int64 code ``(key - kmin) * windows + window``, or two
-1-D sorts when the ranges do not fit in 62 bits), fold each group with
-``opforge.segment_reduce`` into partial accumulators, then merge the partials
-into a table of open windows (one row per key and window: accumulators as
-columns, rows in order of first appearance). A batch's pairs find their table
-rows on the device (``searchsorted`` in the table's sorted codes); new pairs
-are appended. A watermark fires the rows whose window ended, in one gather.
-Host syncs per batch: one small read-back of the batch's counts and key /
-window ranges, one for the number of distinct pairs (the size of the sort's
-output) and one for the number of new table rows — none per record or per
-pair. Late records inside the allowed lateness are rare; each updates its
-row and fires it, one by one, as Flink does.
+The columnar operators (``columnar_window_operator`` picks one):
+``Aggregations`` over event-time tumbling or sliding windows, the GPU path.
+Both keep a table of open rows (one per key and ``start``: accumulators as
+columns, rows in order of first appearance) and, per micro-batch, group the
+batch's (key, start) pairs (one stable sort of an order-preserving int64 code
+``(key - kmin) * starts + start``, or two 1-D sorts when the ranges do not fit
+in 62 bits), fold each group with ``opforge.segment_reduce`` into partial
+accumulators and merge the partials into the table. A batch's pairs find
+their table rows on the device (``searchsorted`` in the table's sorted
+codes); new pairs are appended. Host syncs per batch: one small read-back of
+the batch's counts and key / start ranges, one for the number of distinct
+pairs (the size of the sort's output) and one for the number of new table
+rows — none per record or per pair; a watermark adds one read-back (and,
+for panes of sliding windows, one grouping). Late records inside the allowed lateness are rare; each
+updates the table and fires its windows, one by one, as Flink does.
+
+* ``PanedWindowOperator`` (size a multiple of the slide, tumbling included):
+  a row per key and *pane* (a slide-long slice); each record is folded once,
+  and a firing window merges its ``size / slide`` panes.
+* ``ColumnarWindowOperator`` (other sliding windows): a row per key and
+  window; each record is folded into each of its windows.
 
 ``WindowOperator``: every other case (any ``AggregateFunction``, ``reduce``,
 full-window ``process``, session windows, processing time, count triggers),
@@ -161,7 +167,17 @@ class _LateData:
             self.op.out.emit_side(self.tag, batch.with_keys(None))
 
 
-class ColumnarWindowOperator(Operator):
+class ColumnarWindows(Operator):
+    """What the two columnar window operators share: the table of open rows
+    (one per key and ``start``: a window's start, or a pane's), its device,
+    host and disk tiers, the per-batch grouping and folding of records into
+    rows, and the shape of the results. A row is *fired* exactly when its
+    window's last timestamp is at or below the watermark (on-time rows fire
+    at the first watermark reaching them, late ones as they come), so the
+    watermark is the firing state: no per-row flag."""
+
+    layout: str  # what a row is: "windows" or "panes" (a checkpoint restores into its own layout only)
+
     def __init__(self, name, assigner, agg: Aggregations, key_selector, allowed_lateness=0, late_tag=None):
         super().__init__(name)
         self.assigner, self.agg, self.key_selector = assigner, agg, key_selector
@@ -173,7 +189,6 @@ class ColumnarWindowOperator(Operator):
         dev = self.device
         self.t_key = torch.empty(0, dtype=torch.int64, device=dev)
         self.t_start = torch.empty(0, dtype=torch.int64, device=dev)
-        self.t_fired = torch.empty(0, dtype=torch.bool, device=dev)
         self.t_count = torch.empty(0, dtype=torch.int64, device=dev)
         self.t_acc: dict[str, torch.Tensor] = {}
         # per row: its order of first appearance (firing order among equal
@@ -200,15 +215,43 @@ class ColumnarWindowOperator(Operator):
             if self.cold is not None:
                 self.cold.clear()
 
+    # -- checkpoints (operator_state.py) --------------------------------------
+    def full_table(self) -> dict:
+        """Every row of every tier, in order of first appearance (checkpoints)."""
+        rows = self._rows()
+        if self.cold is not None:
+            cold = self.cold.take_all()
+            if cold is not None:
+                rows = {n: torch.cat([c, cold[n].to(self.device)]) for n, c in rows.items()}
+            order = torch.argsort(rows["seq"])
+            rows = {n: c.index_select(0, order) for n, c in rows.items()}
+        return {"layout": self.layout, "key": rows["key"], "start": rows["start"], "count": rows["count"],
+                "acc": {n[4:]: c for n, c in rows.items() if n.startswith("acc.")}}
+
+    def restore_table(self, t: dict) -> None:
+        """The table of ``full_table`` back (after ``open``). A table saved
+        before rows could be panes has no ``layout`` (its rows are windows) and
+        a per-row ``fired`` flag, which the restored watermark implies."""
+        from opforge.stream.checkpoint import CheckpointRestoreError
+
+        layout = t.get("layout", "windows")
+        if layout != self.layout:
+            raise CheckpointRestoreError(
+                f"{self.name}: the checkpoint's window table has a row per key and {layout!r}, this operator "
+                f"keeps one per key and {self.layout!r}; restore it with the engine version that wrote it")
+        self.t_key, self.t_start, self.t_count = t["key"], t["start"], t["count"]
+        self.t_acc = dict(t["acc"])
+        self.table_restored(restored=True)
+
     # -- the state budget: device rows <-> host / disk (state_budget.py) -------
     def _rows(self, idx=None) -> dict:
-        cols = {"key": self.t_key, "start": self.t_start, "fired": self.t_fired, "count": self.t_count,
+        cols = {"key": self.t_key, "start": self.t_start, "count": self.t_count,
                 "seq": self.t_seq, "touch": self.t_touch, **{f"acc.{n}": a for n, a in self.t_acc.items()}}
         return cols if idx is None else {n: c.index_select(0, idx) for n, c in cols.items()}
 
     def _set_rows(self, rows: dict) -> None:
-        self.t_key, self.t_start, self.t_fired = rows["key"], rows["start"], rows["fired"]
-        self.t_count, self.t_seq, self.t_touch = rows["count"], rows["seq"], rows["touch"]
+        self.t_key, self.t_start, self.t_count = rows["key"], rows["start"], rows["count"]
+        self.t_seq, self.t_touch = rows["seq"], rows["touch"]
         self.t_acc = {n[4:]: c for n, c in rows.items() if n.startswith("acc.")}
 
     def _restore_rows(self, rows) -> None:
@@ -257,22 +300,17 @@ class ColumnarWindowOperator(Operator):
 
         self._restore_rows(self.cold.take(mask_of, might_hold))
 
+    def _take_cold(self, mask_of, might_hold) -> None:
+        """Cold rows a watermark is about to read come back first: those where
+        ``mask_of(start column)``, from files where ``might_hold(smin, smax)``."""
+        if self.cold is not None and len(self.cold):
+            self._restore_rows(self.cold.take(lambda r: mask_of(r["start"]),
+                                              lambda f: might_hold(f["smin"], f["smax"])))
+
     def dispose(self) -> None:
         """The job ended (however): spill files and the host tier go."""
         if self.cold is not None:
             self.cold.clear()
-
-    def full_table(self) -> dict:
-        """Every row of every tier, in order of first appearance (checkpoints)."""
-        rows = self._rows()
-        if self.cold is not None:
-            cold = self.cold.take_all()
-            if cold is not None:
-                rows = {n: torch.cat([c, cold[n].to(self.device)]) for n, c in rows.items()}
-            order = torch.argsort(rows["seq"])
-            rows = {n: c.index_select(0, order) for n, c in rows.items()}
-        return {"key": rows["key"], "start": rows["start"], "fired": rows["fired"], "count": rows["count"],
-                "acc": {n[4:]: c for n, c in rows.items() if n.startswith("acc.")}}
 
     # -- accumulators -------------------------------------------------------
     def _column(self, batch, col):
@@ -304,7 +342,6 @@ class ColumnarWindowOperator(Operator):
 
         self.t_key = ext(self.t_key, 0).index_put_((slots,), keys)
         self.t_start = ext(self.t_start, 0).index_put_((slots,), starts)
-        self.t_fired = ext(self.t_fired, False)
         self.t_count = ext(self.t_count, 0)
         self.t_seq = torch.cat([self.t_seq, torch.arange(self._next_seq, self._next_seq + n, dtype=torch.int64,
                                                          device=dev)])
@@ -359,13 +396,101 @@ class ColumnarWindowOperator(Operator):
             self._bounds = _merge_bounds(self._bounds, bounds)
         return slots
 
-    # -- records --------------------------------------------------------------
+    def _batch_stats(self, parts: list) -> list:
+        """One read-back of ``parts`` (0-d tensors) and, when the table's host
+        bounds are stale, the table's key / start ranges (taken as the bounds)."""
+        stale = self._bounds_stale and self.t_key.numel() > 0
+        if stale:
+            parts = parts + [self.t_key.min(), self.t_key.max(), self.t_start.min(), self.t_start.max()]
+        stats = torch.stack(parts).tolist()
+        if stale:
+            self._bounds, self._bounds_stale = tuple(stats[-4:]), False
+            stats = stats[:-4]
+        return stats
+
+    def _fold_batch(self, keys, starts, vals_of, dtypes, bounds, weight=None) -> None:
+        """Group the pairs ``(keys[i], starts[i])``, reduce each group's values
+        with ``opforge.segment_reduce`` and fold the partials into the table
+        (every pair gets its row; ``weight`` (bool): only those records'
+        values go in)."""
+        from opforge.ops.hashing import segment_reduce
+
+        uk, us, inv = self._group(keys, starts, bounds)
+        g = uk.shape[0]
+        ones = torch.ones_like(inv) if weight is None else weight.to(torch.int64)
+        counts = torch.zeros(g, dtype=torch.int64, device=self.device).index_add_(0, inv, ones)
+        partials = {}
+        for name, (op, _) in self.agg.outputs.items():
+            if op == "count":
+                continue
+            vals = vals_of[name].to(dtypes[name])
+            if weight is not None:
+                vals = torch.where(weight, vals, torch.full_like(vals, self._identity(op, vals.dtype)))
+            partials[name] = segment_reduce(vals, inv, g, "sum" if op == "mean" else op, deterministic=True)
+        self._fold(self._slots(uk, us, dtypes, bounds), counts, partials)
+
+    def _values(self, batch, index=None):
+        """Per aggregation (not counts): the column to fold (rows ``index`` of
+        it) and its accumulator dtype."""
+        cols, dtypes = {}, {}
+        for name, (op, col) in self.agg.outputs.items():
+            if op != "count":
+                c = self._column(batch, col)
+                cols[name] = c if index is None else c.index_select(0, index)
+                dtypes[name] = self._acc_dtype(op, c.dtype)
+        return cols, dtypes
+
+    # -- results --------------------------------------------------------------
+    def _window_batch(self, keys, starts, count, accs) -> Batch:
+        """Result records of windows ``(keys[i], starts[i])`` with these counts
+        and accumulators, timed at each window's last timestamp."""
+        out = {}
+        size = self.assigner.size
+        if self.agg.with_window:
+            out["key"] = self.key_selector.decode_many(keys)
+            out["window_start"] = starts
+            out["window_end"] = starts + size
+        for name, (op, _) in self.agg.outputs.items():
+            if op == "count":
+                out[name] = count
+            elif op == "mean":
+                out[name] = accs[name] / count
+            else:
+                out[name] = accs[name]
+        return Batch(out, starts + size - 1, RecordSchema("dict", tuple(out)))
+
+    def _forget(self, gone, n_gone: int, watermark: int) -> None:
+        """After a watermark fired its windows: drop the rows past the
+        lateness (``gone``; device and cold tiers), fit the budget, pass the
+        watermark on."""
+        T = self.t_key.shape[0]
+        if n_gone:
+            self._purge(nonzero_known(~gone, T - n_gone))
+        if self.cold is not None and len(self.cold):  # cold rows past the lateness: fired, forgotten
+            horizon = watermark - self.lateness - (self.assigner.size - 1)
+            self.cold.drop(lambda r: r["start"] <= horizon, lambda f: f["smax"] <= horizon,
+                           lambda f: f["smin"] <= horizon)
+        self._enforce_budget()
+        self.out.emit_watermark(watermark)
+
+    def _purge(self, idx: torch.Tensor) -> None:
+        """Keep rows ``idx`` (ascending: rows keep their order)."""
+        self._set_rows(self._rows(idx))
+        self._bounds_stale = True  # narrowed at the next batch's read-back
+        if self.t_key.numel() == 0:
+            self._bounds, self._bounds_stale = None, False
+
+
+class ColumnarWindowOperator(ColumnarWindows):
+    """One table row per (key, window): each record goes into each of its
+    windows (sliding windows whose size is not a multiple of the slide)."""
+
+    layout = "windows"
+
     def process_batch(self, batch):
         n = len(batch)
         if n == 0:
             return
-        from opforge.ops.hashing import segment_reduce
-
         self._batch_no += 1
         ts = batch.timestamps
         rows, starts, ends = self.assigner.assign(ts)
@@ -385,44 +510,22 @@ class ColumnarWindowOperator(Operator):
         parts = [(ts == NO_TIMESTAMP).sum(), row_late.sum(), kept.sum(), on_time.sum()]
         if m:
             parts += [keys.min(), keys.max(), starts.min(), starts.max()]
-        stale = self._bounds_stale and self.t_key.numel() > 0
-        if stale:
-            parts += [self.t_key.min(), self.t_key.max(), self.t_start.min(), self.t_start.max()]
-        stats = torch.stack(parts).tolist()
+        stats = self._batch_stats(parts)
         if stats[0]:
             raise ValueError(f"{self.name}: a record has no timestamp; event-time windows need a "
                              "WatermarkStrategy with a timestamp assigner on the source")
         n_late, n_kept, n_on = stats[1], stats[2], stats[3]
         bounds = tuple(stats[4:8]) if m else None
-        if stale:
-            self._bounds, self._bounds_stale = tuple(stats[-4:]), False
         if n_late:
             self.late.handle(batch.select(row_late))
-        cols = {}
-        dtypes = {}
-        for name, (op, col) in self.agg.outputs.items():
-            if op != "count":
-                c = self._column(batch, col)
-                cols[name] = c.index_select(0, rows)
-                dtypes[name] = self._acc_dtype(op, c.dtype)
+        cols, dtypes = self._values(batch, rows)
         if n_on:
             if n_on == m:  # the usual case: every pair on time, no selection
-                k_on, s_on, vals_of = keys, starts, cols
+                self._fold_batch(keys, starts, cols, dtypes, bounds)
             else:
                 idx = nonzero_known(on_time, n_on)
-                k_on, s_on = keys.index_select(0, idx), starts.index_select(0, idx)
-                vals_of = {name: c.index_select(0, idx) for name, c in cols.items()}
-            uk, us, inv = self._group(k_on, s_on, bounds)
-            g = uk.shape[0]
-            counts = torch.zeros(g, dtype=torch.int64, device=self.device).index_add_(0, inv, torch.ones_like(inv))
-            partials = {}
-            for name, (op, _) in self.agg.outputs.items():
-                if op == "count":
-                    continue
-                vals = vals_of[name].to(dtypes[name])
-                partials[name] = segment_reduce(vals, inv, g, "sum" if op == "mean" else op,
-                                                deterministic=True)
-            self._fold(self._slots(uk, us, dtypes, bounds), counts, partials)
+                self._fold_batch(keys.index_select(0, idx), starts.index_select(0, idx),
+                                 {name: c.index_select(0, idx) for name, c in cols.items()}, dtypes, bounds)
         if n_kept > n_on:
             late_fire = nonzero_known(kept & (max_ts <= wm), n_kept - n_on)
             self._late_firings(late_fire, keys, starts, cols, dtypes, bounds)
@@ -435,44 +538,23 @@ class ColumnarWindowOperator(Operator):
             slot = self._slots(keys[i:i + 1], starts[i:i + 1], dtypes, bounds)
             self._fold(slot, torch.ones(1, dtype=torch.int64, device=self.device),
                        {n: c[i:i + 1] for n, c in cols.items()})
-            self.t_fired[slot] = True
             fired.append(self._results(slot))  # the window as it is now
         self.out.emit(Batch.concat(fired))
 
-    # -- firing -------------------------------------------------------------
-    def _emit(self, slots: torch.Tensor) -> None:
-        if slots.numel():
-            self.out.emit(self._results(slots))
-
     def _results(self, slots: torch.Tensor) -> Batch:
-        out = {}
-        size = self.assigner.size
-        if self.agg.with_window:
-            out["key"] = self.key_selector.decode_many(self.t_key[slots])
-            out["window_start"] = self.t_start[slots]
-            out["window_end"] = self.t_start[slots] + size
-        count = self.t_count[slots]
-        for name, (op, _) in self.agg.outputs.items():
-            if op == "count":
-                out[name] = count
-            elif op == "mean":
-                out[name] = self.t_acc[name][slots] / count
-            else:
-                out[name] = self.t_acc[name][slots]
-        ts = self.t_start[slots] + size - 1
-        return Batch(out, ts, RecordSchema("dict", tuple(out)))
+        return self._window_batch(self.t_key[slots], self.t_start[slots], self.t_count[slots],
+                                  {n: a[slots] for n, a in self.t_acc.items()})
 
     def on_watermark(self, watermark):
-        self.watermark = watermark
+        before, self.watermark = self.watermark, watermark
         last = self.assigner.size - 1  # a window's last timestamp: start + size - 1
-        if self.cold is not None and len(self.cold):  # cold rows about to fire come back first
-            self._restore_rows(self.cold.take(
-                lambda r: (r["start"] + last <= watermark) & ~r["fired"],
-                lambda f: f["smin"] + last <= watermark))
-        T = self.t_key.shape[0]
-        if T:
+        # rows whose window ends in (before, watermark] fire now; cold ones come back first
+        self._take_cold(lambda s: (s + last > before) & (s + last <= watermark),
+                        lambda lo, hi: hi + last > before and lo + last <= watermark)
+        gone, n_gone = None, 0
+        if self.t_key.shape[0]:
             end_ts = self.t_start + last
-            due = (end_ts <= watermark) & ~self.t_fired
+            due = (end_ts > before) & (end_ts <= watermark)
             gone = end_ts + self.lateness <= watermark
             n_due, n_gone = torch.stack([due.sum(), gone.sum()]).tolist()  # the one host sync
             if n_due:
@@ -480,26 +562,175 @@ class ColumnarWindowOperator(Operator):
                 if self.cold is not None:  # restored rows sit at the end: order by first appearance
                     slots = slots[torch.argsort(self.t_seq[slots])]
                 order = torch.argsort(end_ts[slots], stable=True)
-                self._emit(slots[order])
-                self.t_fired[slots] = True
-            if n_gone:
-                self._purge(nonzero_known(~gone, T - n_gone))
-        if self.cold is not None and len(self.cold):  # cold rows past the lateness: fired, forgotten
-            horizon = watermark - self.lateness - last
-            self.cold.drop(lambda r: r["start"] <= horizon, lambda f: f["smax"] <= horizon,
-                           lambda f: f["smin"] <= horizon)
-        self._enforce_budget()
-        self.out.emit_watermark(watermark)
+                self.out.emit(self._results(slots[order]))
+        self._forget(gone, n_gone, watermark)
 
-    def _purge(self, idx: torch.Tensor) -> None:
-        """Keep rows ``idx`` (ascending: rows keep their order)."""
-        self.t_key, self.t_start = self.t_key[idx], self.t_start[idx]
-        self.t_fired, self.t_count = self.t_fired[idx], self.t_count[idx]
-        self.t_seq, self.t_touch = self.t_seq[idx], self.t_touch[idx]
-        self.t_acc = {n: a[idx] for n, a in self.t_acc.items()}
-        self._bounds_stale = True  # narrowed at the next batch's read-back
-        if self.t_key.numel() == 0:
-            self._bounds, self._bounds_stale = None, False
+
+class PanedWindowOperator(ColumnarWindows):
+    """Sliding windows whose size is ``k`` times the slide (tumbling: ``k =
+    1``): one table row per (key, pane), a pane being the slide-long slice
+    ``[p, p + slide)`` that holds a record (``p = ts - (ts - offset) mod
+    slide``), so each record is folded once instead of ``k`` times. Window
+    ``[s, s + size)`` is panes ``s, s + slide, .., s + size - slide``.
+
+    A watermark moving from ``before`` to ``wm`` fires the windows whose last
+    timestamp lies in ``(before, wm]``: each pane row is expanded into its
+    firing windows (at most ``k``), the (key, window) pairs are grouped and
+    the panes merged with ``segment_reduce`` (counts and sums add, min / max
+    fold, a mean is its sum over its count), ordered as the per-window table
+    fires: by window end, then by first appearance — a window's first
+    appearance is its earliest pane's (every record of a window that has not
+    fired was on time for it, so the window's row would have been made with
+    its first pane's). A pane is dropped once its last window (start ``p``)
+    is past the allowed lateness, when that window's row would be.
+
+    A late record (some of its windows fired, within the lateness) goes into
+    its pane alone and then fires, one by one, exactly those windows, each
+    the merge of its panes as they are now — the rows, values and order of
+    the per-window table's late firings. Records with no late window are
+    folded per batch as one group-and-reduce, before the late ones: they
+    belong to no window a late record fires."""
+
+    layout = "panes"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.panes_per_window = self.assigner.size // self.assigner.slide
+
+    def process_batch(self, batch):
+        n = len(batch)
+        if n == 0:
+            return
+        self._batch_no += 1
+        a, lateness, k = self.assigner, self.lateness, self.panes_per_window
+        ts, keys = batch.timestamps, batch.keys
+        panes = ts - torch.remainder(ts - a.offset, a.slide)
+        wm = self.watermark
+        # a record's windows end (last timestamp) at first_end + j * slide, j < k
+        first_end = panes + (a.slide - 1)
+        placed = first_end + ((k - 1) * a.slide + lateness) > wm  # its last window is within the lateness
+        row_late = ~placed & (ts + lateness <= wm)  # none of its windows takes it: side output
+        # late: its first window within the lateness (end > wm - L) has fired (end <= wm)
+        floor = max(wm - lateness, -(2**62))  # no int64 overflow at the minimal watermark
+        j = (torch.div(floor - first_end, a.slide, rounding_mode="floor") + 1).clamp_(0, k)
+        late = placed & (j < k) & (first_end + j * a.slide <= wm)
+        stats = self._batch_stats([(ts == NO_TIMESTAMP).sum(), row_late.sum(), placed.sum(), late.sum(),
+                                   keys.min(), keys.max(), panes.min(), panes.max()])
+        if stats[0]:
+            raise ValueError(f"{self.name}: a record has no timestamp; event-time windows need a "
+                             "WatermarkStrategy with a timestamp assigner on the source")
+        n_side, n_placed, n_late = stats[1], stats[2], stats[3]
+        bounds = tuple(stats[4:8])
+        if n_side:
+            self.late.handle(batch.select(row_late))
+        if n_placed:
+            # every placed record's pane gets its row now (new rows in
+            # lexicographic order, as the per-window table makes its rows);
+            # only the records with no late window are folded in here
+            if n_placed == n:
+                cols, dtypes = self._values(batch)
+                k_p, p_p, late_p = keys, panes, late
+            else:
+                idx = nonzero_known(placed, n_placed)
+                cols, dtypes = self._values(batch, idx)
+                k_p, p_p, late_p = keys.index_select(0, idx), panes.index_select(0, idx), late.index_select(0, idx)
+            self._fold_batch(k_p, p_p, cols, dtypes, bounds, None if n_late == 0 else ~late_p)
+            if n_late:
+                self._late_firings(nonzero_known(late_p, n_late), k_p, p_p, cols, dtypes, bounds)
+        self._enforce_budget()
+
+    def _late_firings(self, idx, keys, panes, cols, dtypes, bounds):
+        """Each late record, in order: into its pane, then its fired windows
+        still within the lateness fire again, latest start first (the order
+        of the per-window path)."""
+        a, k = self.assigner, self.panes_per_window
+        wm, dev = self.watermark, self.device
+        fired = []
+        host = torch.stack([keys.index_select(0, idx), panes.index_select(0, idx)], 1).tolist()
+        for i, (key, pane) in zip(idx.tolist(), host):
+            one = slice(i, i + 1)
+            self._fold(self._slots(keys[one], panes[one], dtypes, bounds),
+                       torch.ones(1, dtype=torch.int64, device=dev), {n: c[one] for n, c in cols.items()})
+            # every pane sharing a window with this one, back from the cold tiers
+            near = pane + torch.arange(1 - k, k, dtype=torch.int64) * a.slide
+            self._cold_pairs(torch.full_like(near, key), near)
+            # its windows ending in (wm - L, wm] (all of them hold `pane`), over the key's panes
+            rows = torch.nonzero(self.t_key == key).flatten()
+            starts, fire = self._window_grid(self.t_start.index_select(0, rows),
+                                             max(wm - self.lateness, pane + a.slide - 2), min(wm, pane + a.size - 1))
+            idx = torch.nonzero(fire).flatten()
+            fired.append(self._merged(rows.index_select(0, torch.div(idx, k, rounding_mode="floor")),
+                                      starts.index_select(0, idx), descending=True))
+        self.out.emit(Batch.concat(fired))
+
+    def _window_grid(self, panes, lo, hi):
+        """For panes starting at ``panes`` (one per row): the starts of the
+        ``k`` windows holding each (``[R * k]``, row by row) and whether each
+        window ends (last timestamp) in ``(lo, hi]``."""
+        a = self.assigner
+        back = torch.arange(self.panes_per_window, dtype=torch.int64, device=self.device) * a.slide
+        starts = (panes[:, None] - back).flatten()
+        ends = starts + (a.size - 1)
+        return starts, (ends > lo) & (ends <= hi)
+
+    def _merged(self, src, starts, descending=False) -> Batch:
+        """The windows ``(t_key[src[i]], starts[i])`` as result records: pane
+        rows grouped by window and merged, in order of window start (then of
+        first appearance; ``descending``: latest start first, for one key)."""
+        from opforge.ops.hashing import segment_reduce
+
+        a, k = self.assigner, self.panes_per_window
+        keys = self.t_key.index_select(0, src)
+        accumulated = {name: op for name, (op, _) in self.agg.outputs.items() if op != "count"}
+        if k == 1:  # one pane per window: the rows are the windows
+            uk, us, count, first = keys, starts, self.t_count.index_select(0, src), self.t_seq.index_select(0, src)
+            accs = {name: self.t_acc[name].index_select(0, src) for name in accumulated}
+        else:
+            kmin, kmax, smin, smax = self._bounds
+            uk, us, inv = self._group(keys, starts, (kmin, kmax, smin - (k - 1) * a.slide, smax))
+            g = uk.shape[0]
+            count = torch.zeros(g, dtype=torch.int64, device=self.device).index_add_(0, inv, self.t_count[src])
+            accs = {name: segment_reduce(self.t_acc[name].index_select(0, src), inv, g,
+                                         "sum" if op == "mean" else op, deterministic=True)
+                    for name, op in accumulated.items()}
+            first = segment_reduce(self.t_seq.index_select(0, src), inv, g, "min")
+        if descending:
+            order = torch.argsort(us, descending=True)
+        else:
+            order = torch.argsort(first)
+            order = order[torch.argsort(us[order], stable=True)]
+        return self._window_batch(uk[order], us[order], count[order], {n: c[order] for n, c in accs.items()})
+
+    def on_watermark(self, watermark):
+        before, self.watermark = self.watermark, watermark
+        a = self.assigner
+        # panes of the windows ending in (before, watermark]: their first
+        # window ends at p + slide - 1, their last at p + size - 1
+        self._take_cold(lambda p: (p + (a.slide - 1) <= watermark) & (p + (a.size - 1) > before),
+                        lambda lo, hi: lo + a.slide - 1 <= watermark and hi + a.size - 1 > before)
+        gone, n_gone = None, 0
+        T = self.t_key.shape[0]
+        if T:
+            starts, fire = self._window_grid(self.t_start, before, watermark)
+            gone = self.t_start + (a.size - 1 + self.lateness) <= watermark  # its last window is past the lateness
+            stats = torch.stack([fire.sum(), gone.sum(), self.t_key.min(), self.t_key.max(), self.t_start.min(),
+                                 self.t_start.max()]).tolist()  # the one host sync (with exact bounds)
+            n_fire, n_gone = stats[0], stats[1]
+            self._bounds, self._bounds_stale = tuple(stats[2:]), False
+            if n_fire:
+                idx = nonzero_known(fire, n_fire)
+                src = torch.div(idx, self.panes_per_window, rounding_mode="floor")
+                self.out.emit(self._merged(src, starts.index_select(0, idx)))
+        self._forget(gone, n_gone, watermark)
+
+
+def columnar_window_operator(name, assigner, agg: Aggregations, key_selector, allowed_lateness=0,
+                             late_tag=None) -> ColumnarWindows:
+    """The columnar operator for ``Aggregations`` over event-time sliding (or
+    tumbling) windows: panes when the size is a multiple of the slide, else
+    one row per window."""
+    cls = PanedWindowOperator if assigner.size % assigner.slide == 0 else ColumnarWindowOperator
+    return cls(name, assigner, agg, key_selector, allowed_lateness, late_tag)
 
 
 class _WindowContext:
