@@ -4,8 +4,9 @@ Each operator's inputs are computed first, then the operator itself runs: under 
 ``Profiler`` measures exactly that second step, so every figure is the operator's own.
 
 Runtime filters (``connect(runtime_filters=True)``, ``physical/runtime_filter.py``): a join that can
-make one runs its build (right) input first, builds the filter from the build keys, and runs its
-probe (left) input with the filter travelling down to the scans that may apply it."""
+make one runs the filter's source input first (the right one of an inner / semi / right join, the
+left one of a left / anti join), builds the filter from its keys, and runs the other input with the
+filter travelling down to the scans that may apply it."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -41,10 +42,14 @@ class Executor:
             raise SqlError(f"table {node.table!r} is no longer registered")
         pushed = pushed or []
         routes = RF.route(node, pushed)
-        if isinstance(node, P.Join) and self.ctx.runtime_filters and RF.filter_source(node):
+        plan = RF.filter_plan(node) if isinstance(node, P.Join) and self.ctx.runtime_filters else None
+        if plan is not None and plan.source == "right":
             right = self.run(node.right, routes[1])
-            made = RF.make(node, right)
-            left = self.run(node.left, routes[0] + [made])
+            left = self.run(node.left, routes[0] + [RF.make(node, plan, right)])
+            inputs = [left, right]
+        elif plan is not None:
+            left = self.run(node.left, routes[0])
+            right = self.run(node.right, routes[1] + [RF.make(node, plan, left)])
             inputs = [left, right]
         else:
             inputs = [self.run(c, r) for c, r in zip(node.inputs(), routes)]

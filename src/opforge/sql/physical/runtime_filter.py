@@ -1,10 +1,18 @@
-"""Runtime filters at run time: made from a join's build side once it is built, pushed into the
-probe side's scans (``planner/runtime_filters.RuntimeFilter``: min / max, IN-list, blocked Bloom).
+"""Runtime filters at run time: made from one side of a join once that side is computed, pushed
+into the other side's scans (``planner/runtime_filters.RuntimeFilter``: min / max, IN-list, blocked
+Bloom).
 
-Which joins make one (``filter_source``): inner, semi and right joins with one key pair whose probe
-(left) key is a column of an integer or DATE type and whose build key has the same kind (the two
-sides' values then compare as int64 directly; strings are dictionary codes of different tables,
-decimals may differ in scale: no filter). Where a filter may go (``route``): a filter on column c
+Which joins make one, and for which side (``filter_plan``): a row of one side that matches no row of
+the other never reaches the output when that side is not preserved, so
+* inner, semi and right joins filter their left (probe) input by the right (build) side's keys;
+* left joins and (not null-aware) anti joins filter their right input by the left side's keys
+  (their left rows all survive; right rows matching no left row only make the hash table larger).
+  A null-aware anti join (NOT IN) is left alone: a NULL on its right side changes every answer.
+The filter tests one key pair, the first whose filtered-side key is a column of an integer or DATE
+type with a matching kind on the other side (the two sides' values then compare as int64 directly;
+strings are dictionary codes of different tables, decimals may differ in scale: no filter). With
+several key pairs that one column still excludes every row that cannot match.
+Where a filter may go (``route``): a filter on column c
 drops, below an operator, only rows that the join above would drop anyway; so it passes through
 Filter, Sort, Distinct, a Project that passes c on unchanged, an Aggregate grouping by c, both sides
 of an inner join, the left (preserved) side of a left / semi / anti join and the right side of a
@@ -43,19 +51,41 @@ def _same_kind(a, b) -> bool:
     return _kind(a.type) is not None and _kind(a.type) == _kind(b.type)
 
 
-def filter_source(node: P.Join) -> bool:
-    """The join can make a runtime filter for its left input."""
-    if node.kind not in ("inner", "semi", "right") or len(node.left_keys) != 1:
-        return False
-    lk, rk = node.left_keys[0], node.right_keys[0]
-    return isinstance(lk, Ref) and _same_kind(lk, rk)
+@dataclass(frozen=True)
+class FilterPlan:
+    """A join's runtime filter: made from ``source`` ("left" / "right")'s key ``pair``, applied to the other."""
+
+    source: str
+    pair: int
+
+    @property
+    def target(self) -> str:
+        return "left" if self.source == "right" else "right"
 
 
-def make(node: P.Join, right: Batch) -> Pushed:
-    col = evaluate(node.right_keys[0], right)
+def filter_plan(node: P.Join) -> FilterPlan | None:
+    """The runtime filter the join makes, if any (see the module docstring)."""
+    if node.kind in ("inner", "semi", "right"):
+        source = "right"
+    elif node.kind == "left" or (node.kind == "anti" and not node.null_aware):
+        source = "left"
+    else:
+        return None
+    for i, (lk, rk) in enumerate(zip(node.left_keys, node.right_keys)):
+        target_key = lk if source == "right" else rk
+        if isinstance(target_key, Ref) and _same_kind(lk, rk):
+            return FilterPlan(source, i)
+    return None
+
+
+def make(node: P.Join, plan: FilterPlan, built: Batch) -> Pushed:
+    """The filter from the computed side ``built`` for the other side's key column."""
+    src_keys, dst_keys = (node.right_keys, node.left_keys) if plan.source == "right" else \
+        (node.left_keys, node.right_keys)
+    col = evaluate(src_keys[plan.pair], built)
     f = RuntimeFilter.build(col.values.long(), col.valid)
-    key = node.left_keys[0]
-    return Pushed(key.cid, f, f"{f.describe()} from join on {key} = {node.right_keys[0]}")
+    key = dst_keys[plan.pair]
+    return Pushed(key.cid, f, f"{f.describe()} from join on {key} = {src_keys[plan.pair]}")
 
 
 def _cids(node: P.Node) -> set[int]:
