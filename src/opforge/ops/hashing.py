@@ -80,6 +80,17 @@ def expand_runs(lo: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, t
     return rows, lo[rows] + within
 
 
+def direct_groups(codes: torch.Tensor, code_range: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(present_codes, inverse)`` of int codes in ``[0, code_range)``, without hashing or sorting:
+    mark the codes present in a direct-address table, an inclusive prefix sum ranks them. Groups
+    come in code order. For ranges near the row count (the SQL engine's packed keys, the stream's
+    (key, window) codes); one host sync, the group count (``nonzero``)."""
+    present = torch.zeros(code_range, dtype=torch.bool, device=codes.device)
+    present[codes] = True
+    rank = torch.cumsum(present, 0) - 1
+    return torch.nonzero(present).flatten(), rank[codes]
+
+
 def _common_dtype(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if a.dtype == b.dtype:
         return a, b

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.ops.hashing import direct_groups
 from opforge.stream.functions import Aggregations, as_callable
 from opforge.stream.operators import Operator, records_batch
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
@@ -80,10 +81,7 @@ def group_codes(codes: torch.Tensor, code_range: int | None = None):
     the same (codes ascending)."""
     n = codes.shape[0]
     if code_range is not None and code_range <= 2 * n + 65_536:
-        present = torch.zeros(code_range, dtype=torch.bool, device=codes.device)
-        present[codes] = True
-        rank = torch.cumsum(present, 0) - 1
-        return torch.nonzero(present).flatten(), rank[codes]
+        return direct_groups(codes, code_range)
     order = torch.argsort(codes, stable=True)
     sc = codes[order]
     new = torch.ones_like(sc, dtype=torch.bool)

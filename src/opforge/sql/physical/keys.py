@@ -98,12 +98,10 @@ def pack(keys: list[torch.Tensor], bounds: list[tuple[int, int]], valids=None) -
 
 
 def direct_ids(codes: torch.Tensor, code_range: int) -> tuple[torch.Tensor, int]:
-    """Dense ids of int codes in ``[0, code_range)``, numbered in code order, without hashing:
-    mark the codes present, an inclusive prefix sum ranks them (one host sync: the group count)."""
-    present = torch.zeros(code_range, dtype=torch.bool, device=codes.device)
-    present[codes] = True
-    rank = torch.cumsum(present, 0)
-    return rank[codes] - 1, int(rank[-1])
+    """Dense ids of int codes in ``[0, code_range)``, numbered in code order, without hashing
+    (``hashing.direct_groups``; one host sync: the group count)."""
+    present, ids = hashing.direct_groups(codes, code_range)
+    return ids, int(present.shape[0])
 
 
 def group_ids(keys: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
