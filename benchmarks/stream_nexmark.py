@@ -27,7 +27,7 @@ sampled, so that the sink does not bound a query that emits one output per
 input (q1: copying every timestamp to the host costs more than the query):
 of a batch of ``n > 1024`` outputs the sink copies every ``ceil(n / 1024)``-th
 timestamp (at most ``LATENCY_SAMPLE`` = 1024), each standing for
-``n / samples`` outputs, and the batch's oldest timestamp (its worst latency,
+``(n - 1) / samples`` outputs, and the batch's oldest timestamp (its worst latency,
 weight 1), taken on the device; smaller batches are copied whole. So ``max``
 is exact, and p50 / p99 are weighted percentiles (inverted CDF) of the
 sample: exact percentiles of every output when no batch has more than 1024.
@@ -49,11 +49,29 @@ wall time). Each peer entry carries its result counts and a checksum, and
 ``peers`` in the opforge entry of the same job the ratio; the run fails
 if the counts differ.
 
+Latency at a given load (``--paced 0.5``): after the timed run, the same job
+runs again with its sources released at that fraction of the throughput just
+measured. A shared ``Pacer`` holds each source batch until the wall clock
+reaches its place in the event sequence: event time runs at
+``events_per_second`` events per second of event time, so a batch reaching
+event time ``t`` is released ``(t - t0) * events_per_second / rate`` after the
+first batch. An event is charged from the moment the paced sequence reaches
+its time, so its latency includes waiting for its batch to fill. Entries with
+``"load": 0.5`` carry that run's latency.
+
+Exactly-once (``--exactly-once-ms 1000``): the job also runs with checkpoints
+every that many ms into the transactional ``FileSink`` (Parquet part files,
+two-phase commit). An output's latency then runs to the commit that makes its
+file visible (the checkpoint's completion), so it is bounded by the interval:
+entries with ``"sink": "exactly_once"`` report it beside the plain sink's.
+
 JSON (``--json``): ``{schema_version, benchmark, date, device, gpu, torch, events,
 batch_size, entries: [{query, feed, events, input_records, output_records,
 seconds, events_per_s, batches, ms_per_batch, host_cpu_ms_per_batch,
-latency_ms: {p50, p99, max}, [result, peers]}], [peer_entries]}`` (latency
-values are null for a run without output).
+latency_ms: {p50, p99, max}, sink, load, [result, peers]}], [peer_entries]}``
+(``sink``: "plain" or "exactly_once"; ``load``: null for a run at full speed,
+else the fraction it was paced at; latency values are null for a run without
+output).
 """
 from __future__ import annotations
 
@@ -146,6 +164,7 @@ import torch  # noqa: E402
 
 from opforge.stream import Aggregations, StreamExecutionEnvironment, TumblingEventTimeWindows  # noqa: E402
 from opforge.stream.nexmark import QUERIES, NexmarkConfig, bids, generate, stream  # noqa: E402
+from opforge.stream.file_sink import FileSink  # noqa: E402
 from opforge.stream.sinks import Sink  # noqa: E402
 from opforge.stream.sources import Source  # noqa: E402
 
@@ -166,10 +185,14 @@ JOBS = {**QUERIES, "tumble_count": tumble_count}
 
 class IngestLog:
     """When each polled source batch arrived and how far in event time its
-    source had got (a running maximum, per source)."""
+    source had got (a running maximum, per source). With a ``Pacer``, an event
+    arrives when the paced sequence reaches its time, before its batch is
+    released: a batch's events wait for the batch to fill, as they would in
+    front of a micro-batching engine."""
 
-    def __init__(self):
+    def __init__(self, pacer: "Pacer | None" = None):
         self.per_source: dict[str, tuple[list, list]] = {}
+        self.pacer = pacer
 
     def note(self, name: str, max_ts: int | None) -> None:
         walls, marks = self.per_source.setdefault(name, ([], []))
@@ -192,18 +215,51 @@ class IngestLog:
             idx = np.searchsorted(np.asarray(marks, dtype=np.float64), ts, side="left")
             w = np.append(np.asarray(walls), np.inf)
             best = np.minimum(best, w[idx])
+        if self.pacer is not None and self.pacer.t0 is not None:
+            best = np.minimum(best, self.pacer.arrival(ts))
         return best
 
 
+class Pacer:
+    """Releases source batches at ``rate`` events per second of wall time: a
+    batch reaching event time ``t`` (ms) waits until ``(t - t0) *
+    events_per_second / 1000 / rate`` seconds after the first batch (``t0``),
+    whichever source polls it. Event time holds ``events_per_second`` events a
+    second, so this is the event sequence replayed at ``rate``."""
+
+    def __init__(self, rate: float, events_per_second: int):
+        if rate <= 0:
+            raise ValueError(f"Pacer: rate must be > 0 events/s, got {rate}")
+        self.seconds_per_ms = events_per_second / 1000 / rate
+        self.t0 = self.start = None
+
+    def arrival(self, ts: np.ndarray) -> np.ndarray:
+        """The wall time at which the paced sequence reaches event time ``ts``."""
+        return self.start + (ts - self.t0) * self.seconds_per_ms
+
+    def wait(self, max_ts: int | None) -> None:
+        if max_ts is None:
+            return
+        if self.t0 is None:
+            self.t0, self.start = max_ts, time.perf_counter()
+            return
+        delay = self.start + (max_ts - self.t0) * self.seconds_per_ms - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
 class _Logged(Source):
-    def __init__(self, inner: Source, log: IngestLog, name: str):
-        self.inner, self.log, self.name = inner, log, name
+    def __init__(self, inner: Source, log: IngestLog, name: str, pacer: Pacer | None = None):
+        self.inner, self.log, self.name, self.pacer = inner, log, name, pacer
         self.max_parallelism = inner.max_parallelism
 
     def splits(self, parallelism, batch_size, device):
         def logged(split):
             for item in split:
-                self.log.note(self.name, _max_date_time(item))
+                max_ts = _max_date_time(item)
+                if self.pacer is not None:
+                    self.pacer.wait(max_ts)
+                self.log.note(self.name, max_ts)
                 yield item
             self.log.end(self.name)
 
@@ -225,15 +281,16 @@ LATENCY_SAMPLE = 1024
 def latency_sample(ts: torch.Tensor, limit: int = LATENCY_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
     """``(timestamps, weights)``: the batch's event times to charge, as a
     strided sample on the device (every ``ceil(n / limit)``-th, each weighing
-    ``n / samples``) plus the oldest (weight 1); all of them, weight 1, when
-    ``n <= limit``. One small copy to the host (which waits for the device)."""
+    ``(n - 1) / samples``) plus the oldest (weight 1), so the weights add up to
+    ``n``; all of them, weight 1, when ``n <= limit``. One small copy to the
+    host (which waits for the device)."""
     n = ts.shape[0]
     if n <= limit:
         return ts.cpu().numpy(), np.ones(n)
     strided = ts[::-(-n // limit)]
     m = strided.shape[0]
     sample = torch.cat([strided, ts.min().reshape(1)]).cpu().numpy()
-    return sample, np.append(np.full(m, n / m), 1.0)
+    return sample, np.append(np.full(m, (n - 1) / m), 1.0)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -245,31 +302,13 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(values[order][min(i, len(values) - 1)])
 
 
-class LatencySink(Sink):
-    """Notes each output batch's arrival with a sample of its event times
-    (``latency_sample``: a plain, non-transactional sink); with ``keep``
-    also the window results (key, window_start, num) for the peer comparison."""
+class _Arrivals:
+    """When outputs became visible, with a sample of their event times
+    (``latency_sample``), and the latency summary over them."""
 
-    def __init__(self, keep: bool = False):
+    def __init__(self):
         self.arrivals: list = []  # (wall time, sampled event times, their weights)
         self.records = 0
-        self.keep = keep
-        self.kept: list = []
-
-    def write(self, batch, subtask):
-        ts, weights = latency_sample(batch.timestamps)  # waits for the device
-        self.arrivals.append((time.perf_counter(), ts, weights))
-        self.records += batch.timestamps.shape[0]
-        if self.keep:
-            self.kept.append(tuple(batch[c].cpu() for c in ("key", "window_start", "num")))
-
-    def result(self) -> dict:
-        if not self.keep:
-            return {"results": self.records, "total": self.records, "checksum": 0}
-        triples = ((int(k), int(w), int(c)) for ks, ws, cs in self.kept
-                   for k, w, c in zip(ks.tolist(), ws.tolist(), cs.tolist()))
-        n, total, check = _checksum(triples)
-        return {"results": n, "total": total, "checksum": check}
 
     def latencies_ms(self, log: IngestLog) -> tuple[np.ndarray, np.ndarray]:
         """(latencies of the sampled outputs, the outputs each stands for)."""
@@ -288,6 +327,69 @@ class LatencySink(Sink):
                 "p99": round(weighted_percentile(lat, weights, 99), 3), "max": round(float(lat.max()), 3)}
 
 
+class LatencySink(_Arrivals, Sink):
+    """Notes each output batch's arrival with a sample of its event times
+    (``latency_sample``: a plain, non-transactional sink); with ``keep``
+    also the window results (key, window_start, num) for the peer comparison."""
+
+    def __init__(self, keep: bool = False):
+        super().__init__()
+        self.keep = keep
+        self.kept: list = []
+
+    def write(self, batch, subtask):
+        ts, weights = latency_sample(batch.timestamps)  # waits for the device
+        self.arrivals.append((time.perf_counter(), ts, weights))
+        self.records += batch.timestamps.shape[0]
+        if self.keep:
+            self.kept.append(tuple(batch[c].cpu() for c in ("key", "window_start", "num")))
+
+    def result(self) -> dict:
+        if not self.keep:
+            return {"results": self.records, "total": self.records, "checksum": 0}
+        triples = ((int(k), int(w), int(c)) for ks, ws, cs in self.kept
+                   for k, w, c in zip(ks.tolist(), ws.tolist(), cs.tolist()))
+        n, total, check = _checksum(triples)
+        return {"results": n, "total": total, "checksum": check}
+
+
+
+class CommitLatencySink(_Arrivals, FileSink):
+    """The exactly-once ``FileSink`` (Parquet), noting when outputs become
+    visible: a batch's sample waits with its part file through the pre-commit
+    (``snapshot_state``) and arrives when the checkpoint completes
+    (``notify_checkpoint_complete``), or at the end of the input (``finish``)."""
+
+    def __init__(self, path):
+        _Arrivals.__init__(self)
+        FileSink.__init__(self, path, "parquet")
+        self.open_samples: dict = {}  # subtask -> samples written since its last pre-commit
+        self.pending_samples: dict = {}  # (subtask, checkpoint id) -> samples of that pending file
+
+    def write(self, batch, subtask):
+        super().write(batch, subtask)
+        if len(batch):
+            self.open_samples.setdefault(subtask, []).append(latency_sample(batch.timestamps))
+            self.records += len(batch)
+
+    def snapshot_state(self, subtask: int, checkpoint_id: int) -> dict:
+        state = super().snapshot_state(subtask, checkpoint_id)
+        self.pending_samples[(subtask, checkpoint_id)] = self.open_samples.pop(subtask, [])
+        return state
+
+    def notify_checkpoint_complete(self, subtask: int, checkpoint_id: int) -> None:
+        super().notify_checkpoint_complete(subtask, checkpoint_id)
+        now = time.perf_counter()
+        for key in sorted(k for k in self.pending_samples if k[0] == subtask and k[1] <= checkpoint_id):
+            self.arrivals += [(now, ts, w) for ts, w in self.pending_samples.pop(key)]
+
+    def finish(self) -> None:
+        super().finish()
+        now = time.perf_counter()
+        for subtask in sorted(self.open_samples):
+            self.arrivals += [(now, ts, w) for ts, w in self.open_samples.pop(subtask)]
+
+
 def host_batches(config: NexmarkConfig, kind: str, batch_size: int) -> list:
     """The ``kind`` events as Arrow record batches in host memory."""
     out = []
@@ -296,7 +398,7 @@ def host_batches(config: NexmarkConfig, kind: str, batch_size: int) -> list:
     return out
 
 
-def _sources(feed: str, config: NexmarkConfig, batch_size: int, log: IngestLog):
+def _sources(feed: str, config: NexmarkConfig, batch_size: int, log: IngestLog, pacer: Pacer | None = None):
     host = {}
 
     def source(env, cfg, kind):
@@ -307,17 +409,26 @@ def _sources(feed: str, config: NexmarkConfig, batch_size: int, log: IngestLog):
                 host[kind] = host_batches(cfg, kind, batch_size)
             s = env.from_arrow(host[kind], cfg.watermark_strategy())
         t = s.transformation
-        t.params["source"] = _Logged(t.params["source"], log, f"{kind}#{t.id}")
+        t.params["source"] = _Logged(t.params["source"], log, f"{kind}#{t.id}", pacer)
         return s
 
     return source
 
 
-def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: int, keep: bool = False) -> dict:
-    log = IngestLog()
+def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: int, keep: bool = False,
+            rate: float | None = None, exactly_once_ms: int | None = None, workdir=None) -> dict:
+    """One timed run. ``rate``: sources paced at that many events/s (``Pacer``);
+    ``exactly_once_ms``: checkpoints at that interval into ``CommitLatencySink``
+    files under ``workdir``."""
+    pacer = Pacer(rate, config.events_per_second) if rate else None
+    log = IngestLog(pacer)
     env = StreamExecutionEnvironment(device=device, batch_size=batch_size)
-    sink = LatencySink(keep=keep and query == "tumble_count")
-    JOBS[query](env, config, source=_sources(feed, config, batch_size, log)).sink_to(sink)
+    if exactly_once_ms:
+        env.enable_checkpointing(exactly_once_ms, str(Path(workdir) / "checkpoints"))
+        sink = CommitLatencySink(Path(workdir) / "out")
+    else:
+        sink = LatencySink(keep=keep and query == "tumble_count")
+    JOBS[query](env, config, source=_sources(feed, config, batch_size, log, pacer)).sink_to(sink)
     cpu0 = time.process_time()
     result = env.execute(f"nexmark {query} ({feed})")
     cpu_ms = (time.process_time() - cpu0) * 1000
@@ -330,7 +441,10 @@ def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: in
            "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None,
            "batches": batches, "ms_per_batch": round(seconds * 1000 / batches, 4),
            "host_cpu_ms_per_batch": round(cpu_ms / batches, 4),
-           "latency_ms": sink.latency_summary(log)}
+           "latency_ms": sink.latency_summary(log),
+           "sink": "exactly_once" if exactly_once_ms else "plain", "load": None}
+    if exactly_once_ms:
+        out["checkpoint_interval_ms"] = exactly_once_ms
     if keep:
         out["result"] = sink.result()
     return out
@@ -366,8 +480,18 @@ def run_bytewax(job: str, config: NexmarkConfig, python: str, batch: int, workdi
             "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None, "result": res["result"]}
 
 
+def _log_entry(log, e: dict) -> None:
+    lat = e["latency_ms"]
+    how = "" if e["sink"] == "plain" else " exactly-once"
+    how += "" if e["load"] is None else f" at {e['load']:g} load"
+    log(f"{e['query']:>3} {e['feed']:>6}{how}: {e['events_per_s'] or 0:>14,.0f} events/s  "
+        f"{e['output_records']:>9,} out  {e['ms_per_batch']:>9.3f} ms/batch ({e['host_cpu_ms_per_batch']:.3f} host CPU)  "
+        f"p99 {lat['p99'] if lat['p99'] is not None else '-':>9} ms")
+
+
 def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("device", "host"),
-        warmup: bool = True, log=print, peers=(), bytewax_py: str | None = None, bytewax_batch: int = 10_000) -> dict:
+        warmup: bool = True, log=print, peers=(), bytewax_py: str | None = None, bytewax_batch: int = 10_000,
+        paced: float | None = None, exactly_once_ms: int | None = None) -> dict:
     config = NexmarkConfig(events=events, events_per_second=10_000, max_out_of_orderness_ms=500)
     # warm-up: a tenth of the events, but at least two full batches, so that the timed run's ops meet
     # shape buckets that dispatch has already tuned (tuning inside the timed run would be timed)
@@ -385,11 +509,20 @@ def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("d
             if warmup:
                 run_one(q, feed, small, device, batch_size)
             e = run_one(q, feed, config, device, batch_size, keep=peer)
+            _log_entry(log, e)
             entries.append(e)
-            lat = e["latency_ms"]
-            log(f"{q:>3} {feed:>6}: {e['events_per_s'] or 0:>14,.0f} events/s  {e['output_records']:>9,} out  "
-                f"{e['ms_per_batch']:>9.3f} ms/batch ({e['host_cpu_ms_per_batch']:.3f} host CPU)  "
-                f"p99 {lat['p99'] if lat['p99'] is not None else '-':>9} ms")
+            if paced and e["events_per_s"]:  # the same job at a fraction of the throughput just measured
+                p = run_one(q, feed, config, device, batch_size, rate=paced * e["events_per_s"])
+                p["load"] = paced
+                _log_entry(log, p)
+                entries.append(p)
+            if exactly_once_ms:
+                import tempfile
+
+                with tempfile.TemporaryDirectory(prefix="nexmark-exactly-once-") as tmp:
+                    x = run_one(q, feed, config, device, batch_size, exactly_once_ms=exactly_once_ms, workdir=tmp)
+                _log_entry(log, x)
+                entries.append(x)
         if peer:
             import tempfile
 
@@ -427,7 +560,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--peers", default="", help="bytewax: also run q1 / tumble_count on Bytewax")
     ap.add_argument("--bytewax-python", help="a Python with bytewax (default: this one, if it has it)")
     ap.add_argument("--bytewax-batch", type=int, default=10_000)
+    ap.add_argument("--paced", type=float, help="also run each job paced at this fraction of its throughput")
+    ap.add_argument("--exactly-once-ms", type=int, help="also run each job with checkpoints at this interval "
+                                                        "into the exactly-once file sink")
     args = ap.parse_args(argv)
+    if args.paced is not None and not 0 < args.paced <= 1:
+        ap.error(f"--paced: a fraction in (0, 1], got {args.paced}")
+    if args.exactly_once_ms is not None and args.exactly_once_ms <= 0:
+        ap.error(f"--exactly-once-ms: a positive interval, got {args.exactly_once_ms}")
     feeds = tuple(f for f in args.feeds.split(",") if f)
     for f in feeds:
         if f not in ("device", "host"):
@@ -438,7 +578,7 @@ def main(argv=None) -> dict:
     result = run(args.events, torch.device(args.device), args.batch_size,
                  tuple(q for q in args.queries.split(",") if q), feeds, warmup=not args.no_warmup,
                  peers=tuple(p for p in args.peers.split(",") if p), bytewax_py=args.bytewax_python,
-                 bytewax_batch=args.bytewax_batch)
+                 bytewax_batch=args.bytewax_batch, paced=args.paced, exactly_once_ms=args.exactly_once_ms)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json_path}")

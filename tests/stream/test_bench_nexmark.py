@@ -38,7 +38,9 @@ def test_bench_runs_and_its_json_is_consistent(bench, tmp_path):
              "q4": count["auction"] + count["bid"]}
     for (q, feed), e in entries.items():
         assert set(e) == {"query", "feed", "events", "input_records", "output_records", "seconds",
-                          "events_per_s", "batches", "ms_per_batch", "host_cpu_ms_per_batch", "latency_ms"}
+                          "events_per_s", "batches", "ms_per_batch", "host_cpu_ms_per_batch", "latency_ms",
+                          "sink", "load"}
+        assert e["sink"] == "plain" and e["load"] is None
         assert e["events"] == events and e["seconds"] > 0
         # one source batch per 700 events of each source the query reads
         per_source = -(-events // 700)
@@ -102,7 +104,7 @@ def test_latency_sample_keeps_the_oldest_event_and_weighs_the_rest(bench):
     ts[4321] = 7  # the oldest, off the stride
     sample, weights = bench.latency_sample(ts)
     assert len(sample) == 1001 and 7 in sample  # every 10th of 10_000, and the oldest
-    assert weights.sum() == pytest.approx(10_001)
+    assert weights.sum() == pytest.approx(10_000)  # the oldest counts once
     small = torch.tensor([5, 3, 9])
     s, w = bench.latency_sample(small)
     assert s.tolist() == [5, 3, 9] and w.tolist() == [1, 1, 1]  # small batches whole
@@ -138,3 +140,39 @@ def test_sampled_latency_percentiles_match_the_full_computation(bench):
     assert got["max"] == pytest.approx(every.max(), abs=1e-3)
     for q in (50, 99):
         assert got[f"p{q}"] == pytest.approx(np.percentile(every, q), abs=20), q  # 20 ms of a 9 s range
+
+
+def test_paced_run_never_outruns_its_rate_and_charges_batch_filling(bench):
+    """Sources paced at 100 K events/s: the run takes at least the paced time of its
+    sequence (less the first batch, released at once), and an event waits for its
+    batch to fill: the oldest event of a 2000-event batch waits ~20 ms."""
+    config = NexmarkConfig(events=20_000, events_per_second=10_000, max_out_of_orderness_ms=0)
+    rate = 100_000
+    e = bench.run_one("q1", "device", config, "cpu", 2000, rate=rate)
+    assert e["events_per_s"] <= rate * 1.15  # 10 batches, the first one free
+    assert e["latency_ms"]["max"] >= 10
+
+
+def test_exactly_once_sink_charges_outputs_to_their_commit(bench, tmp_path):
+    """With checkpoints into the transactional sink, every output is committed exactly
+    once, and an output's latency runs to the commit of its file, not to its write."""
+    from opforge.stream.file_sink import read_committed
+    from opforge.stream.records import Batch, RecordSchema
+    import torch
+
+    config = NexmarkConfig(events=6000, events_per_second=10_000, max_out_of_orderness_ms=0)
+    plain = bench.run_one("q1", "device", config, "cpu", 700)
+    e = bench.run_one("q1", "device", config, "cpu", 700, exactly_once_ms=1, workdir=tmp_path)
+    assert e["sink"] == "exactly_once" and e["checkpoint_interval_ms"] == 1
+    assert e["output_records"] == plain["output_records"] == read_committed(tmp_path / "out").num_rows
+    assert 0 <= e["latency_ms"]["p50"] <= e["latency_ms"]["p99"] <= e["latency_ms"]["max"]
+
+    sink = bench.CommitLatencySink(tmp_path / "unit")
+    sink.open(0, 1)
+    ts = torch.arange(5000, dtype=torch.int64)
+    sink.write(Batch({"x": ts}, ts, RecordSchema("dict", ("x",))), 0)
+    sink.snapshot_state(0, 1)
+    assert sink.arrivals == []  # pre-committed: not visible yet
+    sink.notify_checkpoint_complete(0, 1)
+    [(wall, sample, weights)] = sink.arrivals
+    assert sample.min() == 0 and weights.sum() == pytest.approx(5000)
