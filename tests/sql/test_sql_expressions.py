@@ -25,6 +25,12 @@ EXPRESSIONS = [
     "dt + interval '1' month", "dt - interval '3' month", "dt + interval '2' year", "dt - interval '10' day",
     "date '1998-12-01' - interval '90' day", "date '2000-01-31' + interval '1' month",
     "1 + 2 * 3", "0.06 - 0.01", "abs(i)", "round(f, 1)", "round(d, 1)",
+    # column <op> literal (kept a Python int): a literal of finer scale, exact or not, an integer column
+    # against a decimal literal, an int32 column against literals past its range, the literal on the left
+    "d < 10.505", "d <= 10.505", "d > 10.505", "d >= 10.505", "d = 10.505", "d <> 10.505", "d = 10.500",
+    "d >= -5000.000", "i < 2.5", "i >= 2.5", "i = 3.0", "i = 2.5", "i <> 2.5", "i > -0.5", "i <= -0.5",
+    "i < 3000000000", "i > -3000000000", "i = 3000000000", "i <> 3000000000", "i >= 3000000000",
+    "10.505 > d", "3 <= i", "date '1995-06-01' > dt", "b >= 999999999.5", "b < -999999999.25", "k = 2",
 ]
 
 

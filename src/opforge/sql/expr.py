@@ -15,7 +15,8 @@ import torch
 from opforge.sql import dates, strings
 from opforge.sql import types as T
 from opforge.sql.column import (
-    ARROW_MIN_WORDS, Column, arrow_dictionary, code_bound, map_dictionary, map_dictionary_arrow, unify_strings,
+    ARROW_MIN_WORDS, Column, arrow_dictionary, code_bound, map_dictionary, map_dictionary_arrow, storage_value,
+    unify_strings,
 )
 from opforge.sql.errors import NotSupportedError, SqlError
 
@@ -152,6 +153,10 @@ def evaluate(e: Expr, batch: Batch) -> Column:
         return col
     if isinstance(e, Lit):
         return Column.constant(e.value, e.type, batch.n, batch.device)
+    if e.name == "cmp":
+        out = _compare_literal(e, batch)
+        if out is not None:
+            return out
     fn = _FUNCS.get(e.name)
     if fn is None:
         raise NotSupportedError(f"function {e.name}")
@@ -329,6 +334,56 @@ def _compare(e, args, batch):
         return Column(_compare_scaled(op, a, b), _and_valid(a, b), T.BOOL)
     av, bv = comparable(a, b)
     return Column(_CMP[op](av, bv), _and_valid(a, b), T.BOOL)
+
+
+_FLIP_CMP = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _compare_literal(e, batch) -> Column | None:
+    """``x <op> literal`` over integers, DECIMALs and DATEs, exactly, with the literal kept a Python
+    int: no column of copies, and a DECIMAL literal of another scale is moved to the column's scale
+    instead of splitting the column (x at scale s vs L at scale t > s, f = 10^(t-s): x < L / f iff
+    x < ceil(L / f); x = L / f only when f divides L). None: not this case (the general path)."""
+    a, b = e.args
+    op = e.extra
+    if isinstance(a, Lit) and not isinstance(b, Lit):
+        a, b, op = b, a, _FLIP_CMP[op]
+    if not isinstance(b, Lit) or isinstance(a, Lit) or b.value is None or op not in _FLIP_CMP:
+        return None
+    ta, tb = a.type, b.type
+    if ta.kind == "DATE" and tb.kind == "DATE":
+        sa = sb = 0
+    elif "BOOL" in (ta.kind, tb.kind) or "DATE" in (ta.kind, tb.kind):
+        return None
+    else:
+        sa, sb = _scale_of(ta), _scale_of(tb)
+        if sa is None or sb is None:
+            return None
+    lit = storage_value(b.value, tb)
+    if isinstance(lit, bool) or not isinstance(lit, int):
+        return None
+    if sb <= sa:
+        bound, exact = lit * 10 ** (sa - sb), True
+    else:
+        f = 10 ** (sb - sa)
+        bound, exact = lit // f, lit % f == 0  # floor(L / f); ceil is floor + 1 when inexact
+        if op == "<":
+            op, bound = ("<", bound) if exact else ("<=", bound)
+        elif op == ">=":
+            op, bound = (">=", bound) if exact else (">", bound)
+        elif not exact and op in ("=", "<>"):
+            col = evaluate(a, batch)
+            fill = torch.zeros if op == "=" else torch.ones
+            return Column(fill(batch.n, dtype=torch.bool, device=batch.device), col.valid, T.BOOL)
+    col = evaluate(a, batch)
+    v = col.values
+    info = torch.iinfo(v.dtype)
+    if not info.min <= bound <= info.max:  # every value of the column lies on one side of it
+        below = bound < info.min
+        holds = {"=": False, "<>": True, "<": not below, "<=": not below, ">": below, ">=": below}[op]
+        fill = torch.ones if holds else torch.zeros
+        return Column(fill(batch.n, dtype=torch.bool, device=batch.device), col.valid, T.BOOL)
+    return Column(_CMP[op](v, bound), col.valid, T.BOOL)
 
 
 def _scale_of(t: T.SqlType) -> int | None:
