@@ -31,6 +31,10 @@ EXPRESSIONS = [
     "d >= -5000.000", "i < 2.5", "i >= 2.5", "i = 3.0", "i = 2.5", "i <> 2.5", "i > -0.5", "i <= -0.5",
     "i < 3000000000", "i > -3000000000", "i = 3000000000", "i <> 3000000000", "i >= 3000000000",
     "10.505 > d", "3 <= i", "date '1995-06-01' > dt", "b >= 999999999.5", "b < -999999999.25", "k = 2",
+    # IN lists of literals in one pass: strings by dictionary codes, numbers at the column's scale, NULLs
+    "s NOT IN ('apple', NULL)", "s IN ('zzz')", "s IN (NULL)", "k NOT IN (NULL)", "k NOT IN (2, NULL)",
+    "d IN (10.5, -3.25, 7.005)", "i IN (2.5, 3, 3000000000)", "i NOT IN (2.5, 3, -7)",
+    "dt IN (date '1995-01-01', date '1996-02-29')", "substring(s, 1, 2) IN ('ap', 'ch', 'zz')",
 ]
 
 

@@ -153,8 +153,8 @@ def evaluate(e: Expr, batch: Batch) -> Column:
         return col
     if isinstance(e, Lit):
         return Column.constant(e.value, e.type, batch.n, batch.device)
-    if e.name == "cmp":
-        out = _compare_literal(e, batch)
+    if e.name in ("cmp", "in"):
+        out = _compare_literal(e, batch) if e.name == "cmp" else _in_literals(e, batch)
         if out is not None:
             return out
     fn = _FUNCS.get(e.name)
@@ -339,51 +339,90 @@ def _compare(e, args, batch):
 _FLIP_CMP = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
+def _literal_at_scale(col_type: T.SqlType, lit: Lit) -> tuple[int, bool] | None:
+    """A non-NULL integer / DECIMAL / DATE literal as ``(floor(L / f), exact)`` at the column's scale:
+    the column stores ``x`` at scale s, the literal ``L`` at scale t; ``f = 10^(t - s)`` when t > s
+    (``exact``: f divides L), else the literal is scaled up exactly. None: not such a pair."""
+    tb = lit.type
+    if col_type.kind == "DATE" and tb.kind == "DATE":
+        sa = sb = 0
+    elif "BOOL" in (col_type.kind, tb.kind) or "DATE" in (col_type.kind, tb.kind):
+        return None
+    else:
+        sa, sb = _scale_of(col_type), _scale_of(tb)
+        if sa is None or sb is None:
+            return None
+    value = storage_value(lit.value, tb)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    if sb <= sa:
+        return value * 10 ** (sa - sb), True
+    f = 10 ** (sb - sa)
+    return value // f, value % f == 0
+
+
+def _filled(value: bool, col: Column, batch) -> Column:
+    fill = torch.ones if value else torch.zeros
+    return Column(fill(batch.n, dtype=torch.bool, device=batch.device), col.valid, T.BOOL)
+
+
 def _compare_literal(e, batch) -> Column | None:
     """``x <op> literal`` over integers, DECIMALs and DATEs, exactly, with the literal kept a Python
-    int: no column of copies, and a DECIMAL literal of another scale is moved to the column's scale
-    instead of splitting the column (x at scale s vs L at scale t > s, f = 10^(t-s): x < L / f iff
-    x < ceil(L / f); x = L / f only when f divides L). None: not this case (the general path)."""
+    int: no column of copies, and a DECIMAL literal of a finer scale is moved to the column's scale
+    instead of splitting the column (``_literal_at_scale``: x < L / f iff x < ceil(L / f); x = L / f
+    only when f divides L). None: not this case (the general path)."""
     a, b = e.args
     op = e.extra
     if isinstance(a, Lit) and not isinstance(b, Lit):
         a, b, op = b, a, _FLIP_CMP[op]
     if not isinstance(b, Lit) or isinstance(a, Lit) or b.value is None or op not in _FLIP_CMP:
         return None
-    ta, tb = a.type, b.type
-    if ta.kind == "DATE" and tb.kind == "DATE":
-        sa = sb = 0
-    elif "BOOL" in (ta.kind, tb.kind) or "DATE" in (ta.kind, tb.kind):
+    scaled = _literal_at_scale(a.type, b)
+    if scaled is None:
         return None
-    else:
-        sa, sb = _scale_of(ta), _scale_of(tb)
-        if sa is None or sb is None:
-            return None
-    lit = storage_value(b.value, tb)
-    if isinstance(lit, bool) or not isinstance(lit, int):
-        return None
-    if sb <= sa:
-        bound, exact = lit * 10 ** (sa - sb), True
-    else:
-        f = 10 ** (sb - sa)
-        bound, exact = lit // f, lit % f == 0  # floor(L / f); ceil is floor + 1 when inexact
-        if op == "<":
-            op, bound = ("<", bound) if exact else ("<=", bound)
-        elif op == ">=":
-            op, bound = (">=", bound) if exact else (">", bound)
-        elif not exact and op in ("=", "<>"):
-            col = evaluate(a, batch)
-            fill = torch.zeros if op == "=" else torch.ones
-            return Column(fill(batch.n, dtype=torch.bool, device=batch.device), col.valid, T.BOOL)
+    bound, exact = scaled
     col = evaluate(a, batch)
-    v = col.values
-    info = torch.iinfo(v.dtype)
+    if not exact:  # bound = floor(L / f) < L / f < bound + 1
+        if op in ("=", "<>"):
+            return _filled(op == "<>", col, batch)
+        op = {"<": "<=", ">=": ">"}.get(op, op)
+    info = torch.iinfo(col.values.dtype)
     if not info.min <= bound <= info.max:  # every value of the column lies on one side of it
         below = bound < info.min
-        holds = {"=": False, "<>": True, "<": not below, "<=": not below, ">": below, ">=": below}[op]
-        fill = torch.ones if holds else torch.zeros
-        return Column(fill(batch.n, dtype=torch.bool, device=batch.device), col.valid, T.BOOL)
-    return Column(_CMP[op](v, bound), col.valid, T.BOOL)
+        return _filled({"=": False, "<>": True, "<": not below, "<=": not below, ">": below, ">=": below}[op],
+                       col, batch)
+    return Column(_CMP[op](col.values, bound), col.valid, T.BOOL)
+
+
+def _in_literals(e, batch) -> Column | None:
+    """``x [NOT] IN (literal, ...)`` in one pass: a string column's matching dictionary codes as a
+    lookup table, a number's or date's listed values (at its scale; inexact ones never match) by
+    ``isin``. SQL's NULLs: a NULL x, or no match with a NULL in the list, is NULL. None: another case."""
+    x, items = e.args[0], e.args[1:]
+    if not items or not all(isinstance(i, Lit) for i in items) or isinstance(x, Lit):
+        return None
+    listed = [i for i in items if i.value is not None]
+    has_null = len(listed) < len(items)
+    if x.type.kind == "STRING":
+        if not all(i.type.kind == "STRING" for i in listed):
+            return None
+        col = evaluate(x, batch)
+        table = torch.zeros(len(col.dictionary) + 1, dtype=torch.bool)
+        for i in listed:
+            table[code_bound(col.dictionary, i.value, "left"):code_bound(col.dictionary, i.value, "right")] = True
+        hit = table.to(col.device)[col.values.long()]
+    else:
+        scaled = [_literal_at_scale(x.type, i) for i in listed]
+        if any(v is None for v in scaled):
+            return None
+        col = evaluate(x, batch)
+        info = torch.iinfo(col.values.dtype)
+        values = [v for v, exact in scaled if exact and info.min <= v <= info.max]
+        hit = torch.isin(col.values, torch.tensor(values, dtype=col.values.dtype, device=col.device))
+    valid = col.valid
+    if has_null:
+        valid = hit if valid is None else valid & hit  # no match against a NULL: NULL
+    return Column(~hit if e.extra else hit, valid, T.BOOL)
 
 
 def _scale_of(t: T.SqlType) -> int | None:
