@@ -35,6 +35,9 @@ EXPRESSIONS = [
     "s NOT IN ('apple', NULL)", "s IN ('zzz')", "s IN (NULL)", "k NOT IN (NULL)", "k NOT IN (2, NULL)",
     "d IN (10.5, -3.25, 7.005)", "i IN (2.5, 3, 3000000000)", "i NOT IN (2.5, 3, -7)",
     "dt IN (date '1995-01-01', date '1996-02-29')", "substring(s, 1, 2) IN ('ap', 'ch', 'zz')",
+    # arithmetic with a literal operand kept a Python int (either side, scales aligned, BIGINT checks)
+    "1 - d", "(1 - d) * (1 + d)", "d * 1.5", "2.5 * d", "d - 0.001", "0.001 - d", "b - 7", "10 - b",
+    "i + 3000000000", "b * 4", "-3 * b", "d * 100", "100 * i",
 ]
 
 

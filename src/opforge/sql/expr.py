@@ -153,8 +153,8 @@ def evaluate(e: Expr, batch: Batch) -> Column:
         return col
     if isinstance(e, Lit):
         return Column.constant(e.value, e.type, batch.n, batch.device)
-    if e.name in ("cmp", "in"):
-        out = _compare_literal(e, batch) if e.name == "cmp" else _in_literals(e, batch)
+    if e.name in _LITERAL_PATHS:  # an operand that is a literal stays a Python value
+        out = _LITERAL_PATHS[e.name](e, batch)
         if out is not None:
             return out
     fn = _FUNCS.get(e.name)
@@ -257,6 +257,53 @@ def _arith(e: Func, args, batch):
 
 
 _INT64_SAFE = 2.0 ** 62
+
+
+def _arith_literal(e: Func, batch) -> Column | None:
+    """``x + - * literal`` (either side) with a BIGINT or DECIMAL result and the literal kept a Python
+    int: no column of copies and no overflow check of copies (TPC-H's ``1 - l_discount``). The same
+    values, scales and overflow checks as ``_arith``. None: not this case (the general path)."""
+    a, b = e.args
+    op, t = e.extra, e.type
+    if op not in ("+", "-", "*") or t.kind not in ("DECIMAL", "INT64"):
+        return None
+    lit_left = isinstance(a, Lit) and not isinstance(b, Lit)
+    x, lit = (b, a) if lit_left else (a, b)
+    if not isinstance(lit, Lit) or isinstance(x, Lit) or lit.value is None:
+        return None
+    if "BOOL" in (x.type.kind, lit.type.kind):
+        return None
+    sx, sl = _scale_of(x.type), _scale_of(lit.type)
+    value = storage_value(lit.value, lit.type) if sl is not None else None
+    if sx is None or isinstance(value, bool) or not isinstance(value, int):
+        return None
+    ts = t.scale if t.kind == "DECIMAL" else 0
+    col = evaluate(x, batch)
+    v = col.values.long()
+    if op == "*":
+        if ts != sx + sl:
+            return None
+    else:
+        if ts < max(sx, sl):
+            return None
+        v = _scale_up(v, ts - sx)
+        value *= 10 ** (ts - sl)
+    if abs(value) >= 2 ** 63:
+        return None
+    if op == "+":
+        out = v + value
+    elif op == "*":
+        out = v * value
+    else:
+        out = value - v if lit_left else v - value
+    if t.kind == "INT64" or t.precision > 18:  # _checked's estimate, with the literal as a float
+        est = {"+": v.double() + float(value), "*": v.double() * float(value),
+               "-": (float(value) - v.double()) if lit_left else (v.double() - float(value))}[op].abs()
+        if col.valid is not None:
+            est = torch.where(col.valid, est, torch.zeros_like(est))
+        if len(est) and bool((est > _INT64_SAFE).any()):
+            raise SqlError(f"overflow in {t} {op}: the result exceeds the int64 storage range")
+    return Column(out.to(t.torch_dtype), col.valid, t)
 
 
 def _checked(op: str, av: torch.Tensor, bv: torch.Tensor, t: T.SqlType, valid) -> torch.Tensor:
@@ -678,6 +725,8 @@ def _round(e, args, batch):
 
 
 _substring_words = _string_fn(_substring, _arrow_substring)
+
+_LITERAL_PATHS = {"cmp": _compare_literal, "in": _in_literals, "arith": _arith_literal}
 
 _FUNCS = {
     "arith": _arith, "neg": _neg, "cmp": _compare, "and": _and, "or": _or, "not": _not, "is_null": _is_null,
