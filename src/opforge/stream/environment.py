@@ -92,7 +92,7 @@ class StreamExecutionEnvironment:
     def set_state_budget(self, device_bytes: int | None, host_bytes: int | None = None,
                          spill_dir=None) -> "StreamExecutionEnvironment":
         """Keep at most ``device_bytes`` of each columnar operator subtask's keyed
-        state (the window tables) on the device; colder rows move to host memory,
+        state (window tables, join buffers) on the device; colder rows move to host memory,
         and past ``host_bytes`` (None: no limit) to Arrow IPC files in ``spill_dir``
         (None: a temporary directory), coming back when touched (``state_budget.py``).
         ``device_bytes=None`` removes the budget."""

@@ -11,12 +11,17 @@ when a batch touches its (key, window) or a watermark is about to fire or
 purge it. Spill files are deleted as soon as they are read back, and all of
 them at the end of the job (or when the operator is garbage collected).
 Checkpoints hold every tier (the table is gathered whole), so a restored job
-sees the same state with or without a budget.
+sees the same state with or without a budget. The columnar joins' buffered
+rows obey the same budget (``columnar_join.py`` says which of their rows are
+coldest and when they come back).
 
 ``ColdRows``: the host and disk tiers of one operator subtask's table. Rows are
 dicts of equal-length CPU columns; the disk tier keeps, per file, a zone map
-(min / max of the key and window-start columns) so a lookup opens only the
-files that can hold a pair it needs.
+(min / max of two int columns, by default the key and the window start:
+``kmin, kmax, smin, smax``; ``zone`` names others, e.g. a join's key and
+event time) so a lookup opens only the files that can hold a row it needs.
+Tables of one subtask kept apart (a join's two inputs, whose columns differ)
+share one host budget through ``share_host_budget``.
 """
 
 from __future__ import annotations
@@ -61,7 +66,11 @@ def rows_len(rows: dict) -> int:
 
 
 def _cat(a, b):
-    return torch.cat([a, b]) if isinstance(a, torch.Tensor) else list(a) + list(b)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.cat([a, b])
+    # a list column meets a tensor one (a file read back typed its values): lists of values
+    return (a.tolist() if isinstance(a, torch.Tensor) else list(a)) + (b.tolist() if isinstance(b, torch.Tensor)
+                                                                       else list(b))
 
 
 def cat_rows(a: dict | None, b: dict) -> dict:
@@ -101,9 +110,11 @@ def _remove_tree(path: str) -> None:
 class ColdRows:
     """The host and disk tiers of one table (see the module doc)."""
 
-    def __init__(self, budget: StateBudget, name: str):
+    def __init__(self, budget: StateBudget, name: str, zone: tuple[str, str] = ("key", "start")):
         self.budget = budget
         self.name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
+        self.zone = zone  # the int columns whose ranges a file's zone map keeps (kmin/kmax, smin/smax)
+        self._peers: list | None = None  # the tables sharing the host budget (None: this one alone)
         self.host: dict | None = None
         self.files: list[dict] = []  # {path, rows, kmin, kmax, smin, smax}
         self._dir = None
@@ -120,6 +131,12 @@ class ColdRows:
     def host_bytes(self) -> int:
         return rows_bytes(self.host) if self.host else 0
 
+    def share_host_budget(self, *others: "ColdRows") -> None:
+        """One host budget for these tables and this one (a subtask's, kept apart)."""
+        group = [self, *others]
+        for c in group:
+            c._peers = group
+
     # -- adding ----------------------------------------------------------------
     def add(self, rows: dict) -> None:
         """Rows evicted from the device (CPU tensors)."""
@@ -128,9 +145,18 @@ class ColdRows:
         self.evicted_rows += rows_len(rows)
         self.host = cat_rows(self.host, rows)
         limit = self.budget.host_bytes
-        if limit is not None and self.host_bytes() > limit:
-            self._spill(self.host)
-            self.host = None
+        if limit is None:
+            return
+        # over the (shared) host budget: the largest host tiers go to disk until it fits
+        peers = self._peers or [self]
+        used = sum(p.host_bytes() for p in peers)
+        for p in sorted(peers, key=lambda p: p.host_bytes(), reverse=True):
+            if used <= limit:
+                break
+            if p.host and rows_len(p.host):
+                used -= p.host_bytes()
+                p._spill(p.host)
+                p.host = None
 
     def _directory(self) -> str:
         if self._dir is None:
@@ -150,7 +176,7 @@ class ColdRows:
         table = pa.table({n: pa.array(c.numpy() if isinstance(c, torch.Tensor) else c) for n, c in rows.items()})
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        k, s = rows["key"], rows["start"]
+        k, s = rows[self.zone[0]], rows[self.zone[1]]
         self.files.append({"path": path, "rows": rows_len(rows), "kmin": int(k.min()), "kmax": int(k.max()),
                            "smin": int(s.min()), "smax": int(s.max())})
         self.spilled_files += 1
