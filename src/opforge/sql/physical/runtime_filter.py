@@ -58,10 +58,6 @@ class FilterPlan:
     source: str
     pair: int
 
-    @property
-    def target(self) -> str:
-        return "left" if self.source == "right" else "right"
-
 
 def filter_plan(node: P.Join) -> FilterPlan | None:
     """The runtime filter the join makes, if any (see the module docstring)."""
