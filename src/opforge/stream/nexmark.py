@@ -43,6 +43,7 @@ same events from elsewhere (host memory, Arrow, a permuted list).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ from opforge.stream.operators import Operator
 from opforge.stream.records import Batch, RecordSchema
 from opforge.stream.state import ListStateDescriptor, ValueStateDescriptor
 from opforge.stream.sources import RangeSplit, Source
+from opforge.stream.state_budget import ColdRows
 from opforge.stream.time import WatermarkStrategy
 from opforge.stream.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
@@ -384,6 +386,19 @@ NO_BID = torch.iinfo(torch.int64).min  # an open auction's best price before a v
 _SEQ_MAX = 2**63 - 1
 
 
+def _distinct_keys(keys: torch.Tensor):
+    """A batch's distinct keys on the host (sorted): the tensor and its list
+    (one read-back per batch), and a zone-map test "a file's key range holds one"."""
+    want = torch.unique(keys.cpu())
+    points = want.tolist()
+
+    def might_hold(f):
+        i = bisect.bisect_left(points, f["kmin"])
+        return i < len(points) and points[i] <= f["kmax"]
+
+    return want, might_hold
+
+
 class WinningBidsOperator(Operator):
     """``_WinningBids`` on whole batches, with the same outputs in the same
     order. The open auctions are rows sorted by id (``SortedRows``: category,
@@ -395,16 +410,56 @@ class WinningBidsOperator(Operator):
     in the record path's timer order: by ``expires``, then by when the timer
     was registered (``seq``: the auction's arrival, or an earlier waiting
     bid's cleanup timer at ``date_time + 1 == expires``, which is the same
-    timer). Auction ids are unique (Nexmark's are)."""
+    timer). Auction ids are unique (Nexmark's are).
+
+    **State budget** (``env.set_state_budget``; ``state_budget.py``). Open
+    auctions and waiting bids together stay within ``device_bytes`` per
+    subtask; the others wait in host memory, then Arrow files (``ColdRows``,
+    one per table, sharing the host budget; zone maps of id and ``expires`` /
+    ``date_time``). An auction's row is needed when a bid for it arrives and
+    when the watermark passes its ``expires``; a waiting bid when its auction
+    arrives, and it is dropped when the watermark passes its time. The
+    coldest rows are those of the keys met longest ago (a row is met when it
+    arrives and, for an auction, when a batch bids on it), then, among equally
+    recent ones, the latest due (``expires``; a waiting bid's ``date_time + 1``).
+    Not simply the latest ``expires``: the auctions that draw bids are the
+    newest (Nexmark bids on the ``auctions_in_flight`` newest, the hot one
+    most), which are also those expiring latest, so evicting by expiry alone
+    would send the hot auction to the host after every batch and fetch it back
+    with the next; an auction no longer bid on is needed only at its expiry,
+    and the watermark fetches it then through the zone map. So:
+
+    * a bid batch first brings back its auctions (files whose id range holds
+      one of the batch's ids, then an exact id match), an auction batch its
+      waiting bids the same way;
+    * a watermark brings back the cold auctions with ``expires <= watermark``
+      (files with ``min(expires) <= watermark`` only) before it closes them,
+      and forgets the cold waiting bids whose cleanup timer fired (whole files
+      when all their bids are stale, without reading them).
+
+    Results — records, order, times — are those without a budget (the firing
+    order depends on ``expires`` and ``seq``, which travel with the rows).
+    Host syncs stay per batch: one read-back of the batch's distinct keys
+    when rows are cold, a few for an eviction. Checkpoints gather every tier
+    (auctions by id, waiting bids by arrival: the order without a budget); a
+    restore brings every row back and applies the budget again."""
 
     def __init__(self, name, key_selector):
         super().__init__(name)
         self.key_selector = key_selector
 
     def open(self):
-        self.auctions = SortedRows(self.device)
+        budget = getattr(self, "state_budget", None)
+        self.cold = None  # [auctions, waiting bids]: their host and disk tiers (under a state budget)
+        if budget is not None:
+            self.cold = [ColdRows(budget, f"{self.name}-{self.index}-auctions", zone=("key", "col.expires")),
+                         ColdRows(budget, f"{self.name}-{self.index}-early-bids", zone=("key", "col.date_time"))]
+            self.cold[0].share_host_budget(self.cold[1])
+        self.auctions = SortedRows(self.device, touched=self.cold is not None)
         self.early = Rows.empty(self.device)  # bids before their auction: price, date_time
+        self.early_touch = torch.empty(0, dtype=torch.int64, device=self.device)  # under a budget: arrival batch
         self.next_seq = 0
+        self._batch_no = 0
 
     def process_input(self, batch, input_index):
         n = len(batch)
@@ -412,13 +467,26 @@ class WinningBidsOperator(Operator):
             return
         seq = torch.arange(self.next_seq, self.next_seq + n, dtype=torch.int64, device=self.device)
         self.next_seq += n
+        if self.cold is not None:
+            self._batch_no += 1
+            self._bring_back_keys(batch.keys, input_index)
         if input_index == 0:
             self._open_auctions(batch, seq)
         else:
             self._bid(batch, seq)
+        self._enforce_budget()
 
     def process_batch(self, batch):
         raise TypeError(f"{self.name}: a two-input operator needs the input index")
+
+    def _set_early(self, rows: Rows, touch: torch.Tensor | None = None) -> None:
+        self.early = rows
+        if self.cold is not None:
+            self.early_touch = touch
+
+    def _keep_early(self, idx: torch.Tensor) -> None:
+        """Keep the waiting bids at ``idx`` (in order)."""
+        self._set_early(self.early.take(idx), None if self.cold is None else self.early_touch.index_select(0, idx))
 
     def _open_auctions(self, batch: Batch, seq: torch.Tensor) -> None:
         start, expires = batch["date_time"], batch["expires"]
@@ -435,9 +503,9 @@ class WinningBidsOperator(Operator):
             best = best.scatter_reduce(0, row, torch.where(valid, price, NO_BID), "amax")
             same_timer = hit & (t + 1 == end)
             seq = seq.scatter_reduce(0, row, torch.where(same_timer, early.seq, _SEQ_MAX), "amin")
-            self.early = early.take(torch.nonzero(~hit).flatten())
+            self._keep_early(torch.nonzero(~hit).flatten())
         cols = {"category": batch["category"], "date_time": start, "expires": expires, "best": best}
-        self.auctions.insert(Rows(cols, batch.timestamps, batch.keys, seq))
+        self.auctions.insert(Rows(cols, batch.timestamps, batch.keys, seq), self._batch_no)
 
     def _bid(self, batch: Batch, seq: torch.Tensor) -> None:
         price, t = batch["price"].to(torch.int64), batch["date_time"]
@@ -449,13 +517,20 @@ class WinningBidsOperator(Operator):
             valid = (count > 0) & (a["date_time"].index_select(0, row) <= t) & (t <= a["expires"].index_select(0, row))
             a["best"] = a["best"].scatter_reduce(0, row, torch.where(valid, price, NO_BID), "amax")
             waiting = torch.nonzero(count == 0).flatten()
+            self.auctions.touch_keys(batch.keys, self._batch_no)  # no-op without a budget
         else:
             waiting = torch.arange(len(batch), device=self.device)
         bids = Rows({"price": price, "date_time": t}, batch.timestamps, batch.keys, seq)
-        self.early = Rows.concat([self.early, bids.take(waiting)])
+        touch = None
+        if self.cold is not None:
+            fresh = torch.full((waiting.shape[0],), self._batch_no, dtype=torch.int64, device=self.device)
+            touch = torch.cat([self.early_touch, fresh])
+        self._set_early(Rows.concat([self.early, bids.take(waiting)]), touch)
 
     def on_watermark(self, watermark):
         self.watermark = watermark
+        if self.cold is not None:
+            self._bring_back_closing(watermark)
         checks = []
         if len(self.auctions):
             closing = self.auctions.rows.columns["expires"] <= watermark
@@ -469,7 +544,8 @@ class WinningBidsOperator(Operator):
             self.auctions.keep(~closing)
             self._emit_winners(closed)
         if len(self.early) and counts.pop(0):
-            self.early = self.early.take(torch.nonzero(~stale).flatten())
+            self._keep_early(torch.nonzero(~stale).flatten())
+        self._enforce_budget()
         self.out.emit_watermark(watermark)
 
     def _emit_winners(self, closed: Rows) -> None:
@@ -482,13 +558,98 @@ class WinningBidsOperator(Operator):
                     "price": won.columns["best"]}
             self.out.emit(Batch(cols, won.columns["expires"], RecordSchema("dict", tuple(cols))))
 
+    # -- the state budget (see the class doc) ------------------------------------------
+    def _bring_back_keys(self, keys: torch.Tensor, input_index: int) -> None:
+        """Before a batch: its auctions (a bid batch) or its auctions' waiting
+        bids (an auction batch) back from the cold tiers, by key."""
+        cold = self.cold[1 - input_index]  # bids need auctions (cold[0]); auctions need bids (cold[1])
+        if len(cold) == 0:
+            return
+        want, might_hold = _distinct_keys(keys)
+        back = cold.take(lambda r: torch.isin(r["key"], want), might_hold)
+        if back is None:
+            return
+        rows = Rows.from_cold(back, self.device)
+        if input_index == 1:
+            self.auctions.insert(rows, self._batch_no)
+        else:
+            fresh = torch.full((len(rows),), self._batch_no, dtype=torch.int64, device=self.device)
+            self._set_early(Rows.concat([self.early, rows]), torch.cat([self.early_touch, fresh]))
+
+    def _bring_back_closing(self, wm: int) -> None:
+        """The cold auctions the watermark closes back on the device; the cold
+        waiting bids whose cleanup timer fired forgotten."""
+        auctions, early = self.cold
+        if len(auctions):
+            back = auctions.take(lambda r: r["col.expires"] <= wm, lambda f: f["smin"] <= wm)
+            if back is not None:
+                self.auctions.insert(Rows.from_cold(back, self.device), self._batch_no)
+        if len(early):
+            early.drop(lambda r: r["col.date_time"] < wm, lambda f: f["smax"] < wm, lambda f: f["smin"] < wm)
+
+    def _enforce_budget(self) -> None:
+        """Over the budget: keep on the device the rows met most recently (then
+        due soonest, then by arrival) that fit, over both tables; the others go cold."""
+        if self.cold is None:
+            return
+        tables = [(self.auctions.rows, self.auctions.touch, "expires", 0),
+                  (self.early, self.early_touch, "date_time", 1)]
+        sizes = [rows.nbytes() + touch.numel() * 8 for rows, touch, _, _ in tables]
+        limit = self.cold[0].budget.device_bytes
+        if sum(sizes) <= limit:
+            return
+        dev = self.device
+        full = [t for t in tables if len(t[0])]
+        weight = torch.cat([torch.full((len(rows),), size // len(rows), dtype=torch.int64, device=dev)
+                            for (rows, _, _, _), size in zip(tables, sizes) if len(rows)])
+        touch = torch.cat([t for _, t, _, _ in full])
+        due = torch.cat([rows.columns[c] + extra for rows, _, c, extra in full])
+        order = torch.argsort(torch.cat([rows.seq for rows, _, _, _ in full]))
+        order = order.index_select(0, torch.argsort(due.index_select(0, order), stable=True))
+        order = order.index_select(0, torch.argsort(touch.index_select(0, order), descending=True, stable=True))
+        keep = torch.empty(order.shape[0], dtype=torch.bool, device=dev)
+        keep[order] = torch.cumsum(weight.index_select(0, order), 0) <= limit
+        n_a = len(self.auctions)
+        kept_a, kept_e = keep[:n_a], keep[n_a:]
+        if n_a:
+            gone = torch.nonzero(~kept_a).flatten()
+            if gone.numel():
+                self.cold[0].add(self.auctions.rows.take(gone).cold())
+                self.auctions.keep(kept_a)
+        if len(self.early):
+            gone = torch.nonzero(~kept_e).flatten()
+            if gone.numel():
+                self.cold[1].add(self.early.take(gone).cold())
+                self._keep_early(torch.nonzero(kept_e).flatten())
+
+    def _clear_cold(self) -> None:
+        if self.cold is not None:
+            for c in self.cold:
+                c.clear()
+
+    def dispose(self) -> None:
+        """The job ended (however): spill files and the host tiers go."""
+        self._clear_cold()
+
+    # -- checkpoints -------------------------------------------------------------------
     def snapshot_state(self) -> dict:
-        return {"auctions": self.auctions.rows.state(), "early": self.early.state(), "next_seq": self.next_seq}
+        auctions, early = self.auctions.rows, self.early
+        if self.cold is not None:  # every tier, in the order without a budget
+            cold = [c.take_all() if len(c) else None for c in self.cold]
+            if cold[0] is not None:
+                auctions = Rows.concat([auctions, Rows.from_cold(cold[0], self.device)]).by_key()
+            if cold[1] is not None:
+                early = Rows.concat([early, Rows.from_cold(cold[1], self.device)])
+            early = early.by_arrival()
+        return {"auctions": auctions.state(), "early": early.state(), "next_seq": self.next_seq}
 
     def restore_state(self, s: dict) -> None:
-        self.auctions.rows = Rows.from_state(s["auctions"], self.device)
-        self.early = Rows.from_state(s["early"], self.device)
+        self._clear_cold()
+        self.auctions.set_rows(Rows.from_state(s["auctions"], self.device))
+        early = Rows.from_state(s["early"], self.device)
+        self._set_early(early, torch.zeros(len(early), dtype=torch.int64, device=self.device))
         self.next_seq = s["next_seq"]
+        self._enforce_budget()
 
 
 class RunningAverageOperator(Operator):
@@ -496,11 +657,25 @@ class RunningAverageOperator(Operator):
     order. Per category a running (sum, count) of the integer prices: the
     batch's rows sorted by category (stable), prefix sums within each
     category, seeded with the table's totals; the average is ``sum / count``
-    in float64, as Python divides two ints below 2^53."""
+    in float64, as Python divides two ints below 2^53.
+
+    **State budget** (``env.set_state_budget``): the table (one row per
+    category: key, sum, count, and the last batch that updated it) stays
+    within ``device_bytes``; the categories updated longest ago go to host
+    memory, then Arrow files (``ColdRows``, zone maps of the key). Categories
+    are few and every one may be updated by the next batch, so no time says
+    which is needed next: recency of update is the guide. A batch first
+    brings back the cold rows of its categories (one read-back of its
+    distinct categories), so results are those without a budget; checkpoints
+    gather every tier (sorted by category, the order without a budget)."""
 
     def open(self):
         none = torch.empty(0, dtype=torch.int64, device=self.device)
         self.keys, self.total, self.count = none, none, none  # sorted by key
+        self.touch = none  # under a budget: per row, the last batch that updated it
+        budget = getattr(self, "state_budget", None)
+        self.cold = ColdRows(budget, f"{self.name}-{self.index}", zone=("key", "key")) if budget is not None else None
+        self._batch_no = 0
 
     def process_batch(self, batch):
         n = len(batch)
@@ -508,6 +683,9 @@ class RunningAverageOperator(Operator):
             return
         dev = self.device
         groups, inv = torch.unique(batch.keys, return_inverse=True)
+        if self.cold is not None:
+            self._batch_no += 1
+            self._bring_back(groups)
         order = torch.argsort(inv, stable=True)
         g = inv.index_select(0, order)
         size = torch.bincount(inv, minlength=groups.shape[0])
@@ -526,6 +704,7 @@ class RunningAverageOperator(Operator):
         self.out.emit(Batch(cols, batch.timestamps, RecordSchema("dict", tuple(cols))))
         last = order.index_select(0, first + size - 1)  # each category's last row: its new totals
         self._store(groups, total.index_select(0, last), count.index_select(0, last))
+        self._enforce_budget()
 
     def _totals_of(self, groups: torch.Tensor):
         """The table's (sum, count) of each group (0, 0 for a new one)."""
@@ -545,12 +724,69 @@ class RunningAverageOperator(Operator):
         self.keys = uniq
         self.total = torch.cat([self.total, total]).index_select(0, newest)
         self.count = torch.cat([self.count, count]).index_select(0, newest)
+        if self.cold is not None:
+            now = torch.full_like(groups, self._batch_no)
+            self.touch = torch.cat([self.touch, now]).index_select(0, newest)
 
+    # -- the state budget (see the class doc) ------------------------------------------
+    def _table(self) -> dict:
+        return {"key": self.keys, "total": self.total, "count": self.count}
+
+    def _set_table(self, rows: dict, touch: torch.Tensor) -> None:
+        self.keys, self.total, self.count, self.touch = rows["key"], rows["total"], rows["count"], touch
+
+    def _bring_back(self, groups: torch.Tensor) -> None:
+        """The cold rows of the batch's categories back into the table (kept sorted by key)."""
+        if len(self.cold) == 0:
+            return
+        want, might_hold = _distinct_keys(groups)
+        back = self.cold.take(lambda r: torch.isin(r["key"], want), might_hold)
+        if back is None:
+            return
+        table = self._table()
+        rows = {n: torch.cat([c, back[n].to(self.device)]) for n, c in table.items()}
+        touch = torch.cat([self.touch, torch.full((rows["key"].shape[0] - self.keys.shape[0],), self._batch_no,
+                                                  dtype=torch.int64, device=self.device)])
+        order = torch.argsort(rows["key"])
+        self._set_table({n: c.index_select(0, order) for n, c in rows.items()}, touch.index_select(0, order))
+
+    def _enforce_budget(self) -> None:
+        """Over the budget: the categories updated most recently that fit stay; the others go cold."""
+        if self.cold is None:
+            return
+        n = self.keys.shape[0]
+        row_bytes = 8 * 4  # key, sum, count, touch
+        keep = min(n, self.cold.budget.device_bytes // row_bytes)
+        if keep == n:
+            return
+        order = torch.argsort(self.touch, descending=True, stable=True)
+        kept = torch.sort(order[:keep]).values
+        gone = torch.sort(order[keep:]).values
+        self.cold.add({name: c.index_select(0, gone).cpu() for name, c in self._table().items()})
+        self._set_table({name: c.index_select(0, kept) for name, c in self._table().items()},
+                        self.touch.index_select(0, kept))
+
+    def dispose(self) -> None:
+        """The job ended (however): spill files and the host tier go."""
+        if self.cold is not None:
+            self.cold.clear()
+
+    # -- checkpoints -------------------------------------------------------------------
     def snapshot_state(self) -> dict:
-        return {"keys": self.keys, "total": self.total, "count": self.count}
+        rows = self._table()
+        if self.cold is not None and len(self.cold):  # every tier, sorted by key (the order without a budget)
+            cold = self.cold.take_all()
+            rows = {n: torch.cat([c, cold[n].to(self.device)]) for n, c in rows.items()}
+            order = torch.argsort(rows["key"])
+            rows = {n: c.index_select(0, order) for n, c in rows.items()}
+        return {"keys": rows["key"], "total": rows["total"], "count": rows["count"]}
 
     def restore_state(self, s: dict) -> None:
         self.keys, self.total, self.count = (s[n].to(self.device) for n in ("keys", "total", "count"))
+        self.touch = torch.zeros_like(self.keys)
+        if self.cold is not None:
+            self.cold.clear()
+        self._enforce_budget()
 
 
 def q4(env, config: NexmarkConfig, source=stream):
