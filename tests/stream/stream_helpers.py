@@ -79,3 +79,19 @@ def run_with_failures(make_env, build, tmp_path, fail_ats, error):
     build(env, tmp_path / "out", None)
     assert env.execute(restore_from=ckpt).restored_from is not None
     return tmp_path / "ref", tmp_path / "out"
+
+
+def record_cold_rows(monkeypatch, module) -> list:
+    """Every ``ColdRows`` the operators of ``module`` make from now on, to read their counters
+    (spilled files, evicted and restored rows) after a job."""
+    from opforge.stream.state_budget import ColdRows
+
+    made = []
+
+    class Recorded(ColdRows):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(module, "ColdRows", Recorded)
+    return made

@@ -16,7 +16,7 @@ from opforge.stream.columnar_join import RegularJoinOperator, WindowJoinOperator
 from opforge.stream.keys import KeySelector
 from opforge.stream.records import Batch
 from opforge.stream.state_budget import ColdRows
-from stream_helpers import multiset, out_of_order_events, reference_outputs, run_with_failures
+from stream_helpers import multiset, out_of_order_events, record_cold_rows, reference_outputs, run_with_failures
 from test_columnar_joins import (WINDOWS, _Boom, _dict_pair, _FailAt, _rows, regular_join, vector_difference,
                                  vector_pair, window_join)
 
@@ -43,15 +43,7 @@ def long_windows(monkeypatch):
 @pytest.fixture
 def tiers(monkeypatch):
     """Every ColdRows a join operator makes during the test (their counters: spills, evictions, restores)."""
-    made = []
-
-    class Recorded(ColdRows):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(columnar_join, "ColdRows", Recorded)
-    return made
+    return record_cold_rows(monkeypatch, columnar_join)
 
 
 def engine(job, events, parallelism, batch_size, budget=None):

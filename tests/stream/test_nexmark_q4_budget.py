@@ -16,8 +16,7 @@ from opforge.stream import FileSink, SimulatedClock, StateBudget, StreamExecutio
 from opforge.stream.keys import KeySelector
 from opforge.stream.nexmark import NexmarkConfig, RunningAverageOperator, WinningBidsOperator, q4
 from opforge.stream.records import Batch
-from opforge.stream.state_budget import ColdRows
-from stream_helpers import run_with_failures
+from stream_helpers import record_cold_rows, run_with_failures
 from test_columnar_joins import _Boom, _FailAt, _rows, lagging_source
 from test_columnar_joins import nexmark as run_q4
 from test_nexmark_queries import check_q4
@@ -32,15 +31,7 @@ def files_under(path):
 @pytest.fixture
 def tiers(monkeypatch):
     """Every ColdRows a q4 operator makes during the test (their counters: spills, evictions, restores)."""
-    made = []
-
-    class Recorded(ColdRows):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(nexmark, "ColdRows", Recorded)
-    return made
+    return record_cold_rows(monkeypatch, nexmark)
 
 
 def of(tiers, kind):

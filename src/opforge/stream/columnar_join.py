@@ -71,8 +71,6 @@ device, and the budget is applied again.
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
 from opforge.ops.hashing import expand_runs
@@ -81,7 +79,7 @@ from opforge.stream.functions import (KeyedCoProcessFunction, as_callable, batch
 from opforge.stream.operators import Operator, open_function
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema, concat_columns, take
 from opforge.stream.state import ListStateDescriptor
-from opforge.stream.state_budget import ColdRows
+from opforge.stream.state_budget import ColdRows, batch_keys, clear_tiers
 from opforge.stream.window_operator import group_pairs
 
 _INT64_MAX = 2**63 - 1
@@ -323,9 +321,7 @@ class _TwoInputs(Operator):
         return Rows.concat([hot, Rows.from_cold(cold, self.device)]).by_arrival()
 
     def _clear_cold(self) -> None:
-        if self.cold is not None:
-            for c in self.cold:
-                c.clear()
+        clear_tiers(self.cold)
 
     def dispose(self) -> None:
         """The job ended (however): spill files and the host tiers go."""
@@ -627,13 +623,7 @@ class RegularJoinOperator(_TwoInputs):
         back after no row of its key (the merge keeps arrival order within a key)."""
         if not any(len(c) for c in self.cold):
             return
-        want = torch.unique(keys.cpu())  # the batch's keys on the host (sorted): the one read-back
-        points = want.tolist()
-
-        def might_hold(f):
-            i = bisect.bisect_left(points, f["kmin"])
-            return i < len(points) and points[i] <= f["kmax"]
-
+        want, might_hold = batch_keys(keys)  # the batch's keys on the host: the one read-back
         for side, cold in zip(self.inputs, self.cold):
             if len(cold) == 0:
                 continue

@@ -43,7 +43,6 @@ same events from elsewhere (host memory, Arrow, a permuted list).
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +54,7 @@ from opforge.stream.operators import Operator
 from opforge.stream.records import Batch, RecordSchema
 from opforge.stream.state import ListStateDescriptor, ValueStateDescriptor
 from opforge.stream.sources import RangeSplit, Source
-from opforge.stream.state_budget import ColdRows
+from opforge.stream.state_budget import ColdRows, batch_keys, clear_tiers
 from opforge.stream.time import WatermarkStrategy
 from opforge.stream.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
@@ -386,19 +385,6 @@ NO_BID = torch.iinfo(torch.int64).min  # an open auction's best price before a v
 _SEQ_MAX = 2**63 - 1
 
 
-def _distinct_keys(keys: torch.Tensor):
-    """A batch's distinct keys on the host (sorted): the tensor and its list
-    (one read-back per batch), and a zone-map test "a file's key range holds one"."""
-    want = torch.unique(keys.cpu())
-    points = want.tolist()
-
-    def might_hold(f):
-        i = bisect.bisect_left(points, f["kmin"])
-        return i < len(points) and points[i] <= f["kmax"]
-
-    return want, might_hold
-
-
 class WinningBidsOperator(Operator):
     """``_WinningBids`` on whole batches, with the same outputs in the same
     order. The open auctions are rows sorted by id (``SortedRows``: category,
@@ -565,7 +551,7 @@ class WinningBidsOperator(Operator):
         cold = self.cold[1 - input_index]  # bids need auctions (cold[0]); auctions need bids (cold[1])
         if len(cold) == 0:
             return
-        want, might_hold = _distinct_keys(keys)
+        want, might_hold = batch_keys(keys)
         back = cold.take(lambda r: torch.isin(r["key"], want), might_hold)
         if back is None:
             return
@@ -623,9 +609,7 @@ class WinningBidsOperator(Operator):
                 self._keep_early(torch.nonzero(kept_e).flatten())
 
     def _clear_cold(self) -> None:
-        if self.cold is not None:
-            for c in self.cold:
-                c.clear()
+        clear_tiers(self.cold)
 
     def dispose(self) -> None:
         """The job ended (however): spill files and the host tiers go."""
@@ -739,7 +723,7 @@ class RunningAverageOperator(Operator):
         """The cold rows of the batch's categories back into the table (kept sorted by key)."""
         if len(self.cold) == 0:
             return
-        want, might_hold = _distinct_keys(groups)
+        want, might_hold = batch_keys(groups)
         back = self.cold.take(lambda r: torch.isin(r["key"], want), might_hold)
         if back is None:
             return

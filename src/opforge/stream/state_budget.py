@@ -26,6 +26,7 @@ share one host budget through ``share_host_budget``.
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import tempfile
@@ -252,3 +253,22 @@ class ColdRows:
         if self._dir is not None:
             self._finalizer()
             self._dir = None
+
+
+def batch_keys(keys: torch.Tensor):
+    """A batch's distinct keys on the host (sorted, one read-back), and a zone-map test for
+    ``ColdRows.take``: "this file's key range holds one of them"."""
+    want = torch.unique(keys.cpu())
+    points = want.tolist()
+
+    def might_hold(f):
+        i = bisect.bisect_left(points, f["kmin"])
+        return i < len(points) and points[i] <= f["kmax"]
+
+    return want, might_hold
+
+
+def clear_tiers(tiers) -> None:
+    """Drop every host row and spill file of these tables (None: no budget)."""
+    for c in tiers or ():
+        c.clear()
