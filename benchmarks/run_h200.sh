@@ -79,8 +79,12 @@ for phase in "$@"; do
       # issue 10: Nexmark with events generated in device memory, in micro-batches large enough that the
       # per-batch host cost (~2.5 ms, third session) stops dominating; then host-fed and the Bytewax peer
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events "${STREAM_EVENTS:-67108864}" \
-        --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q7}" --feeds device \
+        --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q5,q7}" --feeds device \
         --json "$OUT/stream-nexmark-large-$stamp.json" || echo "stream large: exit $?"
+      # latency at half the measured throughput, and to the exactly-once sink's commits (1 s checkpoints)
+      timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events 16777216 \
+        --batch-size 2097152 --queries q1,q5,q7 --feeds device --paced 0.5 --exactly-once-ms 1000 \
+        --json "$OUT/stream-nexmark-latency-$stamp.json" || echo "stream latency: exit $?"
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events 4000000 \
         --batch-size 1048576 --json "$OUT/stream-nexmark-$stamp.json" || echo "stream: exit $?" ;;
     extras)
