@@ -95,3 +95,12 @@ def record_cold_rows(monkeypatch, module) -> list:
 
     monkeypatch.setattr(module, "ColdRows", Recorded)
     return made
+
+
+def simulated_env(batch_size: int, budget: tuple | None = None, parallelism: int = 2):
+    """A two-subtask environment on a simulated clock (100 ms a step), under ``budget``
+    (``set_state_budget``'s arguments) when given: the kill-and-restore tests' job."""
+    from opforge.stream import SimulatedClock
+
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, clock=SimulatedClock(step_ms=100))
+    return env if budget is None else env.set_state_budget(*budget)

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 import opforge.stream.columnar_join as columnar_join
-from opforge.stream import (CollectionSource, FileSink, SimulatedClock, SlidingEventTimeWindows, StateBudget,
+from opforge.stream import (CollectionSource, FileSink, SlidingEventTimeWindows, StateBudget,
                             StreamExecutionEnvironment, TumblingEventTimeWindows, WatermarkStrategy, vectorized)
 from opforge.stream.columnar_join import RegularJoinOperator, WindowJoinOperator
 from opforge.stream.keys import KeySelector
 from opforge.stream.records import Batch
 from opforge.stream.state_budget import ColdRows
-from stream_helpers import multiset, out_of_order_events, record_cold_rows, reference_outputs, run_with_failures
+from stream_helpers import (multiset, out_of_order_events, record_cold_rows, reference_outputs, run_with_failures,
+                            simulated_env)
 from test_columnar_joins import (WINDOWS, _Boom, _dict_pair, _FailAt, _rows, regular_join, vector_difference,
                                  vector_pair, window_join)
 
@@ -265,15 +266,11 @@ def test_join_state_under_a_budget_survives_a_failure_and_restore(tmp_path, tier
         left.connect(right).key_by("key", "key").process(columnar_join.RegularJoin(_dict_pair)) \
             .sink_to(FileSink(out / "regular", "json"))
 
-    def env_(budget=None):
-        env = StreamExecutionEnvironment(parallelism=2, batch_size=16, clock=SimulatedClock(step_ms=100))
-        return env if budget is None else env.set_state_budget(*budget)
-
-    plain = env_()
+    plain = simulated_env(16)
     build(plain, tmp_path / "plain", None)
     plain.execute()
     tiers.clear()
-    ref, out = run_with_failures(lambda: env_((1024, 2048, spill)), build, tmp_path / "budget", (60, 400), _Boom)
+    ref, out = run_with_failures(lambda: simulated_env(16, (1024, 2048, spill)), build, tmp_path / "budget", (60, 400), _Boom)
     assert sum(c.spilled_files for c in tiers) > 0 and sum(c.restored_rows for c in tiers) > 0
     for sink in ("window", "regular"):
         want = _rows(tmp_path / "plain" / sink)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import opforge.stream.nexmark as nexmark
-from opforge.stream import FileSink, SimulatedClock, StateBudget, StreamExecutionEnvironment
+from opforge.stream import FileSink, StateBudget, StreamExecutionEnvironment
 from opforge.stream.keys import KeySelector
 from opforge.stream.nexmark import NexmarkConfig, RunningAverageOperator, WinningBidsOperator, q4
 from opforge.stream.records import Batch
-from stream_helpers import record_cold_rows, run_with_failures
+from stream_helpers import record_cold_rows, run_with_failures, simulated_env
 from test_columnar_joins import _Boom, _FailAt, _rows, lagging_source
 from test_columnar_joins import nexmark as run_q4
 from test_nexmark_queries import check_q4
@@ -274,17 +274,13 @@ def test_q4_under_a_budget_survives_a_failure_and_restore(tmp_path, tiers, monke
     def build(env, out, fail_at):
         q4(env, config).map(_FailAt(fail_at)).set_parallelism(1).sink_to(FileSink(out / "q", "json"))
 
-    def env_(budget=None):
-        env = StreamExecutionEnvironment(parallelism=2, batch_size=64, clock=SimulatedClock(step_ms=100))
-        return env if budget is None else env.set_state_budget(*budget)
-
-    plain = env_()
+    plain = simulated_env(64)
     build(plain, tmp_path / "plain", None)
     plain.execute()
     want = _rows(tmp_path / "plain" / "q")
     assert len(want) > 200
     tiers.clear()
-    ref, out = run_with_failures(lambda: env_((*TINY, spill)), build, tmp_path / "budget", (40, 250), _Boom)
+    ref, out = run_with_failures(lambda: simulated_env(64, (*TINY, spill)), build, tmp_path / "budget", (40, 250), _Boom)
     assert _rows(ref / "q") == want and _rows(out / "q") == want
     assert sum(c.spilled_files for c in tiers) > 0 and sum(c.restored_rows for c in tiers) > 0
     assert any(cold_at_snapshot)  # some checkpoint was taken with auctions or bids cold
