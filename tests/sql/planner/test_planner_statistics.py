@@ -82,3 +82,23 @@ def test_hyperloglog_rejects_a_bad_precision():
     with pytest.raises(ValueError, match="hyperloglog: precision"):
         S.hyperloglog(torch.arange(10), precision=30)
     assert S.hyperloglog(torch.zeros(0, dtype=torch.int64)) == 0.0
+
+
+def test_like_fraction_matches_the_rows_and_is_memoized(monkeypatch):
+    import fnmatch
+
+    import opforge.sql.expr as E
+
+    rng = np.random.default_rng(4)
+    words = [f"w{i:04d}{'green' if i % 7 == 0 else 'red'}" for i in range(3000)]
+    few = pa.table({"s": rng.choice(["green tea", "red wine", "greenish"], 4000).tolist()})
+    many = pa.table({"s": words + [None] * 1000})
+    for table, pattern in ((few, "%green%"), (many, "%green%"), (many, "w00%")):
+        s = table.column("s").to_pylist()
+        st = S.table_stats(Table.from_arrow(table, "cpu")).columns["s"]
+        truth = sum(v is not None and fnmatch.fnmatchcase(v, pattern.replace("%", "*")) for v in s) / len(s)
+        assert st.like_fraction(pattern, sample_words=10 ** 6) == pytest.approx(truth)
+        # a coarse sample stays near the truth; the first answer for a pattern is reused
+        monkeypatch.setattr(E, "like_regex", lambda p: (_ for _ in ()).throw(AssertionError("recomputed")))
+        assert st.like_fraction(pattern, sample_words=10) == pytest.approx(truth)
+        monkeypatch.undo()

@@ -42,6 +42,7 @@ class ColumnStats:
     mcv: list[tuple[float, float]] = field(default_factory=list)  # (value, fraction of all rows)
     dictionary: tuple[str, ...] | None = None  # STRING: the sorted dictionary the codes index
     unique: bool = False  # every row holds a distinct non-NULL value (checked exactly): a key
+    _like: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def null_fraction(self) -> float:
@@ -57,6 +58,25 @@ class ColumnStats:
         if self.min is not None and not (self.min <= value <= self.max):
             return 0.0
         return rest_rows / rest_values
+
+    def like_fraction(self, pattern: str, sample_words: int) -> float:
+        """Fraction of rows whose string matches the LIKE ``pattern``: by the most-common values when
+        they hold the whole distribution, else the share of the dictionary's words (or of an even
+        sample of ``sample_words`` of them), taken as equally common. Memoized per pattern: the
+        statistics never change once gathered, and matching a sample costs milliseconds, which
+        would otherwise be paid on every planning of the query."""
+        hit = self._like.get(pattern)
+        if hit is None:
+            from opforge.sql.expr import like_regex
+
+            rx, words = like_regex(pattern), self.dictionary
+            if self.mcv_complete:
+                hit = sum(f for v, f in self.mcv if 0 <= int(v) < len(words) and rx.fullmatch(words[int(v)]))
+            else:
+                sample = words[::max(1, len(words) // sample_words)]
+                hit = (1.0 - self.null_fraction) * sum(1 for w in sample if rx.fullmatch(w)) / len(sample)
+            self._like[pattern] = hit
+        return hit
 
     @property
     def mcv_complete(self) -> bool:
