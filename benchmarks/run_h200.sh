@@ -65,7 +65,9 @@ for phase in "$@"; do
       for sf in ${TPCH_SF:-1 10}; do
         timeout "${TPCH_LIMIT:-400}" python3 benchmarks/tpch.py --sf "$sf" --device cuda --repeats "${TPCH_REPEATS:-3}" \
           --out "$OUT/tpch-cuda-sf$sf-$stamp.json" || echo "tpch sf$sf: exit $?"
-      done ;;
+      done
+      # what dispatch tuned online for the queries' shapes (group_by, hash_join, ...): the entries to ship
+      python3 -m opforge tune --export "$OUT/h200-$stamp-tpch-tuned.jsonl" ;;
     profile-cases)
       # the slow bench cases of issue 3 under ncu: `opforge profile --case` takes a case's own inputs
       IFS=';' read -ra cases <<< "${PROFILE_CASES:-cross_entropy_fused 8192x32000 fwd+bwd bfloat16;amax 8x64x131072;compact 268435456;softmax 2048x65536 bfloat16;sum 32768x8192 dim=0 bfloat16;cumsum 1073741824 float32}"
@@ -79,7 +81,8 @@ for phase in "$@"; do
       # issue 10: Nexmark with events generated in device memory, in micro-batches large enough that the
       # per-batch host cost (~2.5 ms, third session) stops dominating; then host-fed and the Bytewax peer
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events "${STREAM_EVENTS:-67108864}" \
-        --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q5,q7}" --feeds device \
+        --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q5,q7,tumble_count}" --feeds device \
+        --peers bytewax --peer-events 2000000 \
         --json "$OUT/stream-nexmark-large-$stamp.json" || echo "stream large: exit $?"
       # latency at half the measured throughput, and to the exactly-once sink's commits (1 s checkpoints)
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events 16777216 \

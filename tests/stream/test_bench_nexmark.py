@@ -97,6 +97,36 @@ def test_bytewax_peer_gives_the_same_counts(bench, tmp_path):
     assert peers["tumble_count"]["result"]["total"] == peers["q1"]["result"]["results"]
 
 
+def test_peer_on_a_prefix_checks_opforge_at_the_peer_size(bench, monkeypatch):
+    """``--peer-events``: the peer runs the first N events; opforge's counts at N are checked against it,
+    and the ratio divides the full run's events/s by the peer's. The peer here is a plain-Python count
+    (the module's Bytewax child needs bytewax); a wrong answer from it fails the run."""
+    def python_peer(job, config, python, batch, workdir, wrong=False):
+        bids = generate(config, "bid", 0, config.events, "cpu").records()
+        counts = {}
+        for b in bids:
+            w = b["date_time"] - b["date_time"] % bench.TUMBLE_MS
+            counts[(b["auction"], w)] = counts.get((b["auction"], w), 0) + 1
+        result = bench._checksum((k, w, c + wrong) for (k, w), c in counts.items())
+        return {"peer": "python", "query": job, "events": config.events, "input_records": len(bids),
+                "batch_size": batch, "seconds": 1.0, "events_per_s": float(config.events),
+                "result": {"results": result[0], "total": result[1], "checksum": result[2]}}
+
+    monkeypatch.setattr(bench, "bytewax_python", lambda explicit: "python")
+    monkeypatch.setattr(bench, "run_bytewax", python_peer)
+    args = ["--events", "6000", "--device", "cpu", "--batch-size", "1024", "--no-warmup", "--queries",
+            "tumble_count", "--feeds", "device,host", "--peers", "bytewax", "--peer-events", "2500"]
+    out = bench.main(args)
+    assert [p["events"] for p in out["peer_entries"]] == [2500]
+    for e in out["entries"]:
+        assert "result" not in e  # the full run does not keep its rows: the check ran at 2500 events
+        assert e["peers"]["bytewax"]["events"] == 2500
+        assert e["peers"]["bytewax"]["ratio"] == pytest.approx(e["events_per_s"] / 2500, rel=1e-3)
+    monkeypatch.setattr(bench, "run_bytewax", lambda *a: python_peer(*a, wrong=True))
+    with pytest.raises(RuntimeError, match="tumble_count .device. gives"):
+        bench.main(args)
+
+
 def test_latency_sample_keeps_the_oldest_event_and_weighs_the_rest(bench):
     import torch
 
