@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Expr, Lit, Ref, and_, conjuncts, fold_constants, split_equi, substitute
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, fold_constants, is_const, split_equi, substitute
 from opforge.sql.planner.dependencies import group_on_determinants
 from opforge.sql.planner.eager_aggregation import eager_aggregate
 from opforge.sql.planner.join_order import _with_inputs, replace_subtree
@@ -231,8 +231,43 @@ def _topk(node: P.Node) -> P.Node:
 
 
 # ------------------------------------------------------------------------------------------ folding
+CONSTANTS_MAX = 4096
+_constants: dict[tuple, tuple[object, object]] = {}  # (constant expression, device) -> folded (value, type)
+
+
+def _fold_expr(e: Expr, device) -> Expr:
+    """``fold_constants``, with the value of each constant subtree memoized across queries: it is
+    a pure function of its literals, and evaluating one costs up to a millisecond (a DATE +
+    INTERVAL runs date arithmetic on the device), on every planning of the query."""
+    if not isinstance(e, Func):
+        return e
+    if not is_const(e):  # folds to the same Func over folded arguments: it reads a column
+        return Func(e.name, [_fold_expr(a, device) for a in e.args], e.type, e.extra)
+    try:
+        key = (_constant_key(e), str(device))
+        hit = _constants.get(key)
+    except TypeError:  # an unhashable literal or function argument: fold it every time
+        return fold_constants(e, device)
+    if hit is not None:
+        return Lit(*hit)
+    out = fold_constants(e, device)
+    if isinstance(out, Lit):  # a constant string function stays a Func: folded every time
+        if len(_constants) >= CONSTANTS_MAX:
+            _constants.clear()
+        _constants[key] = (out.value, out.type)
+    return out
+
+
+def _constant_key(e: Expr) -> tuple:
+    """A constant expression's structure; literals by Python type and ``repr`` (0.0 and -0.0, or
+    1 and True, fold differently)."""
+    if isinstance(e, Lit):
+        return type(e.value), repr(e.value), e.type
+    return e.name, e.extra, e.type, tuple(_constant_key(a) for a in e.args)
+
+
 def _fold(node, device):
-    f = lambda e: fold_constants(e, device)  # noqa: E731
+    f = lambda e: _fold_expr(e, device)  # noqa: E731
     if isinstance(node, P.Filter):
         pred = f(node.predicate)
         child = _fold(node.child, device)

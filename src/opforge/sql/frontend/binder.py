@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 
 from opforge.sql import plan as P
 from opforge.sql import types as T
@@ -23,6 +24,18 @@ class Binder:
         self.catalog, self.run_scalar = catalog, run_scalar
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
+        self._texts: dict[int, tuple[exp.Expression, str]] = {}
+        self._duckdb = Dialect.get_or_raise("duckdb").generator()
+
+    def sql_text(self, node: exp.Expression) -> str:
+        """``node.sql(dialect="duckdb")``, the key that matches select items, group keys and
+        aggregates. Generated once per node, by one generator: sqlglot builds a dialect and a
+        generator and deep-copies the subtree for every generation, and binding asks again for
+        every node under a grouped select (the trees are not changed meanwhile)."""
+        hit = self._texts.get(id(node))
+        if hit is None or hit[0] is not node:  # the node is kept: its id cannot be reused meanwhile
+            hit = self._texts[id(node)] = (node, self._duckdb.generate(node))
+        return hit[1]
 
     def new_col(self, name: str, typ: T.SqlType) -> P.OutCol:
         return P.OutCol(next(self.cids), name, typ)
@@ -41,12 +54,14 @@ class Binder:
                     ta = cte.args.get("alias")
                     cols = [c.name for c in ta.columns] if ta is not None and ta.columns else []
                     frame[cte.alias_or_name.lower()] = (cte.this, cols)
-                q2 = q.copy()
-                q2.set("with_", None)
-                q2.set("with", None)
-                return self.bind_query(q2, parent)
+                return self._bind_body(q, parent)
             finally:
                 self.ctes.pop()
+        return self._bind_body(q, parent)
+
+    def _bind_body(self, q: exp.Expression, parent: Scope | None) -> tuple[P.Node, Scope]:
+        """``bind_query`` below the WITH clause, whose CTEs are in ``self.ctes``: the query is
+        bound in place (no block below reads the clause), not deep-copied without it."""
         if isinstance(q, exp.Subquery):
             return self.bind_query(q.this, parent)
         if isinstance(q, exp.Union):
@@ -197,25 +212,25 @@ class Binder:
     def _plan_group(self, group, conds: list[Expr], scope) -> P.Node:
         """Left-deep inner joins in FROM order, but the next relation is always one connected to the
         joined set by an equi predicate when there is one (never a needless cross product)."""
-        conds = list(conds)
+        pending = [(c, c.cids()) for c in conds]  # each condition with the columns it reads
         items = []
         for node, cids in group:
-            mine = [c for c in conds if c.cids() and c.cids() <= cids]
-            conds = [c for c in conds if not (c.cids() and c.cids() <= cids)]
+            mine = [c for c, read in pending if read and read <= cids]
+            pending = [(c, read) for c, read in pending if not (read and read <= cids)]
             items.append((P.Filter(node, and_(mine)) if mine else node, cids))
         node, joined = items[0]
         remaining = items[1:]
         while remaining:
             pick = next((i for i, (_, cids) in enumerate(remaining)
-                         if any(equi_pair(c, joined, cids) for c in conds)), 0)
+                         if any(equi_pair(c, joined, cids) for c, _ in pending)), 0)
             rnode, rcids = remaining.pop(pick)
             both = joined | rcids
-            use = [c for c in conds if c.cids() <= both]
-            conds = [c for c in conds if not c.cids() <= both]
+            use = [c for c, read in pending if read <= both]
+            pending = [(c, read) for c, read in pending if not read <= both]
             node = self._join(node, rnode, "inner", use, rcids)
             joined = both
-        if conds:
-            node = P.Filter(node, and_(conds))
+        if pending:
+            node = P.Filter(node, and_([c for c, _ in pending]))
         return node
 
     # ----------------------------------------------------------------------------- WHERE subqueries
@@ -333,7 +348,7 @@ class Binder:
                 items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols]
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
-                cols = [c for c in scope.cols if c.relation.lower() == rel]
+                cols = [c for c in scope.cols if c.relation_key == rel]
                 if not cols:
                     raise SqlError(f"unknown table {e.table!r} in {e.sql()}")
                 items += [(c.name, Ref(c.cid, c.type, c.name)) for c in cols]
@@ -342,7 +357,7 @@ class Binder:
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
             else:
-                items.append((e.sql(dialect="duckdb"), e))
+                items.append((self.sql_text(e), e))
         return items
 
     def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
@@ -378,26 +393,26 @@ class Binder:
                 if isinstance(g, exp.Literal) and not g.is_string:
                     gexpr = items[int(g.this) - 1][1]
                 elif isinstance(g, exp.Column) and not g.table and g.name.lower() in alias_map and \
-                        not any(c.name.lower() == g.name.lower() for c in scope.cols):
+                        not any(c.name_key == g.name.lower() for c in scope.cols):
                     gexpr = alias_map[g.name.lower()]
                 if isinstance(gexpr, Ref):
                     bound = gexpr
                 else:
                     bound = binder.bind(gexpr)
-                name = gexpr.name if isinstance(gexpr, exp.Column) else (gexpr.sql(dialect="duckdb") if isinstance(gexpr, exp.Expression) else gexpr.name)
+                name = gexpr.name if isinstance(gexpr, exp.Column) else (self.sql_text(gexpr) if isinstance(gexpr, exp.Expression) else gexpr.name)
                 o = self.new_col(name, bound.type)
                 keys.append((o, bound))
                 ref = Ref(o.cid, o.type, o.name)
                 if isinstance(bound, Ref):
                     key_cids[bound.cid] = ref
                 if isinstance(gexpr, exp.Expression):
-                    replace[gexpr.sql(dialect="duckdb")] = ref
+                    replace[self.sql_text(gexpr)] = ref
                     if g is not gexpr:
-                        replace[g.sql(dialect="duckdb")] = ref
+                        replace[self.sql_text(g)] = ref
             aggs = []
             seen: dict[str, Ref] = {}
             for a in agg_nodes:
-                text = a.sql(dialect="duckdb")
+                text = self.sql_text(a)
                 if text in seen:
                     continue
                 call = self._agg_call(a, binder)
@@ -476,7 +491,7 @@ class Binder:
 
 def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], scope: Scope) -> exp.Expression:
     """HAVING may name a select-list alias (as DuckDB allows) when no input column has that name."""
-    names = {c.name.lower() for c in scope.cols}
+    names = {c.name_key for c in scope.cols}
 
     def swap(node):
         if isinstance(node, exp.Column) and not node.table and node.name.lower() in alias_map \

@@ -78,7 +78,7 @@ class ExprBinder:
 
     def bind(self, node: exp.Expression) -> Expr:
         if self.replace:
-            hit = self.replace.get(node.sql(dialect="duckdb"))
+            hit = self.replace.get(self.qb.sql_text(node))
             if hit is not None:
                 return hit
         method = getattr(self, "_" + type(node).__name__, None)

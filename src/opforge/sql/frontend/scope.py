@@ -15,6 +15,13 @@ class ScopeCol:
     name: str
     cid: int
     type: T.SqlType
+    # lowercased relation and name, the keys of case-insensitive lookups (every column reference
+    # scans the scope's columns)
+    relation_key: str = field(init=False, repr=False, compare=False)
+    name_key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.relation_key, self.name_key = self.relation.lower(), self.name.lower()
 
 
 @dataclass
@@ -28,7 +35,10 @@ class Scope:
 
     def _find(self, name: str, relation: str | None) -> list[ScopeCol]:
         name = name.lower()
-        return [c for c in self.cols if c.name.lower() == name and (relation is None or c.relation.lower() == relation.lower())]
+        if relation is None:
+            return [c for c in self.cols if c.name_key == name]
+        relation = relation.lower()
+        return [c for c in self.cols if c.name_key == name and c.relation_key == relation]
 
     def resolve(self, name: str, relation: str | None = None) -> Ref:
         hits = self._find(name, relation)
@@ -46,7 +56,7 @@ class Scope:
                 return Ref(hits[0].cid, hits[0].type, hits[0].name)
             chain.append(scope)
             scope = scope.parent
-        if relation is not None and not any(c.relation.lower() == relation.lower() for c in self._all()):
+        if relation is not None and not any(c.relation_key == relation.lower() for c in self._all()):
             rels = sorted({c.relation for c in self._all() if c.relation})
             raise SqlError(f"unknown table {relation!r} in column {relation}.{name}; "
                            f"tables in scope: {', '.join(rels)}" + _close(relation, rels))

@@ -62,16 +62,17 @@ def column_index(node: P.Node, tables: dict[str, TableStats]) -> ColumnIndex:
     """cid -> statistics of the base column it carries (through scans, renaming projections and
     grouping keys)."""
     out = ColumnIndex()
+    source = out.source
 
     def walk(n: P.Node):
         for c in n.inputs():
             walk(c)
         if isinstance(n, P.Scan) and n.table in tables:
             cols = tables[n.table].columns
-            out.source.update({o.cid: (cols, o.name) for o in n.outputs if o.name in cols})
+            source.update({o.cid: (cols, o.name) for o in n.outputs if o.name in cols})
         elif isinstance(n, (P.Project, P.Aggregate)):
             pairs = n.exprs if isinstance(n, P.Project) else n.keys
-            out.source.update({o.cid: out.source[e.cid] for o, e in pairs if isinstance(e, Ref) and e.cid in out})
+            source.update({o.cid: source[e.cid] for o, e in pairs if isinstance(e, Ref) and e.cid in source})
 
     walk(node)
     return out
@@ -225,6 +226,12 @@ class JoinCardinality:
                 rows[i] *= filters.of(p.expr)
         self.leaf_rows = [max(1.0, r) for r in rows]
         self._memo: dict[int, float] = {}
+        # what every set's size reads, computed once (the enumerator asks for hundreds of sets):
+        # each class's relations and (relation, distinct count) members, each predicate over 2+
+        # relations with its selectivity
+        self._classes = [(rels, [(r, self.distinct(r, c)) for r, c in members])
+                         for members, rels in zip(graph.classes, graph.class_masks)]
+        self._predicates = [(p.rels, self._selectivity(p)) for p in graph.predicates if p.rels & (p.rels - 1)]
 
     def distinct(self, rel: int, ref: Ref) -> float:
         """Distinct values of a join column: its statistics, capped by its relation's rows (a
@@ -233,24 +240,25 @@ class JoinCardinality:
         rows = self.leaf_rows[rel]
         return max(1.0, min(st.distinct, rows) if st is not None and st.distinct > 0 else rows)
 
-    def _class_distincts(self, members: list[tuple[int, Ref]], mask: int) -> dict[int, float]:
-        """Per relation of ``mask`` holding a member of the class: that member's distinct count."""
-        per_rel: dict[int, float] = {}
-        for r, c in members:
-            if mask >> r & 1:
-                d = self.distinct(r, c)
-                per_rel[r] = min(per_rel.get(r, d), d)
-        return per_rel
+    def _selectivity(self, p: G.Predicate) -> float:
+        """A predicate's selectivity in a set that holds its relations: what its implied filters
+        already removed at the leaves is not removed twice."""
+        given = math.prod(self.filters.of(f) for f in p.implies)
+        return min(1.0, self.filters.of(p.expr) / given) if given > 0 else 0.0
 
     def rows(self, mask: int) -> float:
         if mask in self._memo:
             return self._memo[mask]
         out = math.prod(self.leaf_rows[i] for i in G.bits(mask))
         pairs: dict[tuple[int, int], list[float]] = {}
-        for members in self.graph.classes:
-            per_rel = self._class_distincts(members, mask)
-            if len(per_rel) < 2:
+        for rels, members in self._classes:
+            inside = rels & mask
+            if inside & (inside - 1) == 0:  # the class joins nothing inside the set
                 continue
+            per_rel: dict[int, float] = {}  # per relation of the set: its member's distinct count
+            for r, d in members:
+                if mask >> r & 1:
+                    per_rel[r] = min(per_rel.get(r, d), d)
             out /= math.prod(sorted(per_rel.values())[1:])
             rels = sorted(per_rel)
             for i, a in enumerate(rels):
@@ -263,11 +271,9 @@ class JoinCardinality:
             if len(sels) > 1:
                 sels.sort()
                 out *= math.prod(x ** (0.5 ** k) for k, x in enumerate(sels)) / math.prod(sels)
-        for p in self.graph.predicates:
-            if p.rels & mask == p.rels and p.rels & (p.rels - 1):  # inside the set, over 2+ relations
-                # what its implied filters already removed at the leaves is not removed twice
-                given = math.prod(self.filters.of(f) for f in p.implies)
-                out *= min(1.0, self.filters.of(p.expr) / given) if given > 0 else 0.0
+        for rels, sel in self._predicates:
+            if rels & mask == rels:  # inside the set
+                out *= sel
         out = max(1.0, out)
         self._memo[mask] = out
         return out

@@ -19,6 +19,7 @@ alternative (sum of intermediate result sizes), used to compare join orders apar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from opforge.sql.physical.join import HASH_BYTES_PER_ROW
 
@@ -43,9 +44,9 @@ class Hardware:
         return Hardware() if memory_budget is None else Hardware(table_budget=float(memory_budget))
 
 
-@dataclass(frozen=True)
-class JoinSizes:
-    """One join's inputs and output: rows and bytes per row of the carried columns."""
+class JoinSizes(NamedTuple):
+    """One join's inputs and output: rows and bytes per row of the carried columns (a tuple: the
+    enumerator builds two per costed join)."""
 
     build_rows: float
     build_width: float

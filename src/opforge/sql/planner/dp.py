@@ -92,7 +92,7 @@ def best_plan(planning: Planning, max_pairs: int | None = DEFAULT_MAX_PAIRS,
         if max_pairs is not None and len(pairs) > max_pairs:
             raise BudgetExceeded(f"more than {max_pairs} csg-cmp pairs")
     best: dict[int, JoinPlan] = {1 << i: planning.leaf(i) for i in range(graph.size)}
-    pairs.sort(key=lambda p: bin(p[0] | p[1]).count("1"))
+    pairs.sort(key=lambda p: (p[0] | p[1]).bit_count())
     for s1, s2 in pairs:
         candidate = planning.join(best[s1], best[s2])
         current = best.get(s1 | s2)

@@ -30,6 +30,19 @@ class Predicate:
     expr: Expr
     rels: int  # bitmask of the relations it reads
     implies: list[Expr] = field(default_factory=list)  # one-relation filters derived from it
+    sides: tuple[int, int] | None = None  # an equality ``a = b``: the relations a and b read
+
+    def key(self, left: int, right: int) -> tuple[Expr, Expr] | None:
+        """(left expr, right expr) when the predicate is an equality between an expression over
+        ``left`` and one over ``right`` (either order): an equi-join key of joining the two."""
+        if self.sides is None or not all(self.sides):
+            return None
+        (a, b), (ra, rb) = self.expr.args, self.sides
+        if ra & left == ra and rb & right == rb:
+            return a, b
+        if rb & left == rb and ra & right == ra:
+            return b, a
+        return None
 
 
 def implied_filters(pred: Expr, owner: dict[int, int]) -> dict[int, Expr]:
@@ -118,9 +131,10 @@ class JoinGraph:
             left &= ~comp
         return out
 
-    def join_conditions(self, left: int, right: int) -> tuple[list[tuple[Ref, Ref]], list[Expr]]:
-        """What joining ``left`` with ``right`` evaluates: (one (left col, right col) equality per
-        equivalence class spanning both sides, the other predicates that first become evaluable)."""
+    def join_conditions(self, left: int, right: int) -> tuple[list[tuple[Expr, Expr]], list[Expr]]:
+        """(equi-join key pairs left -> right, residual predicates) of joining ``left`` with
+        ``right``: one (left col, right col) equality per equivalence class spanning both sides,
+        then those of the other predicates that first become evaluable here, the rest residual."""
         keys = []
         for members, rels in zip(self.classes, self.class_masks):
             if rels & left and rels & right:
@@ -128,9 +142,15 @@ class JoinGraph:
                 rcol = next(c for r, c in members if right >> r & 1)
                 keys.append((lcol, rcol))
         both = left | right
-        preds = [p.expr for p in self.predicates
-                 if p.rels and p.rels & both == p.rels and p.rels & left != p.rels and p.rels & right != p.rels]
-        return keys, preds
+        residual = []
+        for p in self.predicates:
+            if p.rels and p.rels & both == p.rels and p.rels & left != p.rels and p.rels & right != p.rels:
+                key = p.key(left, right)
+                if key:
+                    keys.append(key)
+                else:
+                    residual.append(p.expr)
+        return keys, residual
 
     def local_conditions(self, index: int) -> list[Expr]:
         """Predicates over one relation alone (class members sharing a relation, stray filters)."""
@@ -142,12 +162,11 @@ class JoinGraph:
 
 
 def _bits(mask: int) -> list[int]:
-    out, i = [], 0
+    out = []
     while mask:
-        if mask & 1:
-            out.append(i)
-        mask >>= 1
-        i += 1
+        low = mask & -mask  # one step per relation, not per bit position
+        out.append(low.bit_length() - 1)
+        mask ^= low
     return out
 
 
@@ -194,7 +213,6 @@ def extract(node: P.Node) -> JoinGraph | None:
     walk(node)
     relations = [Relation(i, n, frozenset(o.cid for o in n.outputs)) for i, n in enumerate(leaves)]
     owner = {cid: r.index for r in relations for cid in r.cids}
-    applied = [{str(c) for c in _leaf_filters(r.node)} for r in relations]
     parent: dict[int, int] = {}
 
     def find(c: int) -> int:
@@ -213,17 +231,25 @@ def extract(node: P.Node) -> JoinGraph | None:
             refs[a.cid], refs[b.cid] = a, b
             parent[find(a.cid)] = find(b.cid)
             continue
-        mask = 0
-        for c in e.cids():
-            mask |= 1 << owner[c]
+        mask = _rels(e, owner)
         implied = implied_filters(e, owner) if mask & (mask - 1) else {}
-        predicates.append(Predicate(e, mask, list(implied.values())))
+        sides = (_rels(a, owner), _rels(b, owner)) if a is not None else None
+        predicates.append(Predicate(e, mask, list(implied.values()), sides))
         # once applied at the leaf (a plan this planner built) they are not applied again
-        predicates.extend(Predicate(f, 1 << r) for r, f in implied.items() if str(f) not in applied[r])
+        predicates.extend(Predicate(f, 1 << r) for r, f in implied.items()
+                          if str(f) not in {str(c) for c in _leaf_filters(relations[r].node)})
     groups: dict[int, list[tuple[int, Ref]]] = {}
     for cid in sorted(refs):
         groups.setdefault(find(cid), []).append((owner[cid], refs[cid]))
     return JoinGraph(relations, list(groups.values()), predicates)
+
+
+def _rels(e: Expr, owner: dict[int, int]) -> int:
+    """Bitmask of the relations whose columns ``e`` reads."""
+    mask = 0
+    for c in e.cids():
+        mask |= 1 << owner[c]
+    return mask
 
 
 def _leaf_filters(n: P.Node) -> list[Expr]:

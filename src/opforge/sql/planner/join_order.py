@@ -20,6 +20,7 @@ original order.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ from opforge.sql.planner import dp, greedy
 from opforge.sql.planner import join_graph as G
 from opforge.sql.planner.cardinality import Estimator
 from opforge.sql.planner.cost import Hardware
-from opforge.sql.planner.join_tree import JoinPlan, Planning, conditions
+from opforge.sql.planner.join_tree import JoinPlan, Planning
 from opforge.sql.planner.distribution import choose_distribution
 from opforge.sql.planner.physical_choice import DIRECT_MAX_RANGE_PER_ROW, JoinChoice, PhysicalCost
 from opforge.sql.planner.statistics import TableStats
@@ -161,7 +162,7 @@ class JoinOrderOptimizer:
             a, b = b, a  # the build side goes right: the executor's convention for its table
             plan = dataclasses.replace(plan, left=a, right=b, choice=dataclasses.replace(plan.choice, build="right"))
         left, right = self._build(a, graph, rule), self._build(b, graph, rule)
-        keys, residual = conditions(graph, a.mask, b.mask)
+        keys, residual = graph.join_conditions(a.mask, b.mask)
         kind = "inner" if keys or residual else "cross"
         join = P.Join(left, right, kind, [k for k, _ in keys], [k for _, k in keys],
                       and_(residual) if residual else None)
@@ -213,8 +214,7 @@ def replace_subtree(node: P.Node, old: P.Node, new: P.Node) -> P.Node:
 
 def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
     """``node`` over new inputs (the same node when they did not change)."""
-    old = node.inputs()
-    if all(a is b for a, b in zip(old, inputs)):
+    if all(map(operator.is_, node.inputs(), inputs)):
         return node
     if isinstance(node, P.Join):
         return dataclasses.replace(node, left=inputs[0], right=inputs[1])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opforge.sql.expr import Expr, equi_pair
 from opforge.sql.planner import join_graph as G
 
 
@@ -42,29 +41,6 @@ class JoinPlan:
         return self.left.joins() + self.right.joins() + [self]
 
 
-def _cids(graph: G.JoinGraph, mask: int) -> set[int]:
-    out: set[int] = set()
-    for i in G.bits(mask):
-        out |= graph.relations[i].cids
-    return out
-
-
-def conditions(graph: G.JoinGraph, left: int, right: int) -> tuple[list[tuple[Expr, Expr]], list[Expr]]:
-    """(equi-join key pairs left -> right, residual predicates) of joining two relation sets: the
-    equivalence classes' equalities, then the other predicates' equalities, the rest residual."""
-    keys, preds = graph.join_conditions(left, right)
-    residual = []
-    if preds:
-        lc, rc = _cids(graph, left), _cids(graph, right)
-        for p in preds:
-            pair = equi_pair(p, lc, rc)
-            if pair:
-                keys.append(pair)
-            else:
-                residual.append(p)
-    return keys, residual
-
-
 class Planning:
     """Leaves and joins of one query graph under one cost model."""
 
@@ -81,13 +57,10 @@ class Planning:
         return JoinPlan(1 << i, self.cardinality.rows(1 << i), self.widths[i], 0.0,
                         sorted_cids=self.sorted_cids[i], dense_ranges=self.dense_ranges[i])
 
-    def conditions(self, left: int, right: int) -> tuple[list[tuple[Expr, Expr]], list[Expr]]:
-        return conditions(self.graph, left, right)
-
     def join(self, a: JoinPlan, b: JoinPlan) -> JoinPlan:
         mask = a.mask | b.mask
         rows = self.cardinality.rows(mask)
-        keys, _ = self.conditions(a.mask, b.mask)
+        keys, _ = self.graph.join_conditions(a.mask, b.mask)
         cost, choice = self.model.join(a, b, rows, keys)
         self.joins_costed += 1
         return JoinPlan(mask, rows, a.width + b.width, a.cost + b.cost + cost, a, b, choice)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from opforge.sql.expr import Ref
 from opforge.sql.physical.join import NESTED_LOOP_MAX_PAIRS
@@ -30,9 +31,9 @@ from opforge.sql.planner import cost as C
 DIRECT_MAX_RANGE_PER_ROW = 2.0
 
 
-@dataclass(frozen=True)
-class SideInfo:
-    """One join input as the choice sees it: rows, bytes per row, and facts about its key."""
+class SideInfo(NamedTuple):
+    """One join input as the choice sees it: rows, bytes per row, and facts about its key (a
+    tuple: the enumerator builds two per costed join)."""
 
     rows: float
     width: float

@@ -107,7 +107,7 @@ class LazyColumnStats(MutableMapping):
     the device, so a registered table's unread columns stay on the host, uncounted."""
 
     def __init__(self, names, compute: Callable[[str], ColumnStats]):
-        self._names = list(dict.fromkeys(names))
+        self._names = dict.fromkeys(names)  # ordered; ``in`` in constant time (asked per scan column)
         self._compute = compute
         self._done: dict[str, ColumnStats] = {}
 
@@ -119,12 +119,11 @@ class LazyColumnStats(MutableMapping):
         return self._done[name]
 
     def __setitem__(self, name: str, value: ColumnStats) -> None:
-        if name not in self._names:
-            self._names.append(name)
+        self._names.setdefault(name)
         self._done[name] = value
 
     def __delitem__(self, name: str) -> None:
-        self._names.remove(name)
+        del self._names[name]
         self._done.pop(name, None)
 
     def __contains__(self, name) -> bool:
