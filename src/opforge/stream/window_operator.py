@@ -12,9 +12,14 @@ their table rows on the device (``searchsorted`` in the table's sorted
 codes); new pairs are appended. Host syncs per batch: one small read-back of
 the batch's counts and key / start ranges, one for the number of distinct
 pairs (the size of the sort's output) and one for the number of new table
-rows — none per record or per pair; a watermark adds one read-back (and,
-for panes of sliding windows, one grouping). Late records inside the allowed lateness are rare; each
-updates the table and fires its windows, one by one, as Flink does.
+rows — none per record or per pair. Dense keys whose starts spread over
+the batch but little per key (an auction's bids in a pane or two of a
+batch's hundreds) are grouped with each key's starts counted from its
+first instead: one more read-back (the widest key's span) and a
+direct-address table in place of the sort. A watermark adds one read-back
+(and, for panes, a sort of the pane rows and one of the fired windows).
+Late records inside the allowed lateness are rare; each updates the table
+and fires its windows, one by one, as Flink does.
 
 * ``PanedWindowOperator`` (size a multiple of the slide, tumbling included):
   a row per key and *pane* (a slide-long slice); each record is folded once,
@@ -72,6 +77,13 @@ def pair_codes(a: torch.Tensor, b: torch.Tensor, bounds, b_step: int):
     return (a - a_lo) * span + torch.div(b - b_lo, b_step, rounding_mode="floor"), span
 
 
+def direct_range_ok(code_range: int, n: int) -> bool:
+    """Whether codes in ``[0, code_range)`` of ``n`` rows group through a
+    direct-address table (a pass over the range) rather than a sort: the
+    range is at most twice the rows plus 64 Ki."""
+    return code_range <= 2 * n + 65_536
+
+
 def group_codes(codes: torch.Tensor, code_range: int | None = None):
     """``(unique_codes [G], inverse [N])`` of codes in ``[0, code_range)``.
     When the range is small next to the batch (at most twice the rows plus
@@ -79,8 +91,7 @@ def group_codes(codes: torch.Tensor, code_range: int | None = None):
     codes present, a prefix sum ranks them; otherwise one stable sort and a
     scan. Either way the output size is the one host sync, and the result is
     the same (codes ascending)."""
-    n = codes.shape[0]
-    if code_range is not None and code_range <= 2 * n + 65_536:
+    if code_range is not None and direct_range_ok(code_range, codes.shape[0]):
         return direct_groups(codes, code_range)
     order = torch.argsort(codes, stable=True)
     sc = codes[order]
@@ -90,6 +101,45 @@ def group_codes(codes: torch.Tensor, code_range: int | None = None):
     inverse = torch.empty_like(group_sorted)
     inverse[order] = group_sorted
     return sc[new], inverse
+
+
+def range_sums(vals: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, max_width: int) -> torch.Tensor:
+    """``vals[lo[i] : lo[i] + width[i]].sum()`` per range (``1 <= width <=
+    max_width``), in ``vals``' dtype. Integers: a difference of prefix sums,
+    exact (wrapping as a direct sum would); floats: each range's values
+    added in order in float64 and rounded once (as ``segment_reduce``'s
+    deterministic sums), a prefix difference would not be exact."""
+    if not vals.dtype.is_floating_point:
+        sums = torch.zeros(vals.shape[0] + 1, dtype=torch.int64, device=vals.device)
+        torch.cumsum(vals, 0, dtype=torch.int64, out=sums[1:])
+        return (sums.index_select(0, lo + width) - sums.index_select(0, lo)).to(vals.dtype)
+    wide = vals.to(torch.float64)
+    out = wide.index_select(0, lo)
+    for j in range(1, max_width):
+        nxt = wide.index_select(0, (lo + j).clamp_(max=vals.shape[0] - 1))
+        out = torch.where(width > j, out + nxt, out)
+    return out.to(vals.dtype)
+
+
+def range_extremes(vals: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, max_width: int,
+                   op: str) -> torch.Tensor:
+    """``op`` (``"min"`` / ``"max"``) of ``vals[lo[i] : lo[i] + width[i]]``
+    per range (``1 <= width <= max_width``): a sparse table (level ``j``
+    folds ``2**j`` rows from each row) and, per range, the fold of the two
+    level-``floor(log2 width)`` blocks at its two ends, which overlap (the
+    ops are idempotent) — ``log2(max_width)`` passes over ``vals``, two
+    gathers per range, instead of ``max_width``."""
+    fold = torch.minimum if op == "min" else torch.maximum
+    levels = [vals]
+    while 2 ** len(levels) <= max_width:
+        prev, half = levels[-1], 2 ** (len(levels) - 1)
+        level = prev.clone()  # the last rows fold fewer: no range reads them at this level
+        level[:-half] = fold(prev[:-half], prev[half:])
+        levels.append(level)
+    table, rows = torch.cat(levels), vals.shape[0]
+    j = torch.frexp(width.to(torch.float64))[1].to(torch.int64) - 1  # floor(log2 width), exactly
+    base = j * rows + lo
+    return fold(table.index_select(0, base), table.index_select(0, base + width - torch.pow(2, j)))
 
 
 def _merge_bounds(a, b):
@@ -367,7 +417,15 @@ class ColumnarWindows(Operator):
                 acc[slots] = torch.maximum(acc[slots], part)
 
     def _group(self, keys, starts, bounds):
-        """Distinct (key, start) pairs in lexicographic order and each row's pair."""
+        """Distinct (key, start) pairs in lexicographic order and each row's
+        pair: by codes over the batch's key and start ranges, or over each
+        key's own starts (``_group_within_keys``) when only those are dense."""
+        n, n_keys = keys.shape[0], bounds[1] - bounds[0] + 1
+        if n and direct_range_ok(n_keys, n) and \
+                not direct_range_ok(n_keys * ((bounds[3] - bounds[2]) // self.assigner.slide + 1), n):
+            within = self._group_within_keys(keys, starts, bounds)
+            if within is not None:
+                return within
         codes, span = pair_codes(keys, starts, bounds, self.assigner.slide)
         if codes is None:
             uniq, inv = group_pairs(keys, starts)
@@ -375,6 +433,26 @@ class ColumnarWindows(Operator):
         uniq, inv = group_codes(codes, (bounds[1] - bounds[0] + 1) * span)
         uk = torch.div(uniq, span, rounding_mode="floor")
         return uk + bounds[0], (uniq - uk * span) * self.assigner.slide + bounds[2], inv
+
+    def _group_within_keys(self, keys, starts, bounds):
+        """``_group`` for dense keys whose starts spread over the batch but
+        little per key (q5: an auction's bids fall in one or two of a batch's
+        hundreds of panes): codes ``(key - kmin) * width + (start -
+        first[key]) / slide``, ``first[key]`` the key's least start and
+        ``width`` the most starts one key spans (one read-back), still ordered
+        lexicographically, make a range small enough for a direct-address
+        table: no sort of the batch. None when even that range is too wide."""
+        slide, n_keys = self.assigner.slide, bounds[1] - bounds[0] + 1
+        key = keys - bounds[0]
+        first = torch.full((n_keys,), bounds[3], dtype=starts.dtype, device=starts.device) \
+            .scatter_reduce_(0, key, starts, "amin")
+        steps = torch.div(starts - first.index_select(0, key), slide, rounding_mode="floor")
+        width = int(steps.max()) + 1
+        if not direct_range_ok(n_keys * width, keys.shape[0]):
+            return None
+        uniq, inv = direct_groups(key * width + steps, n_keys * width)
+        uk = torch.div(uniq, width, rounding_mode="floor")
+        return uk + bounds[0], first.index_select(0, uk) + (uniq - uk * width) * slide, inv
 
     def _slots(self, keys, starts, dtypes, bounds) -> torch.Tensor:
         """Table rows of the distinct pairs ``(keys[i], starts[i])`` (in
@@ -572,15 +650,22 @@ class PanedWindowOperator(ColumnarWindows):
     ``[s, s + size)`` is panes ``s, s + slide, .., s + size - slide``.
 
     A watermark moving from ``before`` to ``wm`` fires the windows whose last
-    timestamp lies in ``(before, wm]``: each pane row is expanded into its
-    firing windows (at most ``k``), the (key, window) pairs are grouped and
-    the panes merged with ``segment_reduce`` (counts and sums add, min / max
-    fold, a mean is its sum over its count), ordered as the per-window table
-    fires: by window end, then by first appearance — a window's first
-    appearance is its earliest pane's (every record of a window that has not
-    fired was on time for it, so the window's row would have been made with
-    its first pane's). A pane is dropped once its last window (start ``p``)
-    is past the allowed lateness, when that window's row would be.
+    timestamp lies in ``(before, wm]`` (of a key, every start whose window
+    holds one of its panes). One sort puts the pane rows in (key, pane)
+    order, so a window's panes are a run of consecutive rows. Each firing
+    window is found once, with no grouping, from the gaps between a key's
+    neighbouring panes: at its first pane (``_window_ends``: the previous
+    pane is out of the window) and at its last; the two give its span of
+    rows. Its aggregations are range reductions over the span
+    (``range_sums``: counts and integer sums are differences of prefix sums,
+    float sums add the span's panes; ``range_extremes``: min / max from a
+    sparse table; a mean is its sum over its count). The windows are
+    ordered as the per-window table fires them, with one more sort: by
+    window end, then by first appearance, a window's being the least row
+    order (``t_seq``) among its panes (every record of a window that has
+    not fired was on time for it, so the window's row would have been made
+    with the first of them). A pane is dropped once its last window (start
+    ``p``) is past the allowed lateness, when that window's row would be.
 
     A late record (some of its windows fired, within the lateness) goes into
     its pane alone and then fires, one by one, exactly those windows, each
@@ -653,51 +738,103 @@ class PanedWindowOperator(ColumnarWindows):
             near = pane + torch.arange(1 - k, k, dtype=torch.int64) * a.slide
             self._cold_pairs(torch.full_like(near, key), near)
             # its windows ending in (wm - L, wm] (all of them hold `pane`), over the key's panes
-            rows = torch.nonzero(self.t_key == key).flatten()
-            starts, fire = self._window_grid(self.t_start.index_select(0, rows),
-                                             max(wm - self.lateness, pane + a.slide - 2), min(wm, pane + a.size - 1))
-            idx = torch.nonzero(fire).flatten()
-            fired.append(self._merged(rows.index_select(0, torch.div(idx, k, rounding_mode="floor")),
-                                      starts.index_select(0, idx), descending=True))
+            runs = self._pane_runs(torch.nonzero(self.t_key == key).flatten())
+            starts, first, last = self._window_ends(runs, max(wm - self.lateness, pane + a.slide - 2),
+                                                    min(wm, pane + a.size - 1))
+            spans = self._window_spans(first, last, int(first.sum()))
+            latest_first = torch.arange(spans[0].shape[0] - 1, -1, -1, device=dev)  # one key: starts ascend
+            fired.append(self._merged(runs, starts, spans, latest_first))
         self.out.emit(Batch.concat(fired))
 
-    def _window_grid(self, panes, lo, hi):
-        """For panes starting at ``panes`` (one per row): the starts of the
-        ``k`` windows holding each (``[R * k]``, row by row) and whether each
-        window ends (last timestamp) in ``(lo, hi]``."""
-        a = self.assigner
-        back = torch.arange(self.panes_per_window, dtype=torch.int64, device=self.device) * a.slide
-        starts = (panes[:, None] - back).flatten()
+    # -- firing: a window is a run of its key's panes ---------------------------
+    def _pane_runs(self, rows=None) -> torch.Tensor:
+        """Table rows (all, or ``rows``) in (key, pane) order, where a
+        window's panes are consecutive: one sort of their order-preserving
+        codes (two stable sorts when the table's bounds are unknown or too
+        wide for the codes). Tumbling windows need no order: each row is a
+        window of its own."""
+        if self.panes_per_window == 1:
+            return torch.arange(self.t_key.shape[0], device=self.device) if rows is None else rows
+        keys, panes = self.t_key, self.t_start
+        if rows is not None:
+            keys, panes = keys.index_select(0, rows), panes.index_select(0, rows)
+        codes = None if self._bounds is None else pair_codes(keys, panes, self._bounds, self.assigner.slide)[0]
+        if codes is not None:
+            order = torch.argsort(codes)
+        else:
+            order = torch.argsort(panes, stable=True)
+            order = order[torch.argsort(keys.index_select(0, order), stable=True)]
+        return order if rows is None else rows.index_select(0, order)
+
+    def _window_ends(self, runs, after, upto):
+        """For the pane rows ``runs`` (in (key, pane) order): the starts of
+        the ``k`` windows holding each row (``[R, k]``; column ``c`` starts
+        ``k - 1 - c`` slides before the pane, so that row-major order is
+        (key, window start) order) and, among the windows ending (last
+        timestamp) in ``(after, upto]``, those where the row is the window's
+        first pane (``first``: the gap back to the key's previous pane is
+        more than ``k - 1 - c`` slides) and those where it is the last
+        (``last``: the gap to the next one is more than ``c``). Each window
+        appears once in each mask, at the same rank: its panes are the rows
+        from its ``first`` entry's to its ``last`` entry's."""
+        a, k, dev = self.assigner, self.panes_per_window, self.device
+        panes = self.t_start.index_select(0, runs)
+        col = torch.arange(k, dtype=torch.int64, device=dev)
+        starts = panes[:, None] - (k - 1 - col) * a.slide
         ends = starts + (a.size - 1)
-        return starts, (ends > lo) & (ends <= hi)
+        due = (ends > after) & (ends <= upto)
+        if k == 1:  # tumbling: each row is a window of its own
+            return starts, due, due
+        keys = self.t_key.index_select(0, runs)
+        # gap[i]: slides from row i - 1 to row i when both are the key's, else k (out of a window's reach)
+        gap = torch.full((runs.shape[0] + 1,), k, dtype=torch.int64, device=dev)
+        steps = torch.div(panes[1:] - panes[:-1], a.slide, rounding_mode="floor").clamp_(max=k)
+        gap[1:-1] = torch.where(keys[1:] == keys[:-1], steps, k)
+        return starts, due & (k - 1 - col < gap[:-1, None]), due & (col < gap[1:, None])
 
-    def _merged(self, src, starts, descending=False) -> Batch:
-        """The windows ``(t_key[src[i]], starts[i])`` as result records: pane
-        rows grouped by window and merged, in order of window start (then of
-        first appearance; ``descending``: latest start first, for one key)."""
-        from opforge.ops.hashing import segment_reduce
+    def _window_spans(self, first, last, n: int):
+        """The ``n`` windows of ``_window_ends``' masks as spans of the runs,
+        in (key, start) order: ``(at, lo, width)``, ``at`` a window's place
+        in the masks, its panes the rows ``lo .. lo + width - 1``."""
+        k = self.panes_per_window
+        at = nonzero_known(first.flatten(), n)
+        lo = torch.div(at, k, rounding_mode="floor")
+        return at, lo, torch.div(nonzero_known(last.flatten(), n), k, rounding_mode="floor") + 1 - lo
 
-        a, k = self.assigner, self.panes_per_window
-        keys = self.t_key.index_select(0, src)
-        accumulated = {name: op for name, (op, _) in self.agg.outputs.items() if op != "count"}
-        if k == 1:  # one pane per window: the rows are the windows
-            uk, us, count, first = keys, starts, self.t_count.index_select(0, src), self.t_seq.index_select(0, src)
-            accs = {name: self.t_acc[name].index_select(0, src) for name in accumulated}
-        else:
-            kmin, kmax, smin, smax = self._bounds
-            uk, us, inv = self._group(keys, starts, (kmin, kmax, smin - (k - 1) * a.slide, smax))
-            g = uk.shape[0]
-            count = torch.zeros(g, dtype=torch.int64, device=self.device).index_add_(0, inv, self.t_count[src])
-            accs = {name: segment_reduce(self.t_acc[name].index_select(0, src), inv, g,
-                                         "sum" if op == "mean" else op, deterministic=True)
-                    for name, op in accumulated.items()}
-            first = segment_reduce(self.t_seq.index_select(0, src), inv, g, "min")
-        if descending:
-            order = torch.argsort(us, descending=True)
-        else:
-            order = torch.argsort(first)
-            order = order[torch.argsort(us[order], stable=True)]
-        return self._window_batch(uk[order], us[order], count[order], {n: c[order] for n, c in accs.items()})
+    def _merged(self, runs, starts, spans, order) -> Batch:
+        """The windows ``spans`` (rows ``order`` of them) as result records:
+        each aggregation a reduction over the window's span of pane rows
+        (``range_sums``: counts, sums, a mean's sum; ``range_extremes``: min /
+        max) — no grouping, no per-pane expansion."""
+        k = self.panes_per_window
+        at, lo, width = (t.index_select(0, order) for t in spans)
+        accs = {}
+        for name, (op, _) in self.agg.outputs.items():
+            if op != "count":
+                vals = self.t_acc[name].index_select(0, runs)
+                accs[name] = range_sums(vals, lo, width, k) if op in ("sum", "mean") else \
+                    range_extremes(vals, lo, width, k, op)
+        return self._window_batch(self.t_key.index_select(0, runs.index_select(0, lo)),
+                                  starts.flatten().index_select(0, at),
+                                  range_sums(self.t_count.index_select(0, runs), lo, width, k), accs)
+
+    def _firing_order(self, runs, starts, spans) -> torch.Tensor:
+        """The order in which the per-window table fires these windows: by
+        start, then by first appearance, a window's being its panes' least
+        row order (``t_seq``). The pairs are distinct: one sort of their
+        order-preserving codes, or two stable sorts when they do not fit."""
+        a = self.assigner
+        at, lo, width = spans
+        starts = starts.flatten().index_select(0, at)
+        first = range_extremes(self.t_seq.index_select(0, runs), lo, width, self.panes_per_window, "min")
+        codes = None
+        if self._bounds is not None:  # the starts lie within the table's pane range and k - 1 slides before it
+            s_lo = self._bounds[2] - (self.panes_per_window - 1) * a.slide
+            codes, _ = pair_codes(starts, first, (s_lo, self._bounds[3], 0, self._next_seq - 1), 1)
+        if codes is not None:
+            return torch.argsort(codes)
+        order = torch.argsort(first)
+        return order[torch.argsort(starts.index_select(0, order), stable=True)]
 
     def on_watermark(self, watermark):
         before, self.watermark = self.watermark, watermark
@@ -707,18 +844,14 @@ class PanedWindowOperator(ColumnarWindows):
         self._take_cold(lambda p: (p + (a.slide - 1) <= watermark) & (p + (a.size - 1) > before),
                         lambda lo, hi: lo + a.slide - 1 <= watermark and hi + a.size - 1 > before)
         gone, n_gone = None, 0
-        T = self.t_key.shape[0]
-        if T:
-            starts, fire = self._window_grid(self.t_start, before, watermark)
+        if self.t_key.shape[0]:
+            runs = self._pane_runs()
+            starts, first, last = self._window_ends(runs, before, watermark)
             gone = self.t_start + (a.size - 1 + self.lateness) <= watermark  # its last window is past the lateness
-            stats = torch.stack([fire.sum(), gone.sum(), self.t_key.min(), self.t_key.max(), self.t_start.min(),
-                                 self.t_start.max()]).tolist()  # the one host sync (with exact bounds)
-            n_fire, n_gone = stats[0], stats[1]
-            self._bounds, self._bounds_stale = tuple(stats[2:]), False
+            n_fire, n_gone = torch.stack([first.sum(), gone.sum()]).tolist()  # the one host sync
             if n_fire:
-                idx = nonzero_known(fire, n_fire)
-                src = torch.div(idx, self.panes_per_window, rounding_mode="floor")
-                self.out.emit(self._merged(src, starts.index_select(0, idx)))
+                spans = self._window_spans(first, last, n_fire)
+                self.out.emit(self._merged(runs, starts, spans, self._firing_order(runs, starts, spans)))
         self._forget(gone, n_gone, watermark)
 
 
