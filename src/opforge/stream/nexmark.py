@@ -240,10 +240,12 @@ class _HottestAuctions(ProcessWindowFunction):
 
 
 def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """Rows whose ``value`` is the highest of their ``group`` in this batch
-    (all of them on a tie), in row order: one unique, one scatter-max, one
-    compaction."""
-    uniq, inv = torch.unique(group, return_inverse=True)
+    """Rows whose ``value`` is the highest of their run of equal ``group``
+    values in this batch (all of them on a tie), in row order: one scan, one
+    scatter-max, one compaction, no sort. The window operator fires in
+    window order, so a run is a whole group; in a batch out of group order a
+    group's top rows are still among its runs' top rows."""
+    uniq, inv = torch.unique_consecutive(group, return_inverse=True)
     low = float("-inf") if value.dtype.is_floating_point else torch.iinfo(value.dtype).min
     top = torch.full((uniq.shape[0],), low, dtype=value.dtype, device=value.device)
     top = top.scatter_reduce(0, inv, value, "amax")
