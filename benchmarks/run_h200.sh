@@ -82,7 +82,7 @@ for phase in "$@"; do
       # per-batch host cost (~2.5 ms, third session) stops dominating; then host-fed and the Bytewax peer
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events "${STREAM_EVENTS:-67108864}" \
         --batch-size "${STREAM_BATCH:-8388608}" --queries "${STREAM_QUERIES:-q0,q1,q2,q5,q7,tumble_count}" --feeds device \
-        --peers bytewax --peer-events 2000000 \
+        --peers bytewax,cpu --peer-events 2000000 \
         --json "$OUT/stream-nexmark-large-$stamp.json" || echo "stream large: exit $?"
       # latency at half the measured throughput, and to the exactly-once sink's commits (1 s checkpoints)
       timeout "${STREAM_LIMIT:-300}" python3 benchmarks/stream_nexmark.py --device cuda --events 16777216 \

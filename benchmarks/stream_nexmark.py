@@ -47,10 +47,13 @@ of ``--bytewax-batch``), an event clock with the same bounded out-of-orderness
 and a frozen system clock (so windows close as Flink's would, never by
 wall time). Each peer entry carries its result counts and a checksum, and
 ``peers`` in the opforge entry of the same job the ratio; the run fails
-if the counts differ. ``--peer-events N`` runs the peer on the first ``N``
-events only (Bytewax takes about 10 s per million; a large run's
-``--events`` would take it hours): opforge then runs those ``N`` events too,
-as the check of the peer's counts, and the ratio compares the events/s of
+if the counts differ. ``--peers cpu`` (for a GPU ``--device``) runs every
+job on opforge's CPU path too, its events generated in host memory, and
+fails if it emits a different number of records. ``--peer-events N`` runs
+the peers on the first ``N`` events only (Bytewax takes about 10 s per
+million; a large run's ``--events`` would take it hours): opforge then runs
+those ``N`` events too, as the check of Bytewax's counts (the CPU path's
+count is not checked then), and each ratio compares the events/s of
 opforge's full run with the peer's (both rates are per event, the batch
 sizes stay as given).
 
@@ -73,7 +76,7 @@ entries with ``"sink": "exactly_once"`` report it beside the plain sink's.
 JSON (``--json``): ``{schema_version, benchmark, date, device, gpu, torch, events,
 batch_size, entries: [{query, feed, events, input_records, output_records,
 seconds, events_per_s, batches, ms_per_batch, host_cpu_ms_per_batch,
-latency_ms: {p50, p99, max}, sink, load, [result, peers: {bytewax: {events_per_s, events,
+latency_ms: {p50, p99, max}, sink, load, [result, peers: {bytewax | cpu: {events_per_s, events,
 ratio}}]}], [peer_entries]}``
 (``sink``: "plain" or "exactly_once"; ``load``: null for a run at full speed,
 else the fraction it was paced at; latency values are null for a run without
@@ -486,6 +489,23 @@ def run_bytewax(job: str, config: NexmarkConfig, python: str, batch: int, workdi
             "events_per_s": round(config.events / seconds, 1) if seconds > 0 else None, "result": res["result"]}
 
 
+def run_cpu_peer(query: str, config: NexmarkConfig, batch_size: int) -> dict:
+    """The same job on opforge's CPU path (events generated in host memory, every operator on the CPU's
+    torch), as a peer entry."""
+    c = run_one(query, "device", config, torch.device("cpu"), batch_size)
+    return {"peer": "cpu", "query": query, "events": config.events, "input_records": c["input_records"],
+            "batch_size": batch_size, "seconds": c["seconds"], "events_per_s": c["events_per_s"],
+            "output_records": c["output_records"]}
+
+
+def _attach_peer(entry: dict, peer: dict, config: NexmarkConfig) -> None:
+    """The peer's rate and ``ratio`` (the entry's events/s over the peer's) in ``entry["peers"]``."""
+    ratio = round(entry["events_per_s"] / peer["events_per_s"], 3) if entry["events_per_s"] and peer["events_per_s"] \
+        else None
+    entry.setdefault("peers", {})[peer["peer"]] = {"events_per_s": peer["events_per_s"], "events": config.events,
+                                                  "ratio": ratio}
+
+
 def _log_entry(log, e: dict) -> None:
     lat = e["latency_ms"]
     how = "" if e["sink"] == "plain" else " exactly-once"
@@ -531,6 +551,7 @@ def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("d
                     x = run_one(q, feed, config, device, batch_size, exactly_once_ms=exactly_once_ms, workdir=tmp)
                 _log_entry(log, x)
                 entries.append(x)
+        timed = [e for e in entries if e["query"] == q and e["load"] is None and e["sink"] == "plain"]
         if peer:
             import tempfile
 
@@ -538,15 +559,20 @@ def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("d
                 pe = run_bytewax(q, peer_config, py, bytewax_batch, tmp)
             peer_entries.append(pe)
             log(f"{q:>3} bytewax: {pe['events_per_s'] or 0:>14,.0f} events/s  {pe['result']['results']:>9,} out")
-            for e in entries:
-                if e["query"] == q and e["load"] is None and e["sink"] == "plain":
-                    check = e.get("result") or run_one(q, e["feed"], peer_config, device, batch_size, keep=True)["result"]
-                    if check != pe["result"]:
-                        raise RuntimeError(f"stream_nexmark: {q} ({e['feed']}) gives {check}, "
-                                           f"bytewax {pe['result']}")
-                    e["peers"] = {"bytewax": {"events_per_s": pe["events_per_s"], "events": peer_config.events,
-                                              "ratio": round(e["events_per_s"] / pe["events_per_s"], 3)
-                                              if e["events_per_s"] and pe["events_per_s"] else None}}
+            for e in timed:
+                check = e.get("result") or run_one(q, e["feed"], peer_config, device, batch_size, keep=True)["result"]
+                if check != pe["result"]:
+                    raise RuntimeError(f"stream_nexmark: {q} ({e['feed']}) gives {check}, bytewax {pe['result']}")
+                _attach_peer(e, pe, peer_config)
+        if "cpu" in peers:
+            pc = run_cpu_peer(q, peer_config, batch_size)
+            peer_entries.append(pc)
+            log(f"{q:>3}    cpu: {pc['events_per_s'] or 0:>14,.0f} events/s  {pc['output_records']:>9,} out")
+            for e in timed:
+                if peer_config is config and e["output_records"] != pc["output_records"]:
+                    raise RuntimeError(f"stream_nexmark: {q} ({e['feed']}) emits {e['output_records']} records, "
+                                       f"its CPU path {pc['output_records']}")
+                _attach_peer(e, pc, peer_config)
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
     out = {"schema_version": SCHEMA_VERSION, "benchmark": "stream_nexmark",
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": str(device),
@@ -566,7 +592,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--feeds", default="device,host")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--json", dest="json_path")
-    ap.add_argument("--peers", default="", help="bytewax: also run q1 / tumble_count on Bytewax")
+    ap.add_argument("--peers", default="", help="bytewax: also run q1 / tumble_count on Bytewax; cpu: every "
+                                                "job on opforge's CPU path too (for a GPU device)")
     ap.add_argument("--bytewax-python", help="a Python with bytewax (default: this one, if it has it)")
     ap.add_argument("--bytewax-batch", type=int, default=10_000)
     ap.add_argument("--peer-events", type=int, help="run the peer on the first N events only")
@@ -583,8 +610,8 @@ def main(argv=None) -> dict:
         if f not in ("device", "host"):
             ap.error(f"--feeds: device or host, got {f!r}")
     for p in (p for p in args.peers.split(",") if p):
-        if p != "bytewax":
-            ap.error(f"--peers: bytewax, got {p!r}")
+        if p not in ("bytewax", "cpu"):
+            ap.error(f"--peers: bytewax or cpu, got {p!r}")
     result = run(args.events, torch.device(args.device), args.batch_size,
                  tuple(q for q in args.queries.split(",") if q), feeds, warmup=not args.no_warmup,
                  peers=tuple(p for p in args.peers.split(",") if p), bytewax_py=args.bytewax_python,

@@ -108,7 +108,7 @@ def test_peer_on_a_prefix_checks_opforge_at_the_peer_size(bench, monkeypatch):
             w = b["date_time"] - b["date_time"] % bench.TUMBLE_MS
             counts[(b["auction"], w)] = counts.get((b["auction"], w), 0) + 1
         result = bench._checksum((k, w, c + wrong) for (k, w), c in counts.items())
-        return {"peer": "python", "query": job, "events": config.events, "input_records": len(bids),
+        return {"peer": "bytewax", "query": job, "events": config.events, "input_records": len(bids),
                 "batch_size": batch, "seconds": 1.0, "events_per_s": float(config.events),
                 "result": {"results": result[0], "total": result[1], "checksum": result[2]}}
 
@@ -125,6 +125,22 @@ def test_peer_on_a_prefix_checks_opforge_at_the_peer_size(bench, monkeypatch):
     monkeypatch.setattr(bench, "run_bytewax", lambda *a: python_peer(*a, wrong=True))
     with pytest.raises(RuntimeError, match="tumble_count .device. gives"):
         bench.main(args)
+
+
+def test_cpu_peer_runs_every_job_and_checks_its_output_count(bench, monkeypatch):
+    out = bench.main(["--events", "3000", "--device", "cpu", "--batch-size", "700", "--no-warmup",
+                      "--queries", "q2,q5", "--feeds", "device,host", "--peers", "cpu"])
+    peers = {p["query"]: p for p in out["peer_entries"]}
+    assert set(peers) == {"q2", "q5"} and all(p["peer"] == "cpu" for p in peers.values())
+    for e in out["entries"]:
+        assert e["output_records"] == peers[e["query"]]["output_records"]
+        cpu = e["peers"]["cpu"]
+        assert cpu["events"] == 3000 and cpu["ratio"] == pytest.approx(e["events_per_s"] / cpu["events_per_s"], rel=1e-3)
+    real = bench.run_cpu_peer
+    monkeypatch.setattr(bench, "run_cpu_peer", lambda *a: {**real(*a), "output_records": -1})
+    with pytest.raises(RuntimeError, match="its CPU path -1"):
+        bench.main(["--events", "2000", "--device", "cpu", "--batch-size", "700", "--no-warmup", "--queries", "q2",
+                    "--feeds", "device", "--peers", "cpu"])
 
 
 def test_latency_sample_keeps_the_oldest_event_and_weighs_the_rest(bench):
