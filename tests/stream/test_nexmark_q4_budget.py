@@ -162,12 +162,13 @@ def test_bids_and_the_watermark_open_only_the_files_they_need(tmp_path):
     assert len(op.auctions) == 0 and len(auctions.files) == 5 and len(files_under(tmp_path)) == 5
     others = [f["path"] for f in auctions.files if f["kmin"] != 20]
     op.process_input(_bids([21, 22], [50, 60], [100, 5000]), 1)  # 22's bid is after it expires: not valid
-    assert auctions.restored_rows == 2  # 21 and 22 came back; 20 (read with them) stayed cold
+    assert auctions.restored_rows == 2  # 21 and 22 came back; 20 (read with them) stayed cold, on disk
     assert [f["path"] for f in auctions.files][:4] == others  # only [20, 22]'s file was read
     assert len(op.auctions) == 0 and len(auctions) == 15  # back to the host / disk after the batch
     op.on_watermark(2001)  # closes 0, 1, 2 (expire 1000 .. 1002) and 10, 11 (2000, 2001)
     assert auctions.restored_rows == 2 + 5 and len(auctions) == 10
-    assert {f["kmin"] for f in auctions.files} == {20, 30, 40}  # files 0 and 1 were read (12 is on the host)
+    # files 0 and 1 were read; 12, not closed, went back to disk (host budget 0), as 20 and then 21, 22 did
+    assert {f["kmin"] for f in auctions.files} == {12, 20, 21, 30, 40} and auctions.host is None
     assert _winners(op) == []  # no valid bid: no winner
     op.process_input(_bids([12, 40], [7, 9], [1500, 2500]), 1)
     op.on_watermark(3002)  # closes 12 (2002) and 20 .. 22 (3000 .. 3002): by expiry

@@ -87,12 +87,39 @@ def test_spill_files_are_arrow_ipc_not_pickle(tmp_path):
     assert table.column("key").to_pylist() == [5, 1, 9]
     # a zone map keeps files out of lookups that cannot hit them
     assert cold.take(lambda r: r["key"] == 100, lambda f: f["kmin"] <= 100 <= f["kmax"]) is None
-    assert len(files_under(tmp_path)) == 1
+    assert files_under(tmp_path) == paths
+    before = paths[0]
     back = cold.take(lambda r: r["key"] == 9, lambda f: f["kmin"] <= 9 <= f["kmax"])
     assert back["key"].tolist() == [9] and back["acc.total"].tolist() == [3.5]
-    assert files_under(tmp_path) == [] and len(cold) == 2  # the file was read back and deleted
+    # the file was read back and deleted; the rows not taken went back to disk (host budget 0)
+    paths = files_under(tmp_path)
+    assert len(paths) == 1 and paths[0] != before and cold.host is None and len(cold) == 2
+    with pa.memory_map(paths[0], "r") as src:
+        assert pa.ipc.open_file(src).read_all().column("key").to_pylist() == [5, 1]
+    assert [(f["kmin"], f["kmax"]) for f in cold.files] == [(1, 5)]
     cold.clear()
     assert len(cold) == 0 and not os.path.exists(str(tmp_path / "x"))
+
+
+def test_rows_read_back_but_not_taken_stay_within_the_host_budget(tmp_path):
+    import torch
+
+    from opforge.stream.state_budget import ColdRows
+
+    limit = 200  # bytes: 12 rows of two int64 columns (16 bytes a row) fit, 16 do not
+    cold = ColdRows(StateBudget(0, limit, str(tmp_path)), "op")
+    for i in range(4):  # 4 files of 16 rows: keys 100 i .. 100 i + 15
+        cold.add({"key": torch.arange(100 * i, 100 * i + 16), "start": torch.full((16,), i)})
+    assert len(cold.files) == 4 and cold.host is None
+    everything = set(range(0, 16)) | set(range(100, 116)) | set(range(200, 216)) | set(range(300, 316))
+    back = cold.take(lambda r: r["key"] % 100 == 3, lambda f: True)  # reads every file, takes 4 rows
+    assert sorted(back["key"].tolist()) == [3, 103, 203, 303]
+    assert cold.host_bytes() <= limit and len(cold) == 60
+    cold.drop(lambda r: r["key"] < 100, lambda f: False, lambda f: f["kmin"] < 100)
+    assert cold.host_bytes() <= limit and len(cold) == 45
+    left = cold.take_all()["key"].tolist()
+    assert sorted(left) == sorted(everything - {3, 103, 203, 303} - set(range(16)))
+    cold.clear()
 
 
 def test_nexmark_q5_with_a_tiny_budget(tmp_path):

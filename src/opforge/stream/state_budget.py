@@ -9,7 +9,9 @@ the host tier grows past ``host_bytes`` it is written to an Arrow IPC file in
 ``spill_dir`` (never pickle). A row comes back to the device transparently
 when a batch touches its (key, window) or a watermark is about to fire or
 purge it. Spill files are deleted as soon as they are read back, and all of
-them at the end of the job (or when the operator is garbage collected).
+them at the end of the job (or when the operator is garbage collected). The
+rows of a file read back but not needed stay in host memory while the host
+tier fits its budget, else they go back to disk at once.
 Checkpoints hold every tier (the table is gathered whole), so a restored job
 sees the same state with or without a budget. The columnar joins' buffered
 rows obey the same budget (``columnar_join.py`` says which of their rows are
@@ -145,10 +147,13 @@ class ColdRows:
             return
         self.evicted_rows += rows_len(rows)
         self.host = cat_rows(self.host, rows)
+        self._fit_host_budget()
+
+    def _fit_host_budget(self) -> None:
+        """Over the (shared) host budget: the largest host tiers go to disk until it fits."""
         limit = self.budget.host_bytes
         if limit is None:
             return
-        # over the (shared) host budget: the largest host tiers go to disk until it fits
         peers = self._peers or [self]
         used = sum(p.host_bytes() for p in peers)
         for p in sorted(peers, key=lambda p: p.host_bytes(), reverse=True):
@@ -212,9 +217,11 @@ class ColdRows:
             return None
         mask = mask_of(self.host)
         if not bool(mask.any()):
+            self._fit_host_budget()  # files read back for nothing go back to disk
             return None
         out, self.host = take_rows(self.host, mask)
         self.restored_rows += rows_len(out)
+        self._fit_host_budget()  # the rest of the files read back, when over the budget
         return out
 
     def drop(self, mask_of, all_in, might_hold) -> None:
@@ -230,6 +237,7 @@ class ColdRows:
         self._load_where(might_hold)
         if self.host and rows_len(self.host):
             _, self.host = take_rows(self.host, mask_of(self.host))
+        self._fit_host_budget()
 
     def take_all(self) -> dict | None:
         """Every cold row (for a checkpoint), leaving the tiers as they were."""
