@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import opforge.stream.columnar_join as columnar_join
-from opforge.stream import (CollectionSource, FileSink, SlidingEventTimeWindows, StateBudget,
+from opforge.stream import (CollectionSource, SlidingEventTimeWindows, StateBudget,
                             StreamExecutionEnvironment, TumblingEventTimeWindows, WatermarkStrategy, vectorized)
 from opforge.stream.columnar_join import RegularJoinOperator, WindowJoinOperator
 from opforge.stream.keys import KeySelector
@@ -18,8 +18,8 @@ from opforge.stream.records import Batch
 from opforge.stream.state_budget import ColdRows
 from stream_helpers import (multiset, out_of_order_events, record_cold_rows, reference_outputs, run_with_failures,
                             simulated_env)
-from test_columnar_joins import (WINDOWS, _Boom, _dict_pair, _FailAt, _rows, regular_join, vector_difference,
-                                 vector_pair, window_join)
+from test_columnar_joins import (WINDOWS, _Boom, _rows, both_joins, regular_join, vector_difference, vector_pair,
+                                 window_join)
 
 BOUND = 15
 # windows long enough that a subtask buffers more than the tiny budgets below
@@ -255,16 +255,7 @@ def test_join_state_under_a_budget_survives_a_failure_and_restore(tmp_path, tier
     evs = [{"key": k, "value": v, "ts": t}
            for k, v, t in out_of_order_events(500, keys=12, bound=20, seed=12, late=0.05)]
     spill = tmp_path / "spill"
-
-    def build(env, out, fail_at):
-        s = WatermarkStrategy.for_bounded_out_of_orderness(20).with_timestamp_assigner("ts")
-        src = env.from_source(CollectionSource(evs), s, "events")
-        left = src.filter(lambda r: r["value"] % 2 == 0)
-        right = src.filter(lambda r: r["value"] % 2 != 0)
-        left.join(right).where("key").equal_to("key").window(SlidingEventTimeWindows.of(300, 100)) \
-            .apply(_dict_pair).map(_FailAt(fail_at)).sink_to(FileSink(out / "window", "json"))
-        left.connect(right).key_by("key", "key").process(columnar_join.RegularJoin(_dict_pair)) \
-            .sink_to(FileSink(out / "regular", "json"))
+    build = both_joins(evs, 300, 100)
 
     plain = simulated_env(16)
     build(plain, tmp_path / "plain", None)

@@ -239,21 +239,26 @@ def _dict_pair(first, second):
     return {"key": first["key"], "a": first["value"], "b": second["value"]}
 
 
-def test_columnar_join_state_survives_a_failure_and_restore(tmp_path):
-    evs = [{"key": k, "value": v, "ts": t}
-           for k, v, t in out_of_order_events(400, keys=4, bound=20, seed=12, late=0.05)]
-
+def both_joins(evs, size, slide):
+    """A job of ``run_with_failures``' shape: a sliding window join and a regular join of the even- and
+    odd-valued events of ``evs`` (event time ``ts``, bound 20), each into its exactly-once sink."""
     def build(env, out, fail_at):
         s = WatermarkStrategy.for_bounded_out_of_orderness(20).with_timestamp_assigner("ts")
         src = env.from_source(CollectionSource(evs), s, "events")
         left = src.filter(lambda r: r["value"] % 2 == 0)
         right = src.filter(lambda r: r["value"] % 2 != 0)
-        left.join(right).where("key").equal_to("key").window(SlidingEventTimeWindows.of(40, 20)) \
+        left.join(right).where("key").equal_to("key").window(SlidingEventTimeWindows.of(size, slide)) \
             .apply(_dict_pair).map(_FailAt(fail_at)).sink_to(FileSink(out / "window", "json"))
         left.connect(right).key_by("key", "key").process(RegularJoin(_dict_pair)) \
             .sink_to(FileSink(out / "regular", "json"))
 
-    _crash_and_restore(tmp_path, build, (40, 300), ("window", "regular"))
+    return build
+
+
+def test_columnar_join_state_survives_a_failure_and_restore(tmp_path):
+    evs = [{"key": k, "value": v, "ts": t}
+           for k, v, t in out_of_order_events(400, keys=4, bound=20, seed=12, late=0.05)]
+    _crash_and_restore(tmp_path, both_joins(evs, 40, 20), (40, 300), ("window", "regular"))
 
 
 @pytest.mark.parametrize("query", [q3, q4, q8])
