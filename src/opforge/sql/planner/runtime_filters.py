@@ -114,11 +114,11 @@ class RuntimeFilter:
         k = keys.long() if valid is None else keys.long()[valid]
         if k.numel() == 0:
             return RuntimeFilter(None, None, k, None)
-        lo, hi = torch.aminmax(k)
+        lo, hi = torch.stack(torch.aminmax(k)).tolist()  # one read-back for both bounds
         distinct = torch.unique(k)
         if distinct.numel() <= in_list_max:
-            return RuntimeFilter(int(lo), int(hi), distinct, None)
-        return RuntimeFilter(int(lo), int(hi), None, BlockedBloomFilter.build(distinct))
+            return RuntimeFilter(lo, hi, distinct, None)
+        return RuntimeFilter(lo, hi, None, BlockedBloomFilter.build(distinct))
 
     def mask(self, keys: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """True for each probe row that may find a match."""
