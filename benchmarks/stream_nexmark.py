@@ -596,7 +596,7 @@ def main(argv=None) -> dict:
                                                 "job on opforge's CPU path too (for a GPU device)")
     ap.add_argument("--bytewax-python", help="a Python with bytewax (default: this one, if it has it)")
     ap.add_argument("--bytewax-batch", type=int, default=10_000)
-    ap.add_argument("--peer-events", type=int, help="run the peer on the first N events only")
+    ap.add_argument("--peer-events", type=int, help="run the peers on the first N events only")
     ap.add_argument("--paced", type=float, help="also run each job paced at this fraction of its throughput")
     ap.add_argument("--exactly-once-ms", type=int, help="also run each job with checkpoints at this interval "
                                                         "into the exactly-once file sink")
