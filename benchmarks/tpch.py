@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -172,16 +173,19 @@ def main(argv: list[str] | None = None, connect=None) -> dict:
         plot(doc, out.with_suffix(".png"))
 
     table = Table(title=f"TPC-H SF{args.sf:g} (median ms, warm, end to end)")
-    for col in ("query", "rows", "opforge", "duckdb", "speedup", "check"):
+    for col in ("query", "rows", "opforge", "of it: plan", "duckdb", "speedup", "check"):
         table.add_column(col, justify="right")
     def fmt(v):
         return "-" if v is None else f"{v:.2f}"
 
     for q in doc["queries"]:
         check = "ok" if q["match"] else ("error" if q["error"] else "WRONG")
-        table.add_row(q["query"], str(q["rows"]), fmt(q["opforge_median_ms"]), fmt(q["duckdb_median_ms"]), fmt(q["speedup"]), check)
+        plan = statistics.median(q["opforge_plan_ms"]) if q["opforge_plan_ms"] else None
+        table.add_row(q["query"], str(q["rows"]), fmt(q["opforge_median_ms"]), fmt(plan), fmt(q["duckdb_median_ms"]),
+                      fmt(q["speedup"]), check)
     t = doc["total"]
-    table.add_row("total", "", fmt(t["opforge_ms"]), fmt(t["duckdb_ms"]), fmt(t["speedup"]), f"{t['queries_matching']}/{len(numbers)}")
+    table.add_row("total", "", fmt(t["opforge_ms"]), fmt(t["opforge_plan_ms"]), fmt(t["duckdb_ms"]), fmt(t["speedup"]),
+                  f"{t['queries_matching']}/{len(numbers)}")
     console.print(table)
     console.print(f"load: opforge {doc['load']['opforge_s']:.3f} s, DuckDB {doc['load']['duckdb_s']:.3f} s; wrote {out}")
     return doc

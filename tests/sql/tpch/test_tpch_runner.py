@@ -50,7 +50,10 @@ def test_a_correct_engine_matches_on_all_22(tpch_root, tpch_paths):
     assert [r.query for r in records] == [f"q{n:02d}" for n in range(1, 23)]
     assert all(r.match and not r.diffs and r.error is None for r in records), [r.diffs for r in records]
     assert all(len(r.opforge_ms) == 1 and len(r.duckdb_ms) == 1 and r.speedup > 0 for r in records)
+    # the stand-in answers inside sql(): its "planning" is the whole run, never more
+    assert all(len(r.opforge_plan_ms) == 1 and 0 < r.opforge_plan_ms[0] <= r.opforge_ms[0] for r in records)
     assert result["total"]["queries_run"] == 22 and result["total"]["queries_matching"] == 22
+    assert 0 < result["total"]["opforge_plan_ms"] <= result["total"]["opforge_ms"]
     assert result["load"]["opforge_s"] > 0 and result["load"]["duckdb_s"] > 0
     assert json.loads(json.dumps([r.to_json() for r in records]))[0]["query"] == "q01"
 
