@@ -32,11 +32,10 @@ import operator
 import torch
 
 from opforge.ops.layout import bucket_size
-from opforge.ops.library import define, direct_ok
+from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 
-KEY_DTYPES = (torch.int32, torch.int64)
 BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
 MAX_HASHES = 7  # bit i takes byte 7 - (i % 7) of the hash: 7 distinct bytes
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -145,28 +144,14 @@ def validate_probe(words, keys, hashes, lo, hi, valid=None):
     if rest or blocks == 0 or blocks & (blocks - 1):
         raise ValueError(f"{WHERE}: words must hold a power-of-two number of {BLOCK_WORDS}-word blocks, "
                          f"got {words.numel()} words")
-    if not isinstance(keys, torch.Tensor):
-        raise TypeError(f"{WHERE}: keys must be a torch.Tensor, got {type(keys).__name__}")
-    if keys.dtype not in KEY_DTYPES:
-        raise TypeError(f"{WHERE}: keys must be int32 or int64, got {keys.dtype}")
-    if keys.dim() != 1:
-        raise ValueError(f"{WHERE}: keys must be 1-D, got shape {tuple(keys.shape)}")
+    check_keys(WHERE, "keys", keys)
     if words.device != keys.device:
         raise ValueError(f"{WHERE}: words is on {words.device} but keys is on {keys.device}")
     if isinstance(hashes, bool) or not isinstance(hashes, int) or not 1 <= hashes <= MAX_HASHES:
         raise ValueError(f"{WHERE}: hashes must be an int in 1..{MAX_HASHES}, got {hashes!r}")
     _check_bound("lo", lo)
     _check_bound("hi", hi)
-    if valid is None:
-        return
-    if not isinstance(valid, torch.Tensor):
-        raise TypeError(f"{WHERE}: valid must be a bool torch.Tensor or None, got {type(valid).__name__}")
-    if valid.dtype != torch.bool:
-        raise TypeError(f"{WHERE}: valid must be a bool tensor, got {valid.dtype}")
-    if valid.shape != keys.shape:
-        raise ValueError(f"{WHERE}: valid has shape {tuple(valid.shape)} but keys has {tuple(keys.shape)}")
-    if valid.device != keys.device:
-        raise ValueError(f"{WHERE}: valid is on {valid.device} but keys is on {keys.device}")
+    check_valid(WHERE, "valid", valid, keys, "keys")
 
 
 # ---------------------------------------------------------------------------

@@ -56,12 +56,11 @@ from __future__ import annotations
 import torch
 
 from opforge.ops.layout import bucket_size
-from opforge.ops.library import define, direct_ok
+from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
 from opforge.ops.scan import compact, cumsum
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 
-KEY_DTYPES = (torch.int32, torch.int64)
 HOWS = ("inner", "left", "semi", "anti")
 
 
@@ -198,44 +197,22 @@ REFERENCE = {"hash_join": _join_sorted, "group_by": _group_by_sorted, "segment_r
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
-def _check_keys(where, arg, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in KEY_DTYPES:
-        raise TypeError(f"{where}: {arg} must be int32 or int64, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{where}: {arg} must be 1-D, got shape {tuple(t.shape)}")
-
-
-def _check_valid(where, arg, valid, keys, keys_arg):
-    if valid is None:
-        return
-    if not isinstance(valid, torch.Tensor):
-        raise TypeError(f"{where}: {arg} must be a bool torch.Tensor or None, got {type(valid).__name__}")
-    if valid.dtype != torch.bool:
-        raise TypeError(f"{where}: {arg} must be a bool tensor, got {valid.dtype}")
-    if valid.shape != keys.shape:
-        raise ValueError(f"{where}: {arg} has shape {tuple(valid.shape)} but {keys_arg} has {tuple(keys.shape)}")
-    if valid.device != keys.device:
-        raise ValueError(f"{where}: {arg} is on {valid.device} but {keys_arg} is on {keys.device}")
-
-
 def validate_join(build_keys, probe_keys, how="inner", build_valid=None, probe_valid=None):
     where = "opforge.hash_join"
-    _check_keys(where, "build_keys", build_keys)
-    _check_keys(where, "probe_keys", probe_keys)
+    check_keys(where, "build_keys", build_keys)
+    check_keys(where, "probe_keys", probe_keys)
     if build_keys.device != probe_keys.device:
         raise ValueError(f"{where}: build_keys is on {build_keys.device} but probe_keys is on {probe_keys.device}")
     if how not in HOWS:
         raise ValueError(f"{where}: how must be one of {HOWS}, got {how!r}")
-    _check_valid(where, "build_valid", build_valid, build_keys, "build_keys")
-    _check_valid(where, "probe_valid", probe_valid, probe_keys, "probe_keys")
+    check_valid(where, "build_valid", build_valid, build_keys, "build_keys")
+    check_valid(where, "probe_valid", probe_valid, probe_keys, "probe_keys")
 
 
 def validate_group_by(keys, valid=None):
     where = "opforge.group_by"
-    _check_keys(where, "keys", keys)
-    _check_valid(where, "valid", valid, keys, "keys")
+    check_keys(where, "keys", keys)
+    check_valid(where, "valid", valid, keys, "keys")
 
 
 def validate_segment_reduce(values, group_ids, num_groups, op, valid=None, deterministic=False):
@@ -256,7 +233,7 @@ def validate_segment_reduce(values, group_ids, num_groups, op, valid=None, deter
         raise ValueError(f"{where}: num_groups must be an int >= 0, got {num_groups!r}")
     if op not in SEGMENT_OPS:
         raise ValueError(f"{where}: op must be one of {SEGMENT_OPS}, got {op!r}")
-    _check_valid(where, "valid", valid, values, "values")
+    check_valid(where, "valid", valid, values, "values")
     if not isinstance(deterministic, bool):
         raise TypeError(f"{where}: deterministic must be a bool, got {type(deterministic).__name__}")
 

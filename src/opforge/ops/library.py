@@ -55,3 +55,30 @@ def direct_ok(a, b=None) -> bool:
         return False
     return not (_is_compiling() or _dispatch_stack_len() or _functorch_stack() is not None
                 or _torch_function_mode())
+
+
+KEY_DTYPES = (torch.int32, torch.int64)  # the integer keys the hash-table and Bloom ops take
+
+
+def check_keys(where: str, arg: str, t) -> None:
+    """A key argument: a 1-D int32 or int64 tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in KEY_DTYPES:
+        raise TypeError(f"{where}: {arg} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{where}: {arg} must be 1-D, got shape {tuple(t.shape)}")
+
+
+def check_valid(where: str, arg: str, valid, keys: torch.Tensor, keys_arg: str) -> None:
+    """A NULL mask argument: None, or a bool tensor shaped and placed like the keys it marks."""
+    if valid is None:
+        return
+    if not isinstance(valid, torch.Tensor):
+        raise TypeError(f"{where}: {arg} must be a bool torch.Tensor or None, got {type(valid).__name__}")
+    if valid.dtype != torch.bool:
+        raise TypeError(f"{where}: {arg} must be a bool tensor, got {valid.dtype}")
+    if valid.shape != keys.shape:
+        raise ValueError(f"{where}: {arg} has shape {tuple(valid.shape)} but {keys_arg} has {tuple(keys.shape)}")
+    if valid.device != keys.device:
+        raise ValueError(f"{where}: {arg} is on {valid.device} but {keys_arg} is on {keys.device}")
