@@ -69,14 +69,14 @@ its time, so its latency includes waiting for its batch to fill. Entries with
 
 Exactly-once (``--exactly-once-ms 1000``): the job also runs with checkpoints
 every that many ms into the transactional ``FileSink`` (Parquet part files,
-two-phase commit). An output's latency then runs to the commit that makes its
+or Arrow IPC with ``--sink-format arrow``; two-phase commit). An output's latency then runs to the commit that makes its
 file visible (the checkpoint's completion), so it is bounded by the interval:
 entries with ``"sink": "exactly_once"`` report it beside the plain sink's.
 
 JSON (``--json``): ``{schema_version, benchmark, date, device, gpu, torch, events,
 batch_size, entries: [{query, feed, events, input_records, output_records,
 seconds, events_per_s, batches, ms_per_batch, host_cpu_ms_per_batch,
-latency_ms: {p50, p99, max}, sink, load, [result, peers: {bytewax | cpu: {events_per_s, events,
+latency_ms: {p50, p99, max}, sink, load, [checkpoint_interval_ms, sink_format, checkpoints, result, peers: {bytewax | cpu: {events_per_s, events,
 ratio}}]}], [peer_entries]}``
 (``sink``: "plain" or "exactly_once"; ``load``: null for a run at full speed,
 else the fraction it was paced at; latency values are null for a run without
@@ -369,9 +369,9 @@ class CommitLatencySink(_Arrivals, FileSink):
     (``snapshot_state``) and arrives when the checkpoint completes
     (``notify_checkpoint_complete``), or at the end of the input (``finish``)."""
 
-    def __init__(self, path):
+    def __init__(self, path, format: str = "parquet"):
         _Arrivals.__init__(self)
-        FileSink.__init__(self, path, "parquet")
+        FileSink.__init__(self, path, format)
         self.open_samples: dict = {}  # subtask -> samples written since its last pre-commit
         self.pending_samples: dict = {}  # (subtask, checkpoint id) -> samples of that pending file
 
@@ -425,16 +425,17 @@ def _sources(feed: str, config: NexmarkConfig, batch_size: int, log: IngestLog, 
 
 
 def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: int, keep: bool = False,
-            rate: float | None = None, exactly_once_ms: int | None = None, workdir=None) -> dict:
+            rate: float | None = None, exactly_once_ms: int | None = None, workdir=None,
+            sink_format: str = "parquet") -> dict:
     """One timed run. ``rate``: sources paced at that many events/s (``Pacer``);
     ``exactly_once_ms``: checkpoints at that interval into ``CommitLatencySink``
-    files under ``workdir``."""
+    files (``sink_format``) under ``workdir``."""
     pacer = Pacer(rate, config.events_per_second) if rate else None
     log = IngestLog(pacer)
     env = StreamExecutionEnvironment(device=device, batch_size=batch_size)
     if exactly_once_ms:
         env.enable_checkpointing(exactly_once_ms, str(Path(workdir) / "checkpoints"))
-        sink = CommitLatencySink(Path(workdir) / "out")
+        sink = CommitLatencySink(Path(workdir) / "out", sink_format)
     else:
         sink = LatencySink(keep=keep and query == "tumble_count")
     JOBS[query](env, config, source=_sources(feed, config, batch_size, log, pacer)).sink_to(sink)
@@ -453,7 +454,8 @@ def run_one(query: str, feed: str, config: NexmarkConfig, device, batch_size: in
            "latency_ms": sink.latency_summary(log),
            "sink": "exactly_once" if exactly_once_ms else "plain", "load": None}
     if exactly_once_ms:
-        out["checkpoint_interval_ms"] = exactly_once_ms
+        out["checkpoint_interval_ms"], out["sink_format"] = exactly_once_ms, sink_format
+        out["checkpoints"] = len(result.checkpoints)
     if keep:
         out["result"] = sink.result()
     return out
@@ -508,7 +510,7 @@ def _attach_peer(entry: dict, peer: dict, config: NexmarkConfig) -> None:
 
 def _log_entry(log, e: dict) -> None:
     lat = e["latency_ms"]
-    how = "" if e["sink"] == "plain" else " exactly-once"
+    how = "" if e["sink"] == "plain" else f" exactly-once ({e['sink_format']})"
     how += "" if e["load"] is None else f" at {e['load']:g} load"
     log(f"{e['query']:>3} {e['feed']:>6}{how}: {e['events_per_s'] or 0:>14,.0f} events/s  "
         f"{e['output_records']:>9,} out  {e['ms_per_batch']:>9.3f} ms/batch ({e['host_cpu_ms_per_batch']:.3f} host CPU)  "
@@ -517,7 +519,8 @@ def _log_entry(log, e: dict) -> None:
 
 def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("device", "host"),
         warmup: bool = True, log=print, peers=(), bytewax_py: str | None = None, bytewax_batch: int = 10_000,
-        paced: float | None = None, exactly_once_ms: int | None = None, peer_events: int | None = None) -> dict:
+        paced: float | None = None, exactly_once_ms: int | None = None, peer_events: int | None = None,
+        sink_format: str = "parquet") -> dict:
     config = NexmarkConfig(events=events, events_per_second=10_000, max_out_of_orderness_ms=500)
     # warm-up: a tenth of the events, but at least two full batches, so that the timed run's ops meet
     # shape buckets that dispatch has already tuned (tuning inside the timed run would be timed)
@@ -548,7 +551,8 @@ def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("d
                 import tempfile
 
                 with tempfile.TemporaryDirectory(prefix="nexmark-exactly-once-") as tmp:
-                    x = run_one(q, feed, config, device, batch_size, exactly_once_ms=exactly_once_ms, workdir=tmp)
+                    x = run_one(q, feed, config, device, batch_size, exactly_once_ms=exactly_once_ms, workdir=tmp,
+                                sink_format=sink_format)
                 _log_entry(log, x)
                 entries.append(x)
         timed = [e for e in entries if e["query"] == q and e["load"] is None and e["sink"] == "plain"]
@@ -600,6 +604,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--paced", type=float, help="also run each job paced at this fraction of its throughput")
     ap.add_argument("--exactly-once-ms", type=int, help="also run each job with checkpoints at this interval "
                                                         "into the exactly-once file sink")
+    ap.add_argument("--sink-format", default="parquet", choices=("parquet", "arrow", "csv", "json"),
+                    help="the exactly-once sink's file format")
     args = ap.parse_args(argv)
     if args.paced is not None and not 0 < args.paced <= 1:
         ap.error(f"--paced: a fraction in (0, 1], got {args.paced}")
@@ -616,7 +622,7 @@ def main(argv=None) -> dict:
                  tuple(q for q in args.queries.split(",") if q), feeds, warmup=not args.no_warmup,
                  peers=tuple(p for p in args.peers.split(",") if p), bytewax_py=args.bytewax_python,
                  bytewax_batch=args.bytewax_batch, paced=args.paced, exactly_once_ms=args.exactly_once_ms,
-                 peer_events=args.peer_events)
+                 peer_events=args.peer_events, sink_format=args.sink_format)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json_path}")

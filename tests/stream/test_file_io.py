@@ -7,6 +7,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -24,6 +25,8 @@ def write(path, rows, fmt):
     table = pa.Table.from_pylist(rows)
     if fmt == "parquet":
         pq.write_table(table, path)
+    elif fmt == "arrow":
+        feather.write_feather(table, path)
     elif fmt == "csv":
         pcsv.write_csv(table, path)
     else:
@@ -32,10 +35,10 @@ def write(path, rows, fmt):
                 f.write(json.dumps(r) + "\n")
 
 
-EXT = {"parquet": "parquet", "csv": "csv", "json": "jsonl"}
+EXT = {"parquet": "parquet", "arrow": "arrow", "csv": "csv", "json": "jsonl"}
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv", "json"])
 def test_bounded_file_and_directory_sources(tmp_path, fmt):
     one = tmp_path / f"one.{EXT[fmt]}"
     write(one, ROWS, fmt)
@@ -108,7 +111,7 @@ def test_monitored_directory_picks_up_new_files(tmp_path):
     assert multiset(sink.records()) == multiset(ROWS)  # each file read once
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv", "json"])
 def test_file_sink_commits_at_the_end_without_checkpointing(tmp_path, fmt):
     env = StreamExecutionEnvironment(parallelism=2, batch_size=7)
     env.from_source(CollectionSource(ROWS)).sink_to(FileSink(tmp_path / "out", fmt))
@@ -171,7 +174,7 @@ def test_file_sink_arguments_and_schema_changes(tmp_path):
     assert read_committed(tmp_path).column("a").to_pylist() == [1, 2, 3]
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv", "json"])
 def test_file_to_file_job_restores_file_positions(tmp_path, fmt):
     """A file source read half way, a failure, a restore: (file, row) positions
     and the sink's transactions give the failure-free output exactly."""

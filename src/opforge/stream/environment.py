@@ -111,7 +111,7 @@ class StreamExecutionEnvironment:
 
     def from_file(self, path, format: str | None = None, monitor_interval_ms: int | None = None,
                   watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
-        """Parquet / CSV / JSON-lines records of a file or directory (``FileSource``)."""
+        """Parquet / Arrow IPC / CSV / JSON-lines records of a file or directory (``FileSource``)."""
         from opforge.stream.file_source import FileSource
 
         return self.from_source(FileSource(path, format, monitor_interval_ms), watermark_strategy, "File Source")

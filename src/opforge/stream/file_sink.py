@@ -1,4 +1,4 @@
-"""``FileSink``: Parquet, CSV or JSON-lines part files with exactly-once
+"""``FileSink``: Parquet, Arrow IPC, CSV or JSON-lines part files with exactly-once
 output through two-phase commit (Flink's ``FileSink`` / ``TwoPhaseCommitSinkFunction``).
 
 Each subtask writes the records between two checkpoints to a hidden
@@ -27,7 +27,7 @@ import re
 from opforge.stream.checkpoint import _fsync_dir
 from opforge.stream.sinks import Sink
 
-EXT = {"parquet": "parquet", "csv": "csv", "json": "jsonl"}
+EXT = {"parquet": "parquet", "arrow": "arrow", "csv": "csv", "json": "jsonl"}
 
 
 class _PartWriter:
@@ -53,6 +53,10 @@ class _PartWriter:
                     import pyarrow.parquet as pq
 
                     self.writer = pq.ParquetWriter(self.path, self.schema)
+                elif self.fmt == "arrow":
+                    import pyarrow.ipc as ipc
+
+                    self.writer = ipc.new_file(self.path, self.schema)
                 else:
                     import pyarrow.csv as pcsv
 
@@ -181,7 +185,7 @@ class FileSink(Sink):
 
 def committed_files(path, prefix: str = "part") -> list[str]:
     """The visible part files under ``path``, in commit order (checkpoint, subtask)."""
-    pat = re.compile(rf"^{re.escape(prefix)}-(\d+)-(\d+)\.(parquet|csv|jsonl)$")
+    pat = re.compile(rf"^{re.escape(prefix)}-(\d+)-(\d+)\.(parquet|arrow|csv|jsonl)$")
     found = []
     for n in os.listdir(path):
         m = pat.match(n)

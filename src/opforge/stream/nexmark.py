@@ -240,16 +240,24 @@ class _HottestAuctions(ProcessWindowFunction):
 
 
 def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """Rows whose ``value`` is the highest of their run of equal ``group``
-    values in this batch (all of them on a tie), in row order: one scan, one
-    scatter-max, one compaction, no sort. The window operator fires in
-    window order, so a run is a whole group; in a batch out of group order a
-    group's top rows are still among its runs' top rows."""
-    uniq, inv = torch.unique_consecutive(group, return_inverse=True)
+    """Rows whose ``value`` is the highest of their ``group`` in this batch
+    (all of them on a tie), in row order. The groups are window numbers or
+    bounds, a narrow range within a batch, so a group's offset from the
+    batch's lowest addresses a dense table: one min/max read back, one
+    scatter-max, one compaction, no sort, and the batch may be in any order
+    (bids arrive out of order across window bounds). Groups spread wider
+    than the batch has rows are numbered by ``torch.unique`` instead."""
+    if group.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=group.device)
+    slot = group - group.min()
+    span = int(slot.max()) + 1
+    if span > group.numel():
+        _, slot = torch.unique(group, return_inverse=True)
+        span = int(slot.max()) + 1
     low = float("-inf") if value.dtype.is_floating_point else torch.iinfo(value.dtype).min
-    top = torch.full((uniq.shape[0],), low, dtype=value.dtype, device=value.device)
-    top = top.scatter_reduce(0, inv, value, "amax")
-    return torch.nonzero(value == top[inv]).flatten()
+    top = torch.full((span,), low, dtype=value.dtype, device=value.device)
+    top = top.scatter_reduce(0, slot, value, "amax")
+    return torch.nonzero(value == top[slot]).flatten()
 
 
 @vectorized
@@ -795,7 +803,7 @@ def _batch_top(size_ms: int):
         window's top bids overall are among them (a pre-filter on the device;
         the rows of one window in one batch are all late or none are)."""
         ts, price = batch.timestamps, batch["price"]
-        rows = _top_rows(ts - torch.remainder(ts, size_ms), price)
+        rows = _top_rows(torch.div(ts, size_ms, rounding_mode="floor"), price)
         return {"auction": batch["auction"][rows], "price": price[rows], "bidder": batch["bidder"][rows],
                 "date_time": batch["date_time"][rows], "__row__": rows}
 
