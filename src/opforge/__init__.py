@@ -18,6 +18,7 @@ from opforge.ops.elementwise import (  # noqa: E402
 from opforge.ops.attention import attention  # noqa: E402
 from opforge.ops.attention_decode import attention_decode  # noqa: E402
 from opforge.ops.bloom import blocked_bloom_probe  # noqa: E402
+from opforge.ops.nexmark import nexmark_events  # noqa: E402
 from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
 from opforge.ops.fused import bias_gelu, swiglu  # noqa: E402
 from opforge.ops.grouped_matmul import grouped_matmul  # noqa: E402
@@ -54,5 +55,5 @@ __all__ = [
     # GEMM and quantization
     "matmul", "grouped_matmul", "scaled_matmul", "quantized_matmul", "quantize", "dequantize", "QuantizedTensor",
     # relational kernels
-    "hash_join", "group_by", "segment_reduce", "blocked_bloom_probe",
+    "hash_join", "group_by", "segment_reduce", "blocked_bloom_probe", "nexmark_events",
 ]

@@ -1,13 +1,14 @@
-"""Stream tests run ``segment_reduce`` (the windows' GPU fold) through its
-plain-torch reference: the Triton interpreter takes far longer per call. One
-test marked ``triton_kernels`` keeps dispatch's own choice."""
+"""Stream tests run ``segment_reduce`` (the windows' GPU fold) and
+``nexmark_events`` (the Nexmark source) through their plain-torch references:
+the Triton interpreter takes far longer per call. Tests marked
+``triton_kernels`` keep dispatch's own choice."""
 import contextlib
 
 import pytest
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "triton_kernels: keep dispatch's choice for segment_reduce")
+    config.addinivalue_line("markers", "triton_kernels: keep dispatch's choice for segment_reduce and nexmark_events")
 
 
 @pytest.fixture(autouse=True)
@@ -18,5 +19,6 @@ def _segment_reduce_by_reference(request):
     from opforge.runtime import dispatch
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(dispatch.force_variant("segment_reduce", "reference"))
+        for op in ("segment_reduce", "nexmark_events"):
+            stack.enter_context(dispatch.force_variant(op, "reference"))
         yield

@@ -77,7 +77,11 @@ def _masked_reference(config, kind, first, last):
     """The generator as first written: all events made, then masked by kind."""
     import torch
 
-    from opforge.stream.nexmark import AUCTION, FIRST_ID, PERSON, PROPORTION, _uniform
+    from opforge.ops.nexmark import AUCTION, FIRST_ID, PERSON, PROPORTION
+    from opforge.stream.partitioning import hash_keys
+
+    def _uniform(n, salt, seed):
+        return hash_keys(n * 8 + salt + seed * 1_000_003)
 
     n = torch.arange(first, last, dtype=torch.int64)
     off = n % PROPORTION

@@ -17,8 +17,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from opforge.bench import (
-    attention, attention_decode, bloom, cross_entropy, elementwise, fusion, gemm, grouped_gemm, hashing, norm, overhead,
-    prewarm, quant, reduce, scaled_gemm, scan, softmax, transpose,
+    attention, attention_decode, bloom, cross_entropy, elementwise, fusion, gemm, grouped_gemm, hashing, nexmark, norm,
+    overhead, prewarm, quant, reduce, scaled_gemm, scan, softmax, transpose,
 )
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
@@ -29,7 +29,7 @@ FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduc
             "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan,
             "fusion": fusion, "quant": quant, "gemm": gemm, "scaled_gemm": scaled_gemm,
             "grouped_gemm": grouped_gemm, "attention": attention,
-            "attention_decode": attention_decode, "hashing": hashing, "bloom": bloom}
+            "attention_decode": attention_decode, "hashing": hashing, "bloom": bloom, "nexmark": nexmark}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.ops.nexmark import FIELDS, OFFSETS, PROPORTION, nexmark_events
 from opforge.stream.columnar_join import ColumnarForm, RegularJoin, Rows, SortedRows
 from opforge.stream.functions import (Aggregations, KeyedCoProcessFunction, KeyedProcessFunction,
                                       ProcessWindowFunction, vectorized)
@@ -58,17 +59,9 @@ from opforge.stream.state_budget import ColdRows, batch_keys, clear_tiers
 from opforge.stream.time import WatermarkStrategy
 from opforge.stream.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
-PROPORTION = 50
-PERSON, AUCTION = 1, 3  # offsets < 1: person, < 4: auction, else bid
-FIRST_ID = 1000
 STATES = ("AL", "AK", "AZ", "AR", "CA", "CO", "CT", "DE", "FL", "GA", "HI", "ID", "IL", "IN", "IA", "KS", "KY",
           "LA", "ME", "MD", "MA", "MI", "MN", "MS", "MO", "MT", "NE", "NV", "NH", "NJ", "NM", "NY", "NC", "ND",
           "OH", "OK", "OR", "PA", "RI", "SC", "SD", "TN", "TX", "UT", "VT", "VA", "WA", "WV", "WI", "WY")
-FIELDS = {
-    "person": ("id", "state", "city", "date_time"),
-    "auction": ("id", "seller", "category", "initial_bid", "reserve", "date_time", "expires"),
-    "bid": ("auction", "bidder", "price", "date_time"),
-}
 
 
 @dataclass(frozen=True)
@@ -85,87 +78,23 @@ class NexmarkConfig:
             .with_timestamp_assigner("date_time")
 
 
-def _uniform(n: torch.Tensor, salt: int, seed: int) -> torch.Tensor:
-    """A reproducible pseudo-random int in [0, 2^31) per event number (a hash:
-    any batch split gives the same events)."""
-    from opforge.stream.partitioning import hash_keys
-
-    return hash_keys(n * 8 + salt + seed * 1_000_003)
-
-
-_SALT_COLUMNS: dict = {}
-
-
-def _salt_column(salts: tuple, device) -> torch.Tensor:
-    """``salts`` as a ``[k, 1]`` device tensor, made once per device: a fresh
-    host-to-device copy of pageable memory per batch would block the host."""
-    key = (salts, str(device))
-    col = _SALT_COLUMNS.get(key)
-    if col is None:
-        col = _SALT_COLUMNS[key] = torch.tensor(salts, dtype=torch.int64, device=device)[:, None]
-    return col
-
-
-def _uniforms(n: torch.Tensor, salts: tuple, seed: int) -> torch.Tensor:
-    """``_uniform(n, salt, seed)`` for several salts at once: one ``[len(salts), N]``
-    tensor hashed in place (one pass of a dozen elementwise kernels for all
-    columns instead of one pass per column)."""
-    x = (n * 8 + seed * 1_000_003).unsqueeze(0) + _salt_column(salts, n.device)
-    # partitioning.hash_keys, in place: no temporaries beyond one scratch tensor
-    t = torch.empty_like(x)
-    x.bitwise_xor_(torch.bitwise_right_shift(x, 32, out=t)).bitwise_and_(0xFFFFFFFF)
-    for _ in range(2):
-        x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=t)).mul_(0x45D9F3B).bitwise_and_(0xFFFFFFFF)
-    return x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=t)).bitwise_and_(0x7FFFFFFF)
-
-
-_OFFSETS = {"person": (0, PERSON), "auction": (PERSON, PERSON + AUCTION), "bid": (PERSON + AUCTION, PROPORTION)}
-_SALTS = {"person": (0, 1, 2), "auction": (0, 3, 4, 5, 6, 7), "bid": (0, 8, 9, 10, 11)}
-
-
 def _count_below(n: int, lo: int, hi: int) -> int:
     """Events ``m < n`` with ``lo <= m % PROPORTION < hi`` (host arithmetic)."""
     return (n // PROPORTION) * (hi - lo) + min(max(n % PROPORTION - lo, 0), hi - lo)
 
 
 def generate(config: NexmarkConfig, kind: str, first: int, last: int, device) -> Batch:
-    """The ``kind`` events among global events ``[first, last)``, in order.
-
-    The event numbers of one kind are computed directly (the ``j``-th event of
-    a kind is ``(j // w) * 50 + lo + j % w``), not by masking all events: no
-    boolean-mask indexing, hence no device-to-host sync, and every pseudo-random
-    column comes from one batched hash (``_uniforms``)."""
+    """The ``kind`` events among global events ``[first, last)``, in order: the
+    kind's own indices are a range (no boolean mask over all events, hence no
+    device-to-host sync), and ``opforge.nexmark_events`` makes every column
+    from them (one Triton pass on a GPU)."""
     if kind not in FIELDS:
         raise ValueError(f"nexmark: kind must be one of {list(FIELDS)}, got {kind!r}")
-    lo, hi = _OFFSETS[kind]
-    width = hi - lo
+    lo, hi = OFFSETS[kind]
     j = torch.arange(_count_below(first, lo, hi), _count_below(last, lo, hi), dtype=torch.int64, device=device)
-    epoch = torch.div(j, width, rounding_mode="floor")
-    off = j - epoch * width + lo
-    n = epoch * PROPORTION + off
-    seed = config.seed
-    u = _uniforms(n, _SALTS[kind], seed)
-    ts = n * 1000 // config.events_per_second
-    if config.max_out_of_orderness_ms:  # late by up to the bound, on a timeline that starts at 0
-        ts += config.max_out_of_orderness_ms - u[0] % (config.max_out_of_orderness_ms + 1)
-    last_person = FIRST_ID + epoch * PERSON  # newest person id at this event
-    if kind == "person":
-        cols = {"id": last_person + off, "state": u[1] % 50, "city": u[2] % 1000, "date_time": ts}
-    elif kind == "auction":
-        last_auction = FIRST_ID + epoch * AUCTION + (off - PERSON)
-        initial = 100 + u[1] % 10_000
-        cols = {"id": last_auction, "seller": FIRST_ID + u[2] % (last_person - FIRST_ID + 1),
-                "category": 10 + u[3] % 5, "initial_bid": initial,
-                "reserve": initial + u[4] % 1000, "date_time": ts,
-                "expires": ts + 10_000 + u[5] % 20_000}
-    else:
-        last_auction = FIRST_ID + epoch * AUCTION + (AUCTION - 1)
-        hot = (u[1] % 1000) < int(config.hot_ratio * 1000)
-        back = u[2] % config.auctions_in_flight
-        auction = torch.where(hot, last_auction, (last_auction - back).clamp_min_(FIRST_ID))
-        cols = {"auction": auction, "bidder": FIRST_ID + u[3] % (last_person - FIRST_ID + 1),
-                "price": 100 + u[4] % 10_000, "date_time": ts}
-    return Batch(cols, ts.clone(), RecordSchema("dict", FIELDS[kind]))
+    out = nexmark_events(j, kind, config.seed, config.events_per_second, config.max_out_of_orderness_ms,
+                         config.auctions_in_flight, int(config.hot_ratio * 1000))
+    return Batch(dict(zip(FIELDS[kind], out)), out[-1], RecordSchema("dict", FIELDS[kind]))
 
 
 class NexmarkSource(Source):
