@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.ops.hashing import segment_reduce
 from opforge.ops.nexmark import FIELDS, OFFSETS, PROPORTION, nexmark_events
 from opforge.stream.columnar_join import ColumnarForm, RegularJoin, Rows, SortedRows
 from opforge.stream.functions import (Aggregations, KeyedCoProcessFunction, KeyedProcessFunction,
@@ -172,10 +173,11 @@ def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Rows whose ``value`` is the highest of their ``group`` in this batch
     (all of them on a tie), in row order. The groups are window numbers or
     bounds, a narrow range within a batch, so a group's offset from the
-    batch's lowest addresses a dense table: one min/max read back, one
-    scatter-max, one compaction, no sort, and the batch may be in any order
-    (bids arrive out of order across window bounds). Groups spread wider
-    than the batch has rows are numbered by ``torch.unique`` instead."""
+    batch's lowest is its id: one min/max read back, one ``segment_reduce``
+    max (a batch holds a few windows: per-program accumulators, not millions
+    of atomics on a few addresses), one compaction, no sort, and the batch may
+    be in any order (bids arrive out of order across window bounds). Groups
+    spread wider than the batch has rows are numbered by ``torch.unique``."""
     if group.numel() == 0:
         return torch.zeros(0, dtype=torch.int64, device=group.device)
     slot = group - group.min()
@@ -183,9 +185,7 @@ def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     if span > group.numel():
         _, slot = torch.unique(group, return_inverse=True)
         span = int(slot.max()) + 1
-    low = float("-inf") if value.dtype.is_floating_point else torch.iinfo(value.dtype).min
-    top = torch.full((span,), low, dtype=value.dtype, device=value.device)
-    top = top.scatter_reduce(0, slot, value, "amax")
+    top = segment_reduce(value, slot, span, "max")
     return torch.nonzero(value == top[slot]).flatten()
 
 
