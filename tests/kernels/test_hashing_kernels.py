@@ -194,6 +194,28 @@ def test_segment_reduce_extremes_small_blocks(dtype, gen):
             np.testing.assert_array_equal(out.numpy(), want.to_numpy().astype(out.numpy().dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+def test_segment_reduce_clustered_ids_fold_whole_blocks(dtype, gen):
+    """Ids in runs (a stream's window numbers): runs longer than a block (one atomic per block),
+    shorter ones (a block of mixed ids), a run of ids outside ``[0, num_groups)``, a run that is all
+    NULL (its group stays empty), a ragged last block; the atomic kernel equals the reference."""
+    runs = [(0, 70), (3, 5), (-1, 40), (2, 33), (9, 20), (5, 1), (4, 32), (2, 64), (7, 47)]
+    g = torch.cat([torch.full((length,), i, dtype=torch.int64) for i, length in runs])
+    v = (torch.randn(len(g), generator=gen) * 100).to(dtype)
+    valid = torch.rand(len(g), generator=gen) > 0.2
+    at = sum(length for _, length in runs[:6])
+    valid[at:at + 32] = False  # the run of group 4
+    for op in ("sum", "min", "max", "count"):
+        for mask in (None, valid):
+            out = H.SEGMENT_REDUCE.variant("triton_atomic").run({"BLOCK": 16}, v, g, 8, op, mask)
+            ref = H.SEGMENT_REDUCE.reference(v, g, 8, op, mask)
+            if op == "sum" and dtype.is_floating_point:  # atomics add in another order
+                torch.testing.assert_close(out, ref.to(out.dtype), rtol=1e-5, atol=1e-3)
+            else:
+                assert torch.equal(out, ref.to(out.dtype)), (op, mask is None)
+    assert H.SEGMENT_REDUCE.variant("triton_atomic").run({"BLOCK": 16}, v, g, 8, "count", valid)[4] == 0
+
+
 @pytest.mark.parametrize("how", ["inner", "left"])
 @pytest.mark.parametrize("heavy", [None, 0, 3])
 def test_join_skewed_build_keys_heavy_rows(monkeypatch, how, heavy):

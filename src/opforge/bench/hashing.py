@@ -1,4 +1,5 @@
-"""Bench cases for the hash family: equi-joins and group-by on int32 keys.
+"""Bench cases for the hash family: equi-joins and group-by on int32 keys, segment_reduce of int64
+values (16 bytes a row: the value and its group id).
 
 Bytes are the fewest the op must move: each key read once, each output index
 (int64) written once; a join writes two indices per pair, a group-by one id
@@ -75,15 +76,45 @@ def group_by_case(n: int, groups: int, *, label: str | None = None) -> BenchCase
     )
 
 
+def segment_case(n: int, groups: int, op: str, *, runs: bool = False, label: str | None = None) -> BenchCase:
+    """``op`` of ``n`` int64 values into ``groups`` groups. ``runs``: the ids come in sorted runs of
+    about ``n / groups`` rows (a stream batch's window numbers), else uniformly at random."""
+    def make(dev):
+        g = torch.Generator(device="cpu").manual_seed(10)
+        ids = torch.randint(0, groups, (n,), generator=g, dtype=torch.int64)
+        if runs:
+            ids = ids.sort().values
+        return (torch.randint(0, 10_000, (n,), generator=g, dtype=torch.int64).to(dev), ids.to(dev))
+
+    def run(v, ids):
+        return H.segment_reduce(v, ids, groups, op)
+
+    def reference(v, ids):
+        return H.REFERENCE["segment_reduce"](v, ids, groups, op)
+
+    def scatter(v, ids):
+        how = {"sum": "sum", "max": "amax", "min": "amin"}[op]
+        return torch.zeros(groups, dtype=v.dtype, device=v.device).scatter_reduce_(0, ids, v, how, include_self=False)
+
+    return BenchCase(
+        op="segment_reduce", label=label or f"{n}->{groups} {op}{' runs' if runs else ''}", dtype=torch.int64,
+        make_args=make, run=run, reference=reference, flops=n, nbytes=16 * n + 8 * groups,
+        peers={"torch eager": reference, "torch scatter_reduce": scatter},
+        op_args=lambda v, ids: (v, ids, groups, op, None, False), upcast_reference=False,
+    )
+
+
 def cases(device: torch.device, quick: bool) -> list[BenchCase]:
     """Issue 8's join (10M ⋈ 100M, unique build keys, ~50% hits), a join with
-    duplicates, and group-by of 100M rows into few and many groups."""
+    duplicates, group-by of 100M rows into few and many groups, and segment_reduce over ids in
+    runs (Nexmark q7's windows) and at random."""
     if quick or device.type != "cuda":
         return [
             join_case(5000, 20000),
             join_case(2000, 8000, distinct=500),
             join_case(5000, 20000, how="semi"),
             group_by_case(20000, 100),
+            segment_case(20000, 84, "max", runs=True),
         ]
     return [
         join_case(10_000_000, 100_000_000),
@@ -92,4 +123,8 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
         join_case(10_000_000, 100_000_000, how="semi"),
         group_by_case(100_000_000, 1_000),
         group_by_case(100_000_000, 10_000_000),
+        segment_case(8 << 20, 84, "max", runs=True),  # Nexmark q7: a batch's bids by window
+        segment_case(8 << 20, 84, "max"),
+        segment_case(100_000_000, 16, "sum"),
+        segment_case(100_000_000, 1_000, "sum"),
     ]

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-HASH_VERSION = "4"
+HASH_VERSION = "5"
 
 _FIB = tl.constexpr(0x9E3779B97F4A7C15)
 # One 16-byte entry per slot: int32 owner, int32 count, int64 key (see the module docstring)
@@ -361,25 +361,44 @@ SEGMENT_OPS = {"sum": 0, "min": 1, "max": 2, "count": 3}
 
 
 @triton.jit
-def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_groups,
+def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_groups, ident,
                           OP: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
     """Fold each row into its group's accumulator with one atomic; count the
-    rows per group. Rows whose id is outside ``[0, num_groups)`` are skipped."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rows per group. Rows whose id is outside ``[0, num_groups)`` are skipped.
+    A block whose rows all have one id (ids clustered or sorted: a stream's
+    window numbers, a sorted column) is folded in registers first and makes
+    one atomic, not ``BLOCK`` on the same address. ``ident``: the op's
+    identity in the output dtype."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
     inb = rows < n
     g = tl.load(g_ptr + rows, mask=inb, other=-1)
     m = inb & (g >= 0) & (g < num_groups)
     if HAS_VALID:
         m = m & (tl.load(valid_ptr + rows, mask=inb, other=0) != 0)
-    tl.atomic_add(cnt_ptr + g, tl.full([BLOCK], 1, tl.int64), mask=m)
-    if OP != 3:
-        v = tl.load(v_ptr + rows, mask=m, other=0).to(out_ptr.dtype.element_ty)
-        if OP == 0:
-            tl.atomic_add(out_ptr + g, v, mask=m)
-        elif OP == 1:
-            tl.atomic_min(out_ptr + g, v, mask=m)
-        else:
-            tl.atomic_max(out_ptr + g, v, mask=m)
+    first = tl.load(g_ptr + start)
+    same = tl.where(inb, g, first)
+    if tl.min(same, axis=0) == tl.max(same, axis=0):
+        cnt = tl.sum(m.to(tl.int64), axis=0)
+        tl.atomic_add(cnt_ptr + first, cnt, mask=cnt > 0)
+        if OP != 3:
+            v = tl.load(v_ptr + rows, mask=m, other=0).to(out_ptr.dtype.element_ty)
+            if OP == 0:
+                tl.atomic_add(out_ptr + first, tl.sum(tl.where(m, v, 0), axis=0), mask=cnt > 0)
+            elif OP == 1:
+                tl.atomic_min(out_ptr + first, tl.min(tl.where(m, v, ident), axis=0), mask=cnt > 0)
+            else:
+                tl.atomic_max(out_ptr + first, tl.max(tl.where(m, v, ident), axis=0), mask=cnt > 0)
+    else:
+        tl.atomic_add(cnt_ptr + g, tl.full([BLOCK], 1, tl.int64), mask=m)
+        if OP != 3:
+            v = tl.load(v_ptr + rows, mask=m, other=0).to(out_ptr.dtype.element_ty)
+            if OP == 0:
+                tl.atomic_add(out_ptr + g, v, mask=m)
+            elif OP == 1:
+                tl.atomic_min(out_ptr + g, v, mask=m)
+            else:
+                tl.atomic_max(out_ptr + g, v, mask=m)
 
 
 # Few groups: private accumulators per program instead of one atomic per row (SQL's GROUP BY of a
@@ -440,10 +459,10 @@ def segment_reduce_private(values, group_ids, valid, out, counts, op: str, ident
         OP=SEGMENT_OPS[op], HAS_VALID=valid is not None, G=G, BLOCK=cfg["BLOCK"])
 
 
-def segment_reduce(values, group_ids, valid, out, counts, op: str, cfg) -> None:
-    """Accumulate into ``out`` (pre-filled with the op's identity) and ``counts`` (zeros)."""
+def segment_reduce(values, group_ids, valid, out, counts, op: str, ident, cfg) -> None:
+    """Accumulate into ``out`` (pre-filled with the op's identity ``ident``) and ``counts`` (zeros)."""
     n = group_ids.numel()
     if n:
         segment_reduce_kernel[_grid(n, cfg["BLOCK"])](
-            values, group_ids, valid if valid is not None else group_ids, out, counts, n, out.numel(),
+            values, group_ids, valid if valid is not None else group_ids, out, counts, n, out.numel(), ident,
             OP=SEGMENT_OPS[op], HAS_VALID=valid is not None, BLOCK=cfg["BLOCK"])

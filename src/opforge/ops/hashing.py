@@ -295,9 +295,10 @@ def _segment_reduce_atomic(cfg, values, group_ids, num_groups, op, valid=None, d
 
     dev = values.device
     acc = segment_out_dtype(values, op)
-    out = torch.full((num_groups,), _identity(acc, op), dtype=acc, device=dev)
+    ident = _identity(acc, op)
+    out = torch.full((num_groups,), ident, dtype=acc, device=dev)
     counts = torch.zeros(num_groups, dtype=torch.int64, device=dev)
-    K.segment_reduce(values, group_ids, valid, out, counts, op, cfg)
+    K.segment_reduce(values, group_ids, valid, out, counts, op, ident, cfg)
     if op == "count":
         return counts
     if op == "sum":
