@@ -68,17 +68,19 @@ first batch. An event is charged from the moment the paced sequence reaches
 its time, so its latency includes waiting for its batch to fill. Entries with
 ``"load": 0.5`` carry that run's latency.
 
-Exactly-once (``--exactly-once-ms 1000``): the job also runs with checkpoints
-every that many ms into the transactional ``FileSink`` (Parquet part files,
-or Arrow IPC with ``--sink-format arrow``; two-phase commit). An output's latency then runs to the commit that makes its
-file visible (the checkpoint's completion), so it is bounded by the interval:
-entries with ``"sink": "exactly_once"`` report it beside the plain sink's.
+Exactly-once (``--exactly-once-ms 50``): the job also runs with checkpoints
+every that many ms into the transactional ``FileSink`` (Parquet part files, or
+Arrow IPC with ``--sink-format arrow``; two-phase commit). An output's latency
+then runs to the commit that makes its file visible (the checkpoint's
+completion), so it is bounded by the interval plus a batch, unless writing the
+files takes longer: entries with ``"sink": "exactly_once"`` report it beside
+the plain sink's, with the interval and the checkpoints completed.
 
 JSON (``--json``): ``{schema_version, benchmark, date, device, gpu, torch, events,
 batch_size, entries: [{query, feed, events, input_records, output_records,
 seconds, events_per_s, batches, ms_per_batch, host_cpu_ms_per_batch,
-latency_ms: {p50, p99, max}, sink, load, [checkpoint_interval_ms, sink_format, checkpoints, result, peers: {bytewax | cpu: {events_per_s, events,
-ratio}}]}], [peer_entries]}``
+latency_ms: {p50, p99, max}, sink, load, [checkpoint_interval_ms, sink_format, checkpoints, result,
+peers: {bytewax | cpu: {events_per_s, events, ratio}}]}], [peer_entries]}``
 (``sink``: "plain" or "exactly_once"; ``load``: null for a run at full speed,
 else the fraction it was paced at; latency values are null for a run without
 output).

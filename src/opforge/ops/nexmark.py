@@ -9,8 +9,8 @@ Semantics. Events are numbered globally from 0. Of each ``PROPORTION`` (50) cons
 the first ``PERSON`` (1) are persons, the next ``AUCTION`` (3) auctions and the other 46 bids, so
 the ``j``-th event of a kind (``j >= 0``) is global event ``n = (j // width) * 50 + lo + j % width``
 (``lo, lo + width`` the kind's offsets, ``OFFSETS``). Every pseudo-random field is a 31-bit hash
-(the stream's key hash, ``opforge.stream.partitioning.hash_keys``) of ``n * 8 + seed * 1_000_003 + salt``, so any split into
-batches, and any order of ``j``, gives the same events. Event ``n`` is made at
+(the stream's key hash, ``opforge.stream.partitioning.hash_keys``) of ``n * 8 + seed * 1_000_003 +
+salt``, so any split into batches, and any order of ``j``, gives the same events. Event ``n`` is made at
 ``n * 1000 // events_per_second + skew`` ms and stamped up to ``skew`` ms earlier. Ids start at
 ``FIRST_ID``; a bid goes to the newest auction with probability ``hot_per_mille / 1000``, else to one
 of the ``auctions_in_flight`` newest. The columns per kind are ``FIELDS``.

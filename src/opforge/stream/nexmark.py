@@ -174,10 +174,11 @@ def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     (all of them on a tie), in row order. The groups are window numbers or
     bounds, a narrow range within a batch, so a group's offset from the
     batch's lowest is its id: one min/max read back, one ``segment_reduce``
-    max (a batch holds a few windows: per-program accumulators, not millions
-    of atomics on a few addresses), one compaction, no sort, and the batch may
-    be in any order (bids arrive out of order across window bounds). Groups
-    spread wider than the batch has rows are numbered by ``torch.unique``."""
+    max (a batch's windows come in long runs of rows, which it folds in
+    registers: one atomic per block, not one per row on a few addresses), one
+    compaction, no sort, and the batch may be in any order (bids arrive out of
+    order across window bounds). Groups spread wider than the batch has rows
+    are numbered by ``torch.unique``."""
     if group.numel() == 0:
         return torch.zeros(0, dtype=torch.int64, device=group.device)
     slot = group - group.min()
