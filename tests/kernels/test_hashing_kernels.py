@@ -216,6 +216,37 @@ def test_segment_reduce_clustered_ids_fold_whole_blocks(dtype, gen):
     assert H.SEGMENT_REDUCE.variant("triton_atomic").run({"BLOCK": 16}, v, g, 8, "count", valid)[4] == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32])
+def test_segment_reduce_replicated_accumulators(dtype, gen):
+    """Few groups over many rows at random: the atomic kernel adds into several copies of the groups
+    (8 here) and folds them; ids outside the range and NULLs are skipped, as with one copy."""
+    from opforge.kernels import hashing as K
+
+    n, groups = 4000, 20
+    assert K.replicas_for(n, groups) == 8
+    g = torch.randint(-2, groups + 2, (n,), generator=gen)
+    v = (torch.randn(n, generator=gen) * 1000).to(dtype)
+    valid = torch.rand(n, generator=gen) > 0.1
+    for op in ("sum", "min", "max", "count"):
+        for mask in (None, valid):
+            out = H.SEGMENT_REDUCE.variant("triton_atomic").run({"BLOCK": 16}, v, g, groups, op, mask)
+            ref = H.SEGMENT_REDUCE.reference(v, g, groups, op, mask)
+            if op == "sum" and dtype.is_floating_point:
+                torch.testing.assert_close(out, ref.to(out.dtype), rtol=1e-4, atol=1e-2)
+            else:
+                assert torch.equal(out, ref.to(out.dtype)), (op, mask is None)
+
+
+def test_replicas_for_few_groups_and_many_rows_only():
+    from opforge.kernels import hashing as K
+
+    assert K.replicas_for(100_000_000, 1000) == K.MAX_REPLICAS
+    assert K.replicas_for(10**9, 10**6) == 1  # the groups alone spread the atomics
+    assert K.replicas_for(1000, 84) == 1  # too few rows to pay for the copies
+    assert K.replicas_for(100, 0) == 1
+    assert all(K.replicas_for(n, g) & (K.replicas_for(n, g) - 1) == 0 for n in (10**4, 10**6) for g in (3, 50, 700))
+
+
 @pytest.mark.parametrize("how", ["inner", "left"])
 @pytest.mark.parametrize("heavy", [None, 0, 3])
 def test_join_skewed_build_keys_heavy_rows(monkeypatch, how, heavy):

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
-HASH_VERSION = "5"
+HASH_VERSION = "5"  # the table kernels (hash_join, group_by) and segment_reduce_private
+SEGMENT_VERSION = "6"  # segment_reduce_kernel (the atomic variant)
 
 _FIB = tl.constexpr(0x9E3779B97F4A7C15)
 # One 16-byte entry per slot: int32 owner, int32 count, int64 key (see the module docstring)
@@ -361,21 +362,27 @@ SEGMENT_OPS = {"sum": 0, "min": 1, "max": 2, "count": 3}
 
 
 @triton.jit
-def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_groups, ident,
+def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_groups, ident, replicas,
                           OP: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
     """Fold each row into its group's accumulator with one atomic; count the
     rows per group. Rows whose id is outside ``[0, num_groups)`` are skipped.
-    A block whose rows all have one id (ids clustered or sorted: a stream's
-    window numbers, a sorted column) is folded in registers first and makes
-    one atomic, not ``BLOCK`` on the same address. ``ident``: the op's
-    identity in the output dtype."""
-    start = tl.program_id(0).to(tl.int64) * BLOCK
+    ``out`` and ``cnt`` hold ``replicas`` copies of the groups; program ``p``
+    adds into copy ``p % replicas``, so the atomics on one group spread over
+    that many addresses (the caller folds the copies). A block whose rows all
+    have one id (ids clustered or sorted: a stream's window numbers, a sorted
+    column) is folded in registers first and makes one atomic, not ``BLOCK``
+    on the same address. ``ident``: the op's identity in the output dtype."""
+    pid = tl.program_id(0).to(tl.int64)
+    start = pid * BLOCK
     rows = start + tl.arange(0, BLOCK)
     inb = rows < n
     g = tl.load(g_ptr + rows, mask=inb, other=-1)
     m = inb & (g >= 0) & (g < num_groups)
     if HAS_VALID:
         m = m & (tl.load(valid_ptr + rows, mask=inb, other=0) != 0)
+    base = (pid % replicas) * num_groups
+    out_ptr += base
+    cnt_ptr += base
     first = tl.load(g_ptr + start)
     same = tl.where(inb, g, first)
     if tl.min(same, axis=0) == tl.max(same, axis=0):
@@ -399,6 +406,23 @@ def segment_reduce_kernel(v_ptr, g_ptr, valid_ptr, out_ptr, cnt_ptr, n, num_grou
                 tl.atomic_min(out_ptr + g, v, mask=m)
             else:
                 tl.atomic_max(out_ptr + g, v, mask=m)
+
+
+# Replicas of the accumulators for the atomic kernel: at most this many slots in all (16 bytes each with
+# the count), and only when each copy still gets this many rows per group on average.
+REPLICA_SLOTS = 1 << 16
+MAX_REPLICAS = 64
+ROWS_PER_REPLICA_SLOT = 16
+
+
+def replicas_for(n: int, num_groups: int) -> int:
+    """How many copies of the ``num_groups`` accumulators ``segment_reduce`` adds into: many for
+    few groups and many rows (per-row atomics on a few addresses serialize), 1 when the groups
+    alone spread the atomics or the rows are few."""
+    if num_groups < 1:
+        return 1
+    r = min(MAX_REPLICAS, REPLICA_SLOTS // num_groups, n // (num_groups * ROWS_PER_REPLICA_SLOT))
+    return 1 << (r.bit_length() - 1) if r > 1 else 1
 
 
 # Few groups: private accumulators per program instead of one atomic per row (SQL's GROUP BY of a
@@ -460,9 +484,10 @@ def segment_reduce_private(values, group_ids, valid, out, counts, op: str, ident
 
 
 def segment_reduce(values, group_ids, valid, out, counts, op: str, ident, cfg) -> None:
-    """Accumulate into ``out`` (pre-filled with the op's identity ``ident``) and ``counts`` (zeros)."""
+    """Accumulate into ``out`` (``[replicas, groups]``, pre-filled with the op's identity ``ident``)
+    and ``counts`` (zeros, the same shape); the caller folds the replicas."""
     n = group_ids.numel()
     if n:
         segment_reduce_kernel[_grid(n, cfg["BLOCK"])](
-            values, group_ids, valid if valid is not None else group_ids, out, counts, n, out.numel(), ident,
-            OP=SEGMENT_OPS[op], HAS_VALID=valid is not None, BLOCK=cfg["BLOCK"])
+            values, group_ids, valid if valid is not None else group_ids, out, counts, n, out.shape[1], ident,
+            out.shape[0], OP=SEGMENT_OPS[op], HAS_VALID=valid is not None, BLOCK=cfg["BLOCK"])

@@ -296,11 +296,14 @@ def _segment_reduce_atomic(cfg, values, group_ids, num_groups, op, valid=None, d
     dev = values.device
     acc = segment_out_dtype(values, op)
     ident = _identity(acc, op)
-    out = torch.full((num_groups,), ident, dtype=acc, device=dev)
-    counts = torch.zeros(num_groups, dtype=torch.int64, device=dev)
+    reps = K.replicas_for(group_ids.numel(), num_groups)
+    out = torch.full((reps, num_groups), ident, dtype=acc, device=dev)
+    counts = torch.zeros((reps, num_groups), dtype=torch.int64, device=dev)
     K.segment_reduce(values, group_ids, valid, out, counts, op, ident, cfg)
+    counts = counts.sum(0) if reps > 1 else counts[0]
     if op == "count":
         return counts
+    out = {"sum": torch.sum, "min": torch.amin, "max": torch.amax}[op](out, 0) if reps > 1 else out[0]
     if op == "sum":
         return out
     return torch.where(counts > 0, out, 0)
@@ -393,10 +396,12 @@ def _segment_variants() -> list[Variant]:
                 default_config=lambda *a: {"BLOCK": 256, "PROGRAMS": 528}, bucket=bucket,
                 description="few groups: each program folds its rows into private per-group accumulators, "
                             "then one atomic per group (not one per row on the same few addresses)"),
-        Variant("triton_atomic", _segment_reduce_atomic, version=K.HASH_VERSION, dtypes=VALUE_DTYPES,
+        Variant("triton_atomic", _segment_reduce_atomic, version=K.SEGMENT_VERSION, dtypes=VALUE_DTYPES,
                 check=check, configs=lambda *a: [{"BLOCK": b} for b in (256, 512, 1024)],
                 default_config=lambda *a: {"BLOCK": 512}, bucket=bucket,
-                description="one atomic add / min / max per row into its group, and one count"),
+                description="one atomic add / min / max per row into its group (one per block when its rows "
+                            "share an id), and one count; few groups over many rows: into one of up to 64 copies "
+                            "of the groups, folded after"),
         Variant("torch_sort", lambda cfg, *a: _segment_reduce_ref(*a), kind="vendor", devices=("cuda",),
                 bucket=bucket, description="stable sort by group + torch.segment_reduce / scatter_reduce"),
         Variant("reference", lambda cfg, *a: _segment_reduce_ref(*a), kind="reference", devices=("cpu", "cuda"),
