@@ -47,8 +47,10 @@ by a stable sort of the build rows' slot ids, so pairs come out in build-row
 order, and probe rows with many matches are written output-parallel),
 ``torch_sort`` (sort + searchsorted / unique, CUDA: the peer) and
 ``reference`` (the same plain-torch sort algorithm on any device: the oracle
-and the CPU fallback). ``segment_reduce``: ``triton_atomic``, ``torch_sort``,
-``reference``.
+and the CPU fallback). ``segment_reduce``: ``triton_private`` (at most 32
+groups: per-program accumulators), ``triton_atomic`` (one atomic per row, or
+per block when its rows share an id; few groups over many rows add into up
+to 64 copies of the groups, folded after), ``torch_sort``, ``reference``.
 """
 
 from __future__ import annotations
