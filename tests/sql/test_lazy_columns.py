@@ -149,3 +149,40 @@ def test_unsupported_type_still_fails_at_register():
     t = pa.table({"x": pa.array([decimal.Decimal("1.5")], pa.decimal128(38, 2)), "y": [1]})
     with pytest.raises(NotSupportedError):
         sql.connect("cpu").register("t", t)
+
+
+@pytest.mark.parametrize("row_groups", [1, 4])
+def test_register_parquet_reads_no_column_data(tmp_path, row_groups):
+    """Registering a Parquet file reads its footer only; a query reads the columns it uses, not the
+    file's other columns (the README's promise: unused wide columns cost nothing)."""
+    n = 40_000
+    wide = pa.array(["comment %08d " % i * 8 for i in range(n)])  # ~3.5 MB of strings nobody reads
+    t = pa.table({"k": pa.array(np.arange(n) % 7, pa.int32()), "wide": wide})
+    path = tmp_path / "w.parquet"
+    pq.write_table(t, path, row_group_size=n // row_groups, compression="none")
+    wide_bytes = wide.nbytes
+    before = pa.total_allocated_bytes()
+    con = sql.connect("cpu").register("w", path)
+    assert pa.total_allocated_bytes() - before < wide_bytes // 10
+    assert con._tables["w"].num_partitions == row_groups
+    out = con.sql("SELECT k, count(*) AS n FROM w GROUP BY k ORDER BY k").to_arrow()
+    assert out.column("n").to_pylist() == [len(range(i, n, 7)) for i in range(7)]
+    assert pa.total_allocated_bytes() - before < wide_bytes // 10
+    assert loaded(con, "w") == {"k"}
+    assert con.sql("SELECT max(wide) AS m FROM w").to_arrow().column("m")[0].as_py() == max(wide.to_pylist())
+
+
+def test_damaged_parquet_is_a_clear_error(tmp_path, tables):
+    path = tmp_path / "t.parquet"
+    pq.write_table(tables["t"], path)
+    data = path.read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(sql.SqlError, match="not a readable Parquet file"):
+        sql.connect("cpu").register("t", tmp_path / "cut.parquet")
+    con = sql.connect("cpu").register("t", path)
+    # the footer is intact but a column chunk is overwritten after register
+    damaged = bytearray(data)
+    damaged[4:len(data) // 2] = b"\x07" * (len(data) // 2 - 4)
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(sql.SqlError, match="reading column"):
+        con.sql("SELECT sum(i) FROM t").to_arrow()

@@ -28,20 +28,43 @@ from opforge.sql.errors import SqlError
 
 
 class LazyColumns(Sequence):
-    """The columns of a table loaded from Arrow, each converted to a device ``Column`` (with its
-    sortedness checked) on first access and cached. Why: device memory and load time; only the
-    columns queries read reach the device (TPC-H's wide comment strings, which no query reads,
-    cost most of an eager load: dictionary encoding, sorting, a Python tuple of millions of
+    """The columns of a table loaded from Arrow or Parquet, each converted to a device ``Column``
+    (with its sortedness checked) on first access and cached. Why: device memory and load time;
+    only the columns queries read reach the device (TPC-H's wide comment strings, which no query
+    reads, cost most of an eager load: dictionary encoding, sorting, a Python tuple of millions of
     strings). The types are mapped from the Arrow schema up front, so an unsupported type still
-    fails at register; a column's Arrow data is dropped once it is on the device."""
+    fails at register. ``read(i)`` gives column ``i``'s Arrow data: from an Arrow table in memory,
+    or from a Parquet file, which is then read one column at a time (its other columns are never
+    read); the Arrow data is dropped once the column is on the device."""
 
-    def __init__(self, source: pa.Table, device):
+    def __init__(self, schema: pa.Schema, num_rows: int, read, device):
         self.device = device
-        self.names = list(source.column_names)
-        self.types = [T.from_arrow(f.type, f.name) for f in source.schema]
-        self.num_rows = source.num_rows
-        self._arrays: list[pa.ChunkedArray | None] = list(source.columns)
-        self._columns: list[Column | None] = [None] * len(self._arrays)
+        self.names = list(schema.names)
+        self.types = [T.from_arrow(f.type, f.name) for f in schema]
+        self.num_rows = num_rows
+        self._read = read
+        self._columns: list[Column | None] = [None] * len(self.names)
+
+    @staticmethod
+    def of_arrow(source: pa.Table, device) -> "LazyColumns":
+        arrays: list[pa.ChunkedArray | None] = list(source.columns)
+
+        def read(i):
+            array, arrays[i] = arrays[i], None
+            return array
+        return LazyColumns(source.schema, source.num_rows, read, device)
+
+    @staticmethod
+    def of_parquet(path: str, meta: pq.FileMetaData, device) -> "LazyColumns":
+        """Each column of the file ``meta`` describes, read with every row group on first access."""
+        schema = meta.schema.to_arrow_schema()
+
+        def read(i):
+            try:
+                return pq.read_table(path, columns=[schema.names[i]], use_threads=True).column(0)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise SqlError(f"reading column {schema.names[i]!r} of {path!r}: {e}") from None
+        return LazyColumns(schema, meta.num_rows, read, device)
 
     def __len__(self) -> int:
         return len(self._columns)
@@ -51,8 +74,8 @@ class LazyColumns(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         col = self._columns[i]
         if col is None:
-            col = Column.from_arrow(self._arrays[i], self.device, self.names[i]).mark_sorted()
-            self._columns[i], self._arrays[i] = col, None
+            col = Column.from_arrow(self._read(i), self.device, self.names[i]).mark_sorted()
+            self._columns[i] = col
         return col
 
     def loaded(self) -> list[str]:
@@ -140,7 +163,7 @@ class Table:
     def from_arrow(t: pa.Table, device) -> "Table":
         # each column is converted on first access; its sortedness is checked then, so joins on
         # a table loaded in key order can merge
-        return Table(list(t.column_names), LazyColumns(t, device))
+        return Table(list(t.column_names), LazyColumns.of_arrow(t, device))
 
     @staticmethod
     def from_pandas(df: pd.DataFrame, device) -> "Table":
@@ -162,6 +185,23 @@ class Table:
         return table
 
     @staticmethod
+    def from_parquet(path: str, device) -> "Table":
+        """A Parquet file as a table whose columns are read on first use; several row groups make
+        it a partitioned table (a row group is a partition)."""
+        try:
+            meta = pq.ParquetFile(path).metadata
+            columns = LazyColumns.of_parquet(path, meta, device)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SqlError(f"register: {path!r} is not a readable Parquet file: {e}") from None
+        table = Table(list(columns.names), columns)
+        if meta.num_row_groups > 1:
+            bounds = [0]
+            for i in range(meta.num_row_groups):
+                bounds.append(bounds[-1] + meta.row_group(i).num_rows)
+            table.bounds = bounds
+        return table
+
+    @staticmethod
     def load(obj, device) -> "Table":
         """Accepts a pyarrow.Table, a pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
         partition each), or a path to a .parquet (row groups are partitions) / .csv file."""
@@ -176,11 +216,7 @@ class Table:
             if not os.path.exists(path):
                 raise SqlError(f"register: file {path!r} does not exist")
             if path.endswith(".parquet") and not os.path.isdir(path):
-                f = pq.ParquetFile(path)
-                if f.metadata.num_row_groups > 1:
-                    return Table.from_partitions([f.read_row_group(i) for i in range(f.metadata.num_row_groups)],
-                                                 device)
-                return Table.from_arrow(f.read(), device)
+                return Table.from_parquet(path, device)
             if path.endswith(".parquet") or os.path.isdir(path):
                 return Table.from_arrow(pq.read_table(path), device)
             if path.endswith(".csv"):
