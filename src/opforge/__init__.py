@@ -35,9 +35,32 @@ from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402
 from opforge.fusion import fuse  # noqa: E402
 from opforge import nn  # noqa: E402
-from opforge.sql import connect  # noqa: E402
-from opforge import dist  # noqa: E402
-from opforge import stream  # noqa: E402
+
+# The front-ends load on first use: `import opforge` brings in the tensor ops only, not sqlglot,
+# pyarrow, pandas, fastapi or the stream engine (a user of the ops pays nothing for them).
+_LAZY = {
+    "connect": ("opforge.sql", "connect"),
+    "sql": ("opforge.sql", None),
+    "stream": ("opforge.stream", None),
+    "dist": ("opforge.dist", None),
+    "placement": ("opforge.placement", None),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'opforge' has no attribute {name!r}")
+    import importlib
+
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "__version__", "explain", "fuse", "nn", "connect", "stream", "dist",

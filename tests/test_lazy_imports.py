@@ -1,0 +1,37 @@
+"""`import opforge` brings in the tensor ops only: the front-ends and their dependencies load on
+first use (issue 23: a user of the ops pays nothing for SQL, streams or the placement driver)."""
+import subprocess
+import sys
+
+FRONT_END_DEPENDENCIES = ("sqlglot", "pyarrow", "pandas", "fastapi", "uvicorn", "matplotlib", "rich")
+FRONT_ENDS = ("opforge.sql", "opforge.stream", "opforge.placement", "opforge.dist")
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_import_opforge_loads_no_front_end():
+    out = _run(
+        "import sys, opforge\n"
+        "x = opforge.add(__import__('torch').ones(3), 1.0)\n"
+        f"print(sorted(m for m in {FRONT_END_DEPENDENCIES + FRONT_ENDS!r} if m in sys.modules))"
+    )
+    assert out == "[]"
+
+
+def test_front_ends_load_on_first_use():
+    out = _run(
+        "import opforge\n"
+        "con = opforge.connect('cpu')\n"
+        "print(con.sql('SELECT 1 + 2 AS x').fetchall(), opforge.stream.StreamExecutionEnvironment.__name__,"
+        " opforge.sql.connect is opforge.connect, 'placement' in dir(opforge))"
+    )
+    assert out == "[(3,)] StreamExecutionEnvironment True True"
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    out = _run("import opforge\ntry:\n    opforge.nope\nexcept AttributeError as e:\n    print(e)")
+    assert out == "module 'opforge' has no attribute 'nope'"
