@@ -40,8 +40,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import opforge.dist as D  # noqa: E402
-from opforge.dist import group as G  # noqa: E402
+import opforge.distributed as D  # noqa: E402
+from opforge.distributed import group as G  # noqa: E402
 from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD  # noqa: E402
 from opforge.sql.physical.dist_join import broadcast_join, partitioned_join, sample_heavy_keys  # noqa: E402
 from opforge.sql.physical.join import hash_pairs  # noqa: E402

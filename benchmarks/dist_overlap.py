@@ -2,10 +2,10 @@
 
     torchrun --nproc-per-node 2 benchmarks/dist_overlap.py [--quick] [--json PATH] [--op NAME] ...
 
-Runs :mod:`opforge.dist.bench` on every rank (NCCL on GPUs, Gloo on CPUs); rank 0
+Runs :mod:`opforge.distributed.bench` on every rank (NCCL on GPUs, Gloo on CPUs); rank 0
 prints one line per shape and writes the JSON (default
 ``benchmarks/results/<gpu|cpu>x<ranks>-<date>-dist-overlap.json``). Method and
-fields: the module docstring of ``opforge.dist.bench``.
+fields: the module docstring of ``opforge.distributed.bench``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import torch  # noqa: E402
 
-from opforge.dist import bench  # noqa: E402
+from opforge.distributed import bench  # noqa: E402
 
 
 def default_path() -> str:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from opforge.dist import group as G  # noqa: E402
-from opforge.dist.overlap import all_gather_matmul, matmul_reduce_scatter  # noqa: E402
+from opforge.distributed import group as G  # noqa: E402
+from opforge.distributed.overlap import all_gather_matmul, matmul_reduce_scatter  # noqa: E402
 
 CASES = [("all_gather_matmul", (8192, 8192, 1024)), ("matmul_reduce_scatter", (8192, 2048, 8192))]
 

@@ -6,7 +6,7 @@
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join and Zipf skew-join benches; profile: `opforge profile` over every op, ncu on one op, the
-#    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.dist's tests over NCCL and the
+#    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.distributed's tests over NCCL and the
 #    overlapped tensor-parallel GEMM bench, and the distributed join bench: broadcast vs partitioned)
 #   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
@@ -46,7 +46,7 @@ for phase in "$@"; do
       python3 -m opforge selftest --sanitize ;;
     dist)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OPFORGE_AUTOTUNE=off
-      OPFORGE_INTERPRET=0 OPFORGE_DIST_TEST_BACKEND=nccl timeout 110 python3 -m pytest tests/dist -q -p no:cacheprovider
+      OPFORGE_INTERPRET=0 OPFORGE_DIST_TEST_BACKEND=nccl timeout 110 python3 -m pytest tests/distributed -q -p no:cacheprovider
       timeout 170 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \
         benchmarks/dist_overlap.py --json "$OUT/dist-overlap-$stamp.json"
       timeout 150 python3 -m torch.distributed.run --nproc-per-node "$(python3 -c 'import torch; print(torch.cuda.device_count())')" \

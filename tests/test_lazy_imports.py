@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 FRONT_END_DEPENDENCIES = ("sqlglot", "pyarrow", "pandas", "fastapi", "uvicorn", "matplotlib", "rich")
-FRONT_ENDS = ("opforge.sql", "opforge.stream", "opforge.placement", "opforge.dist")
+FRONT_ENDS = ("opforge.sql", "opforge.stream", "opforge.placement", "opforge.distributed")
 
 
 def _run(code: str) -> str:

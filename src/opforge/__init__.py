@@ -42,7 +42,7 @@ _LAZY = {
     "connect": ("opforge.sql", "connect"),
     "sql": ("opforge.sql", None),
     "stream": ("opforge.stream", None),
-    "dist": ("opforge.dist", None),
+    "distributed": ("opforge.distributed", None),
     "placement": ("opforge.placement", None),
 }
 
@@ -63,7 +63,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
-    "__version__", "explain", "fuse", "nn", "connect", "stream", "dist",
+    "__version__", "explain", "fuse", "nn", "connect", "stream", "distributed",
     # elementwise
     "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
     "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",

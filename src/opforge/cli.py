@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.run(console)
         return 0
     if args.command == "bench" and args.dist:
-        from opforge.dist import bench as dist_bench
+        from opforge.distributed import bench as dist_bench
 
         return dist_bench.main((["--quick"] if args.quick else []) + (["--json", args.json_path] if args.json_path else []))
     if args.command == "bench":

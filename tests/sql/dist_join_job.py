@@ -1,6 +1,6 @@
 """One rank of the 2-process Gloo join test (``test_sql_dist_gloo.py``): each rank holds half of
 a fact and a dimension table, and joins them with ``sql/physical/dist_join.py`` (real all-to-all
-shuffles and all-gathers over ``opforge.dist``): partitioned with heavy-key handling (heavy probe
+shuffles and all-gathers over ``opforge.distributed``): partitioned with heavy-key handling (heavy probe
 rows dealt round-robin, their build rows replicated), and broadcast."""
 import os
 
@@ -19,7 +19,7 @@ def run(rank, world, port, out_q):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    import opforge.dist as D
+    import opforge.distributed as D
     from opforge.sql.physical.dist_join import broadcast_join, partitioned_join, sample_heavy_keys
 
     try:

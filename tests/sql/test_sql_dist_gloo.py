@@ -1,4 +1,4 @@
-"""A real 2-process distributed join over ``opforge.dist`` (Gloo on CPUs): partitioned (hash
+"""A real 2-process distributed join over ``opforge.distributed`` (Gloo on CPUs): partitioned (hash
 shuffle, heavy Zipf keys dealt round-robin with their build rows replicated) and broadcast give
 exactly the single-process join's pairs; no rank holds the heavy key's rows alone."""
 import numpy as np

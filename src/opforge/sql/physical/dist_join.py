@@ -1,4 +1,4 @@
-"""Distributed equi-joins over real ranks (``opforge.dist``: NCCL on GPUs, Gloo on CPUs).
+"""Distributed equi-joins over real ranks (``opforge.distributed``: NCCL on GPUs, Gloo on CPUs).
 
 ``distributed.py`` simulates the planner's two methods on one device; these are the same
 exchanges run as collectives, so the product, the Gloo test and ``benchmarks/dist_join.py``
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-import opforge.dist as D
+import opforge.distributed as D
 from opforge.sql.physical.join import hash_pairs
 from opforge.sql.physical.skew import SKEW_SAMPLE_ROWS, heavy_keys
 

@@ -16,7 +16,7 @@ broadcast | partitioned):
 Each worker's join is ``opforge.hash_join``; the pairs are put back in the single-worker order (by
 probe row, then build row), so results equal a ``workers=1`` run. EXPLAIN ANALYZE's notes give
 the method, the reason, the bytes moved and each worker's load. A real multi-process run of the
-same exchange over ``opforge.dist.shuffle_by`` is tested in ``tests/sql/test_sql_dist_gloo.py``.
+same exchange over ``opforge.distributed.shuffle_by`` is tested in ``tests/sql/test_sql_dist_gloo.py``.
 """
 from __future__ import annotations
 

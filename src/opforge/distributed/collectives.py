@@ -2,8 +2,8 @@
 
 Each wrapper checks its arguments on this rank (type, device for the
 backend, shapes), runs the backend collective inside
-:func:`~opforge.dist.errors.collective` so a dead or late peer is a clear
-:class:`~opforge.dist.errors.CollectiveError`, and extends the backend where
+:func:`~opforge.distributed.errors.collective` so a dead or late peer is a clear
+:class:`~opforge.distributed.errors.CollectiveError`, and extends the backend where
 the engines need more than it offers: ``all_gather`` takes partitions of
 different lengths (dim 0), ``reduce_scatter`` takes uneven ``sizes``.
 
@@ -23,8 +23,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from opforge.dist import group as G
-from opforge.dist.errors import collective
+from opforge.distributed import group as G
+from opforge.distributed.errors import collective
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -95,7 +95,7 @@ def exchange(where: str, what: str, values: list[int], sig: str, group=None) -> 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, group=None) -> torch.Tensor:
     """Copy ``src``'s ``tensor`` into every rank's ``tensor`` (in place; returned).
     Every rank passes a contiguous tensor of the same shape and dtype."""
-    where = "opforge.dist.broadcast"
+    where = "opforge.distributed.broadcast"
     world = G.world_size(group, where=where)
     check_tensor(where, "tensor", tensor, group)
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world:
@@ -118,7 +118,7 @@ def all_gather(tensor: torch.Tensor, *, group=None, sizes=None) -> torch.Tensor:
     and dtype must match. ``sizes`` (rows per rank, if the caller knows them)
     skips the size exchange and its host sync.
     """
-    where = "opforge.dist.all_gather"
+    where = "opforge.distributed.all_gather"
     world, me = G.world_size(group, where=where), G.rank(group, where=where)
     check_tensor(where, "tensor", tensor, group, min_dim=1)
     x = tensor.contiguous()
@@ -155,7 +155,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, group=None, sizes=N
     rank, the same list on every rank) block r has ``sizes[r]`` rows; it runs
     as an all-to-all plus a local reduction in rank order.
     """
-    where = "opforge.dist.reduce_scatter"
+    where = "opforge.distributed.reduce_scatter"
     world, me = G.world_size(group, where=where), G.rank(group, where=where)
     check_tensor(where, "tensor", tensor, group, min_dim=1)
     if op not in REDUCE_OPS:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed
 
-import opforge.dist as D
+import opforge.distributed as D
 from dist_ranks import BACKEND, free_port, launch
 
 
@@ -17,7 +17,7 @@ def test_a_rank_that_dies_fails_the_others_with_a_clear_error():
     for r in (0, 2):
         status, (kind, msg, seconds), _ = got[r]
         assert status == "ok" and kind == "CollectiveError", got[r]
-        assert "opforge.dist.shuffle_batch" in msg and f"rank {r}" in msg and "3 ranks" in msg
+        assert "opforge.distributed.shuffle_batch" in msg and f"rank {r}" in msg and "3 ranks" in msg
         assert seconds < 15
 
 
@@ -58,5 +58,5 @@ def test_init_rejects_bad_arguments(monkeypatch):
 
 
 def test_calls_before_init_say_so():
-    with pytest.raises(D.SetupError, match=r"opforge.dist.all_gather: no process group; call opforge.dist.init\(\)"):
+    with pytest.raises(D.SetupError, match=r"opforge.distributed.all_gather: no process group; call opforge.distributed.init\(\)"):
         D.all_gather(torch.zeros(2))

@@ -8,8 +8,8 @@ measures
   the partial product),
 - ``sequential``: the collective, then the GEMM (or the GEMM, then the
   collective), nothing overlapped,
-- ``overlapped``: :func:`~opforge.dist.all_gather_matmul` /
-  :func:`~opforge.dist.matmul_reduce_scatter` for each chunk count of the grid
+- ``overlapped``: :func:`~opforge.distributed.all_gather_matmul` /
+  :func:`~opforge.distributed.matmul_reduce_scatter` for each chunk count of the grid
   (on CUDA also with dispatch's GEMM, and each chunk count replayed as a CUDA graph),
 
 and reports ``efficiency = (sequential - overlapped) / min(comm, compute)``
@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from opforge.dist import group as G
-from opforge.dist import symmetric
-from opforge.dist.collectives import all_gather_single, reduce_scatter_single
-from opforge.dist.overlap import (
+from opforge.distributed import group as G
+from opforge.distributed import symmetric
+from opforge.distributed.collectives import all_gather_single, reduce_scatter_single
+from opforge.distributed.overlap import (
     OVERLAP_MATMUL_VARIANT, all_gather_matmul, chunk_matmul, default_chunks, matmul_reduce_scatter, resolve_variant,
 )
 
@@ -195,7 +195,7 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         err = torch.tensor([_rel_err(got, ref)], dtype=torch.float64, device=device)
         dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
-        ran = resolve_variant("opforge.dist.bench", variant, device) or _matmul_variant(*chunk_of(chunks))
+        ran = resolve_variant("opforge.distributed.bench", variant, device) or _matmul_variant(*chunk_of(chunks))
         runs.append({"chunks": chunks, "default": default, "graph": graph, "transport": transport,
                      "matmul_variant": ran, "matmul_variant_arg": variant, "overlapped_ms": ms,
                      "identical_to_unoverlapped": bool(flag.item() == 1.0), "max_rel_err": float(err.item()),
@@ -229,7 +229,7 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
     best = min(runs, key=lambda r: r["overlapped_ms"])
     tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
     return {
-        "op": f"opforge.dist.{op}",
+        "op": f"opforge.distributed.{op}",
         "variant": run_name(best),
         "shape": list(shape),
         "dtype": str(dtype).replace("torch.", ""), "world_size": world,
@@ -250,7 +250,7 @@ def _case(op: str, shape, dtype, device, world: int, rank: int, group, warmup: i
 
 def run(*, quick: bool = False, dtype: torch.dtype | None = None, warmup: int = 3, repeats: int = 10,
         group=None, ops: list[str] | None = None, checkpoint: str | None = None, log=print) -> dict:
-    """Bench every shape on the current group (after :func:`opforge.dist.init`); the result dict
+    """Bench every shape on the current group (after :func:`opforge.distributed.init`); the result dict
     (the same on every rank). ``checkpoint``: rank 0 rewrites the JSON there after each shape."""
     from opforge.runtime import device as devmod
 
@@ -269,10 +269,10 @@ def run(*, quick: bool = False, dtype: torch.dtype | None = None, warmup: int = 
     shapes = QUICK_SHAPES if quick else SHAPES
     for op in ops or list(shapes):
         if op not in shapes:
-            raise ValueError(f"opforge.dist.bench: unknown op {op!r}; choose from {list(shapes)}")
+            raise ValueError(f"opforge.distributed.bench: unknown op {op!r}; choose from {list(shapes)}")
         for shape in shapes[op]:
             if shape[0] % world or (op == "matmul_reduce_scatter" and shape[1] % world):
-                raise ValueError(f"opforge.dist.bench: shape {shape} does not split over {world} ranks")
+                raise ValueError(f"opforge.distributed.bench: shape {shape} does not split over {world} ranks")
             e = _case(op, shape, dtype, device, world, rank, group, warmup, repeats)
             result["entries"].append(e)
             if rank == 0:
@@ -291,8 +291,8 @@ def write_json(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun --nproc-per-node N -m opforge.dist.bench [--quick] [--json PATH]``."""
-    p = argparse.ArgumentParser(prog="opforge.dist.bench", description=__doc__.splitlines()[0])
+    """``torchrun --nproc-per-node N -m opforge.distributed.bench [--quick] [--json PATH]``."""
+    p = argparse.ArgumentParser(prog="opforge.distributed.bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shapes (CPU smoke runs)")
     p.add_argument("--json", dest="json_path", help="rank 0 writes the results here")
     p.add_argument("--op", action="append", choices=list(SHAPES), help="only these ops (repeatable)")

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from opforge.dist import group as G
-from opforge.dist.collectives import check_sizes, check_tensor, exchange, guard, signature
+from opforge.distributed import group as G
+from opforge.distributed.collectives import check_sizes, check_tensor, exchange, guard, signature
 
 INT_KEYS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
 FLOAT_KEYS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -68,7 +68,7 @@ def shuffle_batch(batch: Mapping[str, torch.Tensor], counts, *, group=None
     """Send ``counts[d]`` rows of every column to rank d; returns the received
     batch (rows grouped by source rank) and the rows received from each rank
     (an int64 tensor of length world, on the batch's device)."""
-    where = "opforge.dist.shuffle_batch"
+    where = "opforge.distributed.shuffle_batch"
     world, me = G.world_size(group, where=where), G.rank(group, where=where)
     rows = _check_batch(where, batch, group)
     send = _counts_list(where, counts, world, rows)
@@ -89,7 +89,7 @@ def shuffle_batch(batch: Mapping[str, torch.Tensor], counts, *, group=None
 
 def shuffle(tensor: torch.Tensor, counts, *, group=None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`shuffle_batch` for one tensor (rows on dim 0)."""
-    where = "opforge.dist.shuffle"
+    where = "opforge.distributed.shuffle"
     check_tensor(where, "tensor", tensor, group, min_dim=1)
     out, recv = shuffle_batch({"tensor": tensor}, counts, group=group)
     return out["tensor"], recv
@@ -98,7 +98,7 @@ def shuffle(tensor: torch.Tensor, counts, *, group=None) -> tuple[torch.Tensor, 
 def partition(dest: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Order rows by destination: ``(order, counts)`` with ``order`` a stable
     permutation grouping rows by ``dest`` and ``counts[d]`` the rows bound for d."""
-    where = "opforge.dist.partition"
+    where = "opforge.distributed.partition"
     if not isinstance(dest, torch.Tensor) or dest.dim() != 1 or dest.dtype.is_floating_point \
             or dest.dtype == torch.bool:
         raise TypeError(f"{where}: dest must be a 1-D integer tensor of destination ranks")
@@ -122,7 +122,7 @@ def _key_bits(where: str, k: torch.Tensor) -> torch.Tensor:
 
 def hash_partition(keys: torch.Tensor | Sequence[torch.Tensor], world: int) -> torch.Tensor:
     """Destination rank of each row by a hash of its key columns (equal keys, one rank)."""
-    where = "opforge.dist.hash_partition"
+    where = "opforge.distributed.hash_partition"
     cols = [keys] if isinstance(keys, torch.Tensor) else list(keys)
     if not cols or not all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in cols):
         raise TypeError(f"{where}: keys must be a 1-D tensor or a non-empty list of 1-D tensors")
@@ -141,7 +141,7 @@ def shuffle_by(batch: Mapping[str, torch.Tensor], dest: torch.Tensor, *, group=N
                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Send row i of every column to rank ``dest[i]`` (rows in any order);
     :func:`shuffle_batch`'s result."""
-    where = "opforge.dist.shuffle_by"
+    where = "opforge.distributed.shuffle_by"
     world = G.world_size(group, where=where)
     rows = _check_batch(where, batch, group)
     if not isinstance(dest, torch.Tensor) or dest.shape != (rows,):

@@ -43,14 +43,14 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.dist import group as G
-from opforge.dist import symmetric
-from opforge.dist.collectives import (
+from opforge.distributed import group as G
+from opforge.distributed import symmetric
+from opforge.distributed.collectives import (
     all_gather_single, check_tensor, checks_enabled, exchange, guard, reduce_scatter_single, signature,
 )
 
-WHERE_AG = "opforge.dist.all_gather_matmul"
-WHERE_RS = "opforge.dist.matmul_reduce_scatter"
+WHERE_AG = "opforge.distributed.all_gather_matmul"
+WHERE_RS = "opforge.distributed.matmul_reduce_scatter"
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # A chunk's GEMM should still fill the GPU: about 256 output tiles of 128 x 128
 # (two waves on an H200's 132 SMs). More chunks hide more of the collective but
@@ -117,7 +117,7 @@ def resolve_variant(where: str, variant: str | None, device: torch.device) -> st
 
 def resolve_transport(where: str, transport: str, group) -> str:
     """How rows travel between ranks: ``"nccl"`` (the group's collectives: NCCL kernels, or Gloo),
-    ``"copy_engine"`` (peer copies through symmetric memory, see :mod:`opforge.dist.symmetric`:
+    ``"copy_engine"`` (peer copies through symmetric memory, see :mod:`opforge.distributed.symmetric`:
     no SM spent on transfers; NCCL groups on one host) or ``"auto"`` (:data:`DEFAULT_TRANSPORT`
     where it can run, else ``"nccl"``)."""
     if transport not in TRANSPORTS:
@@ -205,7 +205,7 @@ MAX_GRAPHS = 16
 
 
 def release_graphs() -> None:
-    """Drop the captured graphs (they hold NCCL work; :func:`opforge.dist.destroy` calls this first)."""
+    """Drop the captured graphs (they hold NCCL work; :func:`opforge.distributed.destroy` calls this first)."""
     if _graphs:
         torch.cuda.synchronize()
         _graphs.clear()

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 
 class DistError(RuntimeError):
-    """Base of the errors raised by ``opforge.dist``."""
+    """Base of the errors raised by ``opforge.distributed``."""
 
 
 class SetupError(DistError):

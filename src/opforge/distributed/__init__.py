@@ -1,4 +1,4 @@
-"""opforge.dist: many GPUs (or CPU processes) over torch.distributed.
+"""opforge.distributed: many GPUs (or CPU processes) over torch.distributed.
 
 Launched by ``torchrun``; NCCL on GPUs, Gloo on CPUs. What the engines use:
 
@@ -11,11 +11,11 @@ Launched by ``torchrun``; NCCL on GPUs, Gloo on CPUs. What the engines use:
   :func:`matmul_reduce_scatter`
 """
 
-from opforge.dist.collectives import all_gather, broadcast, reduce_scatter
-from opforge.dist.errors import CollectiveError, DistError, SetupError
-from opforge.dist.group import RankInfo, destroy, device, info, init, mesh, mesh_group, rank, world_size
-from opforge.dist.overlap import all_gather_matmul, matmul_reduce_scatter
-from opforge.dist.shuffle import hash_partition, partition, shuffle, shuffle_batch, shuffle_by
+from opforge.distributed.collectives import all_gather, broadcast, reduce_scatter
+from opforge.distributed.errors import CollectiveError, DistError, SetupError
+from opforge.distributed.group import RankInfo, destroy, device, info, init, mesh, mesh_group, rank, world_size
+from opforge.distributed.overlap import all_gather_matmul, matmul_reduce_scatter
+from opforge.distributed.shuffle import hash_partition, partition, shuffle, shuffle_batch, shuffle_by
 
 __all__ = [
     "init", "destroy", "info", "rank", "world_size", "device", "mesh", "mesh_group", "RankInfo",

@@ -59,7 +59,7 @@ def test_shuffle_batch_with_different_columns_fails_on_every_rank(ranks2):
 
 
 def test_partition_and_hash_partition_locally():
-    from opforge.dist import hash_partition, partition
+    from opforge.distributed import hash_partition, partition
 
     dest = torch.tensor([2, 0, 2, 1, 0])
     order, counts = partition(dest, 3)

@@ -47,7 +47,7 @@ def _serve(rank, world, port, timeout_s, inbox, outbox):
 
     torch.set_num_threads(1)
     import dist_jobs
-    import opforge.dist as D
+    import opforge.distributed as D
 
     try:
         D.init(BACKEND, timeout=timeout_s)

@@ -4,7 +4,7 @@ overlapped results checked (CPU figures: the shapes are tiny, the timings not a 
 import json
 
 from dist_ranks import BACKEND
-from opforge.dist import bench
+from opforge.distributed import bench
 
 
 def test_quick_bench_reports_every_figure(ranks2, tmp_path):
@@ -13,7 +13,7 @@ def test_quick_bench_reports_every_figure(ranks2, tmp_path):
     r = results[0]
     assert r["world_size"] == 2 and r["backend"] == BACKEND and r["cpu_figures"] == (BACKEND == "gloo")
     ops = [e["op"] for e in r["entries"]]
-    assert ops == ["opforge.dist.all_gather_matmul"] * 2 + ["opforge.dist.matmul_reduce_scatter"] * 2
+    assert ops == ["opforge.distributed.all_gather_matmul"] * 2 + ["opforge.distributed.matmul_reduce_scatter"] * 2
     for e in r["entries"]:
         assert e["correct"], e
         assert min(e["compute_ms"], e["comm_ms"], e["sequential_ms"], e["median_ms"]) > 0

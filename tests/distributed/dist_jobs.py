@@ -9,7 +9,7 @@ import time
 
 import torch
 
-import opforge.dist as D
+import opforge.distributed as D
 
 def on(t: torch.Tensor) -> torch.Tensor:
     """A tensor on the device the group's backend takes (the GPU under NCCL)."""
@@ -154,7 +154,7 @@ def die_during_shuffle(victim: int):
 
 
 def bench_quick():
-    from opforge.dist import bench
+    from opforge.distributed import bench
 
     return bench.run(quick=True, warmup=1, repeats=2, log=lambda *a: None)
 

@@ -5,11 +5,11 @@
 :func:`init` reads them, picks the backend (NCCL when this host has a GPU per
 local rank, Gloo otherwise), binds the rank to its GPU and forms the default
 group with a timeout, so a rank that never arrives is an error after
-``timeout`` seconds instead of a hang. Everything else in ``opforge.dist``
+``timeout`` seconds instead of a hang. Everything else in ``opforge.distributed``
 takes ``group=None`` (the default group) or a sub-group from :func:`mesh`.
 
 Timeouts: Gloo raises on the waiting ranks when a peer exits or the timeout
-passes (turned into :class:`~opforge.dist.errors.CollectiveError`); NCCL's
+passes (turned into :class:`~opforge.distributed.errors.CollectiveError`); NCCL's
 watchdog aborts the process group after the timeout, which ends the ranks.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from opforge.dist.errors import SetupError
+from opforge.distributed.errors import SetupError
 
-WHERE = "opforge.dist.init"
+WHERE = "opforge.distributed.init"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("nccl", "gloo")
 DEFAULT_TIMEOUT_S = 300.0
@@ -142,21 +142,21 @@ def destroy() -> None:
 
 def _require(where: str) -> None:
     if not dist.is_initialized():
-        raise SetupError(f"{where}: no process group; call opforge.dist.init() first (under torchrun)")
+        raise SetupError(f"{where}: no process group; call opforge.distributed.init() first (under torchrun)")
 
 
-def rank(group=None, *, where: str = "opforge.dist.rank") -> int:
+def rank(group=None, *, where: str = "opforge.distributed.rank") -> int:
     _require(where)
     return dist.get_rank(group)
 
 
-def world_size(group=None, *, where: str = "opforge.dist.world_size") -> int:
+def world_size(group=None, *, where: str = "opforge.distributed.world_size") -> int:
     _require(where)
     return dist.get_world_size(group)
 
 
 def backend(group=None) -> str:
-    _require("opforge.dist.backend")
+    _require("opforge.distributed.backend")
     return str(dist.get_backend(group)).lower()
 
 
@@ -174,7 +174,7 @@ def timeout_s() -> float | None:
 
 def info(group=None) -> RankInfo:
     """This process's :class:`RankInfo` in ``group``."""
-    _require("opforge.dist.info")
+    _require("opforge.distributed.info")
     local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     return RankInfo(dist.get_rank(group), dist.get_world_size(group), local, backend(group), device(group))
 
@@ -186,7 +186,7 @@ def mesh(shape: tuple[int, ...] | int, names: tuple[str, ...] | None = None):
     group; ``mesh_group(m, "tp")`` is this rank's tp group. Collective: every
     rank calls it with the same arguments.
     """
-    where = "opforge.dist.mesh"
+    where = "opforge.distributed.mesh"
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
         raise ValueError(f"{where}: shape must be positive integers, got {shape!r}")
@@ -206,7 +206,7 @@ def mesh_group(m, dim: int | str = 0):
     """The process group of this rank along one dim of a mesh from :func:`mesh`."""
     names = m.mesh_dim_names or ()
     if isinstance(dim, str) and dim not in names:
-        raise ValueError(f"opforge.dist.mesh_group: the mesh has dims {names}, not {dim!r}")
+        raise ValueError(f"opforge.distributed.mesh_group: the mesh has dims {names}, not {dim!r}")
     if isinstance(dim, int) and not 0 <= dim < m.ndim:
-        raise ValueError(f"opforge.dist.mesh_group: dim {dim} is out of range for a {m.ndim}-D mesh")
+        raise ValueError(f"opforge.distributed.mesh_group: dim {dim} is out of range for a {m.ndim}-D mesh")
     return m.get_group(dim)

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from opforge.dist import group as G
+from opforge.distributed import group as G
 
 _workspaces: dict[str, tuple[torch.Tensor, object]] = {}
 
@@ -54,7 +54,7 @@ def workspace(group, nbytes: int):
     buf, handle = _workspaces.get(name, (None, None))
     if buf is None or buf.numel() < nbytes:
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"opforge.dist: the symmetric workspace must grow to {nbytes} bytes while a CUDA "
+            raise RuntimeError(f"opforge.distributed: the symmetric workspace must grow to {nbytes} bytes while a CUDA "
                                f"graph is being captured; run the call once before capturing it")
         _workspaces.pop(name, None)
         buf = symm_mem.empty(max(nbytes, 1), dtype=torch.uint8, device=torch.device("cuda",

@@ -96,7 +96,7 @@ def test_copy_engine_transport_exact(ranks2, graph):
 
 
 def test_chunking_helpers():
-    from opforge.dist.overlap import chunk_bounds, default_chunks
+    from opforge.distributed.overlap import chunk_bounds, default_chunks
 
     assert chunk_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert chunk_bounds(2, 2) == [(0, 1), (1, 2)]
