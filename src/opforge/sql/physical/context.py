@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-JOIN_ALGORITHMS = ("auto", "hash", "merge", "nested_loop", "direct", "radix")
+from opforge.sql.physical import joins
+
+JOIN_ALGORITHMS = ("auto", *joins.names())  # the planner's choice, or one algorithm forced
 JOIN_DISTRIBUTIONS = ("auto", "broadcast", "partitioned")
 DEFAULT_SKEW_THRESHOLD = 0.1
 
@@ -17,7 +19,7 @@ class ExecContext:
     override). ``runtime_filters``: build-side filters pushed into probe-side scans.
     ``skew_threshold``: a probe key value holding more than this share of the probe rows is
     handled apart in partitioned joins (None: no skew handling). ``workers`` /
-    ``join_distribution``: the simulated multi-worker mode (``physical/distributed.py``).
+    ``join_distribution``: the simulated multi-worker mode (``physical/simulated_workers.py``).
     ``notes``: what each operator chose (algorithm, partitions), read by EXPLAIN; ``metrics``:
     the same as numbers (rows read, partitions skipped, ...), read by EXPLAIN ANALYZE and tests."""
 
