@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 
 from opforge.sql.physical import joins
 
-JOIN_ALGORITHMS = ("auto", *joins.names())  # the planner's choice, or one algorithm forced
 JOIN_DISTRIBUTIONS = ("auto", "broadcast", "partitioned")
 DEFAULT_SKEW_THRESHOLD = 0.1
 
@@ -48,8 +47,9 @@ def check_options(memory_budget, join_algorithm, runtime_filters=True, skew_thre
                             f"got {type(memory_budget).__name__}")
         if memory_budget <= 0:
             raise ValueError(f"opforge.sql.connect: memory_budget must be > 0 bytes, got {memory_budget}")
-    if join_algorithm not in JOIN_ALGORITHMS:
-        raise ValueError(f"opforge.sql.connect: join_algorithm must be one of {JOIN_ALGORITHMS}, "
+    allowed = ("auto", *joins.names())  # the planner's choice, or one registered algorithm forced
+    if join_algorithm not in allowed:
+        raise ValueError(f"opforge.sql.connect: join_algorithm must be one of {allowed}, "
                          f"got {join_algorithm!r}")
     if not isinstance(runtime_filters, bool):
         raise TypeError(f"opforge.sql.connect: runtime_filters must be True or False, got {runtime_filters!r}")

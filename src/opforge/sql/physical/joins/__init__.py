@@ -23,33 +23,33 @@ from opforge.sql.physical.joins.base import JoinAlgorithm
 _NOT_ALGORITHMS = frozenset({"base"})
 
 
-def _discover() -> tuple[JoinAlgorithm, ...]:
+def discover(path=__path__, package: str = __name__) -> tuple[JoinAlgorithm, ...]:
+    """The ``ALGORITHM`` of every module of ``package`` (at ``path``) but ``base``, in the planner's
+    order (``rank``, then name)."""
     found = []
-    for m in pkgutil.iter_modules(__path__):
+    for m in pkgutil.iter_modules(path):
         if m.name in _NOT_ALGORITHMS or m.name.startswith("_"):
             continue
-        algo = importlib.import_module(f"{__name__}.{m.name}").ALGORITHM
+        algo = getattr(importlib.import_module(f"{package}.{m.name}"), "ALGORITHM", None)
         if not isinstance(algo, JoinAlgorithm) or algo.name != m.name:
-            raise TypeError(f"opforge.sql.physical.joins.{m.name}: ALGORITHM must be a JoinAlgorithm named "
-                            f"{m.name!r}, got {algo!r}")
+            raise TypeError(f"{package}.{m.name}: ALGORITHM must be a JoinAlgorithm named {m.name!r}, got {algo!r}")
         found.append(algo)
     return tuple(sorted(found, key=lambda a: (a.rank, a.name)))
 
 
-ALGORITHMS: tuple[JoinAlgorithm, ...] = _discover()  # in the planner's order (rank)
-_BY_NAME = {a.name: a for a in ALGORITHMS}
+ALGORITHMS: tuple[JoinAlgorithm, ...] = discover()  # in the planner's order (rank)
 
 
 def names() -> tuple[str, ...]:
     """The ``join_algorithm=`` names, sorted."""
-    return tuple(sorted(_BY_NAME))
+    return tuple(sorted(a.name for a in ALGORITHMS))
 
 
 def get(name: str) -> JoinAlgorithm:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise ValueError(f"unknown join algorithm {name!r}; one of {names()}") from None
+    for a in ALGORITHMS:
+        if a.name == name:
+            return a
+    raise ValueError(f"unknown join algorithm {name!r}; one of {names()}")
 
 
 def for_choice(plan_name: str, partitioned: bool) -> JoinAlgorithm:
