@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import opforge.sql as sql
-from opforge.sql.physical.join import direct_pairs, hash_pairs
+from opforge.sql.physical.joins.direct import direct_pairs
+from opforge.sql.physical.joins.hash import hash_pairs
 from sql_reference import SqlCheck
 
 

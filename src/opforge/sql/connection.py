@@ -25,8 +25,8 @@ from opforge.sql.frontend.binder import Binder
 from opforge.sql.frontend.parser import parse
 from opforge.sql.optimizer import optimize
 from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD, ExecContext, check_options
+from opforge.sql.physical.joins.base import Hardware
 from opforge.sql.planner.cardinality import Estimator
-from opforge.sql.planner.cost import Hardware
 from opforge.sql.planner.join_order import SKEW_THRESHOLD, JoinOrderOptimizer, check_mode
 from opforge.sql.planner.statistics import TableStats, table_stats
 from opforge.sql.profile import Profiler
@@ -244,8 +244,9 @@ def connect(device: str | torch.device | None = None, memory_budget: int | None 
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
     it plans, ``sql/planner/physical_choice.py``; the run-time rule in ``sql/physical/join.py``
-    for the others) or one of "hash", "merge", "nested_loop", "direct" (perfect hash), "radix"
-    (radix-partitioned hash) for every equi-join: a user override.
+    for the others) or the name of one algorithm of ``sql/physical/joins`` (a module each: "hash",
+    "merge", "nested_loop", "direct" (perfect hash), "radix" (radix-partitioned hash)) for every
+    equi-join: a user override.
     ``join_reordering``: "auto" (exact DPccp while affordable, else greedy), "greedy" or "none"
     (the FROM order); see ``sql/planner/join_order.py``.
     ``runtime_filters``: push min / max, IN-list and Bloom filters from each join's build side
@@ -253,6 +254,6 @@ def connect(device: str | torch.device | None = None, memory_budget: int | None 
     ``skew_threshold``: a join key value above this share of the probe rows is split off in
     partitioned joins (``sql/physical/skew.py``); None turns skew handling off.
     ``workers`` / ``join_distribution`` ("auto", "broadcast", "partitioned"): the simulated
-    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/distributed.py``)."""
+    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``)."""
     return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
                       workers, join_distribution)

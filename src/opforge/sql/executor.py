@@ -68,7 +68,7 @@ class Executor:
         return out
 
     def _placement(self, node: P.Node, inputs: list[Batch]) -> frozenset:
-        """The columns whose hash places ``node``'s rows on workers (``physical/distributed.py``)."""
+        """The columns whose hash places ``node``'s rows on workers (``physical/simulated_workers.py``)."""
         if isinstance(node, P.Scan):
             key = self.tables[node.table].partition_key
             return frozenset(o.cid for o in node.outputs if o.name == key)

@@ -5,7 +5,7 @@ groups, is registered as one table whose rows keep their partitions (``bounds``:
 each partition, then the row count). Each column's per-partition min / max (``partition_range``,
 storage units, NULLs ignored) lets a scan skip partitions that a filter or a runtime filter
 excludes. ``partition_key``: the column whose hash places the rows on workers in the simulated
-multi-worker mode (``physical/distributed.py``).
+multi-worker mode (``physical/simulated_workers.py``).
 
 Columns load lazily (``LazyColumns``): a table read from Arrow, pandas, Parquet or CSV keeps the
 Arrow data on the host and a column reaches the device the first time something reads it; names,

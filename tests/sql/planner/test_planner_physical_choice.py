@@ -2,7 +2,7 @@
 model says, and costs that grow with the traffic the GPU pays for."""
 import pytest
 
-from opforge.sql.physical.join import NESTED_LOOP_MAX_PAIRS
+from opforge.sql.physical.joins.nested_loop import NESTED_LOOP_MAX_PAIRS
 from opforge.sql.planner import cost as C
 from opforge.sql.planner.physical_choice import SideInfo, choose
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-JOIN_ALGORITHMS = ("auto", "hash", "merge", "nested_loop", "direct", "radix")
+from opforge.sql.physical import joins
+
 JOIN_DISTRIBUTIONS = ("auto", "broadcast", "partitioned")
 DEFAULT_SKEW_THRESHOLD = 0.1
 
@@ -17,7 +18,7 @@ class ExecContext:
     override). ``runtime_filters``: build-side filters pushed into probe-side scans.
     ``skew_threshold``: a probe key value holding more than this share of the probe rows is
     handled apart in partitioned joins (None: no skew handling). ``workers`` /
-    ``join_distribution``: the simulated multi-worker mode (``physical/distributed.py``).
+    ``join_distribution``: the simulated multi-worker mode (``physical/simulated_workers.py``).
     ``notes``: what each operator chose (algorithm, partitions), read by EXPLAIN; ``metrics``:
     the same as numbers (rows read, partitions skipped, ...), read by EXPLAIN ANALYZE and tests."""
 
@@ -46,8 +47,9 @@ def check_options(memory_budget, join_algorithm, runtime_filters=True, skew_thre
                             f"got {type(memory_budget).__name__}")
         if memory_budget <= 0:
             raise ValueError(f"opforge.sql.connect: memory_budget must be > 0 bytes, got {memory_budget}")
-    if join_algorithm not in JOIN_ALGORITHMS:
-        raise ValueError(f"opforge.sql.connect: join_algorithm must be one of {JOIN_ALGORITHMS}, "
+    allowed = ("auto", *joins.names())  # the planner's choice, or one registered algorithm forced
+    if join_algorithm not in allowed:
+        raise ValueError(f"opforge.sql.connect: join_algorithm must be one of {allowed}, "
                          f"got {join_algorithm!r}")
     if not isinstance(runtime_filters, bool):
         raise TypeError(f"opforge.sql.connect: runtime_filters must be True or False, got {runtime_filters!r}")

@@ -1,6 +1,6 @@
 """Distributed equi-joins over real ranks (``opforge.distributed``: NCCL on GPUs, Gloo on CPUs).
 
-``distributed.py`` simulates the planner's two methods on one device; these are the same
+``simulated_workers.py`` simulates the planner's two methods on one device; these are the same
 exchanges run as collectives, so the product, the Gloo test and ``benchmarks/dist_join.py``
 measure one implementation. Every rank passes its resident rows (keys + global row ids) and gets
 back the ``[n, 2]`` (probe row, build row) pairs it produced; the union over ranks is the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 import opforge.distributed as D
-from opforge.sql.physical.join import hash_pairs
+from opforge.sql.physical.joins.hash import hash_pairs
 from opforge.sql.physical.skew import SKEW_SAMPLE_ROWS, heavy_keys
 
 

@@ -12,7 +12,7 @@
 * ``runtime_filters``: min / max, IN-list and (blocked) Bloom filters from a build side, partition
   pruning (applied by ``sql/physical/runtime_filter.py`` and ``sql/physical/scan.py``);
 * ``distribution``: broadcast vs partitioned joins over several GPUs (run, simulated, by
-  ``sql/physical/distributed.py``).
+  ``sql/physical/simulated_workers.py``).
 
 The executor follows the plan: the physical join and build side (``sql/physical/join.py``), skew
 handling from the statistics' heavy hitters (``sql/physical/skew.py``).

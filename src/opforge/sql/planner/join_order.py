@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Ref, and_
+from opforge.sql.physical.joins.base import DENSE_RANGE_PER_ROW, Hardware
 from opforge.sql.planner import dp, greedy
 from opforge.sql.planner import join_graph as G
 from opforge.sql.planner.cardinality import Estimator
-from opforge.sql.planner.cost import Hardware
 from opforge.sql.planner.join_tree import JoinPlan, Planning
 from opforge.sql.planner.distribution import choose_distribution
-from opforge.sql.planner.physical_choice import DIRECT_MAX_RANGE_PER_ROW, JoinChoice, PhysicalCost
+from opforge.sql.planner.physical_choice import JoinChoice, PhysicalCost
 from opforge.sql.planner.statistics import TableStats
 
 MODES = ("auto", "greedy", "none")
@@ -117,7 +117,7 @@ class JoinOrderOptimizer:
             if st is not None and o.type.is_integer and st.min is not None and st.nulls == 0 \
                     and st.exact and st.distinct == st.rows:
                 span = st.max - st.min + 1
-                if span <= DIRECT_MAX_RANGE_PER_ROW * st.rows:
+                if span <= DENSE_RANGE_PER_ROW * st.rows:
                     dense[o.cid] = span
         return frozenset(sorted_cids), dense
 

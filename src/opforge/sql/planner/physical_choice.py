@@ -1,15 +1,11 @@
 """Which physical join runs an inner equi-join, and which side builds: the cheapest eligible
-algorithm under ``cost`` (both orientations tried), with the reason EXPLAIN prints.
+algorithm of the registry (``sql/physical/joins``: each algorithm's ``eligible`` and ``cost``), both
+orientations tried, with the reason EXPLAIN prints (the winner's ``reason``).
 
-Eligibility:
-* nested loop: when ``left rows * right rows <= NESTED_LOOP_MAX_PAIRS`` (it materializes every
-  pair), and always for a join without equi keys (then it is the only algorithm);
-* direct (perfect hashing): the build side's single key column is a unique integer column whose
-  value range is at most ``DIRECT_MAX_RANGE_PER_ROW`` times its rows (dense keys, e.g. TPC-H's
-  surrogate keys): an array indexed by ``key - min`` replaces the hash table;
-* sort-merge: any equi-join (the build side is sorted unless it is already in key order);
-* hash: any equi-join, radix-partitioned when the table exceeds the budget (required) or when
-  partitions that fit the L2 cost less than probing a table in HBM.
+Candidates are tried build = right first, then build = left, and within one orientation in the
+registry's order (``rank``: radix-partitioned hash, hash, direct, merge, nested loop); a later
+candidate wins only when strictly cheaper. A join without equi keys is a nested loop over the
+smaller side.
 
 The join enumerator prices every join by its choice here, EXPLAIN prints the choice of each
 planned join, and the executor runs it (``Join.physical``; ``sql/physical/join.py``: the
@@ -20,30 +16,17 @@ keys of a direct join that are not unique and dense).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from opforge.sql.expr import Ref
-from opforge.sql.physical.join import NESTED_LOOP_MAX_PAIRS
+from opforge.sql.physical import joins
+from opforge.sql.physical.joins.base import Hardware, JoinSizes, SideInfo
 from opforge.sql.planner import cost as C
-
-DIRECT_MAX_RANGE_PER_ROW = 2.0
-
-
-class SideInfo(NamedTuple):
-    """One join input as the choice sees it: rows, bytes per row, and facts about its key (a
-    tuple: the enumerator builds two per costed join)."""
-
-    rows: float
-    width: float
-    sorted_key: bool = False  # the (single) key column is ascending without NULLs
-    dense_range: float | None = None  # unique dense int key: its value range (max - min + 1)
 
 
 @dataclass(frozen=True)
 class JoinChoice:
-    algorithm: str  # hash | direct | merge | nested_loop
+    algorithm: str  # the algorithm's plan_name: hash | direct | merge | nested_loop
     build: str  # "left" or "right": the side the table (or sorted array) is built over
     partitioned: bool
     cost: float
@@ -54,63 +37,27 @@ class JoinChoice:
         return f"{self.algorithm}{part} build={self.build}: {self.reason}"
 
 
-def _mb(b: float) -> str:
-    return f"{b / 1e6:.3g} MB"
-
-
-def _merge_cost(s: C.JoinSizes, build: SideInfo, probe: SideInfo, hw: C.Hardware) -> float:
-    base = C.merge_cost(s, build.sorted_key, probe.sorted_key)
-    if build.sorted_key and probe.sorted_key:
-        return base
-    # unsorted probes binary-search the sorted build keys: log2(B) accesses each
-    steps = max(1.0, math.log2(max(2.0, s.build_rows)))
-    per = C.KEY_BYTES if s.build_rows * C.KEY_BYTES <= hw.l2_bytes else C.RANDOM_PROBE_BYTES
-    return base + s.probe_rows * steps * per
-
-
-def _reason(algorithm: str, partitioned: bool, b: SideInfo, p: SideInfo, hw: C.Hardware) -> str:
-    """Why the winner is eligible and cheapest, in EXPLAIN's words (built once per chosen join)."""
-    table = C.hash_table_bytes(b.rows)
-    if algorithm == "hash" and table > hw.table_budget:
-        return f"table {_mb(table)} > budget {_mb(hw.table_budget)}: radix partitions"
-    if algorithm == "hash" and partitioned:
-        return f"table {_mb(table)} > L2 ({_mb(hw.l2_bytes)}): L2-sized radix partitions cost less than HBM probes"
-    if algorithm == "hash":
-        return f"table {_mb(table)} {'fits the L2' if table <= hw.l2_bytes else 'in HBM'} ({_mb(hw.l2_bytes)})"
-    if algorithm == "direct":
-        return f"unique dense int keys, range {b.dense_range:.0f}"
-    if algorithm == "merge":
-        return "both inputs in key order" if b.sorted_key and p.sorted_key else \
-            "build side in key order" if b.sorted_key else "sorts the build side"
-    return f"{b.rows:.0f} x {p.rows:.0f} pairs <= {NESTED_LOOP_MAX_PAIRS}"
-
-
 def choose(left: SideInfo, right: SideInfo, out_rows: float, has_keys: bool,
-           hw: C.Hardware = C.Hardware()) -> JoinChoice:
-    """The cheapest eligible (algorithm, build side, partitioned) for one join."""
+           hw: Hardware = Hardware()) -> JoinChoice:
+    """The cheapest eligible (algorithm, build side) for one join."""
     out_width = left.width + right.width
     if not has_keys:
+        algo = joins.without_keys()
         b, bname, p = (left, "left", right) if left.rows <= right.rows else (right, "right", left)
-        s = C.JoinSizes(b.rows, b.width, p.rows, p.width, out_rows, out_width)
-        return JoinChoice("nested_loop", bname, False, C.nested_loop_cost(s), "no equi keys: every pair is tested")
-    tiny = left.rows * right.rows <= NESTED_LOOP_MAX_PAIRS
-    best = None  # (cost, algorithm, build name, partitioned, build, probe)
+        s = JoinSizes(b.rows, b.width, p.rows, p.width, out_rows, out_width)
+        return JoinChoice(algo.plan_name, bname, algo.partitioned, algo.cost(s, b, p, hw),
+                          "no equi keys: every pair is tested")
+    best = None  # (cost, algorithm, build name, build, probe)
     for bname, b, p in (("right", right, left), ("left", left, right)):
-        s = C.JoinSizes(b.rows, b.width, p.rows, p.width, out_rows, out_width)
-        table = C.hash_table_bytes(b.rows)
-        options = [(C.hash_cost(s, hw, True), "hash", True)]
-        if table <= hw.table_budget:
-            options.append((C.hash_cost(s, hw, False), "hash", False))
-        if b.dense_range is not None and b.dense_range <= DIRECT_MAX_RANGE_PER_ROW * max(1.0, b.rows):
-            options.append((C.direct_cost(s, b.dense_range, hw), "direct", False))
-        options.append((_merge_cost(s, b, p, hw), "merge", False))
-        if tiny:
-            options.append((C.nested_loop_cost(s), "nested_loop", False))
-        for cost, algorithm, partitioned in options:
+        s = JoinSizes(b.rows, b.width, p.rows, p.width, out_rows, out_width)
+        for algo in joins.ALGORITHMS:
+            if not algo.eligible(b, p, hw):
+                continue
+            cost = algo.cost(s, b, p, hw)
             if best is None or cost < best[0]:
-                best = (cost, algorithm, bname, partitioned, b, p)
-    cost, algorithm, bname, partitioned, b, p = best
-    return JoinChoice(algorithm, bname, partitioned, cost, _reason(algorithm, partitioned, b, p, hw))
+                best = (cost, algo, bname, b, p)
+    cost, algo, bname, b, p = best
+    return JoinChoice(algo.plan_name, bname, algo.partitioned, cost, algo.reason(b, p, hw))
 
 
 class PhysicalCost:
@@ -118,7 +65,7 @@ class PhysicalCost:
 
     name = "gpu"
 
-    def __init__(self, hw: C.Hardware = C.Hardware()):
+    def __init__(self, hw: Hardware = Hardware()):
         self.hw = hw
 
     def join(self, left, right, out_rows: float, keys: list) -> tuple[float, JoinChoice]:
