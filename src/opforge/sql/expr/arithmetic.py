@@ -1,13 +1,15 @@
 """SQL arithmetic (+ - * / // %, unary minus, abs, round) over integers, DECIMALs, floats and dates."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column, storage_value
-from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.expr.casts import cast_values, round_div, scale_up
-from opforge.sql.expr.evaluation import FUNCS, LITERAL_PATHS, and_valid, evaluate
+from opforge.sql.errors import NotSupportedError, OutOfRangeError, SqlError
+from opforge.sql.expr.casts import cast_values, round_div, scale_up, storage_error
+from opforge.sql.expr.evaluation import FUNCS, LITERAL_PATHS, and_valid, check_range, evaluate
 from opforge.sql.expr.result_types import as_decimal_type, scale_of
 from opforge.sql.expr.tree import Func, Lit
 
@@ -27,11 +29,11 @@ def _arith(e: Func, args, batch):
         da, db = as_decimal_type(a.type), as_decimal_type(b.type)
         av = cast_values(a, T.decimal(18, da.scale))
         bv = cast_values(b, T.decimal(18, db.scale))
-        return Column(_checked("*", av, bv, t, valid), valid, t)
+        return Column(checked("*", av, bv, t, valid), valid, t)
     work = t if t.kind != "DECIMAL" else T.decimal(18, t.scale)
     av, bv = cast_values(a, work), cast_values(b, work)
     if op in "+-*":
-        out = _checked(op, av, bv, t, valid)
+        out = checked(op, av, bv, t, valid)
     elif op in ("//", "%"):
         if t.is_float:
             out = torch.div(av, bv, rounding_mode="floor") if op == "//" else torch.fmod(av, bv)
@@ -48,8 +50,6 @@ def _arith(e: Func, args, batch):
         raise NotSupportedError(f"operator {op}")
     return Column(out.to(t.torch_dtype), valid, t)
 
-
-_INT64_SAFE = 2.0 ** 62
 
 
 def _arith_literal(e: Func, batch) -> Column | None:
@@ -79,57 +79,92 @@ def _arith_literal(e: Func, batch) -> Column | None:
     else:
         if ts < max(sx, sl):
             return None
-        v = scale_up(v, ts - sx)
+        v = scale_up(v, ts - sx, col.valid)
         value *= 10 ** (ts - sl)
     if abs(value) >= 2 ** 63:
         return None
-    if op == "+":
-        out = v + value
-    elif op == "*":
-        out = v * value
+    av, bv = (value, v) if lit_left else (v, value)
+    return Column(checked(op, av, bv, t, col.valid).to(t.torch_dtype), col.valid, t)
+
+
+_OP_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication"}
+_FN = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _overflow_error(op: str, t: T.SqlType):
+    """DuckDB's out-of-range message for ``t``; a DECIMAL wider than 18 digits, which DuckDB holds
+    in 128 bits, is refused as the limit of this engine's int64 storage."""
+    if t.kind == "DECIMAL" and t.precision > 18:
+        return storage_error(f"{_OP_NAMES[op]} of {t}")
+    if t.kind == "DECIMAL":
+        return lambda x, y: OutOfRangeError(f"Overflow in {_OP_NAMES[op]} of DECIMAL(18) ({x} {op} {y}). "
+                                            "You might want to add an explicit cast to a bigger decimal.")
+    return lambda x, y: OutOfRangeError(f"Overflow in {_OP_NAMES[op]} of {t} ({x} {op} {y})!")
+
+
+def _as_double(x):
+    return x.double() if isinstance(x, torch.Tensor) else float(x)
+
+
+def mul_overflow(av, bv, product: torch.Tensor, bound: int) -> torch.Tensor:
+    """Exactly where ``|av * bv| >= bound`` (``bound`` <= 2^63), elementwise, without 128-bit
+    integers or division: ``product`` is the wrapped int64 product. The float64 product is within a
+    relative 2^-50 of the true one, so only a thin band around ``bound`` needs the integers: there
+    the true product is below 2^64, so it wrapped iff its sign is wrong (bound 2^63), or else it is
+    exact and compared directly."""
+    est = (_as_double(av) * _as_double(bv)).abs()
+    lo, hi = bound * (1 - 2.0 ** -50), bound * (1 + 2.0 ** -50)
+    if bound >= 2 ** 63:
+        band_bad = (product < 0) != ((av < 0) ^ (bv < 0))
     else:
-        out = value - v if lit_left else v - value
-    if t.kind == "INT64" or t.precision > 18:  # _checked's estimate, with the literal as a float
-        est = {"+": v.double() + float(value), "*": v.double() * float(value),
-               "-": (float(value) - v.double()) if lit_left else (v.double() - float(value))}[op].abs()
-        if col.valid is not None:
-            est = torch.where(col.valid, est, torch.zeros_like(est))
-        if len(est) and bool((est > _INT64_SAFE).any()):
-            raise SqlError(f"overflow in {t} {op}: the result exceeds the int64 storage range")
-    return Column(out.to(t.torch_dtype), col.valid, t)
+        band_bad = (product >= bound) | (product <= -bound)
+    return (est > hi) | ((est >= lo) & band_bad)
 
 
-def _checked(op: str, av: torch.Tensor, bv: torch.Tensor, t: T.SqlType, valid) -> torch.Tensor:
-    """+ - * that raise instead of wrapping around (DuckDB raises an out-of-range error too).
-    INT32 results are computed in int64 and range-checked exactly; int64 storage (BIGINT, wide
-    DECIMAL) is checked against a float64 estimate."""
-    fn = {"+": torch.add, "-": torch.sub, "*": torch.mul}[op]
+def checked(op: str, av, bv, t: T.SqlType, valid) -> torch.Tensor:
+    """+ - * with an overflow check instead of a wrapped-around value (DuckDB raises an out-of-range
+    error too). Operands: int64 / int32 / float tensors, or one a Python int. INT32 results are
+    computed in int64 and range-checked; int64 results by the sign rule of two's complement for + and
+    -, and :func:`mul_overflow` for * (DECIMALs of <= 18 digits within 10^18, as DuckDB). The flags are
+    recorded with ``check_range`` (read back once per expression evaluation)."""
+    fn = _FN[op]
     if t.kind == "INT32":
-        wide = fn(av.long(), bv.long())
-        bad = (wide < -2**31) | (wide >= 2**31)
-        if valid is not None:
-            bad &= valid
-        if bool(bad.any()):
-            raise SqlError(f"overflow in INT32 {op}")
+        wide = fn(_long(av), _long(bv))
+        check_range((wide < -2 ** 31) | (wide >= 2 ** 31), valid, _overflow_error(op, t), av, bv)
         return wide.to(torch.int32)
     out = fn(av, bv)
-    if out.dtype == torch.int64 and (t.kind == "INT64" or (t.kind == "DECIMAL" and t.precision > 18)):
-        est = fn(av.double(), bv.double()).abs()
-        if valid is not None:
-            est = torch.where(valid, est, torch.zeros_like(est))
-        if len(est) and bool((est > _INT64_SAFE).any()):
-            raise SqlError(f"overflow in {t} {op}: the result exceeds the int64 storage range")
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.int64:
+        return out
+    if op == "+":
+        bad = ((av ^ out) & (bv ^ out)) < 0
+    elif op == "-":
+        bad = ((av ^ bv) & (av ^ out)) < 0
+    else:
+        bound = 10 ** 18 if t.kind == "DECIMAL" and t.precision <= 18 else 2 ** 63
+        bad = mul_overflow(av, bv, out, bound)
+    check_range(bad, valid, _overflow_error(op, t), av, bv)
     return out
+
+
+def _long(x):
+    return x.long() if isinstance(x, torch.Tensor) else int(x)
 
 
 def _neg(e, args, batch):
     (a,) = args
-    return Column(-a.values, a.valid, a.type)
+    v = a.values
+    if v.dtype in (torch.int32, torch.int64):
+        check_range(v == torch.iinfo(v.dtype).min, a.valid,
+                    lambda x: OutOfRangeError("Overflow in negation of numeric value!"), v)
+    return Column(-v, a.valid, a.type)
 
 
 def _abs(e, args, batch):
     (a,) = args
-    return Column(a.values.abs(), a.valid, a.type)
+    v = a.values
+    if v.dtype in (torch.int32, torch.int64):
+        check_range(v == torch.iinfo(v.dtype).min, a.valid, lambda x: OutOfRangeError(f"Overflow on abs({x})"), v)
+    return Column(v.abs(), a.valid, a.type)
 
 
 def _round(e, args, batch):

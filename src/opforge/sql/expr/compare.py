@@ -29,6 +29,21 @@ def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
     return cast_values(a, t), cast_values(b, t)
 
 
+def compare_values(op: str, av: torch.Tensor, bv: torch.Tensor) -> torch.Tensor:
+    """``av <op> bv`` in SQL order. Floats: NaN equals NaN and is greater than every other value,
+    +inf included (DuckDB's order, and this engine's in joins, GROUP BY, ORDER BY, min / max)."""
+    if not (av.dtype.is_floating_point or bv.dtype.is_floating_point):
+        return _CMP[op](av, bv)
+    an, bn = torch.isnan(av), torch.isnan(bv)
+    if op in ("=", "<>"):
+        eq = (av == bv) | (an & bn)
+        return eq if op == "=" else ~eq
+    if op in (">", ">="):
+        av, bv, an, bn, op = bv, av, bn, an, "<" if op == ">" else "<="
+    lt = (av < bv) | (~an & bn)
+    return lt if op == "<" else lt | (av == bv) | (an & bn)
+
+
 def _is_constant_string(c: Column) -> bool:
     """A one-word dictionary without NULLs: every row holds that word (literals evaluate to this)."""
     return c.dictionary is not None and len(c.dictionary) == 1 and c.valid is None
@@ -54,7 +69,7 @@ def compare(e, args, batch):
     if _decimal_scales_differ(a.type, b.type):
         return Column(_compare_scaled(op, a, b), and_valid(a, b), T.BOOL)
     av, bv = comparable(a, b)
-    return Column(_CMP[op](av, bv), and_valid(a, b), T.BOOL)
+    return Column(compare_values(op, av, bv), and_valid(a, b), T.BOOL)
 
 
 _FLIP_CMP = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}

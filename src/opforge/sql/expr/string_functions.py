@@ -79,12 +79,19 @@ def _substring_run(e, args, batch):
 
 
 def _substring(s: str, extra) -> str:
+    """SUBSTRING with DuckDB's positions: a start of 0 is the position before the first character
+    (substring('hello', 0, 2) = 'h', as PostgreSQL), a negative start counts from the end, a
+    negative length takes the characters before the start; positions outside the string are cut."""
     start, length = extra
-    begin = max(start - 1, 0) if start > 0 else max(len(s) + start, 0) if start < 0 else 0
+    begin = start - 1 if start > 0 else len(s) + start if start < 0 else -1
     if length is None:
-        return s[begin:]
-    end = start - 1 + length if start > 0 else begin + length
-    return s[begin:max(end, begin)]
+        end = len(s)
+    elif length >= 0:
+        end = begin + length
+    else:
+        begin, end = begin + length, begin
+    begin, end = max(begin, 0), min(end, len(s))
+    return s[begin:end] if begin < end else ""
 
 
 def _concat(e, args, batch):
