@@ -83,11 +83,11 @@ def test_overflow_raises_instead_of_wrapping():
     import opforge.sql as sql
     con = sql.connect("cpu").register("o", pa.table({"a": pa.array([2**30, 5], pa.int32()),
                                                      "b": pa.array([2**40, 3], pa.int64())}))
-    with pytest.raises(sql.SqlError, match="overflow"):
+    with pytest.raises(sql.SqlError, match="(?i)overflow"):
         con.sql("SELECT a * 4 FROM o").to_arrow()
-    with pytest.raises(sql.SqlError, match="overflow"):
+    with pytest.raises(sql.SqlError, match="(?i)overflow"):
         con.sql("SELECT b * b FROM o").to_arrow()
-    with pytest.raises(sql.NotSupportedError, match="sum exceeds"):
+    with pytest.raises(sql.NotSupportedError, match="sum: .*int64 storage"):
         con.sql("SELECT sum(b * 1000000) FROM (SELECT b FROM o UNION ALL SELECT b FROM o) x, "
                 "(SELECT 1 FROM o, o AS o2, o AS o3, o AS o4, o AS o5, o AS o6, o AS o7, o AS o8, o AS o9, o AS o10) y").to_arrow()
     assert con.sql("SELECT a * 1 + 1 AS x FROM o").fetchall() == [(2**30 + 1,), (6,)]

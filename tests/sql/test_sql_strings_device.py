@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 import opforge.sql as sql
-from opforge.sql import expr, strings
+from opforge.sql import strings
+from opforge.sql.expr import string_functions
 from opforge.sql.column import ARROW_MIN_WORDS
 
 ALPHABET = "ab_%c"
@@ -65,7 +66,7 @@ def test_queries_through_the_device_path_match_duckdb(monkeypatch):
     n = 3 * ARROW_MIN_WORDS  # a dictionary large enough for the device path
     words = ["".join(rng.choice("abcde ") for _ in range(rng.randint(0, 15))) for _ in range(n)]
     t = pa.table({"k": list(range(n)), "w": words})
-    monkeypatch.setattr(expr, "device_like", lambda col: True)  # the GPU's route, on CPU tensors
+    monkeypatch.setattr(string_functions, "device_like", lambda col: True)  # the GPU's route, on CPU tensors
     con = sql.connect(device="cpu")
     con.register("t", t)
     ref = duckdb.connect()
@@ -104,7 +105,7 @@ def test_substring_queries_through_the_device_path_match_duckdb(monkeypatch):
     n = 3 * ARROW_MIN_WORDS
     words = [f"{rng.randint(10, 40)}-{rng.randint(0, 999):03d}-{i}" for i in range(n)]
     t = pa.table({"k": list(range(n)), "w": words, "v": [rng.random() for _ in range(n)]})
-    monkeypatch.setattr(expr, "device_like", lambda col: True)
+    monkeypatch.setattr(string_functions, "device_like", lambda col: True)
     calls = []
     real = strings.short_substring
     monkeypatch.setattr(strings, "short_substring", lambda *a: calls.append(a[1:]) or real(*a))

@@ -7,3 +7,12 @@ class SqlError(ValueError):
 
 class NotSupportedError(SqlError):
     """A valid SQL construct this engine does not implement: raised instead of a wrong answer."""
+
+
+class OutOfRangeError(SqlError):
+    """Arithmetic whose result does not fit its type (DuckDB's "Out of Range Error"): raised instead of
+    a wrapped-around value."""
+
+
+class ConversionError(SqlError):
+    """A CAST of a value the target type cannot hold (DuckDB's "Conversion Error")."""

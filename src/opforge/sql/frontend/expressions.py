@@ -7,7 +7,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from opforge.sql import types as T
-from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
 from opforge.sql.frontend.scope import Scope
 
@@ -44,6 +44,21 @@ def number_literal(text: str) -> Lit:
         return Lit(d, T.decimal(max(len(digits), scale, 1), scale))
     v = int(text)
     return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
+
+
+_FLOAT_WORDS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
+
+
+def _string_number(text: str, to: T.SqlType) -> Lit:
+    """The literal of a string CAST to a number: a numeric literal, or NaN / inf / infinity (any
+    case, DuckDB's spellings) as a DOUBLE; anything else is DuckDB's conversion error."""
+    word = text.strip()
+    if word.lower() in _FLOAT_WORDS:
+        return Lit(float(word), T.FLOAT64)
+    try:
+        return number_literal(word)
+    except (ValueError, ArithmeticError):
+        raise ConversionError(f"Could not convert string '{text}' to {to}") from None
 
 
 def _common(types: list[T.SqlType], where: str) -> T.SqlType:
@@ -255,7 +270,7 @@ class ExprBinder:
             if to.kind == "STRING":
                 return x
             if to.is_numeric:
-                return Func("cast", [number_literal(x.value.strip())], to)
+                return Func("cast", [_string_number(x.value, to)], to)
         if to.kind == "STRING":
             return x if x.type.kind == "STRING" else Func("to_string", [x], T.STRING)
         if x.type.kind == "STRING":

@@ -141,12 +141,11 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             return Column(s, valid, T.FLOAT64)
         v = col.values.long()
         if n and groups:
-            # int64 cannot overflow unless max|v| * (largest group) reaches 2^62; check exactly only then
-            bound = float(v.abs().max()) * float(cnt.max())
-            if bound > 2.0 ** 62:
-                est = hashing.segment_reduce(v.double(), gid, groups, "sum", valid=col.valid)
-                if bool((est.abs() > 2.0 ** 62).any()):
-                    raise NotSupportedError(f"sum exceeds the int64 range of {out_type} storage")
+            # int64 cannot overflow unless max|v| * (largest group) reaches 2^63 (exact Python ints:
+            # abs() of the int64 minimum is negative); only then sum exactly in two halves
+            lo, hi = (int(x) for x in torch.stack([v.min(), v.max()]).tolist())
+            if max(-lo, hi) * int(cnt.max()) >= 2 ** 63:
+                return Column(_exact_sum(v, gid, groups, col.valid, out_type), valid, out_type)
         s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
         return Column(s, valid, out_type)
     if func in ("min", "max"):
@@ -162,6 +161,20 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
+
+
+def _exact_sum(v: torch.Tensor, gid: torch.Tensor, groups: int, valid, out_type: T.SqlType) -> torch.Tensor:
+    """Per-group int64 sums, exact: each value split into its signed high and unsigned low 32 bits,
+    both halves summed in int64 (no overflow below 2^31 rows a group), then recombined; a sum outside
+    int64 raises instead of wrapping around (DuckDB sums in 128 bits: this engine's storage limit)."""
+    high = hashing.segment_reduce(v >> 32, gid, groups, "sum", valid=valid)
+    low = hashing.segment_reduce(v & 0xFFFFFFFF, gid, groups, "sum", valid=valid)
+    top = high + (low >> 32)  # sum = top * 2^32 + (low mod 2^32), 0 <= low mod 2^32 < 2^32
+    bad = (top < -2 ** 31) | (top >= 2 ** 31)
+    if bool(bad.any()):
+        raise NotSupportedError(f"sum: the result does not fit the int64 storage of {out_type} in this engine "
+                              "(DuckDB sums in 128 bits)")
+    return top * (1 << 32) + (low & 0xFFFFFFFF)
 
 
 def _scatter_extreme(v, ok, gid, groups, func):

@@ -1,0 +1,78 @@
+"""Three-valued logic (AND OR NOT IS NULL) and the conditionals CASE, COALESCE, NULLIF."""
+from __future__ import annotations
+
+import torch
+
+from opforge.sql import types as T
+from opforge.sql.column import Column, unify_strings
+from opforge.sql.expr.casts import coerce
+from opforge.sql.expr.compare import compare
+from opforge.sql.expr.evaluation import FUNCS
+from opforge.sql.expr.tree import Func
+
+
+def _and(e, args, batch):
+    a, b = args
+    if a.valid is None and b.valid is None:
+        return Column(a.values & b.values, None, T.BOOL)
+    av, bv = a.values & a.valid_mask(), b.values & b.valid_mask()
+    a_false = a.valid_mask() & ~a.values
+    b_false = b.valid_mask() & ~b.values
+    valid = (a.valid_mask() & b.valid_mask()) | a_false | b_false
+    return Column(av & bv, valid, T.BOOL)
+
+
+def _or(e, args, batch):
+    a, b = args
+    if a.valid is None and b.valid is None:
+        return Column(a.values | b.values, None, T.BOOL)
+    a_true = a.valid_mask() & a.values
+    b_true = b.valid_mask() & b.values
+    valid = (a.valid_mask() & b.valid_mask()) | a_true | b_true
+    return Column(a_true | b_true, valid, T.BOOL)
+
+
+def _not(e, args, batch):
+    (a,) = args
+    return Column(~a.values, a.valid, T.BOOL)
+
+
+def _is_null(e, args, batch):
+    (a,) = args
+    return Column(a.null_mask(), None, T.BOOL)
+
+
+def _choose(conds: list[torch.Tensor], vals: list[Column], default: Column, t: T.SqlType) -> Column:
+    """CASE core: first true condition wins, else default."""
+    cols = [coerce(c, t) for c in vals] + [coerce(default, t)]
+    if t.kind == "STRING":
+        cols = unify_strings(cols)
+    out_v, out_ok = cols[-1].values, cols[-1].valid_mask()
+    for cond, c in reversed(list(zip(conds, cols[:-1]))):
+        out_v = torch.where(cond, c.values, out_v)
+        out_ok = torch.where(cond, c.valid_mask(), out_ok)
+    return Column(out_v, None if bool(out_ok.all()) else out_ok, t, cols[-1].dictionary)
+
+
+def _case(e, args, batch):
+    # args: cond1, val1, cond2, val2, ..., else
+    pairs = len(args) // 2
+    conds = [args[2 * i].values & args[2 * i].valid_mask() for i in range(pairs)]
+    vals = [args[2 * i + 1] for i in range(pairs)]
+    return _choose(conds, vals, args[-1], e.type)
+
+
+def _coalesce(e, args, batch):
+    conds = [a.valid_mask() for a in args[:-1]]
+    return _choose(conds, args[:-1], args[-1], e.type)
+
+
+def _nullif(e, args, batch):
+    a, b = args
+    eq = compare(Func("=", e.args, T.BOOL, "="), [a, b], batch)
+    kill = eq.values & eq.valid_mask()
+    return Column(a.values, a.valid_mask() & ~kill, a.type, a.dictionary)
+
+
+FUNCS.update({"and": _and, "or": _or, "not": _not, "is_null": _is_null, "case": _case, "coalesce": _coalesce,
+              "nullif": _nullif})

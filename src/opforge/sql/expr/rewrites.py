@@ -1,0 +1,53 @@
+"""Rewrites of expression trees used by the optimizer: substitution, constant folding, factoring ORs."""
+from __future__ import annotations
+
+from opforge.sql import types as T
+from opforge.sql.expr.batch import Batch
+from opforge.sql.expr.evaluation import evaluate
+from opforge.sql.expr.tree import Expr, Func, Lit, Ref, and_, conjuncts, disjuncts
+
+
+def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
+    """Replace column references by expressions (used when pushing predicates below projections)."""
+    if isinstance(e, Ref):
+        return mapping.get(e.cid, e)
+    if isinstance(e, Func):
+        return Func(e.name, [substitute(a, mapping) for a in e.args], e.type, e.extra)
+    return e
+
+
+def fold_constants(e: Expr, device) -> Expr:
+    """Evaluate constant sub-expressions once, on one row."""
+    if isinstance(e, Func):
+        args = [fold_constants(a, device) for a in e.args]
+        e = Func(e.name, args, e.type, e.extra)
+        if all(isinstance(a, Lit) for a in args) and e.type.kind != "STRING":
+            col = evaluate(e, Batch({}, 1, device))
+            if col.valid is not None and not bool(col.valid[0]):
+                return Lit(None, e.type)
+            v = col.values[0].item()
+            if e.type.kind == "DECIMAL":
+                from decimal import Decimal
+                return Lit(Decimal(v).scaleb(-e.type.scale), e.type)
+            return Lit(v, e.type) if e.type.kind != "DATE" else Lit(int(v), e.type)
+    return e
+
+
+def factor_or(e: Expr) -> list[Expr]:
+    """(a AND b) OR (a AND c) -> [a, b OR c]: exposes join keys written inside every branch of an OR
+    (TPC-H Q19), so the join is an equi-join instead of a filtered cross product."""
+    branches = [conjuncts(d) for d in disjuncts(e)]
+    if len(branches) < 2:
+        return [e]
+    texts = [{str(c) for c in b} for b in branches]
+    common_text = set.intersection(*texts)
+    if not common_text:
+        return [e]
+    common = [c for c in branches[0] if str(c) in common_text]
+    rest = [[c for c in b if str(c) not in common_text] for b in branches]
+    if any(not r for r in rest):
+        return common
+    ors = and_(rest[0])
+    for r in rest[1:]:
+        ors = Func("or", [ors, and_(r)], T.BOOL)
+    return common + [ors]

@@ -1,0 +1,127 @@
+"""Issue 25: integer and DECIMAL arithmetic, narrowing casts, abs / unary minus and sum raise an
+out-of-range error instead of wrapping around (DuckDB, the peer, raises too); results that fit are
+returned exactly. Every case runs on a column (the device path) and DuckDB on the same Arrow table."""
+import decimal
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import opforge.sql as sql
+from opforge.sql.errors import ConversionError, OutOfRangeError
+
+I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
+I64_MIN, I64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def _table() -> pa.Table:
+    return pa.table({
+        "price": pa.array([decimal.Decimal("99999999.99"), decimal.Decimal("9999999999.99")], pa.decimal128(12, 2)),
+        "d": pa.array([decimal.Decimal("99999999.99"), decimal.Decimal("1.00")], pa.decimal128(10, 2)),
+        "big": pa.array([I64_MAX, I64_MIN], pa.int64()),
+        "i": pa.array([I32_MIN, I32_MAX], pa.int32()),
+        "f": pa.array([float("inf"), float("nan")], pa.float64()),
+        "g": pa.array([1e30, -1.5], pa.float64()),
+        "one": pa.array([1, 1], pa.int64()),
+    })
+
+
+@pytest.fixture(scope="module")
+def engines():
+    t = _table()
+    con, duck = sql.connect("cpu"), duckdb.connect()
+    con.register("t", t)
+    duck.register("t", t)
+    return con, duck
+
+
+def _both_raise(engines, query: str, error, match: str):
+    con, duck = engines
+    with pytest.raises(duckdb.Error):
+        duck.sql(query).fetchall()
+    with pytest.raises(error, match=match):
+        con.sql(query).to_arrow()
+
+
+@pytest.mark.parametrize("query, match", [
+    # DECIMAL(10,2) * DECIMAL(10,2) is DECIMAL(18,4) (DuckDB's rule): the product has 20 digits
+    ("SELECT CAST(99999999.99 AS DECIMAL(10,2)) * CAST(99999999.99 AS DECIMAL(10,2))",
+     r"Overflow in multiplication of DECIMAL\(18\) \(9999999999 \* 9999999999\)"),
+    ("SELECT d * d FROM t", r"Overflow in multiplication of DECIMAL\(18\) \(9999999999 \* 9999999999\)"),
+    ("SELECT price * 1000000000 FROM t", r"Overflow in multiplication of DECIMAL\(18\)"),
+    ("SELECT price * CAST(1.5 AS DECIMAL(18,8)) FROM t", r"Overflow in multiplication of DECIMAL\(18\)"),
+    ("SELECT d * CAST(1.5 AS DECIMAL(18,8)) FROM t", r"Overflow in multiplication of DECIMAL\(18\)"),
+])
+def test_decimal_multiplication_overflow_raises(engines, query, match):
+    _both_raise(engines, query, OutOfRangeError, match)
+
+
+def test_decimal_multiplication_that_fits_is_exact(engines):
+    con, duck = engines
+    q = "SELECT d * CAST(1.5 AS DECIMAL(18,8)) AS x FROM t WHERE d < 10"
+    mine, ref = con.sql(q).to_arrow(), duck.sql(q).arrow().read_all()
+    assert mine.schema.field("x").type == ref.schema.field("x").type == pa.decimal128(18, 10)
+    assert mine.column("x").to_pylist() == ref.column("x").to_pylist() == [decimal.Decimal("1.5")]
+    q = "SELECT CAST(999999999 AS DECIMAL(10,0)) * CAST(1000000000 AS DECIMAL(10,0)) AS x"
+    assert con.sql(q).to_arrow().column("x").to_pylist() == [decimal.Decimal(999999999000000000)]
+
+
+@pytest.mark.parametrize("query, match", [
+    ("SELECT big + one FROM t", r"Overflow in addition of INT64"),
+    ("SELECT big - one FROM t WHERE big < 0", r"Overflow in subtraction of INT64"),
+    ("SELECT big * 2 FROM t", r"Overflow in multiplication of INT64"),
+    ("SELECT big * -1 FROM t WHERE big < 0", r"Overflow in multiplication of INT64"),
+    ("SELECT i + 1 FROM t WHERE i > 0", r"Overflow in addition of INT32"),
+    ("SELECT i * i FROM t", r"Overflow in multiplication of INT32"),
+    ("SELECT -big FROM t WHERE big < 0", r"Overflow in negation"),
+    ("SELECT -i FROM t WHERE i < 0", r"Overflow in negation"),
+    ("SELECT abs(big) FROM t", r"Overflow on abs\(-9223372036854775808\)"),
+    ("SELECT abs(i) FROM t", r"Overflow on abs\(-2147483648\)"),
+])
+def test_integer_overflow_raises(engines, query, match):
+    _both_raise(engines, query, OutOfRangeError, match)
+
+
+@pytest.mark.parametrize("query, match", [
+    ("SELECT CAST(big AS INTEGER) FROM t WHERE big > 0",
+     "Type INT64 with value 9223372036854775807 can't be cast because the value is out of range "
+     "for the destination type INT32"),
+    ("SELECT CAST(f AS INTEGER) FROM t WHERE f > 0", "Type DOUBLE with value inf can't be cast"),
+    ("SELECT CAST(f * 0 AS BIGINT) FROM t", "Type DOUBLE with value nan can't be cast"),
+    ("SELECT CAST(g AS BIGINT) FROM t", r"Type DOUBLE with value 1e\+30 can't be cast"),
+    ("SELECT CAST(big AS DECIMAL(18,0)) FROM t", "Could not cast value 9223372036854775807 to DECIMAL"),
+    ("SELECT CAST(i AS DECIMAL(4,0)) FROM t", r"Could not cast value -2147483648 to DECIMAL\(4,0\)"),
+    ("SELECT CAST(price AS DECIMAL(5,1)) FROM t", r"to type DECIMAL\(5,1\) failed: value is out of range"),
+    ("SELECT CAST(g AS DECIMAL(18,2)) FROM t", r"Could not cast value .* to DECIMAL\(18,2\)"),
+    ("SELECT CAST(price AS INTEGER) FROM t", "Failed to cast decimal value .* to type INT32"),
+])
+def test_narrowing_cast_out_of_range_raises(engines, query, match):
+    _both_raise(engines, query, ConversionError, match)
+
+
+def test_cast_rounds_like_duckdb():
+    """DOUBLE -> integer rounds half to even (DuckDB's nearbyint), DECIMAL -> integer half away from zero."""
+    t = pa.table({"x": pa.array([2.5, -2.5, 1.5, 0.5, -0.5, 2147483647.4], pa.float64()),
+                  "d": pa.array([decimal.Decimal(v) for v in ("2.5", "-2.5", "1.5", "0.5", "-0.5", "12.4")],
+                                pa.decimal128(4, 1))})
+    con, duck = sql.connect("cpu"), duckdb.connect()
+    con.register("t", t)
+    duck.register("t", t)
+    q = "SELECT CAST(x AS INTEGER) AS a, CAST(x AS BIGINT) AS b, CAST(d AS INTEGER) AS c, CAST(x AS DECIMAL(11,0)) AS e FROM t"
+    assert con.sql(q).fetchall() == duck.sql(q).fetchall()
+
+
+def test_sum_overflow_is_exact():
+    t = pa.table({"x": pa.array([I64_MIN, I64_MIN, 5], pa.int64()), "y": pa.array([I64_MAX, 0, 0], pa.int64()),
+                  "z": pa.array([I64_MAX, 1, -2], pa.int64()), "k": pa.array([1, 2, 1], pa.int32())})
+    con = sql.connect("cpu")
+    con.register("t", t)
+    # a sum that fits the int64 storage is returned exactly (DuckDB: 9223372036854775807)
+    assert con.sql("SELECT sum(y) FROM t").fetchall() == [(decimal.Decimal(I64_MAX),)]
+    # partial sums pass the limit, the total does not: the exact (two-halves) path
+    assert con.sql("SELECT sum(z) FROM t").fetchall() == [(decimal.Decimal(I64_MAX - 1),)]
+    assert sorted(con.sql("SELECT k, sum(z) FROM t GROUP BY k").fetchall()) == [
+        (1, decimal.Decimal(I64_MAX - 2)), (2, decimal.Decimal(1))]
+    # -2^64 + 5 does not fit the engine's int64 storage of DECIMAL(38,0): an error, never 5
+    with pytest.raises(sql.NotSupportedError, match="sum: .*int64 storage"):
+        con.sql("SELECT sum(x) FROM t").fetchall()
