@@ -181,9 +181,19 @@ class PDService:
         if "state" in d and d["state"] != StoreState.UP.value:
             raise BadRequest("store: a store registers as 'up'; change its state with POST stores/{id}/state")
         with self.lock:
+            old = self.driver.cluster.get_store(store.id)
             self.driver.put_store(store)
             if self.storage is not None:
                 self.storage.save_store(store, flush=True)
+                failed = [f for f in self.storage.failed if f[0] == "store" and f[1] == store.id]
+                if failed:  # not acknowledged, so not kept: the driver is as it was
+                    self.storage.discard_store(store.id)
+                    if old is None:
+                        self.driver.cluster.forget_store(store.id)
+                    else:
+                        self.driver.cluster.put_store(old)
+                        self.storage.discard_store(store.id)
+                    raise BadRequest(f"store {store.id}: could not be saved ({failed[0][2]}); not registered", 500)
             return self._store_json(self.driver.cluster.get_store(store.id))
 
     def stores(self) -> dict:
@@ -348,6 +358,7 @@ class PDService:
             trial = copy.deepcopy(self.driver.config)
             for name, value in d.items():  # all or nothing: try every item on a copy first
                 trial.set(name, value)
+            trial.validate()
             for name, value in d.items():
                 self.driver.set_config(name, value)
             if self.storage is not None:

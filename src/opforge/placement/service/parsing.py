@@ -5,11 +5,13 @@ requests, and the collector pause around heartbeat batches."""
 from __future__ import annotations
 
 import gc
+import json
 import threading
 from typing import Any
 
 from opforge.placement.cluster import Region
-from opforge.placement.heartbeat import SCHEMA_VERSION, HeartbeatError, RegionHeartbeat, parse_region_heartbeat
+from opforge.placement.heartbeat import MAX_UINT64, SCHEMA_VERSION, HeartbeatError, RegionHeartbeat, \
+    parse_region_heartbeat
 from opforge.placement.service.errors import BadRequest
 
 
@@ -62,7 +64,7 @@ def parse_known_region(d, regions: dict) -> RegionHeartbeat | None:
     vals = []
     for name, default in _FLOW_FIELDS:
         x = d.get(name, default)
-        if type(x) is not int or x < 0:
+        if type(x) is not int or x < 0 or x > MAX_UINT64:
             return None
         vals.append(x)
     size, keys, wb, rb, wk, rk, q = vals
@@ -148,3 +150,13 @@ def _require(d: Any, name: str, kind, where: str):
     if kind is str and not isinstance(v, str):
         raise BadRequest(f"{where}: field {name!r} must be a string, got {type(v).__name__}")
     return v
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def loads_json(raw: bytes):
+    """Decode a request body as strict JSON: ``NaN``, ``Infinity`` and
+    ``-Infinity`` (which Python's decoder takes by default) are refused."""
+    return json.loads(raw, parse_constant=_refuse_constant)

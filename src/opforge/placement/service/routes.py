@@ -6,22 +6,32 @@ import json
 from contextlib import asynccontextmanager
 from typing import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from opforge.placement.heartbeat import SCHEMA_VERSION
 from opforge.placement.service.auth import BearerAuth
+from opforge.placement.service.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from opforge.placement.service.errors import _INPUT_ERRORS, BadRequest
 from opforge.placement.service.facade import PDService
-from opforge.placement.service.parsing import gc_paused
+from opforge.placement.service.openapi import DOCS, ID_LIMITS, doc
+from opforge.placement.service.parsing import gc_paused, loads_json
 from opforge.placement.service.schema import API, MAX_BATCH, heartbeat_schema
 from opforge.placement.storage import Storage
 
 
+_MAX_INDEX = 2 ** 62  # offsets, page sizes and history lengths (past any real count; offset + limit stays an index)
+
+
+def _doc(route: str) -> dict:
+    return DOCS.get(route) or doc()
+
+
 def create_app(driver, storage: Storage | None = None, *, token: str, tick_interval: float = 1.0,
-               flush_interval: float = 0.5, close_storage: bool = False):
+               flush_interval: float = 0.5, close_storage: bool = False,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The ASGI app. ``storage`` (if given) is loaded into ``driver`` (which
     should be fresh) and then follows its changes. ``tick_interval <= 0``
     disables the background ticks (call ``app.state.pd.tick_once()``)."""
@@ -42,6 +52,7 @@ def create_app(driver, storage: Storage | None = None, *, token: str, tick_inter
     app = FastAPI(title="opforge placement driver", version=str(SCHEMA_VERSION), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/pd/api/v1/openapi.json")
     app.state.pd = svc
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # behind the token check: added first
     app.add_middleware(BearerAuth, token=token)
 
     def _json(obj, status: int = 200) -> Response:
@@ -56,7 +67,7 @@ def create_app(driver, storage: Storage | None = None, *, token: str, tick_inter
         if not raw:
             raise BadRequest("request body is empty; send a JSON document")
         try:
-            return json.loads(raw)
+            return loads_json(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"request body is not valid JSON: {e}") from None
 
@@ -92,22 +103,22 @@ def create_app(driver, storage: Storage | None = None, *, token: str, tick_inter
         return _error(400, "; ".join(parts) or "bad request")
 
     # -- heartbeats ----------------------------------------------------------
-    @app.post(f"{API}/heartbeat/store")
+    @app.post(f"{API}/heartbeat/store", openapi_extra=_doc("store_heartbeat"))
     async def store_heartbeat(request: Request):
         return await _handle(svc.store_heartbeat, await _body(request), inline=True)
 
-    @app.post(f"{API}/heartbeat/region")
+    @app.post(f"{API}/heartbeat/region", openapi_extra=_doc("region_heartbeat"))
     async def region_heartbeat(request: Request):
         return await _handle(svc.region_heartbeat, await _body(request), inline=True)
 
-    @app.post(f"{API}/heartbeat/regions")
+    @app.post(f"{API}/heartbeat/regions", openapi_extra=_doc("region_heartbeats"))
     async def region_heartbeats(request: Request):
         raw = await request.body()
 
         def work():
             with gc_paused:
                 try:
-                    d = json.loads(raw)
+                    d = loads_json(raw)
                 except (ValueError, UnicodeDecodeError) as e:
                     raise BadRequest(f"request body is not valid JSON: {e}") from None
                 items = d.get("heartbeats") if isinstance(d, dict) else d
@@ -124,80 +135,81 @@ def create_app(driver, storage: Storage | None = None, *, token: str, tick_inter
         return await _handle(work)
 
     # -- stores --------------------------------------------------------------
-    @app.post(f"{API}/stores")
+    @app.post(f"{API}/stores", openapi_extra=_doc("register_store"))
     async def register_store(request: Request):
         return await _handle(svc.register_store, await _body(request))
 
-    @app.get(f"{API}/stores")
+    @app.get(f"{API}/stores", openapi_extra=_doc("list_stores"))
     async def list_stores():
         return await _handle(svc.stores)
 
-    @app.get(f"{API}/stores/{{store_id}}")
-    async def get_store(store_id: int):
+    @app.get(f"{API}/stores/{{store_id}}", openapi_extra=_doc("get_store"))
+    async def get_store(store_id: int = Path(**ID_LIMITS)):
         return await _handle(svc.store, store_id)
 
-    @app.post(f"{API}/stores/{{store_id}}/state")
-    async def store_state(store_id: int, request: Request):
+    @app.post(f"{API}/stores/{{store_id}}/state", openapi_extra=_doc("store_state"))
+    async def store_state(request: Request, store_id: int = Path(**ID_LIMITS)):
         return await _handle(svc.set_store_state, store_id, await _body(request))
 
     # -- regions -------------------------------------------------------------
-    @app.get(f"{API}/regions")
-    async def list_regions(offset: int = 0, limit: int = 100, store_id: int | None = None):
+    @app.get(f"{API}/regions", openapi_extra=_doc("list_regions"))
+    async def list_regions(offset: int = Query(0, ge=0, le=_MAX_INDEX), limit: int = Query(100, ge=0, le=_MAX_INDEX),
+                           store_id: int | None = Query(None, **ID_LIMITS)):
         return await _handle(svc.regions, offset, limit, store_id)
 
-    @app.get(f"{API}/regions/{{region_id}}")
-    async def get_region(region_id: int):
+    @app.get(f"{API}/regions/{{region_id}}", openapi_extra=_doc("get_region"))
+    async def get_region(region_id: int = Path(**ID_LIMITS)):
         return await _handle(svc.region, region_id)
 
     # -- operators -----------------------------------------------------------
-    @app.get(f"{API}/operators")
-    async def list_operators(history: int = 100):
+    @app.get(f"{API}/operators", openapi_extra=_doc("list_operators"))
+    async def list_operators(history: int = Query(100, ge=0, le=_MAX_INDEX)):
         return await _handle(svc.operators, history)
 
-    @app.post(f"{API}/operators")
+    @app.post(f"{API}/operators", openapi_extra=_doc("add_operator"))
     async def add_operator(request: Request):
         return await _handle(svc.add_operator, await _body(request))
 
-    @app.delete(f"{API}/operators/{{region_id}}")
-    async def remove_operator(region_id: int):
+    @app.delete(f"{API}/operators/{{region_id}}", openapi_extra=_doc("remove_operator"))
+    async def remove_operator(region_id: int = Path(**ID_LIMITS)):
         return await _handle(svc.remove_operator, region_id)
 
     # -- schedulers ----------------------------------------------------------
-    @app.get(f"{API}/schedulers")
+    @app.get(f"{API}/schedulers", openapi_extra=_doc("list_schedulers"))
     async def list_schedulers():
         return await _handle(svc.schedulers)
 
-    @app.post(f"{API}/schedulers")
+    @app.post(f"{API}/schedulers", openapi_extra=_doc("add_scheduler"))
     async def add_scheduler(request: Request):
         return await _handle(svc.add_scheduler, await _body(request))
 
-    @app.delete(f"{API}/schedulers/{{name}}")
-    async def remove_scheduler(name: str):
+    @app.delete(f"{API}/schedulers/{{name}}", openapi_extra=_doc("remove_scheduler"))
+    async def remove_scheduler(name: str = Path(max_length=256)):
         return await _handle(svc.remove_scheduler, name)
 
     # -- config and rules ----------------------------------------------------
-    @app.get(f"{API}/config")
+    @app.get(f"{API}/config", openapi_extra=_doc("get_config"))
     async def get_config():
         return await _handle(svc.config)
 
-    @app.put(f"{API}/config")
+    @app.put(f"{API}/config", openapi_extra=_doc("put_config"))
     async def put_config(request: Request):
         return await _handle(svc.set_config, await _body(request))
 
-    @app.get(f"{API}/rules")
+    @app.get(f"{API}/rules", openapi_extra=_doc("get_rules"))
     async def get_rules():
         return await _handle(svc.rules)
 
-    @app.put(f"{API}/rules")
+    @app.put(f"{API}/rules", openapi_extra=_doc("put_rules"))
     async def put_rules(request: Request):
         return await _handle(svc.set_rules, await _body(request))
 
     # -- schema and health ---------------------------------------------------
-    @app.get(f"{API}/schema/heartbeat")
+    @app.get(f"{API}/schema/heartbeat", openapi_extra=_doc("schema"))
     async def schema():
         return _json(heartbeat_schema())
 
-    @app.get(f"{API}/health")
+    @app.get(f"{API}/health", openapi_extra=_doc("health"))
     async def health():
         return await _handle(svc.health)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from opforge.placement.cluster import PeerRole, StoreState
-from opforge.placement.heartbeat import SCHEMA_VERSION
+from opforge.placement.heartbeat import MAX_ADDRESS_LEN, MAX_LABEL_LEN, MAX_LABELS, MAX_UINT64, SCHEMA_VERSION
 
 
 API = "/pd/api/v1"
@@ -13,7 +13,8 @@ MAX_PAGE = 10_000  # regions in one page
 
 
 def _uint(desc: str = "") -> dict:
-    d: dict = {"type": "integer", "minimum": 0}
+    """An unsigned 64-bit integer (ids and figures, as in PD)."""
+    d: dict = {"type": "integer", "minimum": 0, "maximum": MAX_UINT64}
     if desc:
         d["description"] = desc
     return d
@@ -31,8 +32,10 @@ STORE_HEARTBEAT_SCHEMA: dict = {
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},
         "store_id": _uint(),
-        "address": {"type": "string"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "address": {"type": "string", "maxLength": MAX_ADDRESS_LEN},
+        "labels": {"type": "object", "maxProperties": MAX_LABELS,
+                   "propertyNames": {"maxLength": MAX_LABEL_LEN},
+                   "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_LEN}},
         "state": {"enum": [s.value for s in StoreState],
                   "description": "ignored in heartbeats: the administrative state is the driver's"},
         "capacity": _uint("bytes given to data"),
@@ -92,7 +95,9 @@ REGION_HEARTBEAT_RESPONSE_SCHEMA: dict = {
     "title": "RegionHeartbeatResponse",
     "type": "object",
     "required": ["region_id", "operator_id", "step"],
-    "properties": {"region_id": _uint(), "operator_id": {"type": ["integer", "null"]}, "step": _STEP_SCHEMA},
+    "properties": {"region_id": _uint(),
+                   "operator_id": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_UINT64},
+                   "step": _STEP_SCHEMA},
 }
 
 REGION_HEARTBEAT_BATCH_SCHEMA: dict = {
