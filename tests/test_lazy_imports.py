@@ -32,6 +32,22 @@ def test_front_ends_load_on_first_use():
     assert out == "[(3,)] StreamExecutionEnvironment True True"
 
 
+def test_import_opforge_needs_no_torch():
+    assert _run("import sys, opforge\nprint('torch' in sys.modules, 'triton' in sys.modules)") == "False False"
+
+
+def test_every_public_name_resolves_and_the_first_op_registers_them_all():
+    out = _run(
+        "import opforge, torch\n"
+        "missing = [n for n in opforge.__all__ if getattr(opforge, n, None) is None]\n"
+        "print(missing, callable(opforge.softmax))\n"
+    )
+    assert out == "[] True"
+    # one op's first use registers every torch.library op, not only its family's
+    out = _run("import opforge, torch\nopforge.add\nprint(torch.ops.opforge.softmax.default.name())")
+    assert out == "opforge::softmax"
+
+
 def test_unknown_attribute_is_an_attribute_error():
     out = _run("import opforge\ntry:\n    opforge.nope\nexcept AttributeError as e:\n    print(e)")
     assert out == "module 'opforge' has no attribute 'nope'"

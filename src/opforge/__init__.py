@@ -2,8 +2,17 @@
 
 Tensor ops are exposed torch-style (``opforge.gelu(x)``) and registered as
 ``torch.library`` custom ops in the ``opforge`` namespace.
+
+Every public name loads on first use (PEP 562): ``import opforge`` costs
+nothing, a part that needs no torch (``opforge.placement.client`` on a
+worker, ``pd ctl``) never imports torch or Triton, and a user of the tensor
+ops never imports sqlglot, pyarrow or fastapi. The first op used imports
+``opforge.ops``, which registers every op (``torch.ops.opforge.*`` included);
+``import opforge.ops`` does that up front.
 """
 
+import importlib as _importlib
+import importlib.util  # noqa: F401  (find_spec)
 import os as _os
 
 if _os.environ.get("OPFORGE_INTERPRET", "0") not in ("", "0", "false", "off"):
@@ -11,72 +20,53 @@ if _os.environ.get("OPFORGE_INTERPRET", "0") not in ("", "0", "false", "off"):
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from opforge.version import __version__  # noqa: E402
-from opforge.ops.elementwise import (  # noqa: E402
-    abs, add, div, exp, gelu, gelu_backward, gelu_tanh, log, maximum, minimum, mul, neg, relu,
-    rsqrt, sigmoid, silu, silu_backward, sqrt, sub, tanh,
-)
-from opforge.ops.attention import attention  # noqa: E402
-from opforge.ops.attention_decode import attention_decode  # noqa: E402
-from opforge.ops.bloom import blocked_bloom_probe  # noqa: E402
-from opforge.ops.nexmark import nexmark_events  # noqa: E402
-from opforge.ops.cross_entropy import cross_entropy  # noqa: E402
-from opforge.ops.fused import bias_gelu, swiglu  # noqa: E402
-from opforge.ops.grouped_matmul import grouped_matmul  # noqa: E402
-from opforge.ops.hashing import group_by, hash_join, segment_reduce  # noqa: E402
-from opforge.ops.matmul import matmul  # noqa: E402
-from opforge.ops.norm import layer_norm, rms_norm  # noqa: E402
-from opforge.ops.quant import QuantizedTensor, dequantize, quantize  # noqa: E402
-from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
-from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
-from opforge.ops.scaled_matmul import quantized_matmul, scaled_matmul  # noqa: E402
-from opforge.ops.scan import compact, cummax, cummin, cumprod, cumsum, nonzero, segmented_cumsum  # noqa: E402
-from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
-from opforge.ops.transpose import permute, transpose  # noqa: E402
-from opforge.runtime.dispatch import explain  # noqa: E402
-from opforge.fusion import fuse  # noqa: E402
-from opforge import nn  # noqa: E402
 
-# The front-ends load on first use: `import opforge` brings in the tensor ops only, not sqlglot,
-# pyarrow, pandas, fastapi or the stream engine (a user of the ops pays nothing for them).
-_LAZY = {
-    "connect": ("opforge.sql", "connect"),
-    "sql": ("opforge.sql", None),
-    "stream": ("opforge.stream", None),
-    "distributed": ("opforge.distributed", None),
-    "placement": ("opforge.placement", None),
+# module -> the public names it defines; a name of an ``opforge.ops`` module first imports
+# ``opforge.ops`` (all ops registered at once, as when this file imported them eagerly)
+_PUBLIC = {
+    "opforge.ops.elementwise": (
+        "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
+        "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh"),
+    "opforge.ops.fused": ("bias_gelu", "swiglu"),
+    "opforge.ops.softmax": ("softmax", "log_softmax"),
+    "opforge.ops.norm": ("layer_norm", "rms_norm"),
+    "opforge.ops.residual_norm": ("add_layer_norm", "add_rms_norm"),
+    "opforge.ops.reduce": ("amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var"),
+    "opforge.ops.scan": ("compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum"),
+    "opforge.ops.transpose": ("transpose", "permute"),
+    "opforge.ops.cross_entropy": ("cross_entropy",),
+    "opforge.ops.attention": ("attention",),
+    "opforge.ops.attention_decode": ("attention_decode",),
+    "opforge.ops.matmul": ("matmul",),
+    "opforge.ops.grouped_matmul": ("grouped_matmul",),
+    "opforge.ops.scaled_matmul": ("scaled_matmul", "quantized_matmul"),
+    "opforge.ops.quant": ("quantize", "dequantize", "QuantizedTensor"),
+    "opforge.ops.hashing": ("hash_join", "group_by", "segment_reduce"),
+    "opforge.ops.bloom": ("blocked_bloom_probe",),
+    "opforge.ops.nexmark": ("nexmark_events",),
+    "opforge.runtime.dispatch": ("explain",),
+    "opforge.fusion": ("fuse",),
+    "opforge.sql": ("connect",),
 }
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+_SUBPACKAGES = ("nn", "sql", "stream", "distributed", "placement")
+
+__all__ = ["__version__", *_HOME, *_SUBPACKAGES]
 
 
 def __getattr__(name: str):
-    if name not in _LAZY:
+    if name in _HOME:
+        module = _HOME[name]
+        if module.startswith("opforge.ops."):
+            _importlib.import_module("opforge.ops")
+        value = getattr(_importlib.import_module(module), name)
+    elif not name.startswith("_") and _importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = _importlib.import_module(f"{__name__}.{name}")  # ``opforge.sql`` after a bare import
+    else:
         raise AttributeError(f"module 'opforge' has no attribute {name!r}")
-    import importlib
-
-    module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value
+    globals()[name] = value  # later uses skip this function
     return value
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
-__all__ = [
-    "__version__", "explain", "fuse", "nn", "connect", "stream", "distributed",
-    # elementwise
-    "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
-    "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh",
-    "bias_gelu", "swiglu",
-    # row-wise, reductions, scans, data movement, losses
-    "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-    "amax", "amin", "argmax", "argmin", "max", "mean", "min", "std", "sum", "var",
-    "compact", "cummax", "cummin", "cumprod", "cumsum", "nonzero", "segmented_cumsum",
-    "transpose", "permute", "cross_entropy",
-    # attention
-    "attention", "attention_decode",
-    # GEMM and quantization
-    "matmul", "grouped_matmul", "scaled_matmul", "quantized_matmul", "quantize", "dequantize", "QuantizedTensor",
-    # relational kernels
-    "hash_join", "group_by", "segment_reduce", "blocked_bloom_probe", "nexmark_events",
-]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

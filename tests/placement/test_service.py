@@ -8,11 +8,7 @@ the OS picked (every wait bounded), and talks to it with the worker client
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,52 +17,14 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
 from opforge.placement import ctl  # noqa: E402
-from opforge.placement.client import HeartbeatLoop, PDClient, PDError  # noqa: E402
+from opforge.placement.client import HeartbeatLoop, PDError  # noqa: E402
 from opforge.placement.driver import Driver  # noqa: E402
 from opforge.placement.heartbeat import HeartbeatError, parse_region_heartbeat  # noqa: E402
 from opforge.placement.service import API, create_app, parse_known_region, serve  # noqa: E402
 from opforge.placement.storage import Storage  # noqa: E402
+from pd_live_server import TOKEN, Server, raw  # noqa: E402
 
-TOKEN = "s3cret-test-token"
 GiB = 1 << 30
-
-
-class Server:
-    """uvicorn in a thread, on a socket bound to 127.0.0.1:0."""
-
-    def __init__(self, db=None, tick_interval=0.05, driver=None, token=TOKEN):
-        self.driver = driver or Driver()
-        self.storage = Storage(db) if db else None
-        self.app = create_app(self.driver, self.storage, token=token, tick_interval=tick_interval)
-        self.svc = self.app.state.pd
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False)
-        self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert self.thread.is_alive(), "the server thread died while starting"
-            assert time.monotonic() < deadline, "the server did not start within 10 s"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "the server did not stop within 10 s"
-        self.sock.close()
-        if self.storage is not None:
-            self.storage.close()
-
-    def client(self, token=TOKEN):
-        return PDClient(self.url, token, timeout=10)
 
 
 def _store(sid, zone=None):
@@ -86,17 +44,7 @@ def _region(rid, stores=(1, 2, 3), leader=1, conf_ver=1, version=1, size=64, pee
             "peers": peers, "leader_peer_id": base + leader, "approximate_size": size, "approximate_keys": 1000}
 
 
-def _raw(url, method="GET", body=None, token=TOKEN, raw_body=None):
-    data = raw_body if raw_body is not None else (None if body is None else json.dumps(body).encode())
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+_raw = raw
 
 
 def _cluster(c, n_stores=3, n_regions=30, leader=1):

@@ -157,6 +157,16 @@ class Cluster:
     def get_store(self, store_id: int) -> Store | None:
         return self.stores.get(store_id)
 
+    def forget_store(self, store_id: int) -> None:
+        """Undo the registration of a store that holds no region (a registration
+        the service could not persist)."""
+        if self._region_size.get(store_id) or any(index.get(store_id) for index in
+                                                   (self._leaders, self._followers, self._learners)):
+            raise ValueError(f"store {store_id} holds regions; it cannot be forgotten")
+        self.stores.pop(store_id, None)
+        for index in (self._leaders, self._followers, self._learners, self._region_size, self._leader_size):
+            index.pop(store_id, None)
+
     def up_stores(self) -> list[Store]:
         now = self.clock()
         return [s for s in self.stores.values()

@@ -1,6 +1,6 @@
 """pd-ctl style admin commands against a running placement driver service.
 
-    opforge pd ctl [--url URL] [--token TOKEN] [-o json|table] COMMAND ...
+    opforge pd ctl [--url URL] [--token-file PATH] [-o json|table] COMMAND ...
 
     health
     stores                              store ID
@@ -23,8 +23,9 @@
     rules set FILE                      (a JSON file in the form 'rules show' prints; '-' reads stdin)
     schema
 
-``--url`` defaults to $OPFORGE_PD_URL (else http://127.0.0.1:2379) and
-``--token`` to $OPFORGE_PD_TOKEN. Output is JSON, or a rich table with
+``--url`` defaults to $OPFORGE_PD_URL (else http://127.0.0.1:2379); the token
+is read from ``--token-file`` (its first line), else $OPFORGE_PD_TOKEN
+(``--token`` still works, deprecated: it shows in ``ps``). Output is JSON, or a rich table with
 ``-o table`` (the default when printing lists to a terminal). Exit status: 0
 done, 1 refused by the service or unreachable, 2 bad usage.
 """
@@ -37,6 +38,8 @@ import sys
 from typing import Any
 
 from opforge.placement.client import PDClient, PDError
+from opforge.placement.token import ENV as TOKEN_ENV
+from opforge.placement.token import TokenError, read_token
 
 USAGE = __doc__.split("\n\n", 2)[1] if __doc__ else ""
 
@@ -62,19 +65,19 @@ def _value(text: str) -> Any:
 
 def _split_options(argv: list[str]) -> tuple[dict, list[str]]:
     """Pull the global options out from anywhere in argv."""
-    opts: dict[str, Any] = {"url": None, "token": None, "output": None}
+    opts: dict[str, Any] = {"url": None, "token": None, "token_file": None, "output": None}
     rest: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
         name, eq, val = a.partition("=")
-        if name in ("--url", "--token", "-o", "--output", "--offset", "--limit", "--store"):
+        if name in ("--url", "--token", "--token-file", "-o", "--output", "--offset", "--limit", "--store"):
             if not eq:
                 if i + 1 >= len(argv):
                     raise UsageError(f"{name} needs a value")
                 val = argv[i + 1]
                 i += 1
-            key = {"-o": "output", "--output": "output"}.get(name, name.lstrip("-"))
+            key = {"-o": "output", "--output": "output"}.get(name, name.lstrip("-").replace("-", "_"))
             opts[key] = val
         elif a == "--json":
             opts["output"] = "json"
@@ -250,7 +253,9 @@ def _cell(v) -> str:
     return str(v)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, token: str | None = None) -> int:
+    """Run one command; ``token`` (if given) is used as is, else read as the
+    options say."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         opts, args = _split_options(argv)
@@ -261,9 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if (opts.get("help") or (args and args[0] == "help")) else 2
     url = opts["url"] or os.environ.get("OPFORGE_PD_URL") or "http://127.0.0.1:2379"
-    token = opts["token"] or os.environ.get("OPFORGE_PD_TOKEN")
+    if token is None:
+        try:
+            token = read_token(opts["token"], opts["token_file"], command="opforge pd ctl")
+        except TokenError as e:
+            print(e, file=sys.stderr)
+            return 2
     if not token:
-        print("opforge pd ctl: no token; pass --token or set OPFORGE_PD_TOKEN", file=sys.stderr)
+        print(f"opforge pd ctl: no token; set {TOKEN_ENV} or pass --token-file PATH", file=sys.stderr)
         return 2
     try:
         client = PDClient(url, token)

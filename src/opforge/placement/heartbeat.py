@@ -13,6 +13,11 @@ from typing import Any
 from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store, StoreState
 
 SCHEMA_VERSION = 1
+# Ids and figures are unsigned 64-bit, as in PD: every integer field is in [0, MAX_UINT64].
+MAX_UINT64 = 2 ** 64 - 1
+MAX_ADDRESS_LEN = 1024  # characters of a store's address
+MAX_LABELS = 64  # labels of one store
+MAX_LABEL_LEN = 256  # characters of a label's key or value
 
 
 class HeartbeatError(ValueError):
@@ -27,8 +32,9 @@ def _field(d: dict, name: str, kind, where: str, default=...):
     v = d[name]
     if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
         raise HeartbeatError(f"{where}: field {name!r} must be an integer, got {type(v).__name__}")
-    if kind is int and v < 0:
-        raise HeartbeatError(f"{where}: field {name!r} must be >= 0, got {v}")
+    if kind is int and (v < 0 or v > MAX_UINT64):
+        raise HeartbeatError(f"{where}: field {name!r} must be an unsigned 64-bit integer (0 .. 2^64-1), got "
+                             f"{_short(v)}")
     if kind is str and not isinstance(v, str):
         raise HeartbeatError(f"{where}: field {name!r} must be a string, got {type(v).__name__}")
     if kind is dict and not isinstance(v, dict):
@@ -38,6 +44,11 @@ def _field(d: dict, name: str, kind, where: str, default=...):
     if kind is bool and not isinstance(v, bool):
         raise HeartbeatError(f"{where}: field {name!r} must be a boolean, got {type(v).__name__}")
     return v
+
+
+def _short(v: int) -> str:
+    """An integer for an error message: a huge one by its size, not its 400 digits."""
+    return str(v) if abs(v) < 10 ** 30 else f"a {len(str(abs(v)))}-digit number"
 
 
 def _key(text: str, where: str, name: str) -> bytes:
@@ -70,6 +81,13 @@ def parse_store_heartbeat(d: Any) -> StoreHeartbeat:
     labels = _field(d, "labels", dict, where, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise HeartbeatError(f"{where}: labels must map strings to strings")
+    if len(labels) > MAX_LABELS or any(len(k) > MAX_LABEL_LEN or len(v) > MAX_LABEL_LEN for k, v in labels.items()):
+        raise HeartbeatError(f"{where}: labels: at most {MAX_LABELS}, keys and values of at most {MAX_LABEL_LEN} "
+                             "characters")
+    address = _field(d, "address", str, where, "")
+    if len(address) > MAX_ADDRESS_LEN:
+        raise HeartbeatError(f"{where}: field 'address' is longer than {MAX_ADDRESS_LEN} characters "
+                             f"({len(address)})")
     state = _field(d, "state", str, where, "up")
     try:
         state = StoreState(state)
@@ -80,7 +98,7 @@ def parse_store_heartbeat(d: Any) -> StoreHeartbeat:
     if available > capacity:
         raise HeartbeatError(f"{where}: available ({available}) exceeds capacity ({capacity})")
     store = Store(
-        id=sid, address=_field(d, "address", str, where, ""), labels=dict(labels), state=state,
+        id=sid, address=address, labels=dict(labels), state=state,
         capacity=capacity, available=available, used_size=_field(d, "used_size", int, where, capacity - available),
         region_count=_field(d, "region_count", int, where, 0),
         sending_snap_count=_field(d, "sending_snap_count", int, where, 0),
@@ -145,8 +163,8 @@ def parse_region_heartbeat(d: Any) -> RegionHeartbeat:
     down = tuple(_field(d, "down_peers", list, where, []))
     pending = tuple(_field(d, "pending_peers", list, where, []))
     for name, values in (("down_peers", down), ("pending_peers", pending)):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise HeartbeatError(f"{where}: {name} must list peer ids (integers)")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_UINT64 for v in values):
+            raise HeartbeatError(f"{where}: {name} must list peer ids (unsigned 64-bit integers)")
     if not set(down) <= ids or not set(pending) <= ids:
         raise HeartbeatError(f"{where}: down_peers and pending_peers must name peers of the region")
     region = Region(

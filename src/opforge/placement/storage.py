@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opforge.placement.cluster import Peer, PeerRole, Region, RegionEpoch, Store
+from opforge.placement.heartbeat import MAX_UINT64 as _MAX_UINT64
 from opforge.placement.heartbeat import SCHEMA_VERSION, HeartbeatError, RegionHeartbeat, StoreHeartbeat, \
     parse_region_heartbeat, parse_store_heartbeat
 
@@ -52,6 +53,19 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 PEER_ID_RESERVE = 100_000  # peer ids reserved ahead in the file (see Storage._reserve_peer_ids)
+
+def sql_id(i: int) -> int:
+    """An id (unsigned 64-bit, as PD's) as SQLite's signed 64-bit INTEGER:
+    ids from 2^63 on are stored as ``id - 2^64`` (two's complement), so the
+    whole range round-trips; ``from_sql_id`` reverses it."""
+    if not 0 <= i <= _MAX_UINT64:
+        raise OverflowError(f"id {i} is not an unsigned 64-bit integer")
+    return i - (1 << 64) if i >= 1 << 63 else i
+
+
+def from_sql_id(i: int) -> int:
+    return i + (1 << 64) if i < 0 else i
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -130,6 +144,8 @@ class Storage:
         self._hwm_cache: int | None = None
         self.flushes = 0
         self.regions_written = 0
+        self.dropped = 0  # items refused for their data at a flush (logged)
+        self.failed: list[tuple[str, Any, str]] = []  # items the last flush did not write
         self.closed = False
 
     # -- writing ---------------------------------------------------------
@@ -190,8 +206,17 @@ class Storage:
             self.flush()
 
     def flush(self) -> int:
-        """Write everything waiting in one transaction; returns the rows written."""
+        """Write everything waiting in one transaction; returns the rows written.
+
+        An item that cannot be written never takes others with it: when the
+        transaction fails, every item is written on its own. One refused for
+        its data (an id no SQLite row can hold, ...) is dropped and logged; one
+        refused by the database itself (disk full, locked) waits for the next
+        flush. ``failed`` lists the items of the last flush that were not
+        written: ``(kind, id, error)``, kind ``"region"``, ``"deleted"``,
+        ``"store"`` or ``"meta"``."""
         with self._lock:
+            self.failed = []
             if self.closed:
                 return 0
             if self._driver is not None:
@@ -203,29 +228,89 @@ class Storage:
             self._last_flush = time.monotonic()
             if not (regions or deleted or stores or meta):
                 return 0
-            dumps = json.dumps
-            rows = [(rid, dumps(region_to_json(r), separators=(",", ":"))) for rid, r in regions.items()]
-            cur = self._db.cursor()
-            cur.execute("BEGIN")
+            items = {"region": self._rows(regions, region_to_json, "region"),
+                     "deleted": self._rows(dict.fromkeys(deleted), None, "deleted"),
+                     "store": self._rows(stores, store_to_json, "store"),
+                     "meta": [(k, (k, json.dumps(v))) for k, v in meta.items()]}
             try:
-                if rows:
-                    cur.executemany("INSERT OR REPLACE INTO regions (id, data) VALUES (?, ?)", rows)
-                if deleted:
-                    cur.executemany("DELETE FROM regions WHERE id = ?", [(i,) for i in deleted])
-                if stores:
-                    cur.executemany("INSERT OR REPLACE INTO stores (id, data) VALUES (?, ?)",
-                                    [(sid, dumps(store_to_json(s))) for sid, s in stores.items()])
-                for k, v in meta.items():
-                    cur.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (k, dumps(v)))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            if "peer_id_hwm" in meta:
+                self._transaction({k: [row for _, row in v] for k, v in items.items()})
+                written = items
+            except Exception as e:  # noqa: BLE001 -- any failure: fall back to one item at a time
+                log.warning("storage %s: a flush of %d items failed (%s: %s); writing them one by one", self.path,
+                            sum(map(len, items.values())), type(e).__name__, e)
+                written = self._one_by_one(items, regions, deleted, stores, meta)
+            if any(k == "peer_id_hwm" for k, _ in written["meta"]):
                 self._hwm_cache = meta["peer_id_hwm"]
             self.flushes += 1
-            self.regions_written += len(rows)
-            return len(rows) + len(deleted) + len(stores) + len(meta)
+            self.regions_written += len(written["region"])
+            return sum(map(len, written.values()))
+
+    def _rows(self, objs: dict, to_json, kind: str) -> list[tuple[int, tuple]]:
+        """``(id, row)`` for each object; what no row can hold is dropped (logged, in ``failed``)."""
+        dumps = json.dumps
+        rows = []
+        for oid, obj in objs.items():
+            try:
+                row = (sql_id(oid),) if to_json is None else (sql_id(oid), dumps(to_json(obj), separators=(",", ":")))
+            except (OverflowError, ValueError, TypeError) as e:
+                self._drop(kind, oid, e)
+                continue
+            rows.append((oid, row))
+        return rows
+
+    def _drop(self, kind: str, oid, error: BaseException) -> None:
+        self.failed.append((kind, oid, f"{type(error).__name__}: {error}"))
+        self.dropped += 1
+        log.error("storage %s: %s %s not written, dropped: %s: %s", self.path, kind, oid, type(error).__name__, error)
+
+    def _one_by_one(self, items: dict, regions: dict, deleted: set, stores: dict, meta: dict) -> dict:
+        written: dict[str, list] = {k: [] for k in items}
+        for kind, rows in items.items():
+            for oid, row in rows:
+                try:
+                    self._transaction({kind: [row]})
+                    written[kind].append((oid, row))
+                except (sqlite3.OperationalError, OSError) as e:  # the database, not the item: try again later
+                    self.failed.append((kind, oid, f"{type(e).__name__}: {e}"))
+                    log.error("storage %s: %s %s not written, kept for the next flush: %s: %s", self.path, kind,
+                              oid, type(e).__name__, e)
+                    if kind == "region":
+                        self._pending_regions.setdefault(oid, regions[oid])
+                    elif kind == "deleted" and oid not in self._pending_regions:
+                        self._deleted_regions.add(oid)
+                    elif kind == "store":
+                        self._pending_stores.setdefault(oid, stores[oid])
+                    elif kind == "meta":
+                        self._pending_meta.setdefault(oid, meta[oid])
+                except Exception as e:  # noqa: BLE001 -- this item's data: drop it alone
+                    self._drop(kind, oid, e)
+        return written
+
+    def _transaction(self, rows: dict[str, list]) -> None:
+        cur = self._db.cursor()
+        cur.execute("BEGIN")
+        try:
+            if rows.get("region"):
+                cur.executemany("INSERT OR REPLACE INTO regions (id, data) VALUES (?, ?)", rows["region"])
+            if rows.get("deleted"):
+                cur.executemany("DELETE FROM regions WHERE id = ?", rows["deleted"])
+            if rows.get("store"):
+                self._write_stores(cur, rows["store"])
+            if rows.get("meta"):
+                cur.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows["meta"])
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _write_stores(cur, rows: list) -> None:
+        cur.executemany("INSERT OR REPLACE INTO stores (id, data) VALUES (?, ?)", rows)
+
+    def discard_store(self, store_id: int) -> None:
+        """Forget a store's unwritten change (the service rolls back a registration it could not save)."""
+        with self._lock:
+            self._pending_stores.pop(store_id, None)
 
     def _reserve_peer_ids(self) -> None:
         """Keep the stored high-water mark ahead of the ids the driver hands out.
@@ -344,10 +429,13 @@ class Storage:
             # from (as PD does after a restart) so they are not down at once.
             now = driver.clock()
             for sid, data in self._db.execute("SELECT id, data FROM stores"):
+                sid = from_sql_id(sid)
                 try:
                     store = parse_store_heartbeat(json.loads(data)).store
                 except (HeartbeatError, ValueError) as e:
                     raise StorageError(f"{self.path}: stores row {sid} is damaged: {e}") from None
+                if store.id != sid:
+                    raise StorageError(f"{self.path}: stores row {sid} holds store {store.id}")
                 store.last_heartbeat = now
                 driver.cluster.put_store(store)
                 rep.stores += 1
@@ -355,6 +443,7 @@ class Storage:
             max_peer = 0
             loads = json.loads
             for rid, data in self._db.execute("SELECT id, data FROM regions"):
+                rid = from_sql_id(rid)
                 try:
                     d = loads(data)
                     r = _stored_region(d)
@@ -406,17 +495,18 @@ def _stored_region(d: Any) -> Region | None:
             return None
         for name in _INT_FIELDS:
             v = d[name]
-            if type(v) is not int or v < 0:
+            if type(v) is not int or v < 0 or v > _MAX_UINT64:
                 return None
         e = d["epoch"]
         cv, ver = e["conf_ver"], e["version"]
-        if type(cv) is not int or type(ver) is not int or cv < 0 or ver < 0:
+        if type(cv) is not int or type(ver) is not int or not (0 <= cv <= _MAX_UINT64 and 0 <= ver <= _MAX_UINT64):
             return None
         peers = []
         stores = set()
         for p in d["peers"]:
             pid, sid = p["id"], p["store_id"]
-            if type(pid) is not int or type(sid) is not int or pid < 0 or sid < 0 or sid in stores:
+            if type(pid) is not int or type(sid) is not int or sid in stores \
+                    or not (0 <= pid <= _MAX_UINT64 and 0 <= sid <= _MAX_UINT64):
                 return None
             stores.add(sid)
             peers.append(Peer(pid, sid, _ROLES[p["role"]]))
@@ -449,5 +539,6 @@ def restore_rules(driver, data: Any) -> None:
     driver.rules = RuleManager.from_json(data, driver.config)
 
 
-__all__ = ["Storage", "StorageError", "LoadReport", "peek_next_peer_id", "region_to_json", "store_to_json",
+__all__ = ["Storage", "StorageError", "sql_id", "from_sql_id", "LoadReport", "peek_next_peer_id", "region_to_json",
+           "store_to_json",
            "restore_rules", "rules_to_json"]

@@ -3,23 +3,40 @@
 ``SCHEDULERS`` maps PD's scheduler names to their classes; ``create(name,
 **args)`` builds one (``args`` are the class's keyword arguments, e.g.
 ``create("evict-leader", store_ids=[3])``).
+
+Schedulers are found by discovery: every module of this package that defines
+a class with a string ``name`` and a ``schedule`` method registers it under
+that name (the class must be defined in that module, not imported into it).
+Adding a scheduler is one new module here plus its tests; nothing else
+lists them.
 """
 
 from __future__ import annotations
 
-from opforge.placement.schedulers.balance_leader import BalanceLeaderScheduler
-from opforge.placement.schedulers.balance_region import BalanceRegionScheduler
-from opforge.placement.schedulers.evict_leader import EvictLeaderScheduler
-from opforge.placement.schedulers.hot_region import HotRegionScheduler
-from opforge.placement.schedulers.scatter_range import ScatterRangeScheduler
-from opforge.placement.schedulers.shuffle_leader import ShuffleLeaderScheduler
-from opforge.placement.schedulers.shuffle_region import ShuffleRegionScheduler
+import importlib
+import inspect
+import pkgutil
 
-SCHEDULERS: dict[str, type] = {
-    cls.name: cls
-    for cls in (BalanceLeaderScheduler, BalanceRegionScheduler, EvictLeaderScheduler, ShuffleLeaderScheduler,
-                ShuffleRegionScheduler, ScatterRangeScheduler, HotRegionScheduler)
-}
+
+def _discover() -> dict[str, type]:
+    found: dict[str, type] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not isinstance(getattr(cls, "name", None), str) \
+                    or not callable(getattr(cls, "schedule", None)):
+                continue
+            if cls.name in found:
+                raise ImportError(f"two schedulers named {cls.name!r}: {found[cls.name].__qualname__} and "
+                                  f"{cls.__qualname__}")
+            found[cls.name] = cls
+    return found
+
+
+SCHEDULERS: dict[str, type] = _discover()
+globals().update({cls.__name__: cls for cls in SCHEDULERS.values()})  # e.g. schedulers.BalanceLeaderScheduler
 
 
 def create(name: str, **args):
@@ -33,5 +50,4 @@ def create(name: str, **args):
         raise ValueError(f"scheduler {name!r}: bad arguments {sorted(args)}: {e}") from None
 
 
-__all__ = ["SCHEDULERS", "create", "BalanceLeaderScheduler", "BalanceRegionScheduler", "EvictLeaderScheduler",
-           "HotRegionScheduler", "ScatterRangeScheduler", "ShuffleLeaderScheduler", "ShuffleRegionScheduler"]
+__all__ = ["SCHEDULERS", "create", *sorted(cls.__name__ for cls in SCHEDULERS.values())]

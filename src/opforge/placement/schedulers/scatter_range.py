@@ -34,10 +34,16 @@ from opforge.placement.operator.builder import move_peer, transfer_leader
 from opforge.placement.operator.operator import Operator, OpKind
 
 
-def _key(k: bytes | str | None) -> bytes:
+def _key(k: bytes | str | None, name: str) -> bytes:
+    """A key given as bytes or text (its UTF-8 bytes); anything else is refused
+    (``bytes(5)`` would be five zero bytes)."""
     if k is None:
         return b""
-    return k.encode() if isinstance(k, str) else bytes(k)
+    if isinstance(k, str):
+        return k.encode()
+    if isinstance(k, (bytes, bytearray, memoryview)):
+        return bytes(k)
+    raise ValueError(f"scatter-range: {name} must be a string or bytes, got {type(k).__name__} {k!r}")
 
 
 class ScatterRangeScheduler:
@@ -45,8 +51,8 @@ class ScatterRangeScheduler:
 
     def __init__(self, start_key: bytes | str = b"", end_key: bytes | str = b"", range_name: str = "",
                  batch: int = 4, scan_limit: int = 1024, probe_budget: int = 2048):
-        self.start_key = _key(start_key)
-        self.end_key = _key(end_key)
+        self.start_key = _key(start_key, "start_key")
+        self.end_key = _key(end_key, "end_key")
         if self.end_key and self.start_key >= self.end_key:
             raise ValueError(f"scatter-range: start_key {self.start_key!r} must sort before end_key {self.end_key!r}")
         if int(batch) < 1:
