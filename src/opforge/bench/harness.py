@@ -16,20 +16,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from opforge.bench import (
-    attention, attention_decode, bloom, cross_entropy, elementwise, fusion, gemm, grouped_gemm, hashing, nexmark, norm,
-    overhead, prewarm, quant, reduce, scaled_gemm, scan, softmax, transpose,
-)
+from opforge.bench import families as families_registry
+from opforge.bench import overhead, prewarm
 from opforge.bench.case import run_case
 from opforge.runtime import device as devmod
 from opforge.runtime import roofline
 
 SCHEMA_VERSION = 1
-FAMILIES = {"elementwise": elementwise, "norm": norm, "softmax": softmax, "reduce": reduce,
-            "cross_entropy": cross_entropy, "transpose": transpose, "scan": scan,
-            "fusion": fusion, "quant": quant, "gemm": gemm, "scaled_gemm": scaled_gemm,
-            "grouped_gemm": grouped_gemm, "attention": attention,
-            "attention_decode": attention_decode, "hashing": hashing, "bloom": bloom, "nexmark": nexmark}
 
 
 def run(*, quick: bool = False, families: list[str] | None = None, crossover: bool = True,
@@ -66,11 +59,12 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
         "entries": [],
         "crossover": [],
     }
-    selected = families or list(FAMILIES)
-    jobs = [(fam, i, c, "entries") for fam in selected for i, c in enumerate(FAMILIES[fam].cases(dev, quick))]
+    selected = families or list(families_registry.names())
+    jobs = [(fam, i, c, "entries") for fam in selected
+            for i, c in enumerate(families_registry.family_cases(fam, "entries", dev, quick))]
     if crossover and (dev.type == "cuda" or devmod.interpret_mode()):
-        jobs += [(fam, i, c, "crossover") for fam in selected if hasattr(FAMILIES[fam], "crossover_cases")
-                 for i, c in enumerate(FAMILIES[fam].crossover_cases(dev, quick))]
+        jobs += [(fam, i, c, "crossover") for fam in selected
+                 for i, c in enumerate(families_registry.family_cases(fam, "crossover", dev, quick))]
     if cases:
         jobs = [j for j in jobs if any(want in case_name(j[2]) for want in cases)]
     with Progress(console=console, transient=True) as progress:
@@ -105,7 +99,8 @@ def run(*, quick: bool = False, families: list[str] | None = None, crossover: bo
 
 def find_case(text: str, device: torch.device, quick: bool = False):
     """The one bench case (any family) whose ``case_name`` contains ``text``."""
-    found = [c for fam in FAMILIES.values() for c in fam.cases(device, quick) if text in case_name(c)]
+    found = [c for fam in families_registry.names() for c in families_registry.family_cases(fam, "entries", device, quick)
+             if text in case_name(c)]
     exact = [c for c in found if case_name(c) == text]
     if len(exact) == 1 or len(found) == 1:
         return (exact or found)[0]
