@@ -126,9 +126,13 @@ def run(args, console: Console | None = None) -> int:
     if args.clear:
         cache.clear()
         console.print(f"cleared {cache.path}")
+    refused: list[str] = []
     if args.import_path:
-        n = cache.import_jsonl(args.import_path)
-        console.print(f"imported {n} entries from {args.import_path} into {cache.path}")
+        n = cache.import_jsonl(args.import_path, check=autotune.import_check, refused=refused)
+        for why in refused:
+            console.print(f"refused {args.import_path}:{why}", style="red", markup=False, highlight=False)
+        console.print(f"imported {n} entries from {args.import_path} into {cache.path}"
+                      + (f"; {len(refused)} refused (lines above)" if refused else ""), markup=False)
     jobs = []
     if args.preset:
         jobs += PRESETS[args.preset](args.quick, args.family)
@@ -147,4 +151,4 @@ def run(args, console: Console | None = None) -> int:
     if args.export_path:
         n = cache.export_jsonl(args.export_path)
         console.print(f"exported {n} entries to {args.export_path}")
-    return 0
+    return 1 if refused else 0
