@@ -325,7 +325,11 @@ class AutotuneCache:
         if device in self._memory_ceilings:
             return self._memory_ceilings[device]
         row = self._db(lambda con: con.execute("SELECT value FROM ceilings WHERE device = ?", (device,)).fetchone())
-        return json.loads(row[0]) if row else None
+        try:
+            value = json.loads(row[0]) if row else None
+        except (TypeError, ValueError):  # a bad row is measured again, never a crash
+            return None
+        return value if isinstance(value, dict) else None
 
     def put_ceilings(self, device: str, value: dict) -> None:
         self._memory_ceilings[device] = value
