@@ -218,3 +218,18 @@ def test_import_refuses_bad_rows_naming_their_lines(user_cache, tmp_path):
     assert f"{path}:1:" not in text and f"{path}:9:" not in text
     assert "imported 2 entries" in text and "6 refused" in text
     assert len(AutotuneCache(user_cache.path).entries()) == 2
+
+
+def test_an_error_that_the_default_config_raises_too_keeps_the_row(user_cache):
+    """Not the config's fault (the default fails alike): the row stays, the first error is raised."""
+    op, v, _ = _picky_op()
+    bad = Variant("picky", lambda cfg, x: (_ for _ in ()).throw(RuntimeError(f"bad input {cfg}")), kind="vendor",
+                  devices=("cpu",), configs=v.configs, default_config=v.default_config, bucket=v.bucket)
+    op.variants = [bad]
+    x = torch.arange(8.0)
+    user_cache.put(TuneEntry(autotune.tune_key(op, bad, (x,)), {"BLOCK": 128}, 0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="bad input {'BLOCK': 128}"):
+            dispatch.call(op, x)
+    assert len(user_cache.entries()) == 1

@@ -126,29 +126,36 @@ def config_problem(variant: Variant, config: dict[str, Any], args: tuple | None 
     return None
 
 
-def launch_failed(decision, args: tuple, error: BaseException) -> bool:
-    """A cached ``decision`` whose config raised at launch: drop its entry with
-    one warning and switch the decision (memoized) to the variant's default
-    config. False when there is nothing to fall back to (the default config
-    itself failed, or the config did not come from a cache): then the caller
-    re-raises."""
+def rerun_with_default(decision, args: tuple, error: Exception, run: Callable):
+    """``decision``'s cached config raised ``error`` at launch: run ``run(decision,
+    args)`` with the variant's default config instead. When that works, the cached
+    entry is dropped with one warning and the decision (memoized) keeps the
+    default config; when it fails too (or there is no cached config to blame),
+    ``error`` is raised and nothing is dropped."""
     variant = decision.variant
     try:
         default = variant.default_config(*args)
     except Exception:
-        return False
+        raise error from None
     if decision.source not in ("tuned", "shipped", "forced") or decision.config == default:
-        return False
+        raise error
+    cached = decision.config
+    decision.config = default
+    try:
+        out = run(decision, args)
+    except Exception:
+        decision.config = cached
+        raise error from None
     key = tune_key(decision.op, variant, args)
-    why = (f"config {decision.config} failed at launch ({type(error).__name__}: {str(error)[:200]}); "
+    why = (f"config {cached} failed at launch ({type(error).__name__}: {str(error)[:200]}); "
            f"calls run with the default config {default}")
     cache = autotune_cache()
     if cache.get(key) is not None:
         cache.drop(key, why)
     else:
         shipped.drop(key, why)
-    decision.config, decision.source = default, "default"
-    return True
+    decision.source = "default"
+    return out
 
 
 def import_check(entry: TuneEntry) -> str | None:

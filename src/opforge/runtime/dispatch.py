@@ -182,9 +182,7 @@ def _run(d: Decision, args: tuple):
                 return d.variant.run(d.config, *args)
         return d.variant.run(d.config, *args)
     except Exception as e:  # a cached config that fails at launch: dropped, and d runs the default from now on
-        if not autotune.launch_failed(d, args, e):
-            raise
-    return _run(d, args)
+        return autotune.rerun_with_default(d, args, e, _run)
 
 
 def explain(op_name: str, *args) -> Decision:
