@@ -1,16 +1,24 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream."""
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream.
+
+A user error is one line on stderr (``opforge: error: ...``) and exit status
+1; ``--debug`` anywhere on the command line (or ``OPFORGE_DEBUG=1``) prints
+the traceback instead. Ctrl-C is ``opforge: interrupted`` and status 130.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 
 from rich.console import Console
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opforge", description="A GPU operator runtime for Python.")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error (also accepted after the command)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="versions, devices, backends, cache location")
     sub.add_parser("demo", help="a short tour on whatever device is here")
@@ -82,8 +90,32 @@ def _prewarm_workers(asked: int | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("OPFORGE_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     args = _parser().parse_args(argv)
+    args.debug = debug
     console = Console(width=None if sys.stdout.isatty() else 150)
+    errors = Console(stderr=True, width=None if sys.stderr.isatty() else 1_000_000, highlight=False)
+    try:
+        return _run(args, console, errors)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        errors.print("opforge: interrupted", markup=False)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every error is one line unless --debug
+        if debug:
+            errors.print(traceback.format_exc().rstrip(), markup=False)
+            return 1
+        from opforge.sql.shell import describe_error
+
+        errors.print(f"opforge: error: {describe_error(e)} (--debug for the traceback)", markup=False,
+                     soft_wrap=True)
+        return 1
+
+
+def _run(args, console: Console, errors: Console) -> int:
     if args.command == "doctor":
         from opforge import doctor
 
@@ -129,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sql":
         from opforge.sql import shell
 
+        if args.query is None:  # the shell opens even when a table cannot be loaded
+            def skip(spec, e):
+                errors.print(f"opforge: error: --table {spec}: {shell.describe_error(e)} (left out)",
+                             markup=False, soft_wrap=True)
+
+            con = shell.open_connection(args.table, args.device, on_error=skip)
+            return shell.shell(con, console, debug=args.debug)
         con = shell.open_connection(args.table, args.device)
-        if args.query is None:
-            return shell.shell(con, console)
         if args.explain:
             console.print(con.sql(args.query).explain(), markup=False)
         else:

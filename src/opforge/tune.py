@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opforge.bench import elementwise as elementwise_bench
+from opforge.bench import families as bench_families
 from opforge.runtime import autotune, dispatch, jit, registry
 from opforge.runtime import device as devmod
 from opforge.runtime.cache import autotune_cache
@@ -39,13 +40,10 @@ def elementwise_jobs(quick: bool, families=None) -> list[Job]:
 def bench_jobs(quick: bool, families=None) -> list[Job]:
     """Every shape of the bench grid (cases and crossover sweeps) of ``families``
     (default: all), once per op, shape and dtype."""
-    from opforge.bench.harness import FAMILIES
-
     dev = devmod.default_device()
     jobs, seen = [], set()
-    for fam in families or list(FAMILIES):
-        module = FAMILIES[fam]
-        cases = list(module.cases(dev, quick)) + list(getattr(module, "crossover_cases", lambda d, q: [])(dev, quick))
+    for fam in families or bench_families.names():
+        cases = bench_families.family_cases(fam, "entries", dev, quick) + bench_families.family_cases(fam, "crossover", dev, quick)
         for case in cases:
             key = (case.op, case.label, case.dtype)
             if key in seen:
@@ -128,9 +126,13 @@ def run(args, console: Console | None = None) -> int:
     if args.clear:
         cache.clear()
         console.print(f"cleared {cache.path}")
+    refused: list[str] = []
     if args.import_path:
-        n = cache.import_jsonl(args.import_path)
-        console.print(f"imported {n} entries from {args.import_path} into {cache.path}")
+        n = cache.import_jsonl(args.import_path, check=autotune.import_check, refused=refused)
+        for why in refused:
+            console.print(f"refused {args.import_path}:{why}", style="red", markup=False, highlight=False)
+        console.print(f"imported {n} entries from {args.import_path} into {cache.path}"
+                      + (f"; {len(refused)} refused (lines above)" if refused else ""), markup=False)
     jobs = []
     if args.preset:
         jobs += PRESETS[args.preset](args.quick, args.family)
@@ -149,4 +151,4 @@ def run(args, console: Console | None = None) -> int:
     if args.export_path:
         n = cache.export_jsonl(args.export_path)
         console.print(f"exported {n} entries to {args.export_path}")
-    return 0
+    return 1 if refused else 0

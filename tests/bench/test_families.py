@@ -4,10 +4,10 @@
 import pytest
 from rich.console import Console
 
-from opforge.bench import harness
+from opforge.bench import families, harness
 
 
-@pytest.mark.parametrize("family", sorted(harness.FAMILIES))
+@pytest.mark.parametrize("family", families.names())
 def test_quick_cases_of_each_family_are_correct(family):
     result = harness.run(quick=True, families=[family], crossover=False, host=False,
                          console=Console(quiet=True))

@@ -25,14 +25,9 @@ import tempfile
 
 import torch
 
+from opforge.bench import families
+
 Job = tuple[str, str, int]  # family, "entries" | "crossover", index in that family's list
-
-
-def _cases(family: str, where: str, dev: torch.device, quick: bool) -> list:
-    from opforge.bench.harness import FAMILIES
-
-    mod = FAMILIES[family]
-    return mod.cases(dev, quick) if where == "entries" else mod.crossover_cases(dev, quick)
 
 
 def _warm(case, dev: torch.device) -> None:
@@ -57,7 +52,7 @@ def worker(jobs: list[Job], quick: bool) -> None:
     built: dict[tuple[str, str], list] = {}
     for family, where, index in jobs:
         try:
-            cases = built.setdefault((family, where), _cases(family, where, dev, quick))
+            cases = built.setdefault((family, where), families.family_cases(family, where, dev, quick))
             _warm(cases[index], dev)
         except Exception:  # noqa: S112 - the timed run reports it
             pass

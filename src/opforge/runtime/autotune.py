@@ -67,15 +67,131 @@ def _versions() -> tuple[str, str]:
     return _VERSIONS
 
 
-def lookup(key: TuneKey, cache: AutotuneCache | None = None) -> tuple[TuneEntry | None, str]:
-    """The entry for ``key`` from the user's cache, else the shipped table."""
-    entry = (cache or autotune_cache()).get(key)
-    if entry is not None:
-        return entry, "tuned"
-    entry = shipped.get(key)
-    if entry is not None:
-        return entry, "shipped"
+def lookup(key: TuneKey, cache: AutotuneCache | None = None, *, variant: Variant | None = None,
+           args: tuple | None = None) -> tuple[TuneEntry | None, str]:
+    """The entry for ``key`` from the user's cache, else the shipped table.
+
+    With ``variant`` and ``args``, an entry whose config does not look like the
+    variant's candidates for ``args`` (:func:`config_problem`) is dropped with
+    one warning, and the next source is consulted."""
+    cache = cache or autotune_cache()
+    for source, table in (("tuned", cache), ("shipped", shipped)):
+        entry = table.get(key)
+        if entry is None:
+            continue
+        why = config_problem(variant, entry.config, args) if variant is not None and args is not None else None
+        if why is None:
+            return entry, source
+        table.drop(key, f"{why}; calls run with the default config")
     return None, ""
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def config_problem(variant: Variant, config: dict[str, Any], args: tuple | None = None,
+                   candidates: list[dict[str, Any]] | None = None) -> str | None:
+    """Why ``config`` cannot be one of ``variant``'s configs, or None.
+
+    The candidates are ``variant.configs(*args)`` and its default config. A
+    config among them is fine; another must have the keys of one of them, each
+    value of the type the candidates give that key, and, where every candidate
+    value of a key is a power of two (block sizes, warps), a power of two. A
+    variant that declares no configs (or none with keys) is not checked.
+    """
+    if candidates is None:
+        try:
+            candidates = [dict(c) for c in variant.configs(*args)]
+            candidates += [dict(variant.default_config(*args))] if any(candidates) else []
+        except Exception:  # candidates that cannot be listed for these args: nothing to compare with
+            return None
+    candidates = [c for c in candidates if isinstance(c, dict)]
+    if not any(candidates) or config in candidates:
+        return None
+    key_sets = {frozenset(c) for c in candidates}
+    if frozenset(config) not in key_sets:
+        want = " or ".join(str(sorted(k)) for k in sorted(key_sets, key=sorted)[:3])
+        return f"config {config} has keys {sorted(config)}, {variant.name}'s configs have {want}"
+    for name, value in config.items():
+        seen = [c[name] for c in candidates if name in c]
+        types = {type(v) for v in seen}
+        if type(value) not in types:
+            return (f"config {config}: {name}={value!r} is a {type(value).__name__}, "
+                    f"{variant.name}'s configs give {'/'.join(sorted(t.__name__ for t in types))}")
+        ints = [v for v in seen if type(v) is int]
+        if type(value) is int and ints and len(ints) == len(seen) and all(_is_pow2(v) for v in ints) \
+                and not _is_pow2(value):
+            return f"config {config}: {name}={value} is not a power of two (as every {variant.name} config's is)"
+    return None
+
+
+def rerun_with_default(decision, args: tuple, error: Exception, run: Callable):
+    """``decision``'s cached config raised ``error`` at launch: run ``run(decision,
+    args)`` with the variant's default config instead. When that works, the cached
+    entry is dropped with one warning and the decision (memoized) keeps the
+    default config; when it fails too (or there is no cached config to blame),
+    ``error`` is raised and nothing is dropped."""
+    variant = decision.variant
+    try:
+        default = variant.default_config(*args)
+    except Exception:
+        raise error from None
+    if decision.source not in ("tuned", "shipped", "forced") or decision.config == default:
+        raise error
+    cached = decision.config
+    decision.config = default
+    try:
+        out = run(decision, args)
+    except Exception:
+        decision.config = cached
+        raise error from None
+    key = tune_key(decision.op, variant, args)
+    why = (f"config {cached} failed at launch ({type(error).__name__}: {str(error)[:200]}); "
+           f"calls run with the default config {default}")
+    cache = autotune_cache()
+    if cache.get(key) is not None:
+        cache.drop(key, why)
+    else:
+        shipped.drop(key, why)
+    decision.source = "default"
+    return out
+
+
+def import_check(entry: TuneEntry) -> str | None:
+    """Why ``opforge tune --import`` refuses ``entry``, or None: an op or variant
+    this opforge does not have, or a config unlike the variant's candidates
+    (compared with the candidates for the op's sample inputs)."""
+    from opforge.runtime import registry
+
+    try:
+        op = registry.get(entry.key.op)
+        variant = op.variant(entry.key.variant)
+    except KeyError as e:
+        return str(e.args[0] if e.args else e)
+    candidates = _sample_candidates(op, variant)
+    return config_problem(variant, entry.config, candidates=candidates) if candidates else None
+
+
+_SAMPLE_CANDIDATES: dict[tuple[str, str], list[dict]] = {}
+
+
+def _sample_candidates(op: Op, variant: Variant) -> list[dict]:
+    k = (op.name, variant.name)
+    if k not in _SAMPLE_CANDIDATES:
+        found: list[dict] = []
+        try:
+            samples = list(op.samples(torch.device("cpu")))
+        except Exception:
+            samples = []
+        for args in samples[:8]:
+            try:
+                declared = [dict(c) for c in variant.configs(*args)]
+                found += declared + ([dict(variant.default_config(*args))] if any(declared) else [])
+            except Exception:
+                continue
+        _SAMPLE_CANDIDATES[k] = found
+    return _SAMPLE_CANDIDATES[k]
 
 
 def measure_configs(

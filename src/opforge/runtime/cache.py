@@ -7,12 +7,17 @@ Many processes may tune into one file at once: each write is one short
 ``BEGIN IMMEDIATE`` transaction, readers never block in WAL mode, and rows are
 whole JSON values, so there are no torn entries. A corrupted file or one of
 another schema version is ignored with one warning, never a crash: the process
-then keeps its results in memory.
+then keeps its results in memory. A single bad row (config not a JSON object,
+a field of the wrong type) is dropped with one warning wherever it is read;
+JSON lines are checked line by line, and an import refuses a bad line by its
+number. Whether a config fits its variant is :mod:`opforge.runtime.autotune`'s
+business (it knows the variants).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -21,7 +26,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 SCHEMA_VERSION = 1
 FILE_NAME = "autotune.sqlite"
@@ -59,8 +64,42 @@ class TuneEntry:
 
     @staticmethod
     def from_json(line: str) -> "TuneEntry":
-        d = json.loads(line)
-        return TuneEntry(TuneKey(**d["key"]), dict(d["config"]), float(d["median_ms"]), float(d.get("created", 0.0)))
+        """The entry on one JSON line; a ``ValueError`` says what is wrong with it."""
+        try:
+            d = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"not JSON ({e})") from None
+        if not isinstance(d, dict) or not isinstance(d.get("key"), dict):
+            raise ValueError("not an object with a 'key' object")
+        fields = {f: d["key"].get(f) for f in TuneKey.__dataclass_fields__}
+        extra = sorted(set(d["key"]) - set(fields))
+        if extra:
+            raise ValueError(f"unknown key field(s) {extra}")
+        return checked_entry(fields, d.get("config"), d.get("median_ms"), d.get("created", 0.0))
+
+
+class BadRow(ValueError):
+    """A row or JSON line that is not a well-formed entry."""
+
+
+def checked_entry(key_fields: dict[str, Any], config: Any, median_ms: Any, created: Any = 0.0) -> TuneEntry:
+    """A ``TuneEntry`` from loosely typed parts, or ``BadRow`` naming the wrong part."""
+    for name, f in TuneKey.__dataclass_fields__.items():
+        value = key_fields.get(name)
+        want = int if f.type in (int, "int") else str
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise BadRow(f"key field {name!r} is {value!r}, not {'an int' if want is int else 'a string'}")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            raise BadRow(f"config {config[:60]!r} is not JSON") from None
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise BadRow(f"config {config!r:.60} is not a JSON object")
+    for name, value in (("median_ms", median_ms), ("created", created)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise BadRow(f"{name} {value!r} is not a finite number >= 0")
+    return TuneEntry(TuneKey(**key_fields), dict(config), float(median_ms), float(created))
 
 
 def default_cache_dir() -> Path:
@@ -102,6 +141,7 @@ class AutotuneCache:
     def __init__(self, path: Path | str | None):
         self.path = Path(path) if path is not None else None
         self._memory: dict[str, TuneEntry] = {}
+        self._warned: set[str] = set()
         self._memory_ceilings: dict[str, dict] = {}
         self._local = threading.local()
         self.usable = self.path is not None
@@ -180,9 +220,31 @@ class AutotuneCache:
             "SELECT config, median_ms, created FROM entries WHERE key = ?", (k,)).fetchone())
         if row is None:
             return None
-        entry = TuneEntry(key, json.loads(row[0]), row[1], row[2])
+        try:
+            entry = checked_entry(asdict(key), *row)
+        except BadRow as e:
+            self.drop(key, f"{e}; calls use the shipped entry if any, else the default config")
+            return None
         self._memory[k] = entry
         return entry
+
+    def drop(self, key: TuneKey, why: str) -> None:
+        """Delete ``key``'s row (a bad one), with one warning saying why."""
+        k = key.text()
+        self._memory.pop(k, None)
+
+        def delete(con):
+            with _transaction(con):
+                con.execute("DELETE FROM entries WHERE key = ?", (k,))
+
+        self._db(delete)
+        self._warn_bad(k, f"dropped the autotune cache row for {key.op} {key.variant} "
+                          f"[{key.dtype} {key.shape_bucket}] in {self.path or 'memory'}: {why}")
+
+    def _warn_bad(self, k: str, message: str) -> None:
+        if k not in self._warned:
+            self._warned.add(k)
+            warnings.warn(f"opforge: {message}", RuntimeWarning, stacklevel=4)
 
     def put(self, entry: TuneEntry) -> None:
         self.put_many([entry])
@@ -210,7 +272,15 @@ class AutotuneCache:
             " config, median_ms, created FROM entries ORDER BY key").fetchall())
         if rows is None:
             return list(self._memory.values())
-        return [TuneEntry(TuneKey(*r[:9]), json.loads(r[9]), r[10], r[11]) for r in rows]
+        out = []
+        for r in rows:
+            fields = dict(zip(TuneKey.__dataclass_fields__, r[:9]))
+            try:
+                out.append(checked_entry(fields, *r[9:]))
+            except BadRow as e:  # skipped here; ``get`` drops it when a call reaches it
+                self._warn_bad(json.dumps(list(fields.values())), f"skipped a bad autotune cache row "
+                               f"({fields['op']} {fields['variant']}) in {self.path}: {e}")
+        return out
 
     def clear(self) -> None:
         """Forget every entry; a file that cannot be used is replaced by a fresh one."""
@@ -233,15 +303,33 @@ class AutotuneCache:
         Path(path).write_text("".join(e.to_json() + "\n" for e in entries))
         return len(entries)
 
-    def import_jsonl(self, path: Path | str) -> int:
-        return self.put_many(read_jsonl(Path(path).read_text()))
+    def import_jsonl(self, path: Path | str, *, check: Callable[[TuneEntry], str | None] | None = None,
+                     refused: list[str] | None = None) -> int:
+        """Merge the entries of a JSON lines file; returns how many were stored.
+
+        A line that is not a well-formed entry, or that ``check`` finds fault
+        with, is refused: ``"LINE: why"`` goes to ``refused`` (or a warning
+        when no list is given), and the other lines are still imported."""
+        problems: list[str] = []
+        entries = read_jsonl(Path(path).read_text(), on_bad=lambda n, why: problems.append(f"{n}: {why}"),
+                             check=check)
+        if refused is not None:
+            refused.extend(problems)
+        else:
+            for p in problems:
+                warnings.warn(f"opforge: {path}:{p} (line refused)", RuntimeWarning, stacklevel=2)
+        return self.put_many(entries)
 
     # -- measured ceilings (copy bandwidth, matmul rate) per device --------
     def get_ceilings(self, device: str) -> dict | None:
         if device in self._memory_ceilings:
             return self._memory_ceilings[device]
         row = self._db(lambda con: con.execute("SELECT value FROM ceilings WHERE device = ?", (device,)).fetchone())
-        return json.loads(row[0]) if row else None
+        try:
+            value = json.loads(row[0]) if row else None
+        except (TypeError, ValueError):  # a bad row is measured again, never a crash
+            return None
+        return value if isinstance(value, dict) else None
 
     def put_ceilings(self, device: str, value: dict) -> None:
         self._memory_ceilings[device] = value
@@ -273,8 +361,27 @@ class _transaction:
         return False
 
 
-def read_jsonl(text: str) -> list[TuneEntry]:
-    return [TuneEntry.from_json(line) for line in text.splitlines() if line.strip()]
+def read_jsonl(text: str, *, on_bad: Callable[[int, str], None] | None = None,
+               check: Callable[[TuneEntry], str | None] | None = None) -> list[TuneEntry]:
+    """The entries of JSON lines text (blank lines skipped). A bad line (or one
+    ``check`` faults) raises ``ValueError`` naming its number, or, with
+    ``on_bad``, is reported as ``on_bad(line_number, why)`` and left out."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = TuneEntry.from_json(line)
+            why = check(entry) if check is not None else None
+            if why:
+                raise BadRow(why)
+        except ValueError as e:
+            if on_bad is None:
+                raise ValueError(f"line {n}: {e}") from None
+            on_bad(n, str(e))
+            continue
+        out.append(entry)
+    return out
 
 
 class ShippedTable:
@@ -290,9 +397,19 @@ class ShippedTable:
             items = sorted(folder.iterdir(), key=lambda p: p.name) if folder.is_dir() else []
             for item in items:
                 if item.name.endswith(".jsonl"):
-                    for e in read_jsonl(item.read_text()):
+                    def bad(n, why, name=item.name):
+                        warnings.warn(f"opforge: skipped line {n} of the shipped table {name}: {why}",
+                                      RuntimeWarning, stacklevel=4)
+
+                    for e in read_jsonl(item.read_text(), on_bad=bad):
                         self._entries[e.key.text()] = e
         return self._entries
+
+    def drop(self, key: TuneKey, why: str) -> None:
+        """Forget a shipped entry for this process (a bad one), with one warning."""
+        if self._load().pop(key.text(), None) is not None:
+            warnings.warn(f"opforge: ignoring the shipped tuned entry for {key.op} {key.variant} "
+                          f"[{key.dtype} {key.shape_bucket}]: {why}", RuntimeWarning, stacklevel=4)
 
     def get(self, key: TuneKey) -> TuneEntry | None:
         return self._load().get(key.text())

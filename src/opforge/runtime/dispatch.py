@@ -129,7 +129,8 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
         v = op.variant(forced)
         if v not in supported:
             raise ValueError(f"{op.qualname}: forced variant {forced} rejects these arguments: {rejected[forced]}")
-        entry, _ = autotune.lookup(autotune.tune_key(op, v, args)) if v.kind != "reference" else (None, "")
+        entry, _ = autotune.lookup(autotune.tune_key(op, v, args), variant=v, args=args) \
+            if v.kind != "reference" else (None, "")
         cfg = entry.config if entry else v.default_config(*args)
         return Decision(op, v, cfg, "forced", rejected, {}, cuda_index)
 
@@ -139,7 +140,7 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
     entries: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for i, v in enumerate(tunable):
-        entry, source = autotune.lookup(autotune.tune_key(op, v, args))
+        entry, source = autotune.lookup(autotune.tune_key(op, v, args), variant=v, args=args)
         wants_tuning = entry is None and may_bench and (mode == "exhaustive" or (i == 0 and not entries))
         if wants_tuning:
             entry, source = autotune.tune(op, v, args), "tuned"
@@ -175,10 +176,13 @@ def call(op: Op, *args):
 
 
 def _run(d: Decision, args: tuple):
-    if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
-        with torch.cuda.device(d.cuda_index):
-            return d.variant.run(d.config, *args)
-    return d.variant.run(d.config, *args)
+    try:
+        if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
+            with torch.cuda.device(d.cuda_index):
+                return d.variant.run(d.config, *args)
+        return d.variant.run(d.config, *args)
+    except Exception as e:  # a cached config that fails at launch: dropped, and d runs the default from now on
+        return autotune.rerun_with_default(d, args, e, _run)
 
 
 def explain(op_name: str, *args) -> Decision:

@@ -3,11 +3,15 @@
 Ceilings are measured, not read off a datasheet: a large device-to-device
 copy (bytes read + written) for bandwidth and a large cuBLAS bf16 matmul on
 random data for the tensor rate. They are cached per device and software
-versions in the autotune database, so ``opforge bench`` measures them once.
+versions (torch, triton, driver, opforge) in the autotune database, so
+``opforge bench`` measures them once per set-up; a cached value that is not a
+positive number is measured again, and the bench measures again when an op
+lands above 100 % of a cached ceiling (:func:`ceilings` with ``refresh``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -44,7 +48,8 @@ class Ceilings:
 def _device_key(dev: torch.device) -> str:
     info = devmod.device_info(dev)
     v = devmod.versions()
-    return f"{info.name}|{info.sm_count}|torch {v['torch']}|driver {v['driver']}"
+    return (f"{info.name}|{info.sm_count}|torch {v['torch']}|triton {v['triton']}|driver {v['driver']}"
+            f"|opforge {v['opforge']}")
 
 
 def measure_ceilings(dev: torch.device, *, quick: bool = False) -> Ceilings:
@@ -84,9 +89,19 @@ def ceilings(dev: torch.device, *, quick: bool = False, refresh: bool = False) -
     key = _device_key(dev) + ("|quick" if quick else "")
     cache = autotune_cache()
     if not refresh:
-        cached = cache.get_ceilings(key)
-        if cached:
-            return Ceilings(**cached)
+        cached = _sane(cache.get_ceilings(key))
+        if cached is not None:
+            return cached
     c = measure_ceilings(dev, quick=quick)
     cache.put_ceilings(key, asdict(c))
     return c
+
+
+def _sane(value) -> Ceilings | None:
+    """A cached value as ``Ceilings`` when both rates are finite positive numbers."""
+    try:
+        c = Ceilings(**value)
+        ok = all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in (c.copy_tbps, c.bf16_tflops))
+    except TypeError:
+        return None
+    return c if ok else None
