@@ -23,6 +23,7 @@ from opforge.stream.sources import (ArrowSource, CollectionSource, IteratorSourc
 from opforge.stream.state import (AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor,
                                   ReducingStateDescriptor, StateTtlConfig, ValueStateDescriptor)
 from opforge.stream.state_budget import StateBudget
+from opforge.stream.state_types import register_state_type
 from opforge.stream.time import (MAX_WATERMARK, MIN_WATERMARK, SimulatedClock, SystemClock,
                                  TimestampAssigner, WatermarkStrategy)
 from opforge.stream.windows import (CountTrigger, EventTimeSessionWindows, EventTimeTrigger, GlobalWindows,
@@ -45,5 +46,5 @@ __all__ = [
     "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Source", "SourceSplit", "SplitSource",
     "StateBudget", "StateTtlConfig", "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
     "TimestampedValue", "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
-    "WatermarkStrategy", "WindowedStream", "read_committed", "vectorized",
+    "WatermarkStrategy", "WindowedStream", "read_committed", "register_state_type", "vectorized",
 ]
