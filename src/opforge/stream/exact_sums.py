@@ -67,5 +67,5 @@ class ExactSums:
         for name, h in zip(names, hit):
             if h:
                 row = int(slots[torch.nonzero(bad[name]).flatten()[0]])
-                raise self._overflow(name, int(self.t_key[row]), int(self.t_start[row]),
-                                     "pane" if self.layout == "panes" else "window")
+                pane = self.layout == "panes" and self.assigner.size != self.assigner.slide
+                raise self._overflow(name, int(self.t_key[row]), int(self.t_start[row]), "pane" if pane else "window")
