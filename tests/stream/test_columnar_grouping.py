@@ -9,7 +9,7 @@ import torch
 
 from opforge.stream import (Aggregations, SlidingEventTimeWindows, StreamExecutionEnvironment,
                             TumblingEventTimeWindows, WatermarkStrategy)
-from opforge.stream.window_operator import find_pairs, group_codes, group_pairs, nonzero_known, pair_codes
+from opforge.stream.grouping import find_pairs, group_codes, group_pairs, nonzero_known, pair_codes
 from stream_helpers import multiset, out_of_order_events
 
 

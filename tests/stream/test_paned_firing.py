@@ -13,13 +13,15 @@ import pytest
 import torch
 
 import opforge.stream.executor as executor
-import opforge.stream.window_operator as wo
+import opforge.stream.grouping as wo
 from opforge.stream import (Aggregations, OutputTag, SlidingEventTimeWindows, SplitSource,
                             StreamExecutionEnvironment, WatermarkStrategy)
 from opforge.stream.keys import KeySelector
 from opforge.stream.records import Batch, RecordSchema
 from opforge.stream.reference import run_reference
-from opforge.stream.window_operator import ColumnarWindowOperator, PanedWindowOperator, range_extremes, range_sums
+from opforge.stream.columnar_window_operator import ColumnarWindowOperator
+from opforge.stream.paned_window_operator import PanedWindowOperator
+from opforge.stream.range_reductions import range_extremes, range_sums
 from stream_helpers import multiset
 
 LATE = OutputTag("late")

@@ -14,7 +14,8 @@ import opforge.stream.executor as executor
 from opforge.stream import (Aggregations, CheckpointRestoreError, FileSink, OutputTag, SlidingEventTimeWindows,
                             StreamExecutionEnvironment, WatermarkStrategy)
 from opforge.stream.reference import run_reference
-from opforge.stream.window_operator import ColumnarWindowOperator, PanedWindowOperator
+from opforge.stream.columnar_window_operator import ColumnarWindowOperator
+from opforge.stream.paned_window_operator import PanedWindowOperator
 from stream_helpers import multiset, out_of_order_events
 
 BOUND = 30

@@ -8,7 +8,9 @@ from opforge.stream import (Aggregations, CountTrigger, EventTimeSessionWindows,
                             ProcessWindowFunction, SimulatedClock, SlidingEventTimeWindows, SplitSource,
                             StreamExecutionEnvironment, TimeWindow, TumblingEventTimeWindows,
                             TumblingProcessingTimeWindows, WatermarkStrategy)
-from opforge.stream.window_operator import ColumnarWindowOperator, PanedWindowOperator, WindowOperator
+from opforge.stream.columnar_window_operator import ColumnarWindowOperator
+from opforge.stream.paned_window_operator import PanedWindowOperator
+from opforge.stream.window_operator import WindowOperator
 from stream_helpers import multiset, out_of_order_events
 
 AGG = dict(n=("count",), total=("sum", "f1"), low=("min", "f1"), high=("max", "f1"), avg=("mean", "f1"))
@@ -189,7 +191,7 @@ def test_window_fold_through_the_triton_segment_reduce():
 
 
 def test_group_pairs_matches_torch_unique():
-    from opforge.stream.window_operator import group_pairs
+    from opforge.stream.grouping import group_pairs
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randint(-3, 4, (500,), generator=g), torch.randint(0, 5, (500,), generator=g) * 10

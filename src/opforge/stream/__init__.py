@@ -4,6 +4,7 @@
 from opforge.stream.checkpoint import (CheckpointConfig, CheckpointRestoreError,
                                        CheckpointSerializationError)
 from opforge.stream.datastream import ConnectedStreams, DataStream, KeyedStream, WindowedStream
+from opforge.stream.evictors import CountEvictor, Evictor, TimeEvictor
 from opforge.stream.environment import StreamExecutionEnvironment
 from opforge.stream.executor import JobExecutionResult
 from opforge.stream.functions import (AggregateFunction, Aggregations, CoGroupFunction, CoProcessFunction,
@@ -23,10 +24,12 @@ from opforge.stream.sources import (ArrowSource, CollectionSource, IteratorSourc
 from opforge.stream.state import (AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor,
                                   ReducingStateDescriptor, StateTtlConfig, ValueStateDescriptor)
 from opforge.stream.state_budget import StateBudget
+from opforge.stream.state_types import register_state_type
 from opforge.stream.time import (MAX_WATERMARK, MIN_WATERMARK, SimulatedClock, SystemClock,
                                  TimestampAssigner, WatermarkStrategy)
-from opforge.stream.windows import (CountTrigger, EventTimeSessionWindows, EventTimeTrigger, GlobalWindows,
-                                    ProcessingTimeSessionWindows, ProcessingTimeTrigger, PurgingTrigger,
+from opforge.stream.triggers import (CountTrigger, EventTimeTrigger, ProcessingTimeTrigger, PurgingTrigger, Trigger,
+                                     TriggerResult)
+from opforge.stream.windows import (EventTimeSessionWindows, GlobalWindows, ProcessingTimeSessionWindows,
                                     SlidingEventTimeWindows, SlidingProcessingTimeWindows, TimeWindow,
                                     TumblingEventTimeWindows, TumblingProcessingTimeWindows)
 
@@ -34,16 +37,17 @@ __all__ = [
     "AggregateFunction", "AggregatingStateDescriptor", "Aggregations", "ArrowSource", "Batch", "CallbackSink",
     "CheckpointConfig", "CheckpointRestoreError", "CheckpointSerializationError", "CoGroupFunction",
     "CoGroupedStreams", "CoProcessFunction", "CollectSink", "CollectionSource", "ConnectedStreams",
-    "CountTrigger", "DataStream", "EventTimeSessionWindows", "EventTimeTrigger", "FileSink", "FileSource",
-    "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows", "IntervalJoin", "IntervalJoined",
-    "IteratorSource", "JobCancellationException", "JobClient", "JobExecutionResult", "JobStatus",
-    "JoinFunction", "JoinedStreams", "KeyedCoProcessFunction", "KeyedProcessFunction", "KeyedStream",
-    "ListStateDescriptor", "MAX_WATERMARK", "MIN_WATERMARK", "MapFunction", "MapStateDescriptor",
-    "NO_TIMESTAMP", "NumberSequenceSource", "OutputTag", "PrintSink", "ProcessFunction", "ProcessJoinFunction",
-    "ProcessWindowFunction", "ProcessingTimeSessionWindows", "ProcessingTimeTrigger", "PurgingTrigger",
-    "RecordSchema", "ReduceFunction", "ReducingStateDescriptor", "RuntimeContext", "SimulatedClock", "Sink",
-    "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Source", "SourceSplit", "SplitSource",
-    "StateBudget", "StateTtlConfig", "StreamExecutionEnvironment", "SystemClock", "TimeWindow", "TimestampAssigner",
-    "TimestampedValue", "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
-    "WatermarkStrategy", "WindowedStream", "read_committed", "vectorized",
+    "CountEvictor", "CountTrigger", "DataStream", "EventTimeSessionWindows", "EventTimeTrigger", "Evictor",
+    "FileSink", "FileSource", "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows",
+    "IntervalJoin", "IntervalJoined", "IteratorSource", "JobCancellationException", "JobClient",
+    "JobExecutionResult", "JobStatus", "JoinFunction", "JoinedStreams", "KeyedCoProcessFunction",
+    "KeyedProcessFunction", "KeyedStream", "ListStateDescriptor", "MAX_WATERMARK", "MIN_WATERMARK",
+    "MapFunction", "MapStateDescriptor", "NO_TIMESTAMP", "NumberSequenceSource", "OutputTag", "PrintSink",
+    "ProcessFunction", "ProcessJoinFunction", "ProcessWindowFunction", "ProcessingTimeSessionWindows",
+    "ProcessingTimeTrigger", "PurgingTrigger", "RecordSchema", "ReduceFunction", "ReducingStateDescriptor",
+    "RuntimeContext", "SimulatedClock", "Sink", "SlidingEventTimeWindows", "SlidingProcessingTimeWindows",
+    "Source", "SourceSplit", "SplitSource", "StateBudget", "StateTtlConfig", "StreamExecutionEnvironment",
+    "SystemClock", "TimeEvictor", "TimeWindow", "TimestampAssigner", "TimestampedValue", "Trigger",
+    "TriggerResult", "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
+    "WatermarkStrategy", "WindowedStream", "read_committed", "register_state_type", "vectorized",
 ]

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.runtime.names import resolve
+from opforge.stream.state_types import (is_state_class, register_state_type, registered_state_type,
+                                        state_type_name)
 
 FORMAT_VERSION = 1
 METADATA = "_metadata"
@@ -140,18 +141,25 @@ class StateEncoder:
 
 
 def _class_name(cls) -> str:
+    """The checkpoint's name of a dataclass / namedtuple class; encoding one
+    registers it (``state_types.py``), so this process may restore it."""
     if "<locals>" in cls.__qualname__:
         raise CheckpointSerializationError(
             f"checkpoint: class {cls.__qualname__} is defined inside a function; a checkpointed "
             "dataclass / namedtuple must be importable by its module and name")
-    return f"{cls.__module__}:{cls.__qualname__}"
+    register_state_type(cls)
+    return state_type_name(cls)
 
 
 def _resolve_class(name: str):
-    obj = resolve(name)
-    if not (isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, tuple))):
-        raise CheckpointRestoreError(f"checkpoint: {name} is not a dataclass or namedtuple")
-    return obj
+    """The registered state type ``name`` names; nothing else is imported or constructed."""
+    cls = registered_state_type(name) if isinstance(name, str) else None
+    if cls is None or not is_state_class(cls):
+        raise CheckpointRestoreError(
+            f"checkpoint: {name!r} is not a registered state type; a checkpoint constructs only the engine's "
+            "own types and classes registered with opforge.stream.register_state_type(cls) (or encoded or "
+            "seen as records in this process), and imports nothing it names")
+    return cls
 
 
 def schema_state(schema) -> list | None:

@@ -80,7 +80,7 @@ from opforge.stream.operators import Operator, open_function
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema, concat_columns, take
 from opforge.stream.state import ListStateDescriptor
 from opforge.stream.state_budget import ColdRows, batch_keys, clear_tiers
-from opforge.stream.window_operator import group_pairs
+from opforge.stream.grouping import group_pairs
 
 _INT64_MAX = 2**63 - 1
 

@@ -5,15 +5,17 @@ graph; nothing runs until ``env.execute()``.
 
 from __future__ import annotations
 
+from opforge.stream.evictors import Evictor
 from opforge.stream.functions import AggregateFunction, ProcessWindowFunction
 from opforge.stream.graph import Input, OutputTag, Transformation
+from opforge.stream.joins import CoGroupedStreams, IntervalJoin, JoinedStreams
 from opforge.stream.keys import KeySelector, KeySpace
 from opforge.stream.partitioning import (BroadcastPartitioner, CustomPartitioner, ForwardPartitioner,
                                          KeyGroupPartitioner, Partitioner, RebalancePartitioner,
                                          RescalePartitioner, ShufflePartitioner)
 from opforge.stream.sinks import CollectSink, PrintSink, Sink
-from opforge.stream.windows import (CountTrigger, GlobalWindows, PurgingTrigger, Trigger, WindowAssigner,
-                                    default_trigger)
+from opforge.stream.triggers import CountTrigger, NeverTrigger, PurgingTrigger, Trigger
+from opforge.stream.windows import GlobalWindows, WindowAssigner
 
 
 class DataStream:
@@ -87,16 +89,12 @@ class DataStream:
     def join(self, other: "DataStream"):
         """A window join (Flink's ``JoinedStreams``): ``.where(key).equal_to(key)
         .window(assigner).apply(join_function)``; see ``opforge.stream.joins``."""
-        from opforge.stream.joins import JoinedStreams
-
-        return JoinedStreams(self, other)
+        return JoinedStreams(self, _other_stream(other, "JoinedStreams"))
 
     def co_group(self, other: "DataStream"):
         """Flink's ``CoGroupedStreams``: ``.where(key).equal_to(key).window(assigner)
         .apply(co_group_function)`` sees both inputs' records of a key and window."""
-        from opforge.stream.joins import CoGroupedStreams
-
-        return CoGroupedStreams(self, other)
+        return CoGroupedStreams(self, _other_stream(other, "CoGroupedStreams"))
 
     def get_side_output(self, tag: OutputTag) -> "DataStream":
         if not isinstance(tag, OutputTag):
@@ -188,8 +186,9 @@ class KeyedStream(DataStream):
     def interval_join(self, other: "KeyedStream"):
         """An interval join with another keyed stream (Flink's ``IntervalJoin``):
         ``.between(lower, upper).process(ProcessJoinFunction)``; see ``opforge.stream.joins``."""
-        from opforge.stream.joins import IntervalJoin
-
+        if not isinstance(other, KeyedStream):
+            raise TypeError(f"interval_join: the right input must be a KeyedStream (key_by first), "
+                            f"got {type(other).__name__}")
         return IntervalJoin(self, other)
 
     def window(self, assigner: WindowAssigner) -> "WindowedStream":
@@ -202,18 +201,36 @@ class KeyedStream(DataStream):
         return self.window(GlobalWindows.create()).trigger(PurgingTrigger.of(CountTrigger.of(size)))
 
 
+def _other_stream(other, api: str):
+    if not isinstance(other, DataStream):
+        raise TypeError(f"{api}: expected a DataStream to join with, got {type(other).__name__}")
+    return other
+
+
 class WindowedStream:
     def __init__(self, keyed: KeyedStream, assigner: WindowAssigner):
         self.keyed = keyed
         self.assigner = assigner
-        self._trigger = default_trigger(assigner)
+        self._trigger = assigner.get_default_trigger()
         self._lateness = 0
         self._late_tag = None
+        self._evictor = None
 
     def trigger(self, trigger: Trigger) -> "WindowedStream":
         if not isinstance(trigger, Trigger):
             raise TypeError(f"WindowedStream.trigger: expected a Trigger, got {type(trigger).__name__}")
+        if self.assigner.merging and not trigger.can_merge():
+            raise TypeError(f"WindowedStream.trigger: {type(self.assigner).__name__} merges windows and "
+                            f"{type(trigger).__name__} cannot merge (define can_merge / on_merge)")
         self._trigger = trigger
+        return self
+
+    def evictor(self, evictor: Evictor) -> "WindowedStream":
+        """Drop records of a firing window before / after its function
+        (``CountEvictor``, ``TimeEvictor``); the window keeps its records."""
+        if not isinstance(evictor, Evictor):
+            raise TypeError(f"WindowedStream.evictor: expected an Evictor, got {type(evictor).__name__}")
+        self._evictor = evictor
         return self
 
     def allowed_lateness(self, time_ms) -> "WindowedStream":
@@ -229,10 +246,10 @@ class WindowedStream:
         return self
 
     def _apply(self, name, function) -> DataStream:
-        if self._trigger.kind == "never":
+        if isinstance(self._trigger, NeverTrigger):
             raise ValueError(f"{name}: GlobalWindows never fire without a trigger (e.g. CountTrigger.of(n))")
         params = {"assigner": self.assigner, "trigger": self._trigger, "function": function,
-                  "allowed_lateness": self._lateness, "late_tag": self._late_tag}
+                  "allowed_lateness": self._lateness, "late_tag": self._late_tag, "evictor": self._evictor}
         return self.keyed._keyed("window", name, params)
 
     def aggregate(self, aggregate_function: AggregateFunction) -> DataStream:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from opforge.stream.coordinator import CheckpointCoordinator
+from opforge.stream.errors import StreamOperatorError, operator_error
 from opforge.stream.functions import Aggregations
 from opforge.stream.graph import Transformation
 from opforge.stream.operators import (CoProcessOperator, FilterOperator, FlatMapOperator, MapOperator,
@@ -41,7 +42,8 @@ from opforge.stream.records import NO_TIMESTAMP, Batch
 from opforge.stream.rolling import RollingOperator
 from opforge.stream.sources import as_batch, positioned
 from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK, SystemClock, WatermarkGenerator
-from opforge.stream.window_operator import WindowOperator, columnar_window_operator
+from opforge.stream.columnar_window_operator import columnar_window_operator
+from opforge.stream.window_operator import WindowOperator
 from opforge.stream.windows import SlidingEventTimeWindows
 
 
@@ -173,7 +175,8 @@ class _Runner:
         self.metrics.records_in += len(batch)
         self.metrics.batches_in += 1
         t0 = _time.perf_counter()
-        self.op.process_input(batch, input_index)
+        with _attributed(self.op):
+            self.op.process_input(batch, input_index)
         self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
 
     def receive_watermark(self, wm: int, ch) -> None:
@@ -200,8 +203,33 @@ class _Runner:
         if m > self.current:
             self.current = m
             t0 = _time.perf_counter()
-            self.op.on_watermark(m)
+            with _attributed(self.op):
+                self.op.on_watermark(m)
             self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
+
+
+class _attributed:
+    """``with _attributed(op):`` an exception raised inside ``op`` (a user
+    function, the operator itself) leaves as ``errors.operator_error``: the
+    original's type and attributes, the operator, subtask and (when the
+    operator noted it) the record and key in the message, the original as
+    ``__cause__``. One raised further downstream keeps its own operator."""
+
+    __slots__ = ("name", "index", "parallelism")
+
+    def __init__(self, op, name=None):
+        self.name = op.name if name is None else name
+        self.index = op.index
+        node = getattr(op, "node", None)  # a source subtask's runner
+        self.parallelism = node.t.parallelism if node is not None else op.parallelism
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None or not issubclass(kind, Exception) or isinstance(exc, StreamOperatorError):
+            return False
+        raise operator_error(exc, self.name, self.index, self.parallelism) from exc
 
 
 class _SourceRunner:
@@ -241,7 +269,8 @@ class _SourceRunner:
         return MAX_WATERMARK if self.finished else self.wmgen.emitted
 
     def poll(self, now: int) -> None:
-        item = next(self.split, None)
+        with _attributed(self, self.node.t.name):
+            item = next(self.split, None)
         if item is None:
             self.finished = True
             if self.idle:
@@ -249,7 +278,8 @@ class _SourceRunner:
                 self.out.emit_idle(False)
             self.out.emit_watermark(MAX_WATERMARK)
             return
-        batch = self._timestamps(as_batch(item, self.env.device, self.node.t.name))
+        with _attributed(self, self.node.t.name):
+            batch = self._timestamps(as_batch(item, self.env.device, self.node.t.name))
         if len(batch) == 0:
             timeout = self.strategy.idle_timeout_ms
             if timeout is not None and not self.idle and now - self.last_record_ms >= timeout:
@@ -312,10 +342,14 @@ def build_operator(t: Transformation, key):
         return SinkOperator(name, p["sink"])
     if k == "window":
         assigner, trigger, (kind, fn) = p["assigner"], p["trigger"], p["function"]
+        evictor = p.get("evictor")
         if kind == "aggregate" and isinstance(fn, Aggregations) and isinstance(assigner, SlidingEventTimeWindows) \
-                and assigner.event_time and trigger.kind == "event_time":
-            return columnar_window_operator(name, assigner, fn, key, p["allowed_lateness"], p["late_tag"])
-        return WindowOperator(name, assigner, trigger, (kind, fn), key, p["allowed_lateness"], p["late_tag"])
+                and assigner.event_time and trigger.vectorized and evictor is None:
+            op = columnar_window_operator(name, assigner, fn, key, p["allowed_lateness"], p["late_tag"])
+            op.trigger = trigger  # asked for whole batches of windows (Trigger.on_event_time_batch)
+            return op
+        return WindowOperator(name, assigner, trigger, (kind, fn), key, p["allowed_lateness"], p["late_tag"],
+                              evictor)
     raise ValueError(f"stream: unknown transformation kind {k!r}")
 
 
@@ -385,7 +419,8 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
     ordered = [nodes[t.id] for t in transformations if t.kind != "source"]
     for n in ordered:
         for r in n.runners:
-            r.op.open()
+            with _attributed(r.op):
+                r.op.open()
             if isinstance(r.op, SinkOperator) and callable(getattr(r.op.sink, "open", None)):
                 r.op.sink.open(r.index, n.t.parallelism)
     try:
@@ -401,7 +436,8 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
             now = clock.now()
             for n in ordered:
                 for r in n.runners:
-                    r.op.on_processing_time(now)
+                    with _attributed(r.op):
+                        r.op.on_processing_time(now)
             paused = _aligned_pauses(sources)
             for s in sources:
                 s.polled_records = False
@@ -423,7 +459,8 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
                 coordinator.checkpoint()  # the final checkpoint commits the last output
             for n in ordered:
                 for r in n.runners:
-                    r.op.finish()
+                    with _attributed(r.op):
+                        r.op.finish()
             if control is not None:
                 control.at_barrier(coordinator, finished=True)
     finally:  # finished, failed, cancelled or stopped: operators free what they hold outside the job

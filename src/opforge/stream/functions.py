@@ -276,8 +276,12 @@ class Aggregations(AggregateFunction):
 
     def get_result(self, accumulator):
         res = {}
-        for name, (op, _) in self.outputs.items():
+        for name, (op, col) in self.outputs.items():
             v, c = accumulator[name]
+            if op == "sum" and type(v) is int and not -(2**63) <= v < 2**63:
+                from opforge.stream.errors import sum_overflow
+
+                raise sum_overflow("Aggregations", name, col, None)  # the window operator names its key
             res[name] = c if op == "count" else (v / c if op == "mean" else v)
         return res
 

@@ -137,10 +137,6 @@ class _Grouped:
     api = ""
 
     def __init__(self, first, second, key1=None, key2=None):
-        from opforge.stream.datastream import DataStream
-
-        if not isinstance(second, DataStream):
-            raise TypeError(f"{self.api}: expected a DataStream to join with, got {type(second).__name__}")
         self.first, self.second, self.key1, self.key2 = first, second, key1, key2
 
     def where(self, key_selector):
@@ -287,12 +283,6 @@ class IntervalJoin:
     """``keyed_a.interval_join(keyed_b)``: give ``between(lower, upper)``."""
 
     def __init__(self, left, right):
-        from opforge.stream.datastream import KeyedStream
-
-        for s, side in ((left, "left"), (right, "right")):
-            if not isinstance(s, KeyedStream):
-                raise TypeError(f"interval_join: the {side} input must be a KeyedStream (key_by first), "
-                                f"got {type(s).__name__}")
         self.left, self.right = left, right
 
     def between(self, lower, upper) -> "IntervalJoined":

@@ -15,7 +15,8 @@ from opforge.stream.checkpoint import CheckpointSerializationError, schema_from_
 from opforge.stream.operators import (FilterOperator, FlatMapOperator, MapOperator, Operator, PassThrough,
                                       ProcessOperator, SinkOperator)
 from opforge.stream.rolling import RollingOperator
-from opforge.stream.window_operator import ColumnarWindows, WindowOperator
+from opforge.stream.columnar_windows import ColumnarWindows
+from opforge.stream.window_operator import WindowOperator
 
 _STATELESS = (MapOperator, FilterOperator, FlatMapOperator, PassThrough)
 
@@ -36,9 +37,10 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         s["sink"] = pre(op.index, checkpoint_id) if callable(pre) else None
     elif isinstance(op, WindowOperator):
         s["window_contents"] = op.contents
-        s["trigger_counts"] = op.counts
+        s["trigger_state"] = op.trigger_state
         s["sessions"] = op.sessions
-        s["fire_timers"] = op.fire_timers.snapshot()
+        s["fire_timers"] = op.event_timers.snapshot()  # the trigger's event-time timers
+        s["trigger_processing_timers"] = op.proc_timers.snapshot()
         s["cleanup_timers"] = op.cleanup_timers.snapshot()
         s["late_dropped"] = op.late.dropped
     elif isinstance(op, ColumnarWindows):
@@ -72,8 +74,12 @@ def restore_operator(op: Operator, s: dict) -> None:
         if s["sink"] is not None and callable(restore):
             restore(op.index, s["sink"])
     elif isinstance(op, WindowOperator):
-        op.contents, op.counts, op.sessions = s["window_contents"], s["trigger_counts"], s["sessions"]
-        op.fire_timers.restore(s["fire_timers"])
+        op.contents, op.sessions = s["window_contents"], s["sessions"]
+        # a checkpoint from before triggers were classes holds count triggers' counts only
+        op.trigger_state = s["trigger_state"] if "trigger_state" in s else \
+            {slot: {"count": n} for slot, n in s.get("trigger_counts", {}).items() if n}
+        op.event_timers.restore(s["fire_timers"])
+        op.proc_timers.restore(s.get("trigger_processing_timers", []))
         op.cleanup_timers.restore(s["cleanup_timers"])
         op.late.dropped = s["late_dropped"]
     elif isinstance(op, ColumnarWindows):

@@ -13,6 +13,7 @@ import inspect
 
 import torch
 
+from opforge.stream.errors import at_record
 from opforge.stream.functions import (as_callable, batch_result, is_vectorized,
                                       with_output_type, RuntimeContext, TimestampedValue)
 from opforge.stream.records import NO_TIMESTAMP, Batch
@@ -64,6 +65,18 @@ def open_function(fn, ctx) -> None:
         fn.open(ctx)
 
 
+def call_per_record(fn, records: list) -> list:
+    """``[fn(r) for r in records]``; an exception notes the record it failed on."""
+    out: list = []
+    add = out.append
+    try:
+        for r in records:
+            add(fn(r))
+    except Exception as e:
+        raise at_record(e, records[len(out)])
+    return out
+
+
 def records_batch(records: list, timestamps, device, where: str) -> Batch:
     """Records a user function produced, as a batch (shape from the first)."""
     return Batch.from_records(records, device, timestamps=timestamps, where=where)
@@ -90,7 +103,7 @@ class MapOperator(Operator):
         if is_vectorized(self.fn):
             out = batch_result(self.fn(batch), batch, self.name, same_length=True)
         else:
-            out = records_batch([self.fn(r) for r in batch.records()], batch.timestamps, self.device, self.name)
+            out = records_batch(call_per_record(self.fn, batch.records()), batch.timestamps, self.device, self.name)
         self.out.emit(with_output_type(out, self.output).with_keys(None))
 
 
@@ -110,7 +123,7 @@ class FilterOperator(Operator):
                 raise ValueError(f"{self.name}: a vectorized filter must return a bool tensor of "
                                  f"shape ({len(batch)},)")
         else:
-            mask = torch.tensor([bool(self.fn(r)) for r in batch.records()], dtype=torch.bool,
+            mask = torch.tensor([bool(v) for v in call_per_record(self.fn, batch.records())], dtype=torch.bool,
                                 device=self.device)
         self.out.emit(batch.select(mask))
 
@@ -137,10 +150,14 @@ class FlatMapOperator(Operator):
             self.out.emit(batch_result(res, batch, self.name, same_length=False))
             return
         recs, ts = [], []
-        for r, t in zip(batch.records(), batch.timestamps.tolist()):
-            for o in self.fn(r):
-                recs.append(o)
-                ts.append(t)
+        r = None
+        try:
+            for r, t in zip(batch.records(), batch.timestamps.tolist()):
+                for o in self.fn(r):
+                    recs.append(o)
+                    ts.append(t)
+        except Exception as e:
+            raise at_record(e, r)
         self.out.emit(records_batch(recs, ts, self.device, self.name))
 
 
@@ -253,11 +270,15 @@ class ProcessOperator(Operator):
         keys = (self.key_selector.decode_many(batch.keys) if self.key_selector is not None else None)
         keys = keys.tolist() if isinstance(keys, torch.Tensor) else keys
         self.ctx._domain = None
-        for i, r in enumerate(recs):
-            self.ctx._ts = ts[i]
-            if keys is not None:
-                self._set_key(keys[i])
-            self.collector.add(process(r, self.ctx), ts[i])
+        i = 0
+        try:
+            for i, r in enumerate(recs):
+                self.ctx._ts = ts[i]
+                if keys is not None:
+                    self._set_key(keys[i])
+                self.collector.add(process(r, self.ctx), ts[i])
+        except Exception as e:
+            raise at_record(e, recs[i], *(() if keys is None else (keys[i],)))
         self.collector.flush(self)
 
     def _fire(self, timers, time, domain):
@@ -267,7 +288,10 @@ class ProcessOperator(Operator):
             self.ctx._ts = t if domain == "event_time" else NO_TIMESTAMP
             self.ctx._domain = domain
             if on_timer is not None:
-                self.collector.add(on_timer(t, self.ctx), self.ctx._ts)
+                try:
+                    self.collector.add(on_timer(t, self.ctx), self.ctx._ts)
+                except Exception as e:
+                    raise at_record(e, f"<{domain} timer {t}>", key)
         self.collector.flush(self)
 
     def on_watermark(self, watermark):

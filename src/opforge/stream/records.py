@@ -20,6 +20,8 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from opforge.stream.state_types import register_state_type
+
 NO_TIMESTAMP = -(2**63)
 """The timestamp of a record that has none (Flink's ``Long.MIN_VALUE``)."""
 
@@ -32,6 +34,10 @@ class RecordSchema:
     kind: str
     names: tuple[str, ...]
     cls: type | None = None
+
+    def __post_init__(self):
+        if self.cls is not None and "<locals>" not in self.cls.__qualname__:
+            register_state_type(self.cls)  # a checkpoint of this job may hold its records
 
     @staticmethod
     def of(record: Any) -> "RecordSchema":
@@ -78,15 +84,19 @@ class RecordSchema:
         return values[0]
 
 
-def to_column(values: list, device) -> torch.Tensor | list:
-    """A tensor when every value is a bool, an int or a float; else the list."""
+def to_column(values: list, device, name: str = "f0", where: str = "stream") -> torch.Tensor | list:
+    """A tensor when every value is a bool, an int or a float; else the list.
+    An int column holding a value beyond int64 is an error naming the field
+    (``where``: the source or operator making the records)."""
     if values and all(type(v) is bool for v in values):
         return torch.tensor(values, dtype=torch.bool, device=device)
     if values and all(type(v) is int for v in values):
         try:
             return torch.tensor(values, dtype=torch.int64, device=device)
-        except RuntimeError:  # beyond int64
-            return list(values)
+        except (RuntimeError, ValueError, OverflowError):  # beyond int64
+            bad = next(v for v in values if not -(2**63) <= v < 2**63)
+            raise ValueError(f"{where}: field {name!r} holds {bad}, beyond the int64 range [-2**63, 2**63 - 1] "
+                             "of its column; give such values as floats or strings") from None
     if values and all(type(v) in (int, float) for v in values):
         return torch.tensor(values, dtype=torch.float64, device=device)
     return list(values)
@@ -150,7 +160,7 @@ class Batch:
             return Batch.empty(device, schema)
         schema = schema or RecordSchema.of(records[0])
         rows = [schema.fields_of(r, where) for r in records]
-        cols = {n: to_column([row[i] for row in rows], device) for i, n in enumerate(schema.names)}
+        cols = {n: to_column([row[i] for row in rows], device, n, where) for i, n in enumerate(schema.names)}
         if timestamps is None:
             ts = torch.full((len(records),), NO_TIMESTAMP, dtype=torch.int64, device=device)
         elif isinstance(timestamps, torch.Tensor):

@@ -8,7 +8,9 @@ watermark follows each source batch (``env.batch_size`` records), as in the
 engine, so late data is decided at the same points of the stream.
 
 Scope: one source subtask (parallelism of other operators is irrelevant to
-results), event time and count triggers (no processing time). A
+results), event time only: triggers (the engine's classes, ``triggers.py``,
+driven through their per-element methods) may use event-time timers and
+their own state, not processing time. A
 ``@vectorized`` function is called on one-row batches, except a vectorized
 join function: it gets the batch of one key's and one window's pairs.
 
@@ -17,13 +19,13 @@ join function: it gets the batch of one key's and one window's pairs.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
+from opforge.stream.errors import StreamOverflowError, window_overflow
 from opforge.stream.functions import Aggregations, TimestampedValue, as_callable, field_of, is_vectorized
 from opforge.stream.records import NO_TIMESTAMP, Batch, RecordSchema
 from opforge.stream.sources import as_batch
 from opforge.stream.state import KeyedStateBackend
 from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK
+from opforge.stream.triggers import TriggerResult, TriggerState, merge_state, state_name
 from opforge.stream.windows import GLOBAL_END
 
 
@@ -228,19 +230,56 @@ class _Rolling(_Node):
         self.emit(self.acc[k], ts)
 
 
+class _TriggerCtx:
+    """A trigger's context in the reference: timers in a list, state in a dict."""
+
+    def __init__(self, node):
+        self.node, self.key, self.window, self.merged = node, None, None, ()
+
+    def at(self, key, window, merged=()):
+        self.key, self.window, self.merged = key, window, merged
+        return self
+
+    def get_current_watermark(self):
+        return self.node.wm
+
+    def get_current_processing_time(self):
+        return 0
+
+    def register_event_time_timer(self, t):
+        self.node.timers.setdefault((int(t), self.key, self.window), None)
+
+    def delete_event_time_timer(self, t):
+        self.node.timers.pop((int(t), self.key, self.window), None)
+
+    def register_processing_time_timer(self, t):
+        raise ValueError(f"{self.node.t.name}: the reference executor models event time only")
+
+    delete_processing_time_timer = register_processing_time_timer
+
+    def get_partitioned_state(self, descriptor):
+        return TriggerState(self.node.tstate, (self.key, self.window), state_name(descriptor))
+
+    def merge_partitioned_state(self, descriptor, combine):
+        merge_state(self.node.tstate, (self.key, self.window), self.merged, descriptor, combine)
+
+
 class _Window(_Node):
-    """Windows keep their records; results are folded at firing time."""
+    """Windows keep their records; results are folded at firing time. The
+    trigger's methods decide (``triggers.py``), as in the engine."""
 
     def open(self):
         p = self.t.params
         self.assigner, self.trigger = p["assigner"], p["trigger"]
-        if not self.assigner.event_time and self.trigger.kind != "count":
-            raise ValueError(f"{self.t.name}: the reference executor models event time only")
+        self.evictor = p.get("evictor")
         self.lateness = p["allowed_lateness"] if self.assigner.event_time else 0
         self.late_tag = p["late_tag"]
         self.kind, self.fn = p["function"]
-        self.panes: dict = defaultdict(list)  # (key, window) -> records
-        self.counts: dict = defaultdict(int)
+        self.panes: dict = {}  # (key, window) -> [(record, ts)]
+        self.tstate: dict = {}  # (key, window) -> the trigger's state
+        self.live: dict = {}  # key -> its session windows (a purge empties a window, it stays)
+        self.timers: dict = {}  # (time, key, window) -> None: the trigger's event-time timers, in registration order
+        self.ctx = _TriggerCtx(self)
 
     def _late(self, w):
         return self.assigner.event_time and w.max_timestamp() + self.lateness <= self.wm
@@ -252,42 +291,56 @@ class _Window(_Node):
         placed = False
         for w in self.assigner.assign_one(ts):
             if self.assigner.merging:
-                mine = [x for (k, x) in self.panes if k == key and x.intersects(w)]
-                merged = w
-                for x in mine:
-                    merged = merged.cover(x)
+                live = self.live.setdefault(key, set())
+                merged, mine = self.assigner.merge_into(live, w)
                 if self._late(merged):
                     continue
-                recs = []
-                for x in sorted(mine):
-                    recs += self.panes.pop((key, x))
-                self.panes[(key, merged)] = recs
+                if mine:
+                    recs, states = [], []
+                    for x in sorted(mine):
+                        live.discard(x)
+                        recs += self.panes.pop((key, x), [])
+                        states.append(self.tstate.pop((key, x), None))
+                        self.trigger.clear(x, self.ctx.at(key, x))
+                    self.panes[(key, merged)] = recs
+                    self.trigger.on_merge(merged, self.ctx.at(key, merged, states))
+                live.add(merged)
                 w = merged
             elif self._late(w):
                 continue
             placed = True
-            self.panes[(key, w)].append(record)
-            if self.trigger.kind == "event_time" and w.max_timestamp() <= self.wm:
-                self._fire(key, w)  # a late firing
-            elif self.trigger.kind == "count":
-                self.counts[(key, w)] += 1
-                if self.counts[(key, w)] >= self.trigger.count:
-                    self.counts[(key, w)] = 0
-                    self._fire(key, w)
-                    if self.trigger.purging:
-                        del self.panes[(key, w)]
+            self.panes.setdefault((key, w), []).append((record, ts))
+            self._act(key, w, self.trigger.on_element(record, ts, w, self.ctx.at(key, w)))
         if not placed and self.assigner.event_time and ts + self.lateness <= self.wm \
                 and self.late_tag is not None:
             self.emit(record, ts, self.late_tag)
 
+    def _act(self, key, w, result):
+        if TriggerResult(result).is_fire():
+            self._fire(key, w)
+        if TriggerResult(result).is_purge():
+            self.panes.pop((key, w), None)
+
     def _fire(self, key, w):
-        recs = self.panes[(key, w)]
+        elements = self.panes.get((key, w))
+        if not elements:
+            return
+        if self.evictor is not None:
+            ctx = _WinCtx(w, self.wm)
+            elements = self.evictor.evict_before(list(elements), w, ctx)
+            self.panes[(key, w)] = self.evictor.evict_after(list(elements), w, ctx)
+            if not elements:
+                return
+        recs = [r for r, _ in elements]
         ts = GLOBAL_END if w.end == GLOBAL_END else w.end - 1
         if self.kind == "aggregate":
             acc = self.fn.create_accumulator()
             for r in recs:
                 acc = self.fn.add(r, acc)
-            res = self.fn.get_result(acc)
+            try:
+                res = self.fn.get_result(acc)
+            except StreamOverflowError as e:
+                raise window_overflow(self.t.name, e, key, w) from None
             if isinstance(self.fn, Aggregations) and self.fn.with_window:
                 res = {"key": key, "window_start": w.start, "window_end": w.end, **res}
             outs = [res]
@@ -303,15 +356,24 @@ class _Window(_Node):
             self.emit(o, ts)
 
     def watermark(self, wm):
-        if self.trigger.kind == "event_time":
-            prev = self._prev_wm if hasattr(self, "_prev_wm") else MIN_WATERMARK
-            for (key, w) in sorted(self.panes, key=lambda kw: kw[1].end):
-                if prev < w.max_timestamp() <= wm:
-                    self._fire(key, w)
-            for (key, w) in list(self.panes):
-                if w.max_timestamp() + self.lateness <= wm:
-                    del self.panes[(key, w)]
-            self._prev_wm = wm
+        while True:  # the trigger's timers in time order (ties: registration order)
+            due = sorted((t for t in self.timers if t[0] <= wm), key=lambda t: t[0])
+            if not due:
+                break
+            for timer in due:
+                if timer in self.timers:
+                    del self.timers[timer]
+                    t, key, w = timer
+                    self._act(key, w, self.trigger.on_event_time(t, w, self.ctx.at(key, w)))
+        if self.assigner.event_time:
+            gone = {(key, w) for (key, w) in list(self.panes) + list(self.tstate) +
+                    [(k, x) for k, ws in self.live.items() for x in ws]
+                    if w.end != GLOBAL_END and w.max_timestamp() + self.lateness <= wm}
+            for key, w in gone:
+                self.panes.pop((key, w), None)
+                self.trigger.clear(w, self.ctx.at(key, w))
+                self.tstate.pop((key, w), None)
+                self.live.get(key, set()).discard(w)
         self.emit_wm(wm)
 
 

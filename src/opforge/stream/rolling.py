@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.stream.errors import at_record
 from opforge.stream.functions import as_callable, field_of
 from opforge.stream.operators import Operator, records_batch
 from opforge.stream.records import Batch, RecordSchema, concat_columns, take
@@ -90,12 +91,15 @@ class RollingOperator(Operator):
     def _records(self, batch):
         if self.slot_of:
             raise TypeError(f"{self.name}: field {self.field!r} changed from numbers to other values")
-        out = []
-        for k, r in zip(batch.keys.tolist(), batch.records()):
-            prev = self.acc.get(k)
-            cur = r if prev is None else self._combine(prev, r, batch.schema)
-            self.acc[k] = cur
-            out.append(cur)
+        out, r = [], None
+        try:
+            for k, r in zip(batch.keys.tolist(), batch.records()):
+                prev = self.acc.get(k)
+                cur = r if prev is None else self._combine(prev, r, batch.schema)
+                self.acc[k] = cur
+                out.append(cur)
+        except Exception as e:
+            raise at_record(e, r)
         self.out.emit(records_batch(out, batch.timestamps, self.device, self.name))
 
     # -- tensors --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Window assigners and triggers with Flink's names.
+"""Window assigners with Flink's names (triggers: ``triggers.py``).
 
 * ``TumblingEventTimeWindows.of(size, offset=0)`` / ``TumblingProcessingTimeWindows``:
   ``[start, start + size)`` with ``start = t - (t - offset) mod size``.
@@ -6,7 +6,8 @@
   each record is in ``ceil(size / slide)`` windows (fewer when ``size`` is not a
   multiple of ``slide``).
 * ``EventTimeSessionWindows.with_gap(gap)`` / processing-time: a record opens
-  ``[t, t + gap)``; overlapping windows of a key merge.
+  ``[t, t + gap)``; overlapping windows of a key merge (``merge_windows``,
+  Flink's ``MergingWindowAssigner``; both window executors merge through it).
 * ``GlobalWindows.create()``: one window per key, fired by a ``CountTrigger``.
 
 A time window's results carry the timestamp ``end - 1`` (``max_timestamp``),
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from opforge.stream.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
 
 GLOBAL_START = -(2**63)
 GLOBAL_END = 2**63 - 1
@@ -45,6 +48,11 @@ class TimeWindow:
 GLOBAL_WINDOW = TimeWindow(GLOBAL_START, GLOBAL_END)
 
 
+def output_timestamp(window: TimeWindow) -> int:
+    """A window result's timestamp: its last timestamp (a global window's end)."""
+    return GLOBAL_END if window.end == GLOBAL_END else window.max_timestamp()
+
+
 def _ms(value, where):
     from opforge.stream.time import _millis
 
@@ -54,7 +62,9 @@ def _ms(value, where):
 class WindowAssigner:
     event_time = True
     merging = False
-    default_trigger = "event_time"
+
+    def get_default_trigger(self) -> Trigger:
+        return EventTimeTrigger() if self.event_time else ProcessingTimeTrigger()
 
     def assign(self, ts: torch.Tensor):
         """(row, start, end): int64 tensors, one entry per (record, window)."""
@@ -111,16 +121,48 @@ class TumblingEventTimeWindows(SlidingEventTimeWindows):
 
 class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
     event_time = False
-    default_trigger = "processing_time"
 
 
 class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
     event_time = False
-    default_trigger = "processing_time"
 
 
-class EventTimeSessionWindows(WindowAssigner):
+class MergingWindowAssigner(WindowAssigner):
+    """An assigner whose windows of a key merge (Flink's ``MergingWindowAssigner``)."""
+
     merging = True
+
+    def merge_windows(self, windows, callback) -> None:
+        """Flink's ``TimeWindow.mergeWindows``: the windows sorted by start,
+        each run of overlapping (or touching) ones is merged into their cover:
+        ``callback(merged_windows, result)`` for each run of two or more."""
+        run, cover = [], None
+        for w in sorted(windows, key=lambda w: w.start):
+            if cover is not None and cover.intersects(w):
+                run.append(w)
+                cover = cover.cover(w)
+                continue
+            if len(run) > 1:
+                callback(run, cover)
+            run, cover = [w], w
+        if len(run) > 1:
+            callback(run, cover)
+
+    def merge_into(self, live, window: TimeWindow) -> tuple[TimeWindow, list[TimeWindow]]:
+        """A new ``window`` among a key's ``live`` (disjoint) windows: the
+        window it becomes and the live windows merged into it (one equal to
+        ``window`` included), by ``merge_windows``."""
+        found = [window, []]
+
+        def on_merge(run, result):
+            if any(w is window for w in run):
+                found[0], found[1] = result, [w for w in run if w is not window]
+
+        self.merge_windows(list(live) + [window], on_merge)
+        return found[0], found[1]
+
+
+class EventTimeSessionWindows(MergingWindowAssigner):
 
     def __init__(self, gap: int):
         self.gap = _ms(gap, type(self).__name__)
@@ -140,14 +182,15 @@ class EventTimeSessionWindows(WindowAssigner):
 
 class ProcessingTimeSessionWindows(EventTimeSessionWindows):
     event_time = False
-    default_trigger = "processing_time"
 
 
 class GlobalWindows(WindowAssigner):
     """One window per key that never ends; give it a ``CountTrigger``."""
 
     event_time = False
-    default_trigger = "never"
+
+    def get_default_trigger(self) -> Trigger:
+        return NeverTrigger()
 
     @classmethod
     def create(cls):
@@ -160,58 +203,3 @@ class GlobalWindows(WindowAssigner):
 
     def assign_one(self, ts):
         return [GLOBAL_WINDOW]
-
-
-class Trigger:
-    """The supported triggers: the time triggers (the assigners' defaults) and
-    count triggers; ``purging`` clears the window's contents after firing."""
-
-    kind = "never"
-    count = 0
-    purging = False
-
-
-class EventTimeTrigger(Trigger):
-    kind = "event_time"
-
-    @classmethod
-    def create(cls):
-        return cls()
-
-
-class ProcessingTimeTrigger(Trigger):
-    kind = "processing_time"
-
-    @classmethod
-    def create(cls):
-        return cls()
-
-
-class CountTrigger(Trigger):
-    """Fires every ``count`` records of a key's window (Flink's ``CountTrigger``)."""
-
-    kind = "count"
-
-    def __init__(self, count: int):
-        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-            raise ValueError(f"CountTrigger.of: count must be a positive int, got {count!r}")
-        self.count = count
-
-    @classmethod
-    def of(cls, count: int):
-        return cls(count)
-
-
-class PurgingTrigger(Trigger):
-    @classmethod
-    def of(cls, nested: Trigger):
-        if not isinstance(nested, Trigger):
-            raise TypeError(f"PurgingTrigger.of: expected a Trigger, got {type(nested).__name__}")
-        t = cls()
-        t.kind, t.count, t.purging = nested.kind, nested.count, True
-        return t
-
-
-def default_trigger(assigner: WindowAssigner) -> Trigger:
-    return {"event_time": EventTimeTrigger(), "processing_time": ProcessingTimeTrigger()}.get(
-        assigner.default_trigger, Trigger())
