@@ -1,7 +1,7 @@
-"""Distributed joins, simulated: ``connect(workers=N)`` runs every equi-join as if its inputs were
-spread over N workers (all on this one device), as broadcast or partitioned, the method chosen by
-``planner/distribution.py`` from the inputs' actual bytes (``join_distribution`` = auto |
-broadcast | partitioned):
+"""Distributed joins over simulated workers (real ranks: ``dist_join.py``): ``connect(workers=N)``
+runs every equi-join as if its inputs were spread over N workers (all on this one device), as
+broadcast or partitioned, the method chosen by ``planner/distribution.py`` from the inputs' actual
+bytes (``join_distribution`` = auto | broadcast | partitioned):
 
 * placement: a table registered with ``partition_key=`` lives hash-partitioned on that column
   (every row on worker ``skew.hash_dest(key, N)``); any other input lives in N contiguous slices;

@@ -7,7 +7,9 @@
 * ``join_graph``: the query graph of a tree of inner joins;
 * ``join_tree``, ``dp``, ``greedy``: join trees, DPccp, Greedy Operator Ordering;
 * ``cost``, ``physical_choice``: bytes-moved cost of each physical join on the GPU (hash table vs
-  L2 / HBM), and the cheapest algorithm and build side; C_out as the alternative model;
+  L2 / HBM), and the cheapest algorithm and build side; C_out as the alternative model. The
+  algorithms themselves (eligibility, cost, reason) are the registry ``sql/physical/joins``, which
+  the executor runs from too;
 * ``join_order``: the optimizer pass that ties them together (``connect(join_reordering=...)``);
 * ``runtime_filters``: min / max, IN-list and (blocked) Bloom filters from a build side, partition
   pruning (applied by ``sql/physical/runtime_filter.py`` and ``sql/physical/scan.py``);

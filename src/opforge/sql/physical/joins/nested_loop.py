@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from opforge.sql.physical.joins.base import KEY_BYTES, Hardware, JoinAlgorithm, JoinRun, JoinSizes, SideInfo, output_bytes
+from opforge.sql.physical.joins.base import (
+    KEY_BYTES, Hardware, JoinAlgorithm, JoinRun, JoinSizes, SideInfo, output_bytes,
+)
 
 NESTED_LOOP_MAX_PAIRS = 4096
 NESTED_LOOP_GUARD_PAIRS = 1 << 22  # a planned nested loop above this many actual pairs hashes instead
