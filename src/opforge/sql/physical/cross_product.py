@@ -93,10 +93,22 @@ def memory_limit(ctx: ExecContext, dev: torch.device) -> int:
         return ctx.memory_budget
     if dev.type == "cuda":
         return torch.cuda.mem_get_info(dev)[0] // 2
+    return _host_available() // 2
+
+
+def _host_available() -> int:
+    """Host memory available to a new allocation: MemAvailable (free plus reclaimable caches)."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return 1 << 34
+        return 1 << 35
 
 
 def _row_bytes(batch: Batch, cids=None) -> int:
