@@ -77,6 +77,9 @@ def test_decimal_multiplication_that_fits_is_exact(engines):
     ("SELECT -i FROM t WHERE i < 0", r"Overflow in negation"),
     ("SELECT abs(big) FROM t", r"Overflow on abs\(-9223372036854775808\)"),
     ("SELECT abs(i) FROM t", r"Overflow on abs\(-2147483648\)"),
+    # the hardware traps on INT64_MIN / -1 (SIGFPE): a crash of the process before the fix
+    ("SELECT big // -1 FROM t WHERE big < 0", r"Overflow in division of -9223372036854775808 / -1"),
+    ("SELECT i // CAST(-1 AS INTEGER) FROM t", r"Overflow in division of -2147483648 / -1"),
 ])
 def test_integer_overflow_raises(engines, query, match):
     _both_raise(engines, query, OutOfRangeError, match)
@@ -97,6 +100,12 @@ def test_integer_overflow_raises(engines, query, match):
 ])
 def test_narrowing_cast_out_of_range_raises(engines, query, match):
     _both_raise(engines, query, ConversionError, match)
+
+
+def test_remainder_by_minus_one_is_zero(engines):
+    con, duck = engines
+    q = "SELECT big % -1 AS a, i % CAST(-1 AS INTEGER) AS b, big // 2 AS c FROM t"
+    assert con.sql(q).fetchall() == duck.sql(q).fetchall() == [(0, 0, I64_MAX // 2), (0, 0, I64_MIN // 2)]
 
 
 def test_cast_rounds_like_duckdb():

@@ -1,5 +1,6 @@
 """SQL over columnar tables on the device: `import opforge.sql as sql; con = sql.connect(); con.sql(...)`."""
 from opforge.sql.connection import Connection, Relation, connect
-from opforge.sql.errors import ConversionError, NotSupportedError, OutOfRangeError, SqlError
+from opforge.sql.errors import ConversionError, MemoryLimitError, NotSupportedError, OutOfRangeError, SqlError
 
-__all__ = ["Connection", "ConversionError", "NotSupportedError", "OutOfRangeError", "Relation", "SqlError", "connect"]
+__all__ = ["Connection", "ConversionError", "MemoryLimitError", "NotSupportedError", "OutOfRangeError", "Relation", "SqlError",
+           "connect"]

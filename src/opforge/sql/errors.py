@@ -16,3 +16,7 @@ class OutOfRangeError(SqlError):
 
 class ConversionError(SqlError):
     """A CAST of a value the target type cannot hold (DuckDB's "Conversion Error")."""
+
+
+class MemoryLimitError(SqlError):
+    """An operator whose output cannot fit the memory budget (or the free memory): raised before allocating."""

@@ -17,6 +17,9 @@ from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch, Ref
 from opforge.sql.physical.aggregate import run_aggregate, run_window
 from opforge.sql.physical.context import ExecContext
+from opforge.sql.physical.cross_product import (
+    aggregate_cross_product, aggregates_without_pairs, is_keyless, run_keyless_join,
+)
 from opforge.sql.physical.distinct import run_distinct
 from opforge.sql.physical.filter import keep_rows
 from opforge.sql.physical.join import run_join
@@ -42,6 +45,14 @@ class Executor:
             raise SqlError(f"table {node.table!r} is no longer registered")
         pushed = pushed or []
         routes = RF.route(node, pushed)
+        if aggregates_without_pairs(node):  # over a cross product: its two sides, never the pairs
+            join = node.child
+            sides = RF.route(join, routes[0])
+            left, right = self.run(join.left, sides[0]), self.run(join.right, sides[1])
+            run = lambda: aggregate_cross_product(node, left, right, self.ctx)  # noqa: E731
+            if self.profiler is None:
+                return run()
+            return self.profiler.measure(node, run, batch_bytes(left) + batch_bytes(right), self.ctx)
         plan = RF.filter_plan(node) if isinstance(node, P.Join) and self.ctx.runtime_filters else None
         if plan is not None and plan.source == "right":
             right = self.run(node.right, routes[1])
@@ -93,6 +104,8 @@ class Executor:
         if isinstance(node, P.Window):
             return run_window(node, inputs[0], ctx)
         if isinstance(node, P.Join):
+            if is_keyless(node) and ctx.workers == 1:
+                return run_keyless_join(node, inputs[0], inputs[1], ctx)
             return run_join(node, inputs[0], inputs[1], ctx)
         if isinstance(node, P.TopK):
             return run_topk(node, inputs[0], ctx)

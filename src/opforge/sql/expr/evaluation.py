@@ -46,7 +46,7 @@ def check_range(bad: torch.Tensor, valid: torch.Tensor | None, error: Callable[.
         return
     if valid is not None:
         bad = bad & valid
-    row = torch.argmax(bad.to(torch.uint8))  # the first failing row, when there is one
+    row = torch.argmax(bad.contiguous().view(torch.uint8))  # the first failing row when there is one (no copy)
     flag = bad[row]
     values = [x[row] if isinstance(x, torch.Tensor) and x.dim() else x for x in operands]
     pending = _PENDING.get()
