@@ -9,7 +9,7 @@ from opforge.sql.column import Column
 class Batch:
     """Whole-column batch flowing between operators: cid -> Column, all of length n.
     ``hash_keys``: in the simulated multi-worker mode, the columns whose hash places every row on
-    its worker (``physical/distributed.py``); empty otherwise."""
+    its worker (``physical/simulated_workers.py``); empty otherwise."""
 
     hash_keys: frozenset = frozenset()
 
