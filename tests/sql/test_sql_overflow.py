@@ -108,6 +108,23 @@ def test_remainder_by_minus_one_is_zero(engines):
     assert con.sql(q).fetchall() == duck.sql(q).fetchall() == [(0, 0, I64_MAX // 2), (0, 0, I64_MIN // 2)]
 
 
+@pytest.mark.parametrize("query", [
+    "SELECT CASE WHEN big > 0 THEN 0 ELSE big + 1 END AS x FROM t",
+    "SELECT CASE WHEN big > 0 THEN 1 WHEN big + 1 < 0 THEN 2 ELSE 3 END AS x FROM t",
+    "SELECT CASE WHEN d < 10 THEN d * CAST(1.5 AS DECIMAL(18,8)) END AS x FROM t",
+    "SELECT CASE WHEN f > 0 AND f < 1e308 THEN CAST(f AS INTEGER) ELSE -1 END AS x FROM t",
+])
+def test_case_branch_not_taken_raises_nothing(engines, query):
+    """Rows that do not take a CASE branch are not range-checked there (DuckDB evaluates a branch on its rows)."""
+    con, duck = engines
+    assert con.sql(query).fetchall() == duck.sql(query).fetchall()
+
+
+def test_case_branch_taken_still_raises(engines):
+    _both_raise(engines, "SELECT CASE WHEN big < 0 THEN big - 1 ELSE 0 END FROM t", OutOfRangeError,
+                "Overflow in subtraction of INT64")
+
+
 def test_cast_rounds_like_duckdb():
     """DOUBLE -> integer rounds half to even (DuckDB's nearbyint), DECIMAL -> integer half away from zero."""
     t = pa.table({"x": pa.array([2.5, -2.5, 1.5, 0.5, -0.5, 2147483647.4], pa.float64()),
@@ -134,3 +151,31 @@ def test_sum_overflow_is_exact():
     # -2^64 + 5 does not fit the engine's int64 storage of DECIMAL(38,0): an error, never 5
     with pytest.raises(sql.NotSupportedError, match="sum: .*int64 storage"):
         con.sql("SELECT sum(x) FROM t").fetchall()
+
+
+def test_range_checks_are_read_back_once_per_evaluation(monkeypatch):
+    """Every check of one expression evaluation is one host read (``evaluation.raise_failed``), not
+    one per operation; checks that the operand types make impossible are not even recorded."""
+    import torch
+
+    from opforge.sql import types as T
+    from opforge.sql.column import Column
+    from opforge.sql.expr import Batch, Func, Ref, evaluate, evaluation
+
+    reads = []
+    real = evaluation.raise_failed
+    monkeypatch.setattr(evaluation, "raise_failed", lambda checks: (reads.append(len(checks)), real(checks))[1])
+    x = Ref(1, T.INT64, "x")
+    d = Ref(2, T.decimal(9, 2), "d")
+    batch = Batch({1: Column(torch.tensor([1, I64_MAX]), None, T.INT64),
+                   2: Column(torch.tensor([100, -5]), None, T.decimal(9, 2))}, 2, torch.device("cpu"))
+    e = Func("arith", [Func("arith", [x, x], T.INT64, "-"), Func("neg", [x], T.INT64)], T.INT64, "+")
+    evaluate(e, batch)
+    assert reads == [3]
+    # DECIMAL(9,2) * DECIMAL(9,2) has at most 18 digits and DECIMAL(10,2) sums cannot overflow: unchecked
+    evaluate(Func("arith", [Func("arith", [d, d], T.decimal(18, 4), "*"), d], T.decimal(19, 4), "+"), batch)
+    assert reads == [3, 1]
+    with pytest.raises(OutOfRangeError, match=r"Overflow in addition of INT64 \(9223372036854775807 \+ 1\)"):
+        evaluate(Func("arith", [Func("neg", [Func("neg", [x], T.INT64)], T.INT64), Ref(3, T.INT64, "y")], T.INT64, "+"),
+                 Batch({1: Column(torch.tensor([5, I64_MAX]), None, T.INT64),
+                        3: Column(torch.tensor([1, 1]), None, T.INT64)}, 2, torch.device("cpu")))

@@ -29,11 +29,11 @@ def _arith(e: Func, args, batch):
         da, db = as_decimal_type(a.type), as_decimal_type(b.type)
         av = cast_values(a, T.decimal(18, da.scale))
         bv = cast_values(b, T.decimal(18, db.scale))
-        return Column(checked("*", av, bv, t, valid), valid, t)
+        return Column(checked("*", av, bv, t, valid, da.precision + db.precision), valid, t)
     work = t if t.kind != "DECIMAL" else T.decimal(18, t.scale)
     av, bv = cast_values(a, work), cast_values(b, work)
     if op in "+-*":
-        out = checked(op, av, bv, t, valid)
+        out = checked(op, av, bv, t, valid, t.precision if t.kind == "DECIMAL" and op in "+-" else None)
     elif op in ("//", "%"):
         if t.is_float:
             out = torch.div(av, bv, rounding_mode="floor") if op == "//" else torch.fmod(av, bv)
@@ -83,12 +83,14 @@ def _arith_literal(e: Func, batch) -> Column | None:
     else:
         if ts < max(sx, sl):
             return None
-        v = scale_up(v, ts - sx, col.valid)
+        v = scale_up(v, ts - sx, col.valid, as_decimal_type(x.type).precision)
         value *= 10 ** (ts - sl)
     if abs(value) >= 2 ** 63:
         return None
     av, bv = (value, v) if lit_left else (v, value)
-    return Column(checked(op, av, bv, t, col.valid).to(t.torch_dtype), col.valid, t)
+    px, dv = as_decimal_type(x.type).precision, len(str(abs(value)))  # value: at the result's scale for + -
+    digits = px + dv if op == "*" else max(px - sx + ts, dv) + 1
+    return Column(checked(op, av, bv, t, col.valid, digits).to(t.torch_dtype), col.valid, t)
 
 
 _OP_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication"}
@@ -125,13 +127,17 @@ def mul_overflow(av, bv, product: torch.Tensor, bound: int) -> torch.Tensor:
     return (est > hi) | ((est >= lo) & band_bad)
 
 
-def checked(op: str, av, bv, t: T.SqlType, valid) -> torch.Tensor:
+def checked(op: str, av, bv, t: T.SqlType, valid, digits: int | None = None) -> torch.Tensor:
     """+ - * with an overflow check instead of a wrapped-around value (DuckDB raises an out-of-range
     error too). Operands: int64 / int32 / float tensors, or one a Python int. INT32 results are
     computed in int64 and range-checked; int64 results by the sign rule of two's complement for + and
     -, and :func:`mul_overflow` for * (DECIMALs of <= 18 digits within 10^18, as DuckDB). The flags are
-    recorded with ``check_range`` (read back once per expression evaluation)."""
+    recorded with ``check_range`` (read back once per expression evaluation). ``digits``: a bound
+    from the operand types on the digits of the int64 result (a DECIMAL product of p1 + p2 digits,
+    a sum of the type's precision); up to 18 the result cannot overflow and goes unchecked."""
     fn = _FN[op]
+    if t.kind != "INT32" and digits is not None and digits <= 18:
+        return fn(av, bv)
     if t.kind == "INT32":
         wide = fn(_long(av), _long(bv))
         check_range((wide < -2 ** 31) | (wide >= 2 ** 31), valid, _overflow_error(op, t), av, bv)

@@ -37,11 +37,14 @@ def storage_error(what: str):
     return error
 
 
-def scale_up(v: torch.Tensor, k: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """``v * 10^k`` in int64 storage; a value that does not fit raises (``NotSupportedError``)."""
+def scale_up(v: torch.Tensor, k: int, valid: torch.Tensor | None = None, digits: int | None = None) -> torch.Tensor:
+    """``v * 10^k`` in int64 storage; a value that does not fit raises (``NotSupportedError``).
+    ``digits``: a bound on the digits of ``v`` from its type (then ``digits + k <= 18`` is unchecked)."""
     if k <= 0:
         return v
     f = 10 ** k
+    if digits is not None and digits + k <= 18:
+        return v * f
     check_range((v > I64_MAX // f) | (v < -(I64_MAX // f)), valid, storage_error(f"rescaling a DECIMAL by 10^{k}"), v)
     return v * f
 
@@ -78,7 +81,7 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
     if to.kind == "DECIMAL":
         if fr.kind == "DECIMAL":
             if to.scale >= fr.scale:
-                return scale_up(v, to.scale - fr.scale, col.valid)
+                return scale_up(v, to.scale - fr.scale, col.valid, fr.precision)
             return round_div(v, 10 ** (fr.scale - to.scale))
         if fr.is_float:
             x = v.double() * (10 ** to.scale)
@@ -86,7 +89,7 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
             bad = ~(r.abs() < 2.0 ** 63)
             check_range(bad, col.valid, storage_error(f"CAST to {to}"), v.double())
             return torch.where(bad, torch.zeros_like(r), r).long()
-        return scale_up(v.long(), to.scale, col.valid)
+        return scale_up(v.long(), to.scale, col.valid, {"INT32": 10, "BOOL": 1}.get(fr.kind))
     if to.is_float:
         if fr.kind == "DECIMAL":
             return (v.double() / (10 ** fr.scale)).to(to.torch_dtype)

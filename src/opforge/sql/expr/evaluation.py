@@ -8,6 +8,7 @@ flags of one expression evaluation are read back together, once, when its root h
 (:func:`evaluate`); the first failed check, in evaluation order, raises its error."""
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Callable
 
@@ -20,6 +21,20 @@ from opforge.sql.expr.tree import Expr, Lit, Ref
 
 
 _PENDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("opforge_sql_range_checks", default=None)
+# the rows whose values are used (CASE: a branch's value only on the rows that take it); None: all
+_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("opforge_sql_rows_used", default=None)
+
+
+@contextlib.contextmanager
+def only_rows(rows: torch.Tensor):
+    """Range checks recorded inside see only ``rows`` (and the rows of any enclosing ``only_rows``):
+    a value that SQL does not use (a CASE branch not taken) raises nothing, as in DuckDB."""
+    outer = _ROWS.get()
+    token = _ROWS.set(rows if outer is None else outer & rows)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
 
 
 def evaluate(e: Expr, batch: Batch) -> Column:
@@ -46,6 +61,9 @@ def check_range(bad: torch.Tensor, valid: torch.Tensor | None, error: Callable[.
         return
     if valid is not None:
         bad = bad & valid
+    rows = _ROWS.get()
+    if rows is not None:
+        bad = bad & rows
     row = torch.argmax(bad.contiguous().view(torch.uint8))  # the first failing row when there is one (no copy)
     flag = bad[row]
     values = [x[row] if isinstance(x, torch.Tensor) and x.dim() else x for x in operands]
@@ -74,6 +92,8 @@ def _evaluate(e: Expr, batch: Batch) -> Column:
         return col
     if isinstance(e, Lit):
         return Column.constant(e.value, e.type, batch.n, batch.device)
+    if e.name in OWN_ARGUMENTS:
+        return OWN_ARGUMENTS[e.name](e, batch)
     if e.name in LITERAL_PATHS:  # an operand that is a literal stays a Python value
         out = LITERAL_PATHS[e.name](e, batch)
         if out is not None:
@@ -99,3 +119,5 @@ def and_valid(*cols: Column) -> torch.Tensor | None:
 FUNCS: dict = {}
 # function name -> evaluator(e, batch) for operands kept Python literals; None falls back to FUNCS
 LITERAL_PATHS: dict = {}
+# function name -> evaluator(e, batch) that evaluates its own arguments (CASE: under ``only_rows``)
+OWN_ARGUMENTS: dict = {}

@@ -7,7 +7,7 @@ from opforge.sql import types as T
 from opforge.sql.column import Column, unify_strings
 from opforge.sql.expr.casts import coerce
 from opforge.sql.expr.compare import compare
-from opforge.sql.expr.evaluation import FUNCS
+from opforge.sql.expr.evaluation import FUNCS, OWN_ARGUMENTS, evaluate, only_rows
 from opforge.sql.expr.tree import Func
 
 
@@ -54,12 +54,24 @@ def _choose(conds: list[torch.Tensor], vals: list[Column], default: Column, t: T
     return Column(out_v, None if bool(out_ok.all()) else out_ok, t, cols[-1].dictionary)
 
 
-def _case(e, args, batch):
-    # args: cond1, val1, cond2, val2, ..., else
-    pairs = len(args) // 2
-    conds = [args[2 * i].values & args[2 * i].valid_mask() for i in range(pairs)]
-    vals = [args[2 * i + 1] for i in range(pairs)]
-    return _choose(conds, vals, args[-1], e.type)
+def _case_taken_rows(e, batch):
+    """CASE evaluating each condition on the rows no earlier condition took, each value on the rows
+    that take it and ELSE on the rest, for its range checks: a branch's overflow on rows that do not
+    take it raises nothing (``CASE WHEN x < 1e9 THEN x * 1000000000 END``, as DuckDB)."""
+    args = e.args
+    taken = torch.zeros(batch.n, dtype=torch.bool, device=batch.device)
+    conds, vals = [], []
+    for i in range(len(args) // 2):
+        with only_rows(~taken):
+            c = evaluate(args[2 * i], batch)
+        hit = c.values & c.valid_mask()
+        with only_rows(hit & ~taken):
+            vals.append(evaluate(args[2 * i + 1], batch))
+        conds.append(hit)
+        taken = taken | hit
+    with only_rows(~taken):
+        default = evaluate(args[-1], batch)
+    return _choose(conds, vals, default, e.type)
 
 
 def _coalesce(e, args, batch):
@@ -74,5 +86,6 @@ def _nullif(e, args, batch):
     return Column(a.values, a.valid_mask() & ~kill, a.type, a.dictionary)
 
 
-FUNCS.update({"and": _and, "or": _or, "not": _not, "is_null": _is_null, "case": _case, "coalesce": _coalesce,
+FUNCS.update({"and": _and, "or": _or, "not": _not, "is_null": _is_null, "coalesce": _coalesce,
               "nullif": _nullif})
+OWN_ARGUMENTS["case"] = _case_taken_rows
