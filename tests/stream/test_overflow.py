@@ -70,3 +70,14 @@ def test_an_int_no_column_can_hold_is_rejected_at_the_source_naming_the_field():
     with pytest.raises(ValueError, match=r"field 'f1'.*2\*\*63|field 'f1'.*int64") as e:
         env.execute()
     assert "1180591620717411303424" in str(e.value)
+
+
+def test_a_rolling_sum_past_int64_raises_naming_the_key():
+    env = StreamExecutionEnvironment(batch_size=4)
+    env.from_collection([("a", BIG), ("b", 1), ("a", BIG), ("b", 2)]).key_by(0).sum(1).name("running").collect()
+    with pytest.raises(StreamOverflowError, match="running.*key 'a'.*int64"):
+        env.execute()
+    env = StreamExecutionEnvironment(batch_size=1)
+    sink = env.from_collection([("a", BIG), ("a", -BIG), ("a", BIG), ("a", BIG - 1)]).key_by(0).sum(1).collect()
+    env.execute()
+    assert [r[1] for r in sink.records()] == [BIG, 0, BIG, 2 * BIG - 1]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.stream.errors import at_record
+from opforge.stream.errors import StreamOverflowError, at_record
 from opforge.stream.functions import as_callable, field_of
 from opforge.stream.operators import Operator, records_batch
 from opforge.stream.records import Batch, RecordSchema, concat_columns, take
@@ -55,6 +55,7 @@ class RollingOperator(Operator):
         self.touch: torch.Tensor | None = None  # per row: the last batch that met its key
         self.schema: RecordSchema | None = None
         self._batch_no = 0
+        self._mass = 0  # integer sums: a bound on any running |sum| (exact checks past 2**63)
         budget = getattr(self, "state_budget", None)
         self.cold = ColdRows(budget, f"{self.name}-{self.index}") if budget is not None else None
 
@@ -117,7 +118,13 @@ class RollingOperator(Operator):
             vals = vals.to(torch.promote_types(self.running.dtype, vals.dtype))
             self.running = self.running.to(vals.dtype)
         # table rows of this batch's keys; new keys keep their first record
-        seg_keys = sk[starts].tolist()  # the host sync: one per distinct key
+        int_sum = self.op == "sum" and not vals.dtype.is_floating_point
+        if int_sum:  # the value range comes with the keys, in the same read-back
+            host = torch.cat([sk[starts], vals.max().to(torch.int64)[None], vals.min().to(torch.int64)[None]]).tolist()
+            seg_keys = host[:-2]
+            self._mass += len(vals) * max(abs(host[-2]), abs(host[-1]))
+        else:
+            seg_keys = sk[starts].tolist()  # the host sync: one per distinct key
         self._bring_back([k for k in seg_keys if k not in self.slot_of])
         fresh = [i for i, k in enumerate(seg_keys) if k not in self.slot_of]
         if fresh:
@@ -131,6 +138,8 @@ class RollingOperator(Operator):
             known[torch.tensor(fresh, device=self.device)] = False
         seeded[starts] = torch.where(known, _COMBINE[self.op](seed, vals[starts]), vals[starts])
         scanned = segmented_scan(seeded, seg, self.op)
+        if int_sum and self._mass >= 2**63 - 1:
+            self._check_sums(scanned, vals, starts, known, seed, seg, sk, name)
         ends = torch.cat([starts[1:] - 1, torch.tensor([sk.shape[0] - 1], device=self.device)])
         self.running[slots] = scanned[ends]
         result = torch.empty_like(scanned)
@@ -142,6 +151,20 @@ class RollingOperator(Operator):
         self.touch[slots] = self._batch_no
         self.out.emit(Batch(cols, batch.timestamps, self.schema))
         self._enforce_budget()
+
+    def _check_sums(self, scanned, vals, starts, known, seed, seg, sk, name) -> None:
+        """Running integer sums never wrap: each against its float64 estimate
+        (a wrapped one is 2**64 away); the first wrong one raises."""
+        est = vals.to(torch.float64)
+        first = est[starts]
+        est[starts] = torch.where(known, seed.to(torch.float64) + first, first)
+        est = segmented_scan(est, seg, "sum")
+        bad = torch.nonzero((est - scanned.to(torch.float64)).abs() > 2.0**63).flatten()
+        if bad.numel():
+            key = self.key_selector.decode(int(sk[int(bad[0])]))
+            raise StreamOverflowError(f"{self.name}: the rolling sum of field {name!r} of key {key!r} exceeds the "
+                                      "int64 range [-2**63, 2**63 - 1]; sum a float column (or smaller values) "
+                                      "instead", f"sum({name})", name)
 
     def _add_keys(self, batch, rows, keys, first_values):
         base = len(self.slot_of)
@@ -225,6 +248,8 @@ class RollingOperator(Operator):
         """The table was replaced by a checkpoint's (every tier): all rows on the device again."""
         if self.running is not None:
             self.touch = torch.zeros(self.running.shape[0], dtype=torch.int64, device=self.device)
+            if not self.running.dtype.is_floating_point:
+                self._mass = int(self.running.to(torch.float64).abs().sum()) + 1
         if self.cold is not None:
             self.cold.clear()
 
