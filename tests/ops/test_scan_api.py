@@ -370,3 +370,17 @@ def test_bench_cases_count_bytes_and_match_reference():
     assert {c.op for c in grid} == {"cumsum", "cummax", "segmented_cumsum", "compact"}
     assert {c.variant for c in B.crossover_cases(torch.device("cuda"), False)} >= {"triton_lookback",
                                                                                   "triton_reduce_scan"}
+
+
+def test_segmented_offsets_are_checked():
+    """Issue 25: offsets past the end, negative or decreasing raise (before:
+    clamped into flags silently)."""
+    x = torch.arange(6, dtype=torch.float32)
+    assert S.segmented_cumsum(x, offsets=torch.tensor([0, 2, 2, 6])).tolist() == [0, 1, 2, 5, 9, 14]
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing and within "
+                                         r"\[0, 6\] \(the input's length\), got .*7"):
+        S.segmented_cumsum(x, offsets=torch.tensor([0, 3, 7]))
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing"):
+        S.segmented_cumsum(x, offsets=torch.tensor([0, 4, 2, 6]))
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing"):
+        S.segmented_cumsum(x, offsets=torch.tensor([-1, 2, 6], dtype=torch.int32))

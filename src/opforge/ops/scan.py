@@ -25,8 +25,8 @@ program walks a row, several short rows a program), ``torch_eager`` (CUDA) and
 
 ``segmented_cumsum(x, flags=|offsets=)`` restarts the sum at each segment
 start (``flags``: bool, same shape; ``offsets``: CSR starts like
-``cu_seqlens``, turned into flags on the device; their values are not checked,
-which would cost a host sync). A 2-D input is scanned along its last dim,
+``cu_seqlens``, turned into flags on the device; non-decreasing within
+``[0, n]``, checked by one device reduction and host sync). A 2-D input is scanned along its last dim,
 each row starting a segment.
 
 ``compact(x, mask)`` is ``x[mask]`` (mask of x's shape, or a 1-D mask over
@@ -921,6 +921,19 @@ def offsets_to_flags(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return f[:n]
 
 
+def check_offsets(offsets: torch.Tensor, n: int) -> None:
+    """CSR starts non-decreasing within ``[0, n]``: one reduction, one host
+    sync (skipped while a CUDA graph is captured, where no sync is allowed)."""
+    if offsets.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    bad = (offsets < 0) | (offsets > n)
+    if offsets.numel() > 1:
+        bad[1:] |= offsets[1:] < offsets[:-1]
+    if bool(bad.any()):
+        raise ValueError(f"opforge.segmented_cumsum: offsets must be non-decreasing and within [0, {n}] (the "
+                         f"input's length), got {offsets.tolist() if offsets.numel() <= 16 else 'others'}")
+
+
 def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
                      offsets: torch.Tensor | None = None, exclusive: bool = False,
                      reverse: bool = False) -> torch.Tensor:
@@ -941,7 +954,9 @@ def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
         check_tensor(where, "input", input, floating=False)
         if input.dim() != 1:
             raise ValueError(f"{where}: offsets need a 1-D input, got {input.dim()} dims (use flags=)")
-        flags = offsets_to_flags(offsets.to(input.device), input.shape[0])
+        offsets = offsets.to(input.device)
+        check_offsets(offsets, input.shape[0])
+        flags = offsets_to_flags(offsets, input.shape[0])
     if direct_ok(input, flags):
         return _call(OPS["segmented_cumsum"], input, flags, exclusive, reverse)
     validate_segmented(input, flags, exclusive, reverse)

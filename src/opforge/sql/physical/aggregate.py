@@ -98,7 +98,7 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
         groups = 1
     out: dict[int, Column] = {}
     if node.keys:
-        first = hashing.segment_reduce(torch.arange(n, device=dev), gid, groups, "min")
+        first = hashing.segment_reduce_dense(torch.arange(n, device=dev), gid, groups, "min")
         for (o, _), col in zip(node.keys, key_cols):
             out[o.cid] = col.take(first)
     rows_per_group = []  # count(*) per group, computed once and shared by aggregates over non-NULL columns
@@ -112,13 +112,13 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             rows_per_group: list) -> Column:
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
-            c = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count")
+            c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
             rows_per_group.append((c, None if n and bool((c > 0).all()) or not groups else c > 0))
         cnt, valid = rows_per_group[0]
         if func == "count_star":
             return Column(cnt, None, T.INT64)
     else:
-        cnt = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count", valid=col.valid)
+        cnt = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count", valid=col.valid)
         has = cnt > 0
         valid = None if bool(has.all()) else has
     if func == "count":
@@ -129,13 +129,13 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         v = key_tensor(col)[ok]
         pairs, npairs = dense_ids([Column(g_ok, None, T.INT64), Column(v, None, T.INT64)], len(v), dev)
         # groups of pairs are numbered by first occurrence: the first row of each pair carries its group
-        first = hashing.segment_reduce(torch.arange(len(v), device=dev), pairs, npairs, "min")
-        d = hashing.segment_reduce(gid.new_ones(npairs), g_ok[first], groups, "count")
+        first = hashing.segment_reduce_dense(torch.arange(len(v), device=dev), pairs, npairs, "min")
+        d = hashing.segment_reduce_dense(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
             v = cast_values(col, T.FLOAT64)
-            s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
+            s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
             if func == "avg":
                 return Column(s / cnt.clamp(min=1), valid, T.FLOAT64)
             return Column(s, valid, T.FLOAT64)
@@ -144,10 +144,10 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             # int64 cannot overflow unless max|v| * (largest group) reaches 2^62; check exactly only then
             bound = float(v.abs().max()) * float(cnt.max())
             if bound > 2.0 ** 62:
-                est = hashing.segment_reduce(v.double(), gid, groups, "sum", valid=col.valid)
+                est = hashing.segment_reduce_dense(v.double(), gid, groups, "sum", valid=col.valid)
                 if bool((est.abs() > 2.0 ** 62).any()):
                     raise NotSupportedError(f"sum exceeds the int64 range of {out_type} storage")
-        s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
+        s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
         return Column(s, valid, out_type)
     if func in ("min", "max"):
         v = col.values
@@ -158,7 +158,7 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         if v.dtype.is_floating_point and bool(torch.isnan(v).any()):
             r = _scatter_extreme(v, col.valid_mask(), gid, groups, func)  # NaN orders as SQL: largest
         else:
-            r = hashing.segment_reduce(v, gid, groups, func, valid=col.valid)
+            r = hashing.segment_reduce_dense(v, gid, groups, func, valid=col.valid)
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
