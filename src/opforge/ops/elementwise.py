@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, sum_to
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 KERNEL_DTYPES = FLOATS | {torch.int32, torch.int64}
@@ -202,14 +203,6 @@ def _expanded_stride(shape, t_shape, t_stride):
     return out
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _bucket_size(n: int) -> str:
-    return str(n) if n <= 16 else str(_pow2(n))
-
-
 def _make_variants(name: str) -> list[Variant]:
     from opforge.kernels import elementwise as K
 
@@ -270,12 +263,12 @@ def _make_variants(name: str) -> list[Variant]:
         dims, strides = g
         rows = dims[0] * dims[1] * dims[2]
         layout = "".join(_axis_code(st) for st in strides[: 2 if _is_tensor(b) else 1])
-        return f"{_bucket_size(rows)}x{_bucket_size(dims[3])}:{layout}"
+        return f"{bucket_size(rows)}x{bucket_size(dims[3])}:{layout}"
 
     def eager_bucket(a, b=None):
         # Dense operands share triton_flat's buckets, so their times compare;
         # other layouts share triton_strided's.
-        return _bucket_size(a.numel()) if _dense_like(a, b) else strided_bucket(a, b)
+        return bucket_size(a.numel()) if _dense_like(a, b) else strided_bucket(a, b)
 
     def eager_run(cfg, a, b=None):
         out = allocate_out(name, a, b)
@@ -290,7 +283,7 @@ def _make_variants(name: str) -> list[Variant]:
     return [
         Variant("triton_flat", flat_run, version=K.FLAT_VERSION, dtypes=KERNEL_DTYPES, check=flat_check,
                 configs=flat_configs, default_config=flat_default,
-                bucket=lambda a, b=None: _bucket_size(a.numel()),
+                bucket=lambda a, b=None: bucket_size(a.numel()),
                 description="dense operands of one layout as a 1-D range; wide vector loads"),
         Variant("triton_strided", strided_run, version=K.STRIDED_VERSION, dtypes=KERNEL_DTYPES,
                 check=strided_check, configs=strided_configs, default_config=strided_default,
@@ -328,15 +321,6 @@ def _axis_code(st) -> str:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-def _sum_to(g: torch.Tensor, shape) -> torch.Tensor:
-    """Reduce a broadcast gradient back to an operand's shape."""
-    if tuple(g.shape) == tuple(shape):
-        return g
-    lead = g.dim() - len(shape)
-    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
-    return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
-
-
 def _grad_unary(name: str, g, a, out):
     ops = torch.ops.opforge
     if name == "neg":
@@ -466,8 +450,8 @@ def _register(name: str, binary: bool) -> Op:
                 ga, gb = _grad_of_gradient_op(name, g, a, bt)
             else:
                 ga, gb = _grad_binary(name, g, a, b)
-            ga = _sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
-            gb = _sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
+            ga = sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
+            gb = sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
             return ga, gb
 
         overloads = (("Tensor", "Tensor"),) if name in GRADIENTS else (("Tensor", "Tensor"), ("Scalar", "Scalar"))

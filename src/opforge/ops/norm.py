@@ -55,10 +55,10 @@ from numbers import Number
 import torch
 import torch.nn.functional as F
 
-from opforge.ops.layout import bucket_size, pow2
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, pow2
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 

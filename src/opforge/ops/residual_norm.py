@@ -52,10 +52,10 @@ import torch
 import torch.nn.functional as F
 
 from opforge.ops import norm as N
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 FLOATS = N.FLOATS
 _Tensor = torch.Tensor

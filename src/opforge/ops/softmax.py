@@ -32,11 +32,12 @@ import math
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
+from opforge.ops.checks import check_dim, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.device import interpret_mode
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, empty_moved, norm_dim, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 FORWARD = ("softmax", "log_softmax")

@@ -8,6 +8,8 @@ an ordered list of variants. A variant declares what it supports; dispatch
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -107,5 +109,11 @@ def all_ops() -> list[Op]:
     return [_OPS[k] for k in sorted(_OPS)]
 
 
+# Importing this package registers the ops. Named, not imported: the ops
+# import the registry, and the runtime must not import the API built on it.
+OPS_PACKAGE = "opforge.ops"
+
+
 def _load_ops() -> None:
-    import opforge.ops  # noqa: F401  (importing the ops registers them)
+    if OPS_PACKAGE not in sys.modules:
+        importlib.import_module(OPS_PACKAGE)
