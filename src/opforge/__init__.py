@@ -29,7 +29,8 @@ from opforge.ops.quant import QuantizedTensor, dequantize, quantize  # noqa: E40
 from opforge.ops.reduce import amax, amin, argmax, argmin, max, mean, min, std, sum, var  # noqa: E402
 from opforge.ops.residual_norm import add_layer_norm, add_rms_norm  # noqa: E402
 from opforge.ops.scaled_matmul import quantized_matmul, scaled_matmul  # noqa: E402
-from opforge.ops.scan import compact, cummax, cummin, cumprod, cumsum, nonzero, segmented_cumsum  # noqa: E402
+from opforge.ops.compact import compact, nonzero  # noqa: E402
+from opforge.ops.scan import cummax, cummin, cumprod, cumsum, segmented_cumsum  # noqa: E402
 from opforge.ops.softmax import log_softmax, softmax  # noqa: E402
 from opforge.ops.transpose import permute, transpose  # noqa: E402
 from opforge.runtime.dispatch import explain  # noqa: E402

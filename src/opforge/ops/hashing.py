@@ -60,7 +60,8 @@ from __future__ import annotations
 import torch
 
 from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
-from opforge.ops.scan import compact, cumsum
+from opforge.ops.compact import compact
+from opforge.ops.scan import cumsum
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
 from opforge.runtime.shapes import bucket_size

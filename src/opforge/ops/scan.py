@@ -1,5 +1,6 @@
-"""Scan ops: ``cumsum``, ``cumprod``, ``cummax``, ``cummin``,
-``segmented_cumsum``, ``compact`` and ``nonzero``.
+"""Scan ops: ``cumsum``, ``cumprod``, ``cummax``, ``cummin`` and
+``segmented_cumsum`` (``compact`` and ``nonzero``, which run the scans'
+look-back kernel, are in ``ops.compact``).
 
 Torch semantics. ``cumsum``/``cumprod`` promote integer and bool inputs to
 int64 unless ``dtype`` is given (the input is then cast to ``dtype`` first, as
@@ -26,15 +27,8 @@ program walks a row, several short rows a program), ``torch_eager`` (CUDA) and
 ``segmented_cumsum(x, flags=|offsets=)`` restarts the sum at each segment
 start (``flags``: bool, same shape; ``offsets``: CSR starts like
 ``cu_seqlens``, turned into flags on the device; non-decreasing within
-``[0, n]``, checked by one device reduction and host sync). A 2-D input is scanned along its last dim,
-each row starting a segment.
-
-``compact(x, mask)`` is ``x[mask]`` (mask of x's shape, or a 1-D mask over
-dim 0 selecting rows); ``nonzero(mask)`` is ``torch.nonzero``. Both need the
-number of kept elements to size the output: one device-to-host sync
-(``mask.sum()``) unless ``size=`` is given, in which case the output has
-``size`` rows: the first kept ones, then ``fill_value`` (like
-``torch.nonzero_static``).
+``[0, n]``, checked by one device reduction and host sync). A 2-D input is
+scanned along its last dim, each row starting a segment.
 """
 
 from __future__ import annotations
@@ -168,26 +162,9 @@ def _segmented_eager(x, flags, exclusive=False, reverse=False):
     return (y.flip(1) if reverse else y).reshape(t.shape)
 
 
-def _compact_ref(x, mask, size=None, fill_value=0):
-    m = mask if mask.shape == x.shape else mask.reshape(-1)
-    out = x[m]
-    if size is None:
-        return out
-    res = torch.full((size, *out.shape[1:]), fill_value, dtype=x.dtype, device=x.device)
-    k = min(size, out.shape[0])
-    res[:k] = out[:k]
-    return res
-
-
-def _nonzero_ref(mask, size=None, fill_value=-1):
-    if size is None:
-        return torch.nonzero(mask)
-    return torch.nonzero_static(mask, size=size, fill_value=fill_value)
-
-
 REFERENCE = {
     "cumsum": _cumsum_ref, "cumprod": _cumprod_ref, "cummax": _cummax_ref, "cummin": _cummin_ref,
-    "segmented_cumsum": _segmented_ref, "compact": _compact_ref, "nonzero": _nonzero_ref,
+    "segmented_cumsum": _segmented_ref,
 }
 EAGER = dict(REFERENCE, segmented_cumsum=_segmented_eager)
 
@@ -239,43 +216,6 @@ def validate_segmented(x, flags, exclusive=False, reverse=False):
         raise ValueError(f"{where}: flags is on {flags.device} but input is on {x.device}")
     _check_flag(where, "exclusive", exclusive)
     _check_flag(where, "reverse", reverse)
-
-
-def _rows_mode(x, mask) -> bool:
-    return mask.shape != x.shape and mask.dim() == 1 and x.dim() >= 1 and mask.shape[0] == x.shape[0]
-
-
-def _check_size(where, size):
-    if size is None:
-        return
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"{where}: size must be an int or None, got {type(size).__name__}")
-    if size < 0:
-        raise ValueError(f"{where}: size must be >= 0, got {size}")
-
-
-def validate_compact(x, mask, size=None, fill_value=0):
-    where = "opforge.compact"
-    check_tensor(where, "input", x, floating=False)
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype}")
-    if mask.shape != x.shape and not _rows_mode(x, mask):
-        raise ValueError(f"{where}: mask has shape {tuple(mask.shape)}; expected input's shape "
-                         f"{tuple(x.shape)} or a 1-D mask of {x.shape[0] if x.dim() else 0} rows")
-    if mask.device != x.device:
-        raise ValueError(f"{where}: mask is on {mask.device} but input is on {x.device}")
-    _check_size(where, size)
-
-
-def validate_nonzero(mask, size=None, fill_value=-1):
-    where = "opforge.nonzero"
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype} (use mask != 0)")
-    _check_size(where, size)
 
 
 # ---------------------------------------------------------------------------
@@ -480,7 +420,7 @@ def _make_minmax_variants(name: str) -> list[Variant]:
 
 
 # ---------------------------------------------------------------------------
-# Variants: segmented_cumsum, compact, nonzero
+# Variants: segmented_cumsum
 # ---------------------------------------------------------------------------
 def _segmented_variants() -> list[Variant]:
     from opforge.kernels import scan as K
@@ -517,89 +457,6 @@ def _segmented_variants() -> list[Variant]:
         Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
                 description="torch: one cumsum minus the prefix at each segment start"),
         Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
-
-
-def _count(mask: torch.Tensor, size) -> int:
-    """The output length: ``size`` when given, else the number kept (a host sync)."""
-    return int(mask.sum()) if size is None else size
-
-
-def _compact_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
-
-    def run(cfg, x, mask, size=None, fill_value=0):
-        k = _count(mask, size)
-        m = mask.contiguous().reshape(-1)
-        if _rows_mode(x, mask):
-            rows = x.shape[0]
-            idx = torch.full((k,), rows, dtype=torch.int64, device=x.device)
-            K.launch_compact(None, m, idx, True, cfg)
-            xc = x.reshape(rows, -1)
-            got = xc.index_select(0, idx.clamp(max=max(rows - 1, 0))) if rows else xc.new_empty((k, xc.shape[1]))
-            if size is not None:
-                got = torch.where((idx < rows)[:, None], got, torch.full_like(got, fill_value))
-            return got.reshape((k, *x.shape[1:]))
-        out = (torch.empty((k,), dtype=x.dtype, device=x.device) if size is None
-               else torch.full((k,), fill_value, dtype=x.dtype, device=x.device))
-        K.launch_compact(x.contiguous().reshape(-1), m, out, False, cfg)
-        return out
-
-    def check(x, mask, *rest):
-        return None if x.dtype in SCAN_DTYPES - {torch.bool} else f"dtype {x.dtype} not supported"
-
-    def default(x, mask, *rest):
-        return K.compact_default_config(mask.numel())
-
-    def configs(x, mask, *rest):
-        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
-
-    def bucket(x, mask, *rest):
-        return f"{bucket_size(mask.numel())}:{'rows' if _rows_mode(x, mask) else 'elems'}"
-
-    return [
-        Variant("triton_lookback", run, version=K.COMPACT_VERSION, check=check, configs=configs,
-                default_config=default, bucket=bucket,
-                description="look-back scan of the mask gives each kept element its slot; the tile "
-                            "scatters (rows: kept row indices, then a gather)"),
-        Variant("torch_eager", lambda cfg, *a: _compact_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
-                description="x[mask]"),
-        Variant("reference", lambda cfg, *a: _compact_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
-
-
-def _nonzero_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
-
-    def run(cfg, mask, size=None, fill_value=-1):
-        k = _count(mask, size)
-        n = mask.numel()
-        flat = torch.full((k,), -1, dtype=torch.int64, device=mask.device)
-        K.launch_compact(None, mask.contiguous().reshape(-1), flat, True, cfg)
-        if mask.dim() == 0:
-            return flat.new_empty((k, 0))
-        coords = torch.stack(torch.unravel_index(flat.clamp(min=0, max=max(n - 1, 0)), mask.shape), 1)
-        if size is not None:
-            coords = torch.where((flat >= 0)[:, None], coords, torch.full_like(coords, fill_value))
-        return coords
-
-    def default(mask, *rest):
-        return K.compact_default_config(mask.numel())
-
-    def configs(mask, *rest):
-        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
-
-    def bucket(mask, *rest):
-        return bucket_size(mask.numel())
-
-    return [
-        Variant("triton_lookback", run, version=K.COMPACT_VERSION, configs=configs, default_config=default,
-                bucket=bucket, description="look-back scan of the mask; kept flat indices, then unravel"),
-        Variant("torch_eager", lambda cfg, *a: _nonzero_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
-                description="torch.nonzero / torch.nonzero_static"),
-        Variant("reference", lambda cfg, *a: _nonzero_ref(*a), kind="reference", devices=("cpu", "cuda"),
                 description="plain torch (the oracle and the CPU fallback)"),
     ]
 
@@ -645,15 +502,6 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
                     (rand((4, 300), dt), bools((4, 300), 0.02), True, False),
                     (rand((777,), dt), bools((777,), 0.01), False, True)]
         out.append((rand((300000,), torch.float32), bools((300000,), 0.001), True, True))
-    elif name == "compact":
-        for dt in dts:
-            out += [(rand((1000,), dt), bools((1000,))), (rand((30, 40), dt), bools((30, 40), 0.3)),
-                    (rand((50, 7), dt), bools((50,)))]
-        out += [(rand((300000,), torch.float32), bools((300000,))),
-                (rand((5000,), torch.float32), bools((5000,)), 3000, 0.0)]
-    elif name == "nonzero":
-        out += [(bools((1000,)),), (bools((30, 40), 0.3),), (bools((4, 5, 6), 0.1),), (bools((300000,)),),
-                (bools((2000,)), 1500, -1)]
     return out
 
 
@@ -697,25 +545,6 @@ def _register() -> dict[str, Op]:
         variants=_segmented_variants(), validate=validate_segmented,
         samples=functools.partial(sample_inputs, "segmented_cumsum"),
         doc="cumsum restarting at segment starts (flags)",
-    ))
-    ops["compact"] = registry.register(Op(
-        name="compact", reference=_compact_ref,
-        tensors=lambda x, mask, *rest: (x,),
-        memo_key=lambda x, mask, size=None, fill_value=0:
-            (x.dtype, x.shape, x.stride(), mask.shape, mask.stride(), x.device, size),
-        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
-        variants=_compact_variants(), validate=validate_compact,
-        samples=functools.partial(sample_inputs, "compact"),
-        doc="x[mask], stable (stream compaction)",
-    ))
-    ops["nonzero"] = registry.register(Op(
-        name="nonzero", reference=_nonzero_ref,
-        tensors=lambda mask, *rest: (mask,),
-        memo_key=lambda mask, size=None, fill_value=-1: (mask.dtype, mask.shape, mask.stride(), mask.device, size),
-        dtype_key=lambda mask, *rest: "bool",
-        variants=_nonzero_variants(), validate=validate_nonzero,
-        samples=functools.partial(sample_inputs, "nonzero"),
-        doc="indices of the true elements, [n, ndim] int64",
     ))
     return ops
 
@@ -815,60 +644,9 @@ def _define_segmented() -> None:
            impl, fake, backward, setup)
 
 
-def _compact_shape(x, mask, n):
-    return (n,) if not _rows_mode(x, mask) else (n, *x.shape[1:])
-
-
-def _define_compact() -> None:
-    op = OPS["compact"]
-
-    def impl(x, mask, size, fill_value):
-        return dispatch.call(op, x, mask, size, fill_value)
-
-    def fake(x, mask, size, fill_value):
-        validate_compact(x, mask, size, fill_value)
-        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
-        return x.new_empty(_compact_shape(x, mask, n))
-
-    def setup(ctx, inputs, output):
-        x, mask, size, fill_value = inputs
-        ctx.shape = x.shape
-        ctx.save_for_backward(mask)
-
-    def backward(ctx, g):
-        # Scatter back to the kept positions (padding rows go to a dropped extra row); no host sync.
-        (mask,) = ctx.saved_tensors
-        flat = mask.reshape(-1)
-        n = flat.numel()
-        pos = torch.nonzero_static(flat, size=g.shape[0], fill_value=n).flatten()
-        inner = g.shape[1:]
-        gx = torch.zeros((n + 1, *inner), dtype=g.dtype, device=g.device)
-        gx = gx.index_put((pos,), g)
-        return gx[:n].reshape(ctx.shape), None, None, None
-
-    define("compact(Tensor self, Tensor mask, SymInt? size, Scalar fill_value) -> Tensor",
-           impl, fake, backward, setup)
-
-
-def _define_nonzero() -> None:
-    op = OPS["nonzero"]
-
-    def impl(mask, size, fill_value):
-        return dispatch.call(op, mask, size, fill_value)
-
-    def fake(mask, size, fill_value):
-        validate_nonzero(mask, size, fill_value)
-        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
-        return mask.new_empty((n, mask.dim()), dtype=torch.int64)
-
-    define("nonzero(Tensor mask, SymInt? size, int fill_value) -> Tensor", impl, fake)
-
-
 _define_scans()
 _define_minmax()
 _define_segmented()
-_define_compact()
-_define_nonzero()
 
 
 # ---------------------------------------------------------------------------
@@ -964,23 +742,4 @@ def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
     return torch.ops.opforge.segmented_cumsum.default(input, flags, exclusive, reverse)
 
 
-def compact(input: torch.Tensor, mask: torch.Tensor, *, size: int | None = None, fill_value=0) -> torch.Tensor:
-    """``input[mask]``, order kept. ``mask``: bool of input's shape (elements) or
-    1-D over dim 0 (rows). Without ``size`` one host sync counts the kept
-    elements; with it the output has ``size`` rows, padded with ``fill_value``."""
-    if direct_ok(input, mask):
-        return _call(OPS["compact"], input, mask, size, fill_value)
-    validate_compact(input, mask, size, fill_value)
-    return torch.ops.opforge.compact.default(input, mask, size, fill_value)
-
-
-def nonzero(mask: torch.Tensor, *, size: int | None = None, fill_value: int = -1) -> torch.Tensor:
-    """``torch.nonzero(mask)`` (int64 ``[n, ndim]``); with ``size`` like
-    ``torch.nonzero_static`` (no host sync)."""
-    validate_nonzero(mask, size, fill_value)
-    if direct_ok(mask):
-        return _call(OPS["nonzero"], mask, size, fill_value)
-    return torch.ops.opforge.nonzero.default(mask, size, fill_value)
-
-
-__all__ = ["cumsum", "cumprod", "cummax", "cummin", "segmented_cumsum", "compact", "nonzero"]
+__all__ = ["cumsum", "cumprod", "cummax", "cummin", "segmented_cumsum"]
