@@ -34,13 +34,17 @@ scanned along its last dim, each row starting a segment.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from opforge.kernels import scan as K
 
 from opforge.ops.checks import check_dim, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size, empty_moved, norm_dim, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -237,8 +241,6 @@ def _innermost(t: torch.Tensor, dim: int) -> bool:
 def _few_long_columns(t: torch.Tensor, dim: int) -> bool:
     """A non-innermost dim with at most 16 columns beside it and long enough for the tile
     scans: a transposing copy then the look-back beats one program per few columns."""
-    from opforge.kernels import scan as K
-
     outer, L, inner = _three(t, dim)
     return not _innermost(t, dim) and outer * inner <= 16 and L >= K.TILE_MIN_COLS
 
@@ -278,187 +280,264 @@ def _via_rows(x: torch.Tensor, dim: int, dtypes, launch):
     return bufs
 
 
-def _bucket(t, dim):
-    rows, cols = _geometry(t, dim)
-    return f"{bucket_size(rows)}x{bucket_size(cols)}:{'c' if _innermost(t, dim) else 't'}"
+# ---------------------------------------------------------------------------
+# Geometry: the shape facts every variant decides and runs on
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds: ``kop`` the
+    kernels' combine op; the scanned tensor as ``[rows, cols]`` and as
+    ``three`` = ``[outer, L, inner]``; ``innermost``: the dim is the
+    unit-stride one; ``few_long``: a few long non-innermost columns (the
+    tile scans take a transposed copy); ``columns``: outputs are contiguous
+    (``alloc_out``'s rule); ``dtype``: the input's."""
+
+    kop: int
+    dim: int
+    rows: int
+    cols: int
+    three: tuple[int, int, int]
+    innermost: bool
+    contiguous: bool
+    few_long: bool
+    columns: bool
+    dtype: torch.dtype
+
+
+_KOP = {"cumsum": K.SUM, "cumprod": K.PROD, "cummax": K.MAX, "cummin": K.MIN, "segmented_cumsum": K.SUM}
+
+
+def geometry(name: str):
+    """The geometry function of op ``name``: over ``(x, dim, ...)``, or the
+    last dim of a 1-D / 2-D input for ``segmented_cumsum``."""
+    return functools.partial(_segmented_geometry if name == "segmented_cumsum" else _geometry_of, _KOP[name])
+
+
+def _geometry_of(kop: int, x: torch.Tensor, dim: int, *rest) -> Geometry:
+    rows, cols = _geometry(x, dim)
+    innermost = _innermost(x, dim)
+    return Geometry(kop, dim, rows, cols, _three(x, dim) if x.dim() else (1, 1, 1), innermost, x.is_contiguous(),
+                    not innermost and _few_long_columns(x, dim), _columns_layout(x, dim), x.dtype)
+
+
+def _segmented_geometry(kop: int, x: torch.Tensor, *rest) -> Geometry:
+    if not x.dim():
+        return Geometry(kop, -1, 1, 1, (1, 1, 1), True, True, False, False, x.dtype)
+    return _geometry_of(kop, x, -1)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}:{'c' if g.innermost else 't'}"
+
+
+def row_configs(g: Geometry):
+    return K.row_configs(g.rows, g.cols)
+
+
+def row_default(g: Geometry):
+    return K.row_default_config(g.rows, g.cols)
+
+
+def tile_configs(g: Geometry):
+    return K.tile_configs(g.rows, g.cols)
+
+
+def tile_default(g: Geometry):
+    return K.tile_default_config(g.rows, g.cols)
+
+
+def col_configs(g: Geometry):
+    return K.col_configs(*g.three)
+
+
+def col_default(g: Geometry):
+    return K.col_default_config(*g.three)
 
 
 # ---------------------------------------------------------------------------
 # Variants: cumsum / cumprod
 # ---------------------------------------------------------------------------
-def _make_scan_variants(name: str) -> list[Variant]:
-    from opforge.kernels import scan as K
+def _scan_args(x, dim, exclusive=False, reverse=False, dtype=None):
+    return exclusive, reverse, out_dtype(x, dtype)
 
-    kop = K.SUM if name == "cumsum" else K.PROD
 
-    def alloc(x, dim, dtype):
-        return alloc_out(x, dim, out_dtype(x, dtype))
+def lookback_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_lookback_scan(xv, yv, None, kop, exclusive, reverse, cfg)
 
-    def row_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_row_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
 
-    def lookback_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_lookback_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
+def reduce_then_scan_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_reduce_then_scan(xv, yv, kop, exclusive, reverse, cfg)
 
-    def rts_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_reduce_then_scan(xv, yv, kop, exclusive, reverse, cfg))[0]
 
-    def col_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        y = torch.empty(x.shape, dtype=out_dtype(x, dtype), device=x.device)
-        K.launch_col_scan(x, y, None, *_three(x, dim), kop, exclusive, reverse, cfg)
-        return y
+def row_scan_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_row_scan(xv, yv, None, kop, exclusive, reverse, cfg)
 
-    def tile_check(x, dim, *rest):
-        if not _innermost(x, dim) and not _few_long_columns(x, dim):
-            return "dim is not the unit-stride dim (triton_columns scans it in place)"
-        cols = _geometry(x, dim)[1]
-        if cols < K.TILE_MIN_COLS:
-            return f"rows of {cols} < {K.TILE_MIN_COLS} elements: one program per row is enough"
-        return None
 
-    def col_check(x, dim, *rest):
-        if _innermost(x, dim):
-            return "dim is the unit-stride dim (the row kernels take it)"
-        if not x.is_contiguous():
-            return "input is not contiguous (the row kernel takes a copy)"
-        if _few_long_columns(x, dim):
-            return "a few long columns: too few programs (the tile scans take a transposed copy)"
-        return None
+@dataclass(frozen=True)
+class Scan:
+    """A row kernel ``launch(xv, yv, kop, exclusive, reverse, cfg)`` over ``[rows, cols]`` views."""
 
-    def bucket(x, dim, *rest):
-        return _bucket(x, dim)
+    launch: Callable
 
-    def geo(fn):
-        return lambda x, dim, *rest: fn(*_geometry(x, dim))
+    def __call__(self, g: Geometry, cfg, x, *rest):
+        exclusive, reverse, dt = _scan_args(x, *rest)
+        return _via_rows(x, g.dim, (dt,), lambda xv, yv: self.launch(xv, yv, g.kop, exclusive, reverse, cfg))[0]
 
-    def col_geo(fn):
-        return lambda x, dim, *rest: fn(*_three(x, dim))
 
-    def eager_run(cfg, *args):
-        return EAGER[name](*args)
+def scan_columns_run(g: Geometry, cfg, x, *rest):
+    exclusive, reverse, dt = _scan_args(x, *rest)
+    y = torch.empty(x.shape, dtype=dt, device=x.device)
+    K.launch_col_scan(x, y, None, *g.three, g.kop, exclusive, reverse, cfg)
+    return y
 
-    def reference_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return alloc(x, dim, dtype).copy_(REFERENCE[name](x, dim, exclusive, reverse, dtype))
 
+def tile_check(g: Geometry) -> str | None:
+    if not g.innermost and not g.few_long:
+        return "dim is not the unit-stride dim (triton_columns scans it in place)"
+    if g.cols < K.TILE_MIN_COLS:
+        return f"rows of {g.cols} < {K.TILE_MIN_COLS} elements: one program per row is enough"
+    return None
+
+
+def scan_columns_check(g: Geometry) -> str | None:
+    if g.innermost:
+        return "dim is the unit-stride dim (the row kernels take it)"
+    if not g.contiguous:
+        return "input is not contiguous (the row kernel takes a copy)"
+    if g.few_long:
+        return "a few long columns: too few programs (the tile scans take a transposed copy)"
+    return None
+
+
+def _name(g: Geometry) -> str:
+    return {K.SUM: "cumsum", K.PROD: "cumprod", K.MAX: "cummax", K.MIN: "cummin"}[g.kop]
+
+
+def scan_eager_run(g: Geometry, cfg, *args):
+    return EAGER[_name(g)](*args)
+
+
+def scan_reference_run(g: Geometry, cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+    return alloc_out(x, dim, out_dtype(x, dtype)).copy_(REFERENCE[_name(g)](x, dim, exclusive, reverse, dtype))
+
+
+def scan_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_lookback", lookback_run, version=K.LOOKBACK_VERSION, dtypes=SCAN_DTYPES,
-                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
-                bucket=bucket,
-                description="single-pass chained scan with decoupled look-back over tiles (one read, "
-                            f"one write); rows >= {K.TILE_MIN_COLS}"),
-        Variant("triton_reduce_scan", rts_run, version=K.REDUCE_SCAN_VERSION, dtypes=SCAN_DTYPES,
-                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
-                bucket=bucket,
-                description="reduce-then-scan: tile totals, their scan, then tile scans (two reads)"),
-        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=SCAN_DTYPES, check=col_check,
-                configs=col_geo(K.col_configs), default_config=col_geo(K.col_default_config), bucket=bucket,
-                description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
-        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
-                configs=geo(K.row_configs), default_config=geo(K.row_default_config), bucket=bucket,
-                description="one program walks a row in blocks with a carried prefix; any row length"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
-                description=f"torch.{name}"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_lookback", Scan(lookback_rows), version=K.LOOKBACK_VERSION, dtypes=SCAN_DTYPES,
+             check=tile_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="single-pass chained scan with decoupled look-back over tiles (one read, "
+                         f"one write); rows >= {K.TILE_MIN_COLS}"),
+        Spec("triton_reduce_scan", Scan(reduce_then_scan_rows), version=K.REDUCE_SCAN_VERSION, dtypes=SCAN_DTYPES,
+             check=tile_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="reduce-then-scan: tile totals, their scan, then tile scans (two reads)"),
+        Spec("triton_columns", scan_columns_run, version=K.COL_VERSION, dtypes=SCAN_DTYPES,
+             check=scan_columns_check, configs=col_configs, default_config=col_default, bucket=bucket,
+             description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
+        Spec("triton_row", Scan(row_scan_rows), version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
+             configs=row_configs, default_config=row_default, bucket=bucket,
+             description="one program walks a row in blocks with a carried prefix; any row length"),
+        Spec("torch_eager", scan_eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
+             description=f"torch.{name}"),
+        Spec("reference", scan_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
 # ---------------------------------------------------------------------------
 # Variants: cummax / cummin
 # ---------------------------------------------------------------------------
-def _make_minmax_variants(name: str) -> list[Variant]:
-    from opforge.kernels import scan as K
+def minmax_row_run(g: Geometry, cfg, x, dim):
+    y, i = _via_rows(x, dim, (x.dtype, torch.int64),
+                     lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, g.kop, False, False, cfg))
+    return y, i
 
-    kop = K.MAX if name == "cummax" else K.MIN
 
-    def alloc(x, dim):
-        return alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+def minmax_columns_run(g: Geometry, cfg, x, dim):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    i = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+    K.launch_col_scan(x, y, i, *g.three, g.kop, False, False, cfg)
+    return y, i
 
-    def row_run(cfg, x, dim):
-        y, i = _via_rows(x, dim, (x.dtype, torch.int64),
-                         lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, kop, False, False, cfg))
-        return y, i
 
-    def col_run(cfg, x, dim):
-        y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        i = torch.empty(x.shape, dtype=torch.int64, device=x.device)
-        K.launch_col_scan(x, y, i, *_three(x, dim), kop, False, False, cfg)
-        return y, i
+def minmax_columns_check(g: Geometry) -> str | None:
+    if g.innermost:
+        return "dim is the unit-stride dim (the row kernel takes it)"
+    if not g.contiguous:
+        return "input is not contiguous (the row kernel takes a copy)"
+    return None
 
-    def col_check(x, dim):
-        if _innermost(x, dim):
-            return "dim is the unit-stride dim (the row kernel takes it)"
-        if not x.is_contiguous():
-            return "input is not contiguous (the row kernel takes a copy)"
-        return None
 
-    def eager_run(cfg, x, dim):
-        return REFERENCE[name](x, dim)
+def minmax_eager_run(g: Geometry, cfg, x, dim):
+    return REFERENCE[_name(g)](x, dim)
 
-    def reference_run(cfg, x, dim):
-        y, i = alloc(x, dim)
-        vy, vi = REFERENCE[name](x, dim)
-        return y.copy_(vy), i.copy_(vi)
 
+def minmax_reference_run(g: Geometry, cfg, x, dim):
+    y, i = alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+    vy, vi = REFERENCE[_name(g)](x, dim)
+    return y.copy_(vy), i.copy_(vi)
+
+
+def minmax_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=MINMAX_DTYPES, check=col_check,
-                configs=lambda x, dim: K.col_configs(*_three(x, dim)),
-                default_config=lambda x, dim: K.col_default_config(*_three(x, dim)),
-                bucket=_bucket, description="(value, index) scan down a non-innermost dim, column tiles"),
-        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=MINMAX_DTYPES,
-                configs=lambda x, dim: K.row_configs(*_geometry(x, dim)),
-                default_config=lambda x, dim: K.row_default_config(*_geometry(x, dim)),
-                bucket=_bucket, description="(value, index) scan of rows in blocks with a carried pair"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=MINMAX_DTYPES,
-                bucket=_bucket, description=f"torch.{name}"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_columns", minmax_columns_run, version=K.COL_VERSION, dtypes=MINMAX_DTYPES,
+             check=minmax_columns_check, configs=col_configs, default_config=col_default, bucket=bucket,
+             description="(value, index) scan down a non-innermost dim, column tiles"),
+        Spec("triton_row", minmax_row_run, version=K.ROW_VERSION, dtypes=MINMAX_DTYPES,
+             configs=row_configs, default_config=row_default, bucket=bucket,
+             description="(value, index) scan of rows in blocks with a carried pair"),
+        Spec("torch_eager", minmax_eager_run, kind="vendor", devices=("cuda",), dtypes=MINMAX_DTYPES,
+             bucket=bucket, description=f"torch.{name}"),
+        Spec("reference", minmax_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
 # ---------------------------------------------------------------------------
 # Variants: segmented_cumsum
 # ---------------------------------------------------------------------------
-def _segmented_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
+def _as_rows(t):
+    return t.reshape(1, -1) if t.dim() == 1 else t
 
-    def as_rows(t):
-        return t.reshape(1, -1) if t.dim() == 1 else t
 
-    def run(cfg, x, flags, exclusive=False, reverse=False):
-        y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
-        if y.numel():
-            f = flags.contiguous()
-            f = f.view(torch.uint8) if f.dtype == torch.bool else f  # bytes, as the kernel reads them
-            K.launch_lookback_scan(as_rows(x.contiguous()), as_rows(y), as_rows(f), K.SUM, exclusive, reverse, cfg)
-        return y
+def segmented_run(g: Geometry, cfg, x, flags, exclusive=False, reverse=False):
+    y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
+    if y.numel():
+        f = flags.contiguous()
+        f = f.view(torch.uint8) if f.dtype == torch.bool else f  # bytes, as the kernel reads them
+        K.launch_lookback_scan(_as_rows(x.contiguous()), _as_rows(y), _as_rows(f), K.SUM, exclusive, reverse, cfg)
+    return y
 
-    def geo(fn):
-        return lambda x, *rest: fn(*(_geometry(x, -1) if x.dim() else (1, 1)))
 
-    def bucket(x, *rest):
-        return _bucket(x, -1) if x.dim() else "1x1:c"
+def segmented_check(g: Geometry) -> str | None:
+    return None if g.dtype in SCAN_DTYPES else f"dtype {g.dtype} not supported"
 
-    def eager_run(cfg, *args):
-        return _segmented_eager(*args)
 
-    def reference_run(cfg, *args):
-        return _segmented_ref(*args)
+def segmented_eager_run(g: Geometry, cfg, *args):
+    return _segmented_eager(*args)
 
+
+def segmented_reference_run(g: Geometry, cfg, *args):
+    return _segmented_ref(*args)
+
+
+def segmented_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_lookback", run, version=K.LOOKBACK_VERSION, dtypes=None,
-                check=lambda x, *rest: None if x.dtype in SCAN_DTYPES else f"dtype {x.dtype} not supported",
-                configs=geo(K.tile_configs), default_config=geo(K.tile_default_config), bucket=bucket,
-                description="segmented (flag, value) scan with decoupled look-back; a tile holding a "
-                            "segment start publishes its inclusive prefix before looking back"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
-                description="torch: one cumsum minus the prefix at each segment start"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_lookback", segmented_run, version=K.LOOKBACK_VERSION, dtypes=None, check=segmented_check,
+             configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="segmented (flag, value) scan with decoupled look-back; a tile holding a "
+                         "segment start publishes its inclusive prefix before looking back"),
+        Spec("torch_eager", segmented_eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
+             description="torch: one cumsum minus the prefix at each segment start"),
+        Spec("reference", segmented_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    if name in SCANS:
+        return scan_specs(name)
+    return minmax_specs(name) if name in MINMAX else segmented_specs(name)
 
 
 # ---------------------------------------------------------------------------
@@ -512,44 +591,54 @@ def _dt(dtype):
     return "" if dtype is None else f"->{dtype}".replace("torch.", "")
 
 
-def _register() -> dict[str, Op]:
-    ops = {}
-    for name in SCANS:
-        ops[name] = registry.register(Op(
-            name=name, reference=REFERENCE[name],
-            tensors=lambda x, *rest: (x,),
-            memo_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
-                (x.dtype, x.shape, x.stride(), x.device, dim, exclusive, reverse, dtype),
-            dtype_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
-                f"{x.dtype}".replace("torch.", "") + _dt(dtype),
-            variants=_make_scan_variants(name), validate=functools.partial(validate_scan, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"{name} over one dim (exclusive / reverse)",
-        ))
-    for name in MINMAX:
-        ops[name] = registry.register(Op(
-            name=name, reference=REFERENCE[name],
-            tensors=lambda x, dim: (x,),
-            memo_key=lambda x, dim: (x.dtype, x.shape, x.stride(), x.device, dim),
-            dtype_key=lambda x, dim: f"{x.dtype}".replace("torch.", ""),
-            variants=_make_minmax_variants(name), validate=functools.partial(validate_minmax, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"{name} over one dim: (values, indices)",
-        ))
-    ops["segmented_cumsum"] = registry.register(Op(
-        name="segmented_cumsum", reference=_segmented_ref,
-        tensors=lambda x, flags, *rest: (x, flags),
-        memo_key=lambda x, flags, exclusive=False, reverse=False:
-            (x.dtype, x.shape, x.stride(), flags.stride(), x.device, exclusive, reverse),
-        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
-        variants=_segmented_variants(), validate=validate_segmented,
-        samples=functools.partial(sample_inputs, "segmented_cumsum"),
-        doc="cumsum restarting at segment starts (flags)",
-    ))
-    return ops
+def _tensors(x, *rest):
+    return (x,)
 
 
-OPS = _register()
+def _segmented_tensors(x, flags, *rest):
+    return (x, flags)
+
+
+def _scan_memo_key(x, dim, exclusive=False, reverse=False, dtype=None):
+    return (x.dtype, x.shape, x.stride(), x.device, dim, exclusive, reverse, dtype)
+
+
+def _minmax_memo_key(x, dim):
+    return (x.dtype, x.shape, x.stride(), x.device, dim)
+
+
+def _segmented_memo_key(x, flags, exclusive=False, reverse=False):
+    return (x.dtype, x.shape, x.stride(), flags.stride(), x.device, exclusive, reverse)
+
+
+def _scan_dtype_key(x, dim, exclusive=False, reverse=False, dtype=None):
+    return f"{x.dtype}".replace("torch.", "") + _dt(dtype)
+
+
+def _dtype_key(x, *rest):
+    return f"{x.dtype}".replace("torch.", "")
+
+
+def _validate(name: str):
+    if name in SCANS:
+        return functools.partial(validate_scan, name)
+    return functools.partial(validate_minmax, name) if name in MINMAX else validate_segmented
+
+
+def _doc(name: str) -> str:
+    if name in SCANS:
+        return f"{name} over one dim (exclusive / reverse)"
+    return f"{name} over one dim: (values, indices)" if name in MINMAX else "cumsum restarting at segment starts (flags)"
+
+
+OPS = registry.register_family(
+    SCANS + MINMAX + ("segmented_cumsum",), specs, geometry=geometry, reference=REFERENCE.__getitem__,
+    tensors=lambda name: _segmented_tensors if name == "segmented_cumsum" else _tensors,
+    memo_key=lambda name: (_scan_memo_key if name in SCANS
+                           else _minmax_memo_key if name in MINMAX else _segmented_memo_key),
+    dtype_key=lambda name: _scan_dtype_key if name in SCANS else _dtype_key,
+    validate=_validate, samples=lambda name: functools.partial(sample_inputs, name), doc=_doc,
+)
 
 
 def _define_scans() -> None:
