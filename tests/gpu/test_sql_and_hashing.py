@@ -78,7 +78,7 @@ def test_private_segment_reduce_matches_the_reference_with_few_groups(dtype, op)
         valid = torch.rand(n, device="cuda", generator=g) > 0.1
         assert opforge.explain("segment_reduce", values, gid, groups, op, valid, False).variant.name == "triton_private"
         with force_variant("segment_reduce", "triton_private"):
-            got = H.segment_reduce(values, gid, groups, op, valid=valid)
+            got = H.segment_reduce_dense(values, gid, groups, op, valid=valid)  # ids out of range: skipped
         want = H.SEGMENT_REDUCE.reference(values, gid, groups, op, valid)
         if dtype.is_floating_point and op == "sum":
             torch.testing.assert_close(got.double(), want.double(), rtol=1e-5 if dtype == torch.float32 else 1e-12,

@@ -11,6 +11,7 @@ import torch
 
 from opforge.bench.case import rel_err
 from opforge.kernels import scan as K
+from opforge.ops import compact as C
 from opforge.ops import scan as S
 from opforge.runtime.dispatch import force_variant
 
@@ -264,9 +265,9 @@ def test_compact_elements_and_rows(dtype, gen):
                                                                                dtype=dtype)
     m = torch.rand((30, 7), generator=gen) < 0.5
     rows = torch.rand(30, generator=gen) < 0.5
-    assert torch.equal(S.compact(x, m), x[m])
-    assert torch.equal(S.compact(x, rows), x[rows])
-    assert torch.equal(S.compact(x.t(), m.t()), x.t()[m.t()])  # non-contiguous
+    assert torch.equal(C.compact(x, m), x[m])
+    assert torch.equal(C.compact(x, rows), x[rows])
+    assert torch.equal(C.compact(x.t(), m.t()), x.t()[m.t()])  # non-contiguous
 
 
 def test_compact_and_nonzero_with_size(gen):
@@ -274,18 +275,18 @@ def test_compact_and_nonzero_with_size(gen):
     m = torch.rand(200, generator=gen) < 0.5
     k = int(m.sum())
     for size in (k + 5, k - 3):
-        out = S.compact(x, m, size=size, fill_value=-1.0)
+        out = C.compact(x, m, size=size, fill_value=-1.0)
         want = torch.full((size,), -1.0)
         want[:min(k, size)] = x[m][:size]
         assert torch.equal(out, want)
     m2 = m.reshape(10, 20)
     for size in (k + 2, k - 4):
-        assert torch.equal(S.nonzero(m2, size=size), torch.nonzero_static(m2, size=size, fill_value=-1))
+        assert torch.equal(C.nonzero(m2, size=size), torch.nonzero_static(m2, size=size, fill_value=-1))
 
 
 def test_nonzero_shapes(gen):
     for shape in ((0,), (1,), (3, 4, 5), (7, 1, 9)):
         m = torch.rand(shape, generator=gen) < 0.3
-        assert torch.equal(S.nonzero(m), torch.nonzero(m))
-    assert torch.equal(S.nonzero(torch.tensor(True)), torch.nonzero(torch.tensor(True)))
-    assert S.nonzero(torch.zeros(4, 4, dtype=torch.bool)).shape == (0, 2)
+        assert torch.equal(C.nonzero(m), torch.nonzero(m))
+    assert torch.equal(C.nonzero(torch.tensor(True)), torch.nonzero(torch.tensor(True)))
+    assert C.nonzero(torch.zeros(4, 4, dtype=torch.bool)).shape == (0, 2)

@@ -222,8 +222,8 @@ def test_segment_reduce_matches_pandas(variant, dtype, op, gen):
         values = torch.randint(-10**6, 10**6, (n,), generator=gen).to(dtype)
     gid = torch.randint(-3, G + 10, (n,), generator=gen)  # some ids out of range: skipped
     valid = torch.rand(n, generator=gen) > 0.2
-    with force_variant("segment_reduce", variant):
-        out = H.segment_reduce(values, gid, G, op, valid=valid)
+    with force_variant("segment_reduce", variant):  # the unchecked entry: the public one raises for them
+        out = H.segment_reduce_dense(values, gid, G, op, valid=valid)
     want = pandas_segment(values, gid, G, op, valid)
     assert out.dtype == H.segment_out_dtype(values, op) and out.shape == (G,)
     if dtype.is_floating_point and op == "sum":  # pandas adds in another order
@@ -256,3 +256,31 @@ def test_segment_reduce_errors():
         H.segment_reduce(v, g, -1)
     with pytest.raises(TypeError, match=r"values must be float32, float64, int32 or int64"):
         H.segment_reduce(v.half(), g, 2)
+
+
+def test_segment_reduce_rejects_ids_out_of_range_and_unequal_lengths():
+    """Issue 25: ids outside [0, num_groups) and a group_ids of another length
+    raise (before: dropped silently; the length was checked once per memo key,
+    whose key holds only the rows' magnitude)."""
+    v, g = torch.ones(6), torch.tensor([0, 1, 2, 0, 1, 2])
+    assert H.segment_reduce(v, g, 3).tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match=r"opforge.segment_reduce: group_ids must lie in \[0, 3\), got ids from 0 to 3"):
+        H.segment_reduce(v, g + (g == 2).long(), 3)
+    with pytest.raises(ValueError, match=r"opforge.segment_reduce: group_ids must lie in \[0, 3\), got ids from -1 to 2"):
+        H.segment_reduce(v, g - (g == 0).long(), 3, "count")
+    with pytest.raises(ValueError, match=r"opforge.segment_reduce: values and group_ids must be 1-D of one length, "
+                                         r"got \(6,\) and \(7,\)"):
+        H.segment_reduce(v, torch.zeros(7, dtype=torch.int64), 3)  # same memo key as the first call
+    with pytest.raises(ValueError, match=r"opforge.segment_reduce: group_ids must lie in \[0, 2\)"):
+        torch.ops.opforge.segment_reduce(v, g, 2, "sum", None, False)
+    # a NULL row is marked by valid=, whatever its id holds in range
+    assert H.segment_reduce(v, g, 3, valid=g != 1).tolist() == [2.0, 0.0, 2.0]
+
+
+def test_segment_reduce_dense_skips_the_range_check():
+    """The engines' entry: ids in range by construction (group_by), no host sync;
+    ids out of range are still never written out of bounds."""
+    v, g = torch.ones(6), torch.tensor([0, 1, 2, 0, 1, 5])
+    assert H.segment_reduce_dense(v, g, 3).tolist() == [2.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match=r"opforge.segment_reduce: values and group_ids must be 1-D of one length"):
+        H.segment_reduce_dense(v, g[:5], 3)

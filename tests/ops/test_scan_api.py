@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from opforge.kernels import scan as K
+from opforge.ops import compact as C
 from opforge.ops import scan as S
 from opforge.runtime import dispatch, registry
 from opforge.runtime.dispatch import force_variant
@@ -170,9 +171,9 @@ def test_gradcheck_segmented_and_compact(gen):
             lambda t: S.segmented_cumsum(t, flags=flags, exclusive=exclusive, reverse=reverse), (x,), fast_mode=True)
     m = torch.rand((4, 5), generator=gen) < 0.5
     x = rand((4, 5), gen, F64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: S.compact(t, m), (x,), fast_mode=True)
-    assert torch.autograd.gradcheck(lambda t: S.compact(t, m[:, 0]), (x,), fast_mode=True)
-    assert torch.autograd.gradcheck(lambda t: S.compact(t, m, size=3), (x,), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda t: C.compact(t, m), (x,), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda t: C.compact(t, m[:, 0]), (x,), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda t: C.compact(t, m, size=3), (x,), fast_mode=True)
 
 
 def test_backward_runs_through_the_kernel_ops(gen, monkeypatch):
@@ -229,7 +230,7 @@ def test_compile_compact_with_size(gen):
     torch._dynamo.reset()
     m = torch.rand(20, generator=gen) < 0.5
     x = rand((20,), gen)
-    compiled = torch.compile(lambda t, mm: S.compact(t * 2, mm, size=20), fullgraph=True, backend="eager")
+    compiled = torch.compile(lambda t, mm: C.compact(t * 2, mm, size=20), fullgraph=True, backend="eager")
     out = compiled(x, m)
     k = int(m.sum())
     torch.testing.assert_close(out[:k], (x * 2)[m])
@@ -273,7 +274,7 @@ def test_zero_dim_empty_and_size_one(gen):
     torch.testing.assert_close(S.cumsum(x, 1), x)
     torch.testing.assert_close(S.cumsum(x, 1, exclusive=True), torch.zeros_like(x))
     torch.testing.assert_close(S.cumsum(x.t(), 0), x.t())
-    assert S.compact(torch.empty(0), torch.empty(0, dtype=torch.bool)).shape == (0,)
+    assert C.compact(torch.empty(0), torch.empty(0, dtype=torch.bool)).shape == (0,)
     assert S.segmented_cumsum(torch.empty(0), flags=torch.empty(0, dtype=torch.bool)).shape == (0,)
 
 
@@ -293,11 +294,11 @@ def test_negative_dims_and_non_contiguous(gen):
 def test_compact_rows_mode_and_nonzero_match_torch(gen):
     x = rand((6, 3, 2), gen)
     rows = torch.tensor([True, False, True, True, False, False])
-    assert torch.equal(S.compact(x, rows), x[rows])
+    assert torch.equal(C.compact(x, rows), x[rows])
     m = torch.rand((6, 3, 2), generator=gen) < 0.5
-    assert torch.equal(S.compact(x, m), x[m])
-    assert torch.equal(S.nonzero(m), torch.nonzero(m))
-    assert torch.equal(S.compact(torch.tensor(3.0), torch.tensor(True)), torch.tensor([3.0]))
+    assert torch.equal(C.compact(x, m), x[m])
+    assert torch.equal(C.nonzero(m), torch.nonzero(m))
+    assert torch.equal(C.compact(torch.tensor(3.0), torch.tensor(True)), torch.tensor([3.0]))
 
 
 # ---------------------------------------------------------------------------
@@ -337,13 +338,13 @@ def test_clear_errors(gen):
     with pytest.raises(ValueError, match="opforge.segmented_cumsum: input must be 1-D or 2-D"):
         S.segmented_cumsum(torch.zeros(2, 3, 4), flags=torch.zeros(2, 3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="opforge.compact: mask must be a bool tensor, got torch.uint8"):
-        S.compact(x, torch.ones(2, 3, dtype=torch.uint8))
+        C.compact(x, torch.ones(2, 3, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"opforge.compact: mask has shape \(3,\); expected input's shape \(2, 3\)"):
-        S.compact(x, torch.ones(3, dtype=torch.bool))
+        C.compact(x, torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="opforge.compact: size must be >= 0, got -1"):
-        S.compact(x, torch.ones(2, 3, dtype=torch.bool), size=-1)
+        C.compact(x, torch.ones(2, 3, dtype=torch.bool), size=-1)
     with pytest.raises(TypeError, match="opforge.nonzero: mask must be a bool tensor, got torch.float32"):
-        S.nonzero(x)
+        C.nonzero(x)
 
 
 # ---------------------------------------------------------------------------
@@ -370,3 +371,17 @@ def test_bench_cases_count_bytes_and_match_reference():
     assert {c.op for c in grid} == {"cumsum", "cummax", "segmented_cumsum", "compact"}
     assert {c.variant for c in B.crossover_cases(torch.device("cuda"), False)} >= {"triton_lookback",
                                                                                   "triton_reduce_scan"}
+
+
+def test_segmented_offsets_are_checked():
+    """Issue 25: offsets past the end, negative or decreasing raise (before:
+    clamped into flags silently)."""
+    x = torch.arange(6, dtype=torch.float32)
+    assert S.segmented_cumsum(x, offsets=torch.tensor([0, 2, 2, 6])).tolist() == [0, 1, 2, 5, 9, 14]
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing and within "
+                                         r"\[0, 6\] \(the input's length\), got .*7"):
+        S.segmented_cumsum(x, offsets=torch.tensor([0, 3, 7]))
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing"):
+        S.segmented_cumsum(x, offsets=torch.tensor([0, 4, 2, 6]))
+    with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing"):
+        S.segmented_cumsum(x, offsets=torch.tensor([-1, 2, 6], dtype=torch.int32))

@@ -18,6 +18,7 @@ import math
 import torch
 
 from opforge.bench.case import BenchCase, compiled_peer
+from opforge.ops import compact as C
 from opforge.ops import scan as S
 
 
@@ -103,7 +104,7 @@ def compact_case(n: int, dtype=torch.float32, keep: float = 0.5, *, compile_peer
         return x[mask]
 
     return BenchCase(
-        op="compact", label=f"{n} keep={keep}", dtype=dtype, make_args=make, run=S.compact,
+        op="compact", label=f"{n} keep={keep}", dtype=dtype, make_args=make, run=C.compact,
         reference=lambda x, mask: x[mask],
         flops=n, nbytes=n * (_es(dtype) + 1) + int(n * keep) * _es(dtype),
         # x[mask] has a data-dependent shape: torch.compile graph-breaks on it, so eager is the peer.

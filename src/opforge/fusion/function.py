@@ -55,9 +55,9 @@ import torch
 
 from opforge.fusion import autodiff, codegen, compiler
 from opforge.fusion.expr import SUPPORTED_DTYPES, Program, evaluate, trace
-from opforge.ops.layout import bucket_size
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, sum_to
 
 FLAT_VERSION = "1"
 STRIDED_VERSION = "1"
@@ -571,15 +571,13 @@ class _FusedGrad(torch.autograd.Function):
         result = dispatch.call(ff.backward_op, *values, *out_grads, (tuple(needs), len(values)))
         it = iter(result)
         grads_in = []
-        from opforge.ops.elementwise import _sum_to
-
         for t, need in zip(tensors, needs):
             if not need:
                 grads_in.append(None)
                 continue
             g = next(it)
             if need == 2:
-                g = _sum_to(g, t.shape).to(t.dtype)
+                g = sum_to(g, t.shape).to(t.dtype)
             grads_in.append(g)
         return (None, None, *grads_in)
 

@@ -59,6 +59,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.shapes import pow2
+
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 FWD_VERSION = "1"
 BWD_VERSION = "1"
@@ -594,8 +596,6 @@ def launch_backward(do, q, k, v, o, lse, dq, dk, dv, geom, scale: float, left: i
 # ---------------------------------------------------------------------------
 def _fit(n: int, block: int) -> int:
     """Shrink a block for short sequences (>= 16: tl.dot's smallest tile)."""
-    from opforge.ops.layout import pow2
-
     return max(16, min(block, pow2(n)))
 
 

@@ -58,6 +58,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.shapes import pow2
+
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ONLINE_VERSION = "2"
 SPLIT_VERSION = "1"
@@ -320,10 +322,6 @@ def compute_dtype(dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
-
-
 def needs_int64(rows: int, cols: int, tensors, tile: int) -> bool:
     reach = max((rows - 1) * abs(t.stride(0)) for t in tensors) + cols
     return reach + tile > _INT32_MAX
@@ -342,20 +340,20 @@ def _warps(tile: int) -> int:
 
 def _block_r(rows: int, cols: int) -> int:
     """Short rows share a program (tile of about 2K elements); long rows have one each."""
-    bc = _pow2(cols)
+    bc = pow2(cols)
     if bc >= 2048:
         return 1
-    return max(1, min(2048 // bc, _pow2(rows), 64))
+    return max(1, min(2048 // bc, pow2(rows), 64))
 
 
 def online_default_config(rows: int, cols: int) -> dict:
     br = _block_r(rows, cols)
-    bc = min(_pow2(cols), 4096 if br == 1 else _pow2(cols))
+    bc = min(pow2(cols), 4096 if br == 1 else pow2(cols))
     return {"BLOCK_R": br, "BLOCK_C": bc, "num_warps": _warps(br * bc)}
 
 
 def online_configs(rows: int, cols: int) -> list[dict]:
-    bcols = _pow2(cols)
+    bcols = pow2(cols)
     out = []
     if bcols < 2048:
         for br in (1, 2, 4, 8, 16, 32, 64):
@@ -391,8 +389,8 @@ def split_default_config(rows: int, cols: int) -> dict:
     """Enough chunks per row that rows x chunks fills the GPU, chunks of at least
     2048 columns (or half the row, for short rows: always two parts or more)."""
     want = max(1, triton.cdiv(TARGET_PROGRAMS, max(rows, 1)))
-    floor = min(2048, _pow2(triton.cdiv(cols, 2)))
-    chunk = max(floor, _pow2(triton.cdiv(cols, want)))
+    floor = min(2048, pow2(triton.cdiv(cols, 2)))
+    chunk = max(floor, pow2(triton.cdiv(cols, want)))
     while split_parts(cols, chunk) > MAX_SPLITS:
         chunk *= 2
     bc = min(4096, chunk)
@@ -420,10 +418,10 @@ def split_configs(rows: int, cols: int) -> list[dict]:
 
 def backward_default_config(rows: int, cols: int) -> dict:
     br = _block_r(rows, cols)
-    bc = min(_pow2(cols), 4096 if br == 1 else _pow2(cols))
+    bc = min(pow2(cols), 4096 if br == 1 else pow2(cols))
     # Chunk the row when rows alone do not fill the GPU.
     row_programs = triton.cdiv(rows, br)
-    chunk = max(bc, _pow2(cols))
+    chunk = max(bc, pow2(cols))
     while row_programs * split_parts(cols, chunk) < TARGET_PROGRAMS and chunk > bc:
         chunk //= 2
     return {"BLOCK_R": br, "BLOCK_C": bc, "CHUNK": chunk, "num_warps": _warps(br * bc)}
@@ -457,7 +455,7 @@ def launch_forward(x, t, w, wsum, out, ignore_index: int, eps: float, config: di
         return
     hi, lo, w_arg, ws_arg, has_w, smooth, comp = _common(x, w, wsum, eps)
     br = config.get("BLOCK_R", 1)
-    bc = config.get("BLOCK_C", min(4096, _pow2(cols)))
+    bc = config.get("BLOCK_C", min(4096, pow2(cols)))
     grad = dx is not None
     tensors = (x, dx) if grad else (x,)
     forward_kernel[(triton.cdiv(rows, br), 1)](
@@ -480,7 +478,7 @@ def launch_split_forward(x, t, w, wsum, out, ignore_index: int, eps: float, conf
     hi, lo, w_arg, ws_arg, has_w, smooth, comp = _common(x, w, wsum, eps)
     chunk = config["CHUNK"]
     bc = min(config.get("BLOCK_C", 4096), chunk)
-    splits = _pow2(split_parts(cols, chunk))  # a power of two for the combine tile; extras see no columns
+    splits = pow2(split_parts(cols, chunk))  # a power of two for the combine tile; extras see no columns
     if splits == 1:
         launch_forward(x, t, w, wsum, out, ignore_index, eps, {"BLOCK_R": 1, "BLOCK_C": bc,
                                                                "num_warps": config.get("num_warps", 8)})
@@ -493,7 +491,7 @@ def launch_split_forward(x, t, w, wsum, out, ignore_index: int, eps: float, conf
         HAS_W=has_w, SMOOTH=smooth, SPLITS=splits, GRAD=False, COMPUTE=comp, BLOCK_R=1, BLOCK_C=bc,
         INT64=i64, num_warps=config.get("num_warps", 8),
     )
-    br = max(1, min(64, 2048 // splits, _pow2(rows)))
+    br = max(1, min(64, 2048 // splits, pow2(rows)))
     combine_kernel[(triton.cdiv(rows, br),)](
         x, t, w_arg, ws_arg, out, part, rows, cols, x.stride(0), t.stride(0), out.stride(0), part.stride(0),
         ignore_index, hi, lo,
@@ -508,8 +506,8 @@ def launch_backward(g, x, t, w, wsum, stats, dx, ignore_index: int, eps: float, 
         return
     hi, lo, w_arg, ws_arg, has_w, smooth, comp = _common(x, w, wsum, eps)
     br = config.get("BLOCK_R", 1)
-    bc = config.get("BLOCK_C", min(4096, _pow2(cols)))
-    chunk = max(config.get("CHUNK", _pow2(cols)), bc)
+    bc = config.get("BLOCK_C", min(4096, pow2(cols)))
+    chunk = max(config.get("CHUNK", pow2(cols)), bc)
     stats1 = stats[1:]
     backward_kernel[(triton.cdiv(rows, br), split_parts(cols, chunk))](
         g, x, t, w_arg, ws_arg, stats1, dx, rows, cols, g.stride(0), x.stride(0), t.stride(0),
@@ -549,4 +547,4 @@ def rescale_rows(dx, g, scale, changed, big: float) -> None:
     if rows == 0 or cols == 0:
         return
     rescale_rows_kernel[(rows,)](dx, g, scale, changed, cols, dx.stride(0), big,
-                                 BLOCK_C=min(4096, _pow2(cols)), num_warps=8)
+                                 BLOCK_C=min(4096, pow2(cols)), num_warps=8)

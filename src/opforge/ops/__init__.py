@@ -3,6 +3,7 @@
 from opforge.ops import attention  # noqa: F401
 from opforge.ops import attention_decode  # noqa: F401
 from opforge.ops import bloom  # noqa: F401
+from opforge.ops import compact  # noqa: F401
 from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
 from opforge.ops import fused  # noqa: F401

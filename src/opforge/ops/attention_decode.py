@@ -55,11 +55,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 NAME = "attention_decode"
 WHERE = f"opforge.{NAME}"

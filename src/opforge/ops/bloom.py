@@ -31,10 +31,10 @@ import operator
 
 import torch
 
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
 MAX_HASHES = 7  # bit i takes byte 7 - (i % 7) of the hash: 7 distinct bytes

@@ -86,11 +86,12 @@ import math
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_tensor, empty_moved, rows_view
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, empty_moved, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 TARGET_DTYPES = frozenset({torch.int64, torch.uint8, torch.int32})

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from numbers import Number
 
 import torch
 import torch.nn.functional as F
 
+from opforge.kernels import elementwise as K
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size, sum_to
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 KERNEL_DTYPES = FLOATS | {torch.int32, torch.int64}
@@ -175,14 +178,12 @@ def geometry(a: torch.Tensor, b):
 
 @functools.lru_cache(maxsize=4096)
 def _geometry(a_shape, a_stride, b_shape, b_stride, out_stride):
-    from opforge.kernels.elementwise import collapse
-
     shape = tuple(torch.broadcast_shapes(a_shape, b_shape)) if b_shape is not None else a_shape
     operands = [_expanded_stride(shape, a_shape, a_stride)]
     if b_shape is not None:
         operands.append(_expanded_stride(shape, b_shape, b_stride))
     operands.append(list(out_stride))
-    dims, strides = collapse(list(shape), operands)
+    dims, strides = K.collapse(list(shape), operands)
     if len(dims) > 4:
         return None
     pad = 4 - len(dims)
@@ -202,106 +203,151 @@ def _expanded_stride(shape, t_shape, t_stride):
     return out
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """One call's shape facts (the family geometry; ``geometry`` above is the
+    strided kernel's view): the op, the result dtype, whether the operands
+    are dense alike (``triton_flat``), whether ``other`` is a tensor and its
+    dtype, the element count, and the key of the strided view (``strided()``,
+    cached). All determined by the memo key (dtypes, shapes, strides, the
+    scalar's type)."""
+
+    name: str
+    dtype: torch.dtype
+    dense: bool
+    tensor_b: bool
+    b_dtype: torch.dtype | None
+    scalar: bool
+    numel: int
+    key: tuple
+
+    def strided(self):
+        return _geometry(*self.key)
 
 
-def _bucket_size(n: int) -> str:
-    return str(n) if n <= 16 else str(_pow2(n))
+def facts(name: str):
+    return functools.partial(_facts, name)
 
 
-def _make_variants(name: str) -> list[Variant]:
-    from opforge.kernels import elementwise as K
+def _facts(name: str, a: torch.Tensor, b=None) -> Facts:
+    tb = _is_tensor(b)
+    b_shape, b_stride = (tuple(b.shape), tuple(b.stride())) if tb else (None, None)
+    return Facts(name, result_dtype(name, a, b), _dense_like(a, b), tb, b.dtype if tb else None,
+                 b is not None and not tb, a.numel(),
+                 (tuple(a.shape), tuple(a.stride()), b_shape, b_stride, _out_strides(a, b)))
 
-    def scalar_check(a, b=None):
-        if _is_tensor(b) and b.dtype not in KERNEL_DTYPES:
-            return f"dtype {b.dtype} of other has no kernel"
-        if b is not None and not _is_tensor(b) and result_dtype(name, a, b) == torch.float64:
-            return "a Python scalar with a float64 result (Triton passes scalars as fp32)"
-        if result_dtype(name, a, b) not in KERNEL_DTYPES:
-            return f"result dtype {result_dtype(name, a, b)} has no kernel"
-        return None
 
-    def flat_check(a, b=None):
-        if not _dense_like(a, b):
-            return "operands are not dense with one shared layout"
-        return scalar_check(a, b)
+def scalar_check(g: Facts) -> str | None:
+    if g.tensor_b and g.b_dtype not in KERNEL_DTYPES:
+        return f"dtype {g.b_dtype} of other has no kernel"
+    if g.scalar and g.dtype == torch.float64:
+        return "a Python scalar with a float64 result (Triton passes scalars as fp32)"
+    if g.dtype not in KERNEL_DTYPES:
+        return f"result dtype {g.dtype} has no kernel"
+    return None
 
-    def flat_run(cfg, a, b=None):
-        out = allocate_out(name, a, b)
-        K.launch_flat(name, a, b, out, cfg)
-        return out
 
-    def flat_configs(a, b=None):
-        return [{"BLOCK": blk, "num_warps": w} for blk in (1024, 2048, 4096, 8192) for w in (4, 8)
-                if blk // (32 * w) >= 4]
+def flat_check(g: Facts) -> str | None:
+    if not g.dense:
+        return "operands are not dense with one shared layout"
+    return scalar_check(g)
 
-    def flat_default(a, b=None):
-        return {"BLOCK": 4096, "num_warps": 8} if a.numel() >= (1 << 20) else {"BLOCK": 1024, "num_warps": 4}
 
-    def strided_check(a, b=None):
-        if a.numel() and geometry(a, b) is None:
-            return "more than 4 dims remain after collapsing the layout"
-        return scalar_check(a, b)
+def _out(g: Facts, a: torch.Tensor, b) -> torch.Tensor:
+    """``allocate_out``, with the dtype and layout already known."""
+    if g.dense:
+        return torch.empty_like(a, dtype=g.dtype)
+    return torch.empty(out_shape(a, b), dtype=g.dtype, device=a.device)
 
-    def strided_run(cfg, a, b=None):
-        out = allocate_out(name, a, b)
-        if out.numel():
-            K.launch_strided(name, a, b, out, cfg, geometry(a, b))
-        return out
 
-    def _dims(a, b):
-        g = geometry(a, b)
-        return g[0] if g else [1, 1, 1, max(a.numel(), 1)]
+def flat_run(g: Facts, cfg, a, b=None):
+    out = _out(g, a, b)
+    K.launch_flat(g.name, a, b, out, cfg)
+    return out
 
-    def strided_configs(a, b=None):
-        tiles = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 8), (4, 512, 8), (8, 256, 4), (16, 128, 4),
-                 (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8)]
-        return [{"BLOCK_R": r, "BLOCK_C": c, "num_warps": w} for r, c, w in tiles]
 
-    def strided_default(a, b=None):
-        d = _dims(a, b)
-        return K.strided_default_config(d[0] * d[1] * d[2], d[3])
+def flat_configs(g: Facts):
+    return [{"BLOCK": blk, "num_warps": w} for blk in (1024, 2048, 4096, 8192) for w in (4, 8)
+            if blk // (32 * w) >= 4]
 
-    def strided_bucket(a, b=None):
-        g = geometry(a, b)
-        if g is None:
-            return "nd"
-        dims, strides = g
-        rows = dims[0] * dims[1] * dims[2]
-        layout = "".join(_axis_code(st) for st in strides[: 2 if _is_tensor(b) else 1])
-        return f"{_bucket_size(rows)}x{_bucket_size(dims[3])}:{layout}"
 
-    def eager_bucket(a, b=None):
-        # Dense operands share triton_flat's buckets, so their times compare;
-        # other layouts share triton_strided's.
-        return _bucket_size(a.numel()) if _dense_like(a, b) else strided_bucket(a, b)
+def flat_default(g: Facts):
+    return {"BLOCK": 4096, "num_warps": 8} if g.numel >= (1 << 20) else {"BLOCK": 1024, "num_warps": 4}
 
-    def eager_run(cfg, a, b=None):
-        out = allocate_out(name, a, b)
-        EAGER_OUT[name](a, b, out)
-        return out
 
-    def reference_run(cfg, a, b=None):
-        out = allocate_out(name, a, b)
-        ref = REFERENCE[name](a) if b is None else REFERENCE[name](a, b)
-        return out.copy_(ref)
+def flat_bucket(g: Facts) -> str:
+    return bucket_size(g.numel)
 
+
+def strided_check(g: Facts) -> str | None:
+    if g.numel and g.strided() is None:
+        return "more than 4 dims remain after collapsing the layout"
+    return scalar_check(g)
+
+
+def strided_run(g: Facts, cfg, a, b=None):
+    out = _out(g, a, b)
+    if out.numel():
+        K.launch_strided(g.name, a, b, out, cfg, g.strided())
+    return out
+
+
+def strided_configs(g: Facts):
+    tiles = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 8), (4, 512, 8), (8, 256, 4), (16, 128, 4),
+             (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 8)]
+    return [{"BLOCK_R": r, "BLOCK_C": c, "num_warps": w} for r, c, w in tiles]
+
+
+def strided_default(g: Facts):
+    view = g.strided()
+    d = view[0] if view else [1, 1, 1, max(g.numel, 1)]
+    return K.strided_default_config(d[0] * d[1] * d[2], d[3])
+
+
+def strided_bucket(g: Facts) -> str:
+    view = g.strided()
+    if view is None:
+        return "nd"
+    dims, strides = view
+    rows = dims[0] * dims[1] * dims[2]
+    layout = "".join(_axis_code(st) for st in strides[: 2 if g.tensor_b else 1])
+    return f"{bucket_size(rows)}x{bucket_size(dims[3])}:{layout}"
+
+
+def eager_bucket(g: Facts) -> str:
+    # Dense operands share triton_flat's buckets, so their times compare;
+    # other layouts share triton_strided's.
+    return bucket_size(g.numel) if g.dense else strided_bucket(g)
+
+
+def eager_run(g: Facts, cfg, a, b=None):
+    out = _out(g, a, b)
+    EAGER_OUT[g.name](a, b, out)
+    return out
+
+
+def reference_run(g: Facts, cfg, a, b=None):
+    out = _out(g, a, b)
+    ref = REFERENCE[g.name](a) if b is None else REFERENCE[g.name](a, b)
+    return out.copy_(ref)
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of every elementwise op, in dispatch order."""
     return [
-        Variant("triton_flat", flat_run, version=K.FLAT_VERSION, dtypes=KERNEL_DTYPES, check=flat_check,
-                configs=flat_configs, default_config=flat_default,
-                bucket=lambda a, b=None: _bucket_size(a.numel()),
-                description="dense operands of one layout as a 1-D range; wide vector loads"),
-        Variant("triton_strided", strided_run, version=K.STRIDED_VERSION, dtypes=KERNEL_DTYPES,
-                check=strided_check, configs=strided_configs, default_config=strided_default,
-                bucket=strided_bucket,
-                description="any strides and broadcasting; 2-D tiles over a collapsed index space"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=KERNEL_DTYPES,
-                check=scalar_check, bucket=eager_bucket,
-                description="torch's own kernel (TensorIterator) writing into our output; "
-                            "lowest host overhead, wins on tiny tensors"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_flat", flat_run, version=K.FLAT_VERSION, dtypes=KERNEL_DTYPES, check=flat_check,
+             configs=flat_configs, default_config=flat_default, bucket=flat_bucket,
+             description="dense operands of one layout as a 1-D range; wide vector loads"),
+        Spec("triton_strided", strided_run, version=K.STRIDED_VERSION, dtypes=KERNEL_DTYPES,
+             check=strided_check, configs=strided_configs, default_config=strided_default,
+             bucket=strided_bucket,
+             description="any strides and broadcasting; 2-D tiles over a collapsed index space"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=KERNEL_DTYPES,
+             check=scalar_check, bucket=eager_bucket,
+             description="torch's own kernel (TensorIterator) writing into our output; "
+                         "lowest host overhead, wins on tiny tensors"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -328,15 +374,6 @@ def _axis_code(st) -> str:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-def _sum_to(g: torch.Tensor, shape) -> torch.Tensor:
-    """Reduce a broadcast gradient back to an operand's shape."""
-    if tuple(g.shape) == tuple(shape):
-        return g
-    lead = g.dim() - len(shape)
-    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
-    return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
-
-
 def _grad_unary(name: str, g, a, out):
     ops = torch.ops.opforge
     if name == "neg":
@@ -429,21 +466,32 @@ def _grad_of_gradient_op(name: str, gg, g, x):
     return gg * (s * (1.0 + x * (1.0 - s))), gg * g * s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))
 
 
-def _register(name: str, binary: bool) -> Op:
-    op = Op(
-        name=name,
-        reference=REFERENCE[name],
-        tensors=(lambda a, b=None: (a, b) if _is_tensor(b) else (a,)),
-        memo_key=(lambda a, b=None: (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device)
-                  if _is_tensor(b) else (a.dtype, a.shape, a.stride(), a.device, type(b))),
-        dtype_key=(lambda a, b=None: f"{a.dtype}".replace("torch.", "") +
-                   (f",{b.dtype}".replace("torch.", "") if _is_tensor(b) else "")),
-        variants=_make_variants(name),
-        validate=functools.partial(validate, name, binary=binary),
-        samples=functools.partial(sample_inputs, name, binary),
-        doc=f"elementwise {name}",
-    )
-    registry.register(op)
+def _tensors(a, b=None):
+    return (a, b) if _is_tensor(b) else (a,)
+
+
+def _memo_key(a, b=None):
+    if _is_tensor(b):
+        return (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device)
+    return (a.dtype, a.shape, a.stride(), a.device, type(b))
+
+
+def _dtype_key(a, b=None):
+    return f"{a.dtype}".replace("torch.", "") + (f",{b.dtype}".replace("torch.", "") if _is_tensor(b) else "")
+
+
+OPS = registry.register_family(
+    UNARY + BINARY, specs, geometry=facts, reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors, memo_key=lambda name: _memo_key, dtype_key=lambda name: _dtype_key,
+    validate=lambda name: functools.partial(validate, name, binary=name in BINARY),
+    samples=lambda name: functools.partial(sample_inputs, name, name in BINARY),
+    doc=lambda name: f"elementwise {name}",
+)
+
+
+def _define(name: str, binary: bool) -> None:
+    """The torch.library op(s) of ``name`` and their autograd."""
+    op = OPS[name]
 
     def fake(a, b=None):
         validate(name, a, b, binary=binary)
@@ -466,8 +514,8 @@ def _register(name: str, binary: bool) -> Op:
                 ga, gb = _grad_of_gradient_op(name, g, a, bt)
             else:
                 ga, gb = _grad_binary(name, g, a, b)
-            ga = _sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
-            gb = _sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
+            ga = sum_to(ga, ctx.a_shape) if ctx.needs_input_grad[0] else None
+            gb = sum_to(gb, bt.shape) if bt is not None and ctx.needs_input_grad[1] else None
             return ga, gb
 
         overloads = (("Tensor", "Tensor"),) if name in GRADIENTS else (("Tensor", "Tensor"), ("Scalar", "Scalar"))
@@ -482,11 +530,10 @@ def _register(name: str, binary: bool) -> Op:
             return _grad_unary(name, g, a, out)
 
         define(f"{name}(Tensor self) -> Tensor", impl, fake, backward, setup)
-    return op
 
 
-OPS = {name: _register(name, False) for name in UNARY}
-OPS.update({name: _register(name, True) for name in BINARY})
+for _n in UNARY + BINARY:
+    _define(_n, _n in BINARY)
 
 
 def _public(name: str, binary: bool):

@@ -37,10 +37,11 @@ import torch.nn.functional as F
 from opforge.fusion import bias_grad
 from opforge.fusion.function import (FusedFunction, allocate, dense_alike, flat_configs, flat_default_config,
                                  geometry, launch_flat, launch_strided, strided_configs, strided_default_config)
-from opforge.ops.layout import bucket_size, check_tensor, rows_view
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size, rows_view, sum_to
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 APPROXIMATE = ("none", "tanh")
@@ -83,11 +84,10 @@ def _silu_grad(gate):
 
 
 def swiglu_backward_ref(grad, gate, up):
-    from opforge.ops.elementwise import _sum_to
 
     dgate = grad * up * _silu_grad(gate)
     dup = grad * F.silu(gate)
-    return _sum_to(dgate, gate.shape).to(gate.dtype), _sum_to(dup, up.shape).to(up.dtype)
+    return sum_to(dgate, gate.shape).to(gate.dtype), sum_to(dup, up.shape).to(up.dtype)
 
 
 def swiglu_packed_backward_ref(grad, x):
@@ -232,14 +232,12 @@ def _needs(gate, up):
 
 def _swiglu_backward_launch(run):
     def go(cfg, grad, gate, up):
-        from opforge.ops.elementwise import _sum_to
-
         needs = _needs(gate, up)
         c = _SWIGLU.compiled_backward(_spec(gate, up), needs)
         tensors = [gate, up, grad]
         outs = allocate(tensors, c.program.out_dtypes)
         run(c, tensors, [], outs, cfg)
-        return tuple(_sum_to(o, t.shape).to(t.dtype) if need == 2 else o
+        return tuple(sum_to(o, t.shape).to(t.dtype) if need == 2 else o
                      for o, t, need in zip(outs, (gate, up), needs))
     return go
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.ops.matmul import (
     ACTIVATIONS, GRAD_ACTIVATIONS, Epilogue, _act, _act_code, _act_grad, _check_epilogue, _check_operands,
@@ -52,6 +52,7 @@ from opforge.ops.matmul import (
 )
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 I32 = torch.int32

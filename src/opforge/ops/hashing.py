@@ -28,8 +28,10 @@ tensor ``unique_valid`` (False for that group, whose key reads 0) is returned.
 (fp32, fp64, int32, int64) into ``num_groups`` groups by id: ``sum`` (floats
 keep their dtype, integers sum to int64), ``min``/``max`` (values' dtype; 0
 for a group with no rows: read ``count`` to tell it from a real 0, as SQL's
-NULL), ``count`` (int64). ``valid`` skips NULL values; ids outside ``[0,
-num_groups)`` are skipped too (never an out-of-bounds write). The Triton
+NULL), ``count`` (int64). ``valid`` skips NULL values; an id outside ``[0,
+num_groups)`` raises (one device reduction and host sync a call; the
+engines' ``segment_reduce_dense``, whose ids come dense from ``group_by``,
+skips it, and the kernels skip such rows: never an out-of-bounds write). The Triton
 variant folds with atomics (fp32 sums in fp32: the order, hence the last bits,
 vary run to run on a GPU); ``deterministic=True`` sends float sums to the
 reference, which sums in fp64 in row order (rows sorted by group, stable,
@@ -57,11 +59,12 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
-from opforge.ops.scan import compact, cumsum
+from opforge.ops.compact import compact
+from opforge.ops.scan import cumsum
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 HOWS = ("inner", "left", "semi", "anti")
 
@@ -227,8 +230,7 @@ def validate_segment_reduce(values, group_ids, num_groups, op, valid=None, deter
         raise TypeError(f"{where}: group_ids must be an int64 tensor (from opforge.group_by), got "
                         f"{getattr(group_ids, 'dtype', type(group_ids).__name__)}")
     if values.dim() != 1 or group_ids.shape != values.shape:
-        raise ValueError(f"{where}: values and group_ids must be 1-D of one length, got "
-                         f"{tuple(values.shape)} and {tuple(group_ids.shape)}")
+        _length_error(values, group_ids)
     if group_ids.device != values.device:
         raise ValueError(f"{where}: group_ids is on {group_ids.device} but values is on {values.device}")
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
@@ -238,6 +240,27 @@ def validate_segment_reduce(values, group_ids, num_groups, op, valid=None, deter
     check_valid(where, "valid", valid, values, "values")
     if not isinstance(deterministic, bool):
         raise TypeError(f"{where}: deterministic must be a bool, got {type(deterministic).__name__}")
+
+
+def _length_error(values, group_ids):
+    raise ValueError(f"opforge.segment_reduce: values and group_ids must be 1-D of one length, got "
+                     f"{tuple(values.shape)} and {tuple(group_ids.shape)}")
+
+
+def check_group_ids(values, group_ids, num_groups) -> None:
+    """Per call, as dispatch validates once per memo key (which holds only the
+    size class): one length per side, and every id in ``[0, num_groups)`` by
+    one ``aminmax`` and host sync, skipped while a CUDA graph is captured
+    (no sync is allowed there). Other faults are left to the validation."""
+    if group_ids.shape != values.shape:
+        _length_error(values, group_ids)
+    if not group_ids.numel() or type(num_groups) is not int or num_groups < 0 or group_ids.dtype != torch.int64 \
+            or (group_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    lo, hi = (int(t) for t in torch.stack(torch.aminmax(group_ids)).tolist())
+    if lo < 0 or hi >= num_groups:
+        raise ValueError(f"opforge.segment_reduce: group_ids must lie in [0, {num_groups}), got ids from {lo} to "
+                         f"{hi} (mark NULL rows with valid=)")
 
 
 # ---------------------------------------------------------------------------
@@ -542,6 +565,7 @@ def _define() -> None:
     define("group_by(Tensor keys, Tensor? valid) -> (Tensor, Tensor, Tensor)", group_impl, group_fake)
 
     def segment_impl(v, g, n, op, valid, det):
+        check_group_ids(v, g, n)
         return dispatch.call(SEGMENT_REDUCE, v, g, n, op, valid, det)
 
     def segment_fake(v, g, n, op, valid, det):
@@ -586,12 +610,24 @@ def group_by(keys: torch.Tensor, valid: torch.Tensor | None = None):
 def segment_reduce(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int, op: str = "sum", *,
                    valid: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
     """``op`` (sum / min / max / count) of ``values`` per group id in
-    ``[0, num_groups)``; NULL values (False in ``valid``) skipped; empty groups
-    read 0; ``deterministic=True``: float sums reproducible bit for bit."""
+    ``[0, num_groups)`` (another id raises; mark NULL rows with ``valid``);
+    NULL values (False in ``valid``) skipped; empty groups read 0;
+    ``deterministic=True``: float sums reproducible bit for bit."""
     if direct_ok(values, group_ids) and (valid is None or type(valid) is torch.Tensor):
+        check_group_ids(values, group_ids, num_groups)
         return dispatch.call(SEGMENT_REDUCE, values, group_ids, num_groups, op, valid, deterministic)
     validate_segment_reduce(values, group_ids, num_groups, op, valid, deterministic)
     return torch.ops.opforge.segment_reduce.default(values, group_ids, num_groups, op, valid, deterministic)
 
 
-__all__ = ["hash_join", "group_by", "segment_reduce"]
+def segment_reduce_dense(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int, op: str = "sum", *,
+                         valid: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
+    """``segment_reduce`` for the engines, whose ids are dense by construction
+    (``group_by``, ``direct_groups``, ``torch.unique``): no range check, so no
+    host sync. Rows with an id out of range are skipped by every variant."""
+    if group_ids.shape != values.shape:  # dispatch validates once per memo key, which holds only the size class
+        _length_error(values, group_ids)
+    return dispatch.call(SEGMENT_REDUCE, values, group_ids, num_groups, op, valid, deterministic)
+
+
+__all__ = ["hash_join", "group_by", "segment_reduce", "segment_reduce_dense"]

@@ -46,11 +46,12 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime import device as devmod
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 FLOATS = frozenset({F16, BF16, F32, F64})

@@ -30,10 +30,10 @@ import operator
 
 import torch
 
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 PROPORTION = 50
 PERSON, AUCTION = 1, 3  # offsets < 1: person, < 4: auction, else bid

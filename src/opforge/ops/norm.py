@@ -50,15 +50,17 @@ stats (``kernels.norm`` ``STATS``). Double backward is not supported.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from numbers import Number
 
 import torch
 import torch.nn.functional as F
 
-from opforge.ops.layout import bucket_size, pow2
+from opforge.kernels import norm as K
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size, pow2
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -192,31 +194,56 @@ def validate(name: str, x, normalized_shape, eps, weight=None, bias=None, grad=N
 # ---------------------------------------------------------------------------
 # Variants
 # ---------------------------------------------------------------------------
-def _geom(x: torch.Tensor, shape) -> tuple[int, int]:
-    cols = _numel(shape)
-    rows = x.numel() // cols if cols else 0
-    return rows, cols
-
-
 def _tkey(t):
     return None if t is None else (t.dtype, tuple(t.shape), t.device, type(t))
 
 
-def _forward_run(is_rms: bool, strategy: str):
-    from opforge.kernels import norm as K
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, shared with ``ops.residual_norm``: the
+    normalized tensor seen as ``[rows, cols]`` (``cols`` = the product of
+    ``normalized_shape``), its element size and the device's SM count; all
+    determined by the memo key (dtype, shapes, device)."""
 
-    launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped}[strategy]
+    is_rms: bool
+    backward: bool
+    rows: int
+    cols: int
+    itemsize: int
+    sms: int
 
-    def run(cfg, x, shape, eps, weight=None, bias=None):
+
+def geometry_at(is_rms: bool, backward: bool, x_at: int, shape_at: int):
+    """The geometry function of ops whose normalized tensor is ``args[x_at]``
+    and ``normalized_shape`` is ``args[shape_at]``."""
+    return functools.partial(_geometry, is_rms, backward, x_at, shape_at)
+
+
+def _geometry(is_rms, backward, x_at, shape_at, *args) -> Geometry:
+    x = args[x_at]
+    cols = _numel(args[shape_at])
+    return Geometry(is_rms, backward, x.numel() // cols if cols else 0, cols, x.element_size(), _sms(x))
+
+
+def geometry(name: str):
+    backward = name.endswith("_backward")
+    return geometry_at(name.startswith("rms"), backward, int(backward), int(backward) + 1)
+
+
+class Forward:
+    """A forward kernel (``row``, ``split`` or ``looped``) into a new output of x's shape."""
+
+    def __init__(self, strategy: str):
+        self.launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped}[strategy]
+
+    def __call__(self, g: Geometry, cfg, x, shape, eps, weight=None, bias=None):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        rows, cols = _geom(x, shape)
+        rows, cols = g.rows, g.cols
         if rows and cols:
             xc = x.contiguous().view(rows, cols)  # a copy only when x is not contiguous
-            launch(xc, y.view(rows, cols), weight.contiguous() if weight is not None else None,
-                   bias.contiguous() if bias is not None else None, None, None, float(eps), is_rms, cfg)
+            self.launch(xc, y.view(rows, cols), weight.contiguous() if weight is not None else None,
+                        bias.contiguous() if bias is not None else None, None, None, float(eps), g.is_rms, cfg)
         return y
-
-    return run
 
 
 def backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms: bool, strategy: str, cfg,
@@ -225,8 +252,6 @@ def backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms: bool, 
 
     ``grad_res`` (the fused residual ops): a gradient added to ``dx`` in the kernel.
     """
-    from opforge.kernels import norm as K
-
     n = rows * cols
     has_w, has_b = weight is not None, bias is not None
     if n == 0:
@@ -253,20 +278,20 @@ def backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms: bool, 
     return packed
 
 
-def _backward_run(is_rms: bool, strategy: str):
-    def run(cfg, grad, x, shape, eps, weight=None, bias=None):
-        rows, cols = _geom(x, shape)
-        n = x.numel()
-        packed = torch.empty(n + cols * ((weight is not None) + (bias is not None)), dtype=x.dtype, device=x.device)
-        return backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms, strategy, cfg)
+class Backward:
+    """A backward kernel (``row`` or ``looped``) into packed ``[dx, dweight?, dbias?]``."""
 
-    return run
+    def __init__(self, strategy: str):
+        self.strategy = strategy
+
+    def __call__(self, g: Geometry, cfg, grad, x, shape, eps, weight=None, bias=None):
+        packed = torch.empty(x.numel() + g.cols * ((weight is not None) + (bias is not None)), dtype=x.dtype,
+                             device=x.device)
+        return backward_into(packed, grad, x, g.rows, g.cols, eps, weight, bias, g.is_rms, self.strategy, cfg)
 
 
 def row_configs(rows: int, cols: int) -> list[dict]:
     """Autotune candidates of the row-resident kernels (tiles up to 16384 elements)."""
-    from opforge.kernels import norm as K
-
     bc = pow2(max(cols, 1))
     out = []
     for br in (1, 2, 4, 8, 16):
@@ -280,8 +305,6 @@ def row_configs(rows: int, cols: int) -> list[dict]:
 
 def split_configs(rows: int, cols: int) -> list[dict]:
     """Autotune candidates of the split kernels: piece sizes x warps."""
-    from opforge.kernels import norm as K
-
     top = max(K.SPLIT_MIN_CHUNK, min(K.ROW_MAX, pow2(max(cols, 1))))
     out = []
     chunk = K.SPLIT_MIN_CHUNK
@@ -295,8 +318,6 @@ def split_configs(rows: int, cols: int) -> list[dict]:
 
 def split_check(rows: int, cols: int, sms: int = 132) -> str | None:
     """Split only pays for long rows, or for rows too few to fill the SMs."""
-    from opforge.kernels import norm as K
-
     if cols <= K.ROW_MAX:
         if cols < 2 * K.SPLIT_MIN_CHUNK:
             return (f"rows of {cols} elements are shorter than two pieces of {K.SPLIT_MIN_CHUNK}: "
@@ -313,95 +334,106 @@ def _sms(x: torch.Tensor) -> int:
     return 132
 
 
-def _make_variants(name: str, is_rms: bool, backward: bool) -> list[Variant]:
-    from opforge.kernels import norm as K
+# Checks, configs and buckets of the row, split and looped kernels, on the
+# geometry: ``ops.residual_norm`` declares its variants with these too.
+def row_check(g: Geometry, hint: str = " (use triton_split)") -> str | None:
+    if g.cols > K.ROW_MAX:
+        return f"rows of {g.cols} elements exceed the row-resident limit {K.ROW_MAX}{hint}"
+    return None
 
-    x_at = 1 if backward else 0  # grad comes first in the backward ops
 
-    def geom(*args):
-        return _geom(args[x_at], args[x_at + 1])
+def row_default(g: Geometry):
+    pick = K.row_backward_default_config if g.backward else K.row_default_config
+    return pick(g.rows, g.cols, g.itemsize)
 
-    def row_check(*args):
-        rows, cols = geom(*args)
-        if cols > K.ROW_MAX:
-            return f"rows of {cols} elements exceed the row-resident limit {K.ROW_MAX} (use triton_split)"
-        return None
 
-    def row_default(*args):
-        pick = K.row_backward_default_config if backward else K.row_default_config
-        return pick(*geom(*args), args[x_at].element_size())
+def row_candidates(g: Geometry):
+    return row_configs(g.rows, g.cols)
 
-    def split_default(*args):
-        return K.split_default_config(*geom(*args), args[x_at].element_size(), _sms(args[x_at]))
 
-    def looped_configs(*args):
-        return [{"BLOCK_C": bc, "num_warps": w} for bc in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
-                if bc // (32 * w) >= 4]
+def split_reason(g: Geometry) -> str | None:
+    return split_check(g.rows, g.cols, g.sms)
 
-    def looped_default(*args):
-        return K.looped_default_config(*geom(*args))
 
-    def bucket(*args):
-        rows, cols = geom(*args)
-        return f"{bucket_size(rows)}x{bucket_size(cols)}"
+def split_candidates(g: Geometry):
+    return split_configs(g.rows, g.cols)
 
-    strategy_run = _backward_run if backward else _forward_run
-    if backward:
-        ref = rms_norm_backward_reference if is_rms else layer_norm_backward_reference
-    else:
-        ref = rms_norm_reference if is_rms else layer_norm_reference
 
-    def eager_run(cfg, *args):
-        if not backward:
-            x, shape, eps, *wb = args
-            if is_rms:
-                return F.rms_norm(x, tuple(shape), wb[0] if wb else None, eps)
-            w = wb[0] if wb else None
-            b = wb[1] if len(wb) > 1 else None
-            return F.layer_norm(x, tuple(shape), w, b, eps)
-        grad, x, shape, eps, *wb = args
+def split_default(g: Geometry):
+    return K.split_default_config(g.rows, g.cols, g.itemsize, g.sms)
+
+
+def looped_configs(g: Geometry):
+    return [{"BLOCK_C": bc, "num_warps": w} for bc in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
+            if bc // (32 * w) >= 4]
+
+
+def looped_default(g: Geometry):
+    return K.looped_default_config(g.rows, g.cols)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}"
+
+
+def _reference(g: Geometry):
+    if g.backward:
+        return rms_norm_backward_reference if g.is_rms else layer_norm_backward_reference
+    return rms_norm_reference if g.is_rms else layer_norm_reference
+
+
+def eager_run(g: Geometry, cfg, *args):
+    if not g.backward:
+        x, shape, eps, *wb = args
+        if g.is_rms:
+            return F.rms_norm(x, tuple(shape), wb[0] if wb else None, eps)
         w = wb[0] if wb else None
         b = wb[1] if len(wb) > 1 else None
-        if is_rms:
-            return ref(grad, x, shape, eps, w)
-        shape = list(shape)
-        _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, b, eps)
-        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-            grad, x, shape, mean, rstd, w, b, [True, w is not None, b is not None])
-        return torch.cat([t.reshape(-1) for t in (dx, dw, db) if t is not None])
+        return F.layer_norm(x, tuple(shape), w, b, eps)
+    grad, x, shape, eps, *wb = args
+    w = wb[0] if wb else None
+    b = wb[1] if len(wb) > 1 else None
+    if g.is_rms:
+        return rms_norm_backward_reference(grad, x, shape, eps, w)
+    shape = list(shape)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, b, eps)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        grad, x, shape, mean, rstd, w, b, [True, w is not None, b is not None])
+    return torch.cat([t.reshape(-1) for t in (dx, dw, db) if t is not None])
 
-    def reference_run(cfg, *args):
-        if backward:
-            return ref(*args)
-        out = ref(*args)
-        return out.contiguous()
 
+def reference_run(g: Geometry, cfg, *args):
+    out = _reference(g)(*args)
+    return out if g.backward else out.contiguous()
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    backward = name.endswith("_backward")
     what = "backward" if backward else "forward"
+    run = Backward if backward else Forward
     split = []
     if not backward:
-        split = [Variant("triton_split", strategy_run(is_rms, "split"), version=K.SPLIT_VERSION, dtypes=FLOATS,
-                         check=lambda *a: split_check(*geom(*a), _sms(a[x_at])),
-                         configs=lambda *a: split_configs(*geom(*a)),
-                         default_config=split_default, bucket=bucket,
-                         description="forward: rows cut into column pieces, one program each; piece "
-                                     "statistics merged (Chan) in a second pass (long or few rows)")]
+        split = [Spec("triton_split", Forward("split"), version=K.SPLIT_VERSION, dtypes=FLOATS,
+                      check=split_reason, configs=split_candidates, default_config=split_default, bucket=bucket,
+                      description="forward: rows cut into column pieces, one program each; piece "
+                                  "statistics merged (Chan) in a second pass (long or few rows)")]
     return [
-        Variant("triton_row", strategy_run(is_rms, "row"), version=K.ROW_VERSION, dtypes=FLOATS,
-                check=row_check, configs=lambda *a: row_configs(*geom(*a)), default_config=row_default,
-                bucket=bucket,
-                description=f"{what}: tiles of whole rows held in registers (cols <= {K.ROW_MAX}); "
-                            "exact two-pass mean/variance"),
+        Spec("triton_row", run("row"), version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
+             configs=row_candidates, default_config=row_default, bucket=bucket,
+             description=f"{what}: tiles of whole rows held in registers (cols <= {K.ROW_MAX}); "
+                         "exact two-pass mean/variance"),
         # The looped kernel comes before split: on the H200 (2026-11-30) split ran
         # 256x65536 bf16 layer_norm at 0.50 TB/s, looped at 1.7 TB/s (2026-11-29).
         # Split stays a candidate for autotune.
-        Variant("triton_looped", strategy_run(is_rms, "looped"), version=K.LOOPED_VERSION, dtypes=FLOATS,
-                configs=looped_configs, default_config=looped_default, bucket=bucket,
-                description=f"{what}: one row per program walked in column blocks; two-pass statistics"),
+        Spec("triton_looped", run("looped"), version=K.LOOPED_VERSION, dtypes=FLOATS,
+             configs=looped_configs, default_config=looped_default, bucket=bucket,
+             description=f"{what}: one row per program walked in column blocks; two-pass statistics"),
         *split,
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="aten's own kernels"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+             description="aten's own kernels"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -413,8 +445,6 @@ def sample_inputs(name: str, is_rms: bool, backward: bool, device: torch.device)
     dims, a transposed (non-contiguous) input, a large mean, and a row longer
     than ``ROW_MAX`` (``triton_split``, ``triton_looped`` and the vendor take
     it); on CUDA also bandwidth-sized shapes (many long rows, many short rows)."""
-    from opforge.kernels.norm import ROW_MAX
-
     g = torch.Generator(device="cpu").manual_seed(7 if is_rms else 11)
 
     def rand(shape, dtype, shift=0.0):
@@ -427,10 +457,10 @@ def sample_inputs(name: str, is_rms: bool, backward: bool, device: torch.device)
             (rand((67, 130), dt), (130,), True),
             (rand((3, 5, 40), dt, shift=3.0), (5, 40), True),
             (rand((130, 24), dt).t(), (130,), False),
-            (rand((2, ROW_MAX + 100), dt), (ROW_MAX + 100,), True),
+            (rand((2, K.ROW_MAX + 100), dt), (K.ROW_MAX + 100,), True),
         ]
         if device.type == "cuda" and dt in (torch.float32, torch.bfloat16):
-            cases += [(rand((300, 4 * ROW_MAX + 5), dt, shift=2.0), (4 * ROW_MAX + 5,), True),
+            cases += [(rand((300, 4 * K.ROW_MAX + 5), dt, shift=2.0), (4 * K.ROW_MAX + 5,), True),
                       (rand((4096, 1000), dt), (1000,), True)]
         for x, shape, with_params in cases:
             params = ()
@@ -444,54 +474,57 @@ def sample_inputs(name: str, is_rms: bool, backward: bool, device: torch.device)
 # ---------------------------------------------------------------------------
 # Registration: registry entries + torch.library ops + autograd
 # ---------------------------------------------------------------------------
-def _register(name: str, is_rms: bool, backward: bool) -> Op:
-    fwd_name = "rms_norm" if is_rms else "layer_norm"
-
-    if backward:
-        def tensors(grad, x, shape, eps, w=None, b=None):
-            return tuple(t for t in (x, grad, w, b) if isinstance(t, torch.Tensor))
-
-        def memo_key(grad, x, shape, eps, w=None, b=None):
-            return (x.dtype, x.shape, x.stride(), x.device, grad.dtype, grad.shape, grad.stride(), grad.device,
-                    tuple(shape), _tkey(w), _tkey(b), type(eps))
-
-        def val(grad, x, shape, eps, w=None, b=None):
-            validate(name, x, shape, eps, w, b, grad=grad)
-
-        ref = rms_norm_backward_reference if is_rms else layer_norm_backward_reference
-    else:
-        def tensors(x, shape, eps, w=None, b=None):
-            return tuple(t for t in (x, w, b) if isinstance(t, torch.Tensor))
-
-        def memo_key(x, shape, eps, w=None, b=None):
-            return (x.dtype, x.shape, x.stride(), x.device, tuple(shape), _tkey(w), _tkey(b), type(eps))
-
-        def val(x, shape, eps, w=None, b=None):
-            validate(name, x, shape, eps, w, b)
-
-        ref = rms_norm_reference if is_rms else layer_norm_reference
-
-    op = Op(
-        name=name,
-        reference=ref,
-        tensors=tensors,
-        memo_key=memo_key,
-        dtype_key=lambda *args: str(tensors(*args)[0].dtype).replace("torch.", ""),
-        variants=_make_variants(name, is_rms, backward),
-        validate=val,
-        samples=functools.partial(sample_inputs, name, is_rms, backward),
-        doc=f"{fwd_name}{' backward (packed [dx, dweight?, dbias?])' if backward else ''} over the trailing dims",
-    )
-    registry.register(op)
-    return op
+def _tensors(x, shape, eps, w=None, b=None):
+    return tuple(t for t in (x, w, b) if isinstance(t, torch.Tensor))
 
 
-OPS = {
-    "layer_norm": _register("layer_norm", False, False),
-    "rms_norm": _register("rms_norm", True, False),
-    "layer_norm_backward": _register("layer_norm_backward", False, True),
-    "rms_norm_backward": _register("rms_norm_backward", True, True),
-}
+def _backward_tensors(grad, x, shape, eps, w=None, b=None):
+    return tuple(t for t in (x, grad, w, b) if isinstance(t, torch.Tensor))
+
+
+def _memo_key(x, shape, eps, w=None, b=None):
+    return (x.dtype, x.shape, x.stride(), x.device, tuple(shape), _tkey(w), _tkey(b), type(eps))
+
+
+def _backward_memo_key(grad, x, shape, eps, w=None, b=None):
+    return (x.dtype, x.shape, x.stride(), x.device, grad.dtype, grad.shape, grad.stride(), grad.device,
+            tuple(shape), _tkey(w), _tkey(b), type(eps))
+
+
+def _dtype_key(x, *rest):
+    return str(x.dtype).replace("torch.", "")
+
+
+def _backward_dtype_key(grad, x, *rest):
+    return str(x.dtype).replace("torch.", "")
+
+
+def _validate_backward(name, grad, x, shape, eps, w=None, b=None):
+    validate(name, x, shape, eps, w, b, grad=grad)
+
+
+def _validate(name: str):
+    return functools.partial(_validate_backward if name.endswith("_backward") else validate, name)
+
+
+def _references(name: str):
+    return {"layer_norm": layer_norm_reference, "rms_norm": rms_norm_reference,
+            "layer_norm_backward": layer_norm_backward_reference,
+            "rms_norm_backward": rms_norm_backward_reference}[name]
+
+
+OPS = registry.register_family(
+    ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward"), specs, geometry=geometry,
+    reference=_references,
+    tensors=lambda name: _backward_tensors if name.endswith("_backward") else _tensors,
+    memo_key=lambda name: _backward_memo_key if name.endswith("_backward") else _memo_key,
+    dtype_key=lambda name: _backward_dtype_key if name.endswith("_backward") else _dtype_key,
+    validate=_validate,
+    samples=lambda name: functools.partial(sample_inputs, name, name.startswith("rms"), name.endswith("_backward")),
+    doc=lambda name: f"{name.removesuffix('_backward')}"
+                     f"{' backward (packed [dx, dweight?, dbias?])' if name.endswith('_backward') else ''} "
+                     f"over the trailing dims",
+)
 
 
 def _packed_numel(x, shape, has_w, has_b):

@@ -52,10 +52,11 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 INPUT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}

@@ -68,10 +68,11 @@ from typing import NamedTuple
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 # This module defines sum/max/min; keep the builtins at hand.
 _bsum, _bmax, _bmin = builtins.sum, builtins.max, builtins.min

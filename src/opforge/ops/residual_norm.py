@@ -51,11 +51,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from opforge.kernels import norm as K
 from opforge.ops import norm as N
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 
 FLOATS = N.FLOATS
 _Tensor = torch.Tensor
@@ -138,117 +138,106 @@ def validate_backward(name: str, grad, grad_res, s, normalized_shape, eps, weigh
 # ---------------------------------------------------------------------------
 # Variants
 # ---------------------------------------------------------------------------
-def _forward_run(is_rms: bool, strategy: str):
-    from opforge.kernels import norm as K
+class Forward:
+    """A forward kernel (``row`` or ``split``) writing ``out`` and ``new_residual``."""
 
-    launch = K.launch_fwd_row if strategy == "row" else K.launch_fwd_split
+    def __init__(self, strategy: str):
+        self.launch = K.launch_fwd_row if strategy == "row" else K.launch_fwd_split
 
-    def run(cfg, x, residual, shape, eps, weight=None, bias=None, outs=None):
+    def __call__(self, g: N.Geometry, cfg, x, residual, shape, eps, weight=None, bias=None, outs=None):
         packed = None
         if outs is None:
             packed = torch.empty((2,) + tuple(x.shape), dtype=x.dtype, device=x.device)
             outs = (packed[0], packed[1])
-        rows, cols = N._geom(x, shape)
+        rows, cols = g.rows, g.cols
         if rows and cols:
             xc = x.contiguous().view(rows, cols)  # copies only for non-contiguous inputs
             rc = residual.contiguous().view(rows, cols)
-            launch(xc, outs[0].view(rows, cols), weight.contiguous() if weight is not None else None,
-                   bias.contiguous() if bias is not None else None, None, None, float(eps), is_rms, cfg,
-                   res=rc, s=outs[1].view(rows, cols))
+            self.launch(xc, outs[0].view(rows, cols), weight.contiguous() if weight is not None else None,
+                        bias.contiguous() if bias is not None else None, None, None, float(eps), g.is_rms, cfg,
+                        res=rc, s=outs[1].view(rows, cols))
         return outs[0] if packed is None else packed
 
-    return run
 
+class Backward:
+    """A backward kernel (``row`` or ``looped``) with the residual's gradient added in the kernel."""
 
-def _backward_run(is_rms: bool, strategy: str):
-    def run(cfg, grad, grad_res, s, shape, eps, weight=None, bias=None):
-        rows, cols = N._geom(s, shape)
-        packed = torch.empty(s.numel() + cols * ((weight is not None) + (bias is not None)),
+    def __init__(self, strategy: str):
+        self.strategy = strategy
+
+    def __call__(self, g: N.Geometry, cfg, grad, grad_res, s, shape, eps, weight=None, bias=None):
+        packed = torch.empty(s.numel() + g.cols * ((weight is not None) + (bias is not None)),
                              dtype=s.dtype, device=s.device)
-        return N.backward_into(packed, grad, s, rows, cols, eps, weight, bias, is_rms, strategy, cfg,
+        return N.backward_into(packed, grad, s, g.rows, g.cols, eps, weight, bias, g.is_rms, self.strategy, cfg,
                                grad_res=grad_res)
 
-    return run
+
+def geometry(name: str):
+    """The normalized tensor: ``new_residual`` (backward, ``args[2]``) or ``input``."""
+    backward = name.endswith("_backward")
+    return N.geometry_at(name == "add_rms_norm" or name == "add_rms_norm_backward", backward,
+                         2 if backward else 0, 3 if backward else 2)
 
 
-def _make_variants(is_rms: bool, backward: bool) -> list[Variant]:
-    from opforge.kernels import norm as K
+def _reference(g: N.Geometry):
+    if g.backward:
+        return add_rms_norm_backward_reference if g.is_rms else add_layer_norm_backward_reference
+    return add_rms_norm_reference if g.is_rms else add_layer_norm_reference
 
-    x_at = 2 if backward else 0  # the tensor that is normalized: new_residual (backward) or input
 
-    def geom(*args):
-        return N._geom(args[x_at], args[3] if backward else args[2])
+def eager_run(g: N.Geometry, cfg, *args):
+    if g.backward:
+        grad, grad_res, s, shape, eps, weight, bias = (args + (None, None))[:7]
+        if g.is_rms:
+            return add_rms_norm_backward_reference(grad, grad_res, s, shape, eps, weight)
+        shape = list(shape)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(s, shape, weight, bias, eps)
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            grad, s, shape, mean, rstd, weight, bias, [True, weight is not None, bias is not None])
+        return torch.cat([t.reshape(-1) for t in (dx + grad_res, dw, db) if t is not None])
+    x, residual, shape, eps, weight, bias, outs = (args + (None, None, None))[:7]
+    s = x + residual
+    if g.is_rms:
+        y = F.rms_norm(s, tuple(shape), weight, eps)
+    else:
+        y = F.layer_norm(s, tuple(shape), weight, bias, eps)
+    return _packed_or_outs(y, s, outs)
 
-    def row_check(*args):
-        rows, cols = geom(*args)
-        if cols > K.ROW_MAX:
-            return f"rows of {cols} elements exceed the row-resident limit {K.ROW_MAX}"
-        return None
 
-    def row_default(*args):
-        pick = K.row_backward_default_config if backward else K.row_default_config
-        return pick(*geom(*args), args[x_at].element_size())
+def reference_run(g: N.Geometry, cfg, *args):
+    return _reference(g)(*args).contiguous()  # outs (when given) are filled by the reference itself
 
-    def split_default(*args):
-        return K.split_default_config(*geom(*args), args[x_at].element_size(), N._sms(args[x_at]))
 
-    def bucket(*args):
-        rows, cols = geom(*args)
-        return f"{bucket_size(rows)}x{bucket_size(cols)}"
+row_check = functools.partial(N.row_check, hint="")
 
-    if backward:
-        ref = add_rms_norm_backward_reference if is_rms else add_layer_norm_backward_reference
 
-        def eager_run(cfg, grad, grad_res, s, shape, eps, weight=None, bias=None):
-            if is_rms:
-                return ref(grad, grad_res, s, shape, eps, weight)
-            shape = list(shape)
-            _, mean, rstd = torch.ops.aten.native_layer_norm(s, shape, weight, bias, eps)
-            dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-                grad, s, shape, mean, rstd, weight, bias, [True, weight is not None, bias is not None])
-            return torch.cat([t.reshape(-1) for t in (dx + grad_res, dw, db) if t is not None])
-
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order: the norm's checks and configs, residual runners."""
+    if name.endswith("_backward"):
         what = "backward (norm backward + the residual's gradient, added in the kernel)"
         triton = [
-            Variant("triton_row", _backward_run(is_rms, "row"), version=K.ROW_VERSION, dtypes=FLOATS,
-                    check=row_check, configs=lambda *a: N.row_configs(*geom(*a)), default_config=row_default,
-                    bucket=bucket, description=f"{what}: tiles of whole rows in registers"),
-            Variant("triton_looped", _backward_run(is_rms, "looped"), version=K.LOOPED_VERSION, dtypes=FLOATS,
-                    configs=lambda *a: [{"BLOCK_C": bc, "num_warps": w} for bc in (1024, 2048, 4096, 8192)
-                                        for w in (4, 8, 16) if bc // (32 * w) >= 4],
-                    default_config=lambda *a: K.looped_default_config(*geom(*a)), bucket=bucket,
-                    description=f"{what}: one row per program walked in column blocks"),
+            Spec("triton_row", Backward("row"), version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
+                 configs=N.row_candidates, default_config=N.row_default, bucket=N.bucket,
+                 description=f"{what}: tiles of whole rows in registers"),
+            Spec("triton_looped", Backward("looped"), version=K.LOOPED_VERSION, dtypes=FLOATS,
+                 configs=N.looped_configs, default_config=N.looped_default, bucket=N.bucket,
+                 description=f"{what}: one row per program walked in column blocks"),
         ]
     else:
-        ref = add_rms_norm_reference if is_rms else add_layer_norm_reference
-
-        def eager_run(cfg, x, residual, shape, eps, weight=None, bias=None, outs=None):
-            s = x + residual
-            if is_rms:
-                y = F.rms_norm(s, tuple(shape), weight, eps)
-            else:
-                y = F.layer_norm(s, tuple(shape), weight, bias, eps)
-            return _packed_or_outs(y, s, outs)
-
         what = "forward: x + residual stored and normalized in one pass"
         triton = [
-            Variant("triton_row", _forward_run(is_rms, "row"), version=K.ROW_VERSION, dtypes=FLOATS,
-                    check=row_check, configs=lambda *a: N.row_configs(*geom(*a)), default_config=row_default,
-                    bucket=bucket, description=f"{what}; tiles of whole rows in registers (cols <= {K.ROW_MAX})"),
-            Variant("triton_split", _forward_run(is_rms, "split"), version=K.SPLIT_VERSION, dtypes=FLOATS,
-                    check=lambda *a: N.split_check(*geom(*a), N._sms(a[x_at])),
-                    configs=lambda *a: N.split_configs(*geom(*a)), default_config=split_default, bucket=bucket,
-                    description=f"{what}; rows cut into column pieces, statistics merged in a second pass"),
+            Spec("triton_row", Forward("row"), version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
+                 configs=N.row_candidates, default_config=N.row_default, bucket=N.bucket,
+                 description=f"{what}; tiles of whole rows in registers (cols <= {K.ROW_MAX})"),
+            Spec("triton_split", Forward("split"), version=K.SPLIT_VERSION, dtypes=FLOATS, check=N.split_reason,
+                 configs=N.split_candidates, default_config=N.split_default, bucket=N.bucket,
+                 description=f"{what}; rows cut into column pieces, statistics merged in a second pass"),
         ]
-
-    def reference_run(cfg, *args):
-        return ref(*args).contiguous()  # outs (when given) are filled by the reference itself
-
     return triton + [
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="x + residual, then aten's norm kernels"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=N.bucket,
+             description="x + residual, then aten's norm kernels"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -259,8 +248,6 @@ def sample_inputs(is_rms: bool, backward: bool, device: torch.device) -> list[tu
     """Inputs that reach every variant: with/without params, leading dims, a
     transposed input, a large common offset, a row longer than ``ROW_MAX``,
     and on CUDA bandwidth-sized shapes."""
-    from opforge.kernels.norm import ROW_MAX
-
     g = torch.Generator(device="cpu").manual_seed(17 if is_rms else 19)
 
     def rand(shape, dtype, shift=0.0):
@@ -270,9 +257,9 @@ def sample_inputs(is_rms: bool, backward: bool, device: torch.device) -> list[tu
     for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         eps = N.default_rms_eps(dt) if is_rms else 1e-5
         shapes = [((67, 130), (130,), True, 0.0), ((3, 5, 40), (5, 40), True, 3.0),
-                  ((130, 24), (24,), False, 0.0), ((2, ROW_MAX + 100), (ROW_MAX + 100,), True, 0.0)]
+                  ((130, 24), (24,), False, 0.0), ((2, K.ROW_MAX + 100), (K.ROW_MAX + 100,), True, 0.0)]
         if device.type == "cuda" and dt in (torch.float32, torch.bfloat16):
-            shapes += [((300, 4 * ROW_MAX + 5), (4 * ROW_MAX + 5,), True, 2.0), ((4096, 1000), (1000,), True, 0.0)]
+            shapes += [((300, 4 * ROW_MAX + 5), (4 * K.ROW_MAX + 5,), True, 2.0), ((4096, 1000), (1000,), True, 0.0)]
         for i, (shape, nshape, with_params, shift) in enumerate(shapes):
             x = rand(shape, dt, shift)
             if i == 2:
@@ -291,51 +278,55 @@ def sample_inputs(is_rms: bool, backward: bool, device: torch.device) -> list[tu
 # ---------------------------------------------------------------------------
 # Registration: registry entries + torch.library ops + autograd
 # ---------------------------------------------------------------------------
-def _register(name: str, is_rms: bool, backward: bool) -> Op:
-    if backward:
-        def tensors(grad, grad_res, s, shape, eps, w=None, b=None):
-            return tuple(t for t in (s, grad, grad_res, w, b) if isinstance(t, torch.Tensor))
-
-        def memo_key(grad, grad_res, s, shape, eps, w=None, b=None):
-            return (s.dtype, s.shape, s.stride(), s.device, N._tkey(grad), grad.stride(), N._tkey(grad_res),
-                    grad_res.stride(), tuple(shape), N._tkey(w), N._tkey(b), type(eps))
-
-        def val(grad, grad_res, s, shape, eps, w=None, b=None):
-            validate_backward(name, grad, grad_res, s, shape, eps, w, b)
-
-        ref = add_rms_norm_backward_reference if is_rms else add_layer_norm_backward_reference
-    else:
-        def tensors(x, residual, shape, eps, w=None, b=None, outs=None):
-            return tuple(t for t in (x, residual, w, b) if isinstance(t, torch.Tensor))
-
-        def memo_key(x, residual, shape, eps, w=None, b=None, outs=None):
-            return (x.dtype, x.shape, x.stride(), x.device, N._tkey(residual), residual.stride(), tuple(shape),
-                    N._tkey(w), N._tkey(b), type(eps), outs is None)
-
-        def val(x, residual, shape, eps, w=None, b=None, outs=None):
-            validate(name, x, residual, shape, eps, w, b, outs)
-
-        ref = add_rms_norm_reference if is_rms else add_layer_norm_reference
-
-    op = Op(
-        name=name, reference=ref, tensors=tensors, memo_key=memo_key,
-        dtype_key=lambda *args: str(tensors(*args)[0].dtype).replace("torch.", ""),
-        variants=_make_variants(is_rms, backward), validate=val,
-        samples=functools.partial(sample_inputs, is_rms, backward),
-        doc=("residual add + " + ("rms_norm" if is_rms else "layer_norm")
-             + (" backward (packed [d_input = d_residual, dweight?, dbias?])" if backward
-                else " (packed [out, new_residual])")),
-    )
-    registry.register(op)
-    return op
+def _tensors(x, residual, shape, eps, w=None, b=None, outs=None):
+    return tuple(t for t in (x, residual, w, b) if isinstance(t, torch.Tensor))
 
 
-OPS = {
-    "add_rms_norm": _register("add_rms_norm", True, False),
-    "add_layer_norm": _register("add_layer_norm", False, False),
-    "add_rms_norm_backward": _register("add_rms_norm_backward", True, True),
-    "add_layer_norm_backward": _register("add_layer_norm_backward", False, True),
-}
+def _backward_tensors(grad, grad_res, s, shape, eps, w=None, b=None):
+    return tuple(t for t in (s, grad, grad_res, w, b) if isinstance(t, torch.Tensor))
+
+
+def _memo_key(x, residual, shape, eps, w=None, b=None, outs=None):
+    return (x.dtype, x.shape, x.stride(), x.device, N._tkey(residual), residual.stride(), tuple(shape),
+            N._tkey(w), N._tkey(b), type(eps), outs is None)
+
+
+def _backward_memo_key(grad, grad_res, s, shape, eps, w=None, b=None):
+    return (s.dtype, s.shape, s.stride(), s.device, N._tkey(grad), grad.stride(), N._tkey(grad_res),
+            grad_res.stride(), tuple(shape), N._tkey(w), N._tkey(b), type(eps))
+
+
+def _dtype_key(x, *rest):
+    return str(x.dtype).replace("torch.", "")
+
+
+def _backward_dtype_key(grad, grad_res, s, *rest):
+    return str(s.dtype).replace("torch.", "")
+
+
+def _references(name: str):
+    return {"add_rms_norm": add_rms_norm_reference, "add_layer_norm": add_layer_norm_reference,
+            "add_rms_norm_backward": add_rms_norm_backward_reference,
+            "add_layer_norm_backward": add_layer_norm_backward_reference}[name]
+
+
+def _doc(name: str) -> str:
+    backward = name.endswith("_backward")
+    return ("residual add + " + ("rms_norm" if name.startswith("add_rms") else "layer_norm")
+            + (" backward (packed [d_input = d_residual, dweight?, dbias?])" if backward
+               else " (packed [out, new_residual])"))
+
+
+OPS = registry.register_family(
+    ("add_rms_norm", "add_layer_norm", "add_rms_norm_backward", "add_layer_norm_backward"), specs,
+    geometry=geometry, reference=_references,
+    tensors=lambda name: _backward_tensors if name.endswith("_backward") else _tensors,
+    memo_key=lambda name: _backward_memo_key if name.endswith("_backward") else _memo_key,
+    dtype_key=lambda name: _backward_dtype_key if name.endswith("_backward") else _dtype_key,
+    validate=lambda name: functools.partial(validate_backward if name.endswith("_backward") else validate, name),
+    samples=lambda name: functools.partial(sample_inputs, name.startswith("add_rms"), name.endswith("_backward")),
+    doc=_doc,
+)
 
 
 def _new_outs(x):

@@ -51,13 +51,13 @@ from typing import NamedTuple
 
 import torch
 
-from opforge.ops.layout import bucket_size
 from opforge.ops.library import define, direct_ok
 from opforge.ops.matmul import ACTIVATIONS, _act, _sms
 from opforge.ops.matmul import _dtype_name as _dname
 from opforge.ops.quant import QuantizedTensor
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 I8, E4M3, E5M2 = torch.int8, torch.float8_e4m3fn, torch.float8_e5m2
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64

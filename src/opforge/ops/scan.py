@@ -1,5 +1,6 @@
-"""Scan ops: ``cumsum``, ``cumprod``, ``cummax``, ``cummin``,
-``segmented_cumsum``, ``compact`` and ``nonzero``.
+"""Scan ops: ``cumsum``, ``cumprod``, ``cummax``, ``cummin`` and
+``segmented_cumsum`` (``compact`` and ``nonzero``, which run the scans'
+look-back kernel, are in ``ops.compact``).
 
 Torch semantics. ``cumsum``/``cumprod`` promote integer and bool inputs to
 int64 unless ``dtype`` is given (the input is then cast to ``dtype`` first, as
@@ -25,28 +26,26 @@ program walks a row, several short rows a program), ``torch_eager`` (CUDA) and
 
 ``segmented_cumsum(x, flags=|offsets=)`` restarts the sum at each segment
 start (``flags``: bool, same shape; ``offsets``: CSR starts like
-``cu_seqlens``, turned into flags on the device; their values are not checked,
-which would cost a host sync). A 2-D input is scanned along its last dim,
-each row starting a segment.
-
-``compact(x, mask)`` is ``x[mask]`` (mask of x's shape, or a 1-D mask over
-dim 0 selecting rows); ``nonzero(mask)`` is ``torch.nonzero``. Both need the
-number of kept elements to size the output: one device-to-host sync
-(``mask.sum()``) unless ``size=`` is given, in which case the output has
-``size`` rows: the first kept ones, then ``fill_value`` (like
-``torch.nonzero_static``).
+``cu_seqlens``, turned into flags on the device; non-decreasing within
+``[0, n]``, checked by one device reduction and host sync). A 2-D input is
+scanned along its last dim, each row starting a segment.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
+from opforge.kernels import scan as K
+
+from opforge.ops.checks import check_dim, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size, empty_moved, norm_dim, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
@@ -167,26 +166,9 @@ def _segmented_eager(x, flags, exclusive=False, reverse=False):
     return (y.flip(1) if reverse else y).reshape(t.shape)
 
 
-def _compact_ref(x, mask, size=None, fill_value=0):
-    m = mask if mask.shape == x.shape else mask.reshape(-1)
-    out = x[m]
-    if size is None:
-        return out
-    res = torch.full((size, *out.shape[1:]), fill_value, dtype=x.dtype, device=x.device)
-    k = min(size, out.shape[0])
-    res[:k] = out[:k]
-    return res
-
-
-def _nonzero_ref(mask, size=None, fill_value=-1):
-    if size is None:
-        return torch.nonzero(mask)
-    return torch.nonzero_static(mask, size=size, fill_value=fill_value)
-
-
 REFERENCE = {
     "cumsum": _cumsum_ref, "cumprod": _cumprod_ref, "cummax": _cummax_ref, "cummin": _cummin_ref,
-    "segmented_cumsum": _segmented_ref, "compact": _compact_ref, "nonzero": _nonzero_ref,
+    "segmented_cumsum": _segmented_ref,
 }
 EAGER = dict(REFERENCE, segmented_cumsum=_segmented_eager)
 
@@ -240,43 +222,6 @@ def validate_segmented(x, flags, exclusive=False, reverse=False):
     _check_flag(where, "reverse", reverse)
 
 
-def _rows_mode(x, mask) -> bool:
-    return mask.shape != x.shape and mask.dim() == 1 and x.dim() >= 1 and mask.shape[0] == x.shape[0]
-
-
-def _check_size(where, size):
-    if size is None:
-        return
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"{where}: size must be an int or None, got {type(size).__name__}")
-    if size < 0:
-        raise ValueError(f"{where}: size must be >= 0, got {size}")
-
-
-def validate_compact(x, mask, size=None, fill_value=0):
-    where = "opforge.compact"
-    check_tensor(where, "input", x, floating=False)
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype}")
-    if mask.shape != x.shape and not _rows_mode(x, mask):
-        raise ValueError(f"{where}: mask has shape {tuple(mask.shape)}; expected input's shape "
-                         f"{tuple(x.shape)} or a 1-D mask of {x.shape[0] if x.dim() else 0} rows")
-    if mask.device != x.device:
-        raise ValueError(f"{where}: mask is on {mask.device} but input is on {x.device}")
-    _check_size(where, size)
-
-
-def validate_nonzero(mask, size=None, fill_value=-1):
-    where = "opforge.nonzero"
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{where}: mask must be a bool tensor, got {mask.dtype} (use mask != 0)")
-    _check_size(where, size)
-
-
 # ---------------------------------------------------------------------------
 # Geometry helpers
 # ---------------------------------------------------------------------------
@@ -296,8 +241,6 @@ def _innermost(t: torch.Tensor, dim: int) -> bool:
 def _few_long_columns(t: torch.Tensor, dim: int) -> bool:
     """A non-innermost dim with at most 16 columns beside it and long enough for the tile
     scans: a transposing copy then the look-back beats one program per few columns."""
-    from opforge.kernels import scan as K
-
     outer, L, inner = _three(t, dim)
     return not _innermost(t, dim) and outer * inner <= 16 and L >= K.TILE_MIN_COLS
 
@@ -337,270 +280,264 @@ def _via_rows(x: torch.Tensor, dim: int, dtypes, launch):
     return bufs
 
 
-def _bucket(t, dim):
-    rows, cols = _geometry(t, dim)
-    return f"{bucket_size(rows)}x{bucket_size(cols)}:{'c' if _innermost(t, dim) else 't'}"
+# ---------------------------------------------------------------------------
+# Geometry: the shape facts every variant decides and runs on
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds: ``kop`` the
+    kernels' combine op; the scanned tensor as ``[rows, cols]`` and as
+    ``three`` = ``[outer, L, inner]``; ``innermost``: the dim is the
+    unit-stride one; ``few_long``: a few long non-innermost columns (the
+    tile scans take a transposed copy); ``columns``: outputs are contiguous
+    (``alloc_out``'s rule); ``dtype``: the input's."""
+
+    kop: int
+    dim: int
+    rows: int
+    cols: int
+    three: tuple[int, int, int]
+    innermost: bool
+    contiguous: bool
+    few_long: bool
+    columns: bool
+    dtype: torch.dtype
+
+
+_KOP = {"cumsum": K.SUM, "cumprod": K.PROD, "cummax": K.MAX, "cummin": K.MIN, "segmented_cumsum": K.SUM}
+
+
+def geometry(name: str):
+    """The geometry function of op ``name``: over ``(x, dim, ...)``, or the
+    last dim of a 1-D / 2-D input for ``segmented_cumsum``."""
+    return functools.partial(_segmented_geometry if name == "segmented_cumsum" else _geometry_of, _KOP[name])
+
+
+def _geometry_of(kop: int, x: torch.Tensor, dim: int, *rest) -> Geometry:
+    rows, cols = _geometry(x, dim)
+    innermost = _innermost(x, dim)
+    return Geometry(kop, dim, rows, cols, _three(x, dim) if x.dim() else (1, 1, 1), innermost, x.is_contiguous(),
+                    not innermost and _few_long_columns(x, dim), _columns_layout(x, dim), x.dtype)
+
+
+def _segmented_geometry(kop: int, x: torch.Tensor, *rest) -> Geometry:
+    if not x.dim():
+        return Geometry(kop, -1, 1, 1, (1, 1, 1), True, True, False, False, x.dtype)
+    return _geometry_of(kop, x, -1)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}:{'c' if g.innermost else 't'}"
+
+
+def row_configs(g: Geometry):
+    return K.row_configs(g.rows, g.cols)
+
+
+def row_default(g: Geometry):
+    return K.row_default_config(g.rows, g.cols)
+
+
+def tile_configs(g: Geometry):
+    return K.tile_configs(g.rows, g.cols)
+
+
+def tile_default(g: Geometry):
+    return K.tile_default_config(g.rows, g.cols)
+
+
+def col_configs(g: Geometry):
+    return K.col_configs(*g.three)
+
+
+def col_default(g: Geometry):
+    return K.col_default_config(*g.three)
 
 
 # ---------------------------------------------------------------------------
 # Variants: cumsum / cumprod
 # ---------------------------------------------------------------------------
-def _make_scan_variants(name: str) -> list[Variant]:
-    from opforge.kernels import scan as K
+def _scan_args(x, dim, exclusive=False, reverse=False, dtype=None):
+    return exclusive, reverse, out_dtype(x, dtype)
 
-    kop = K.SUM if name == "cumsum" else K.PROD
 
-    def alloc(x, dim, dtype):
-        return alloc_out(x, dim, out_dtype(x, dtype))
+def lookback_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_lookback_scan(xv, yv, None, kop, exclusive, reverse, cfg)
 
-    def row_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_row_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
 
-    def lookback_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_lookback_scan(xv, yv, None, kop, exclusive, reverse, cfg))[0]
+def reduce_then_scan_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_reduce_then_scan(xv, yv, kop, exclusive, reverse, cfg)
 
-    def rts_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return _via_rows(x, dim, (out_dtype(x, dtype),),
-                         lambda xv, yv: K.launch_reduce_then_scan(xv, yv, kop, exclusive, reverse, cfg))[0]
 
-    def col_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        y = torch.empty(x.shape, dtype=out_dtype(x, dtype), device=x.device)
-        K.launch_col_scan(x, y, None, *_three(x, dim), kop, exclusive, reverse, cfg)
-        return y
+def row_scan_rows(xv, yv, kop, exclusive, reverse, cfg):
+    K.launch_row_scan(xv, yv, None, kop, exclusive, reverse, cfg)
 
-    def tile_check(x, dim, *rest):
-        if not _innermost(x, dim) and not _few_long_columns(x, dim):
-            return "dim is not the unit-stride dim (triton_columns scans it in place)"
-        cols = _geometry(x, dim)[1]
-        if cols < K.TILE_MIN_COLS:
-            return f"rows of {cols} < {K.TILE_MIN_COLS} elements: one program per row is enough"
-        return None
 
-    def col_check(x, dim, *rest):
-        if _innermost(x, dim):
-            return "dim is the unit-stride dim (the row kernels take it)"
-        if not x.is_contiguous():
-            return "input is not contiguous (the row kernel takes a copy)"
-        if _few_long_columns(x, dim):
-            return "a few long columns: too few programs (the tile scans take a transposed copy)"
-        return None
+@dataclass(frozen=True)
+class Scan:
+    """A row kernel ``launch(xv, yv, kop, exclusive, reverse, cfg)`` over ``[rows, cols]`` views."""
 
-    def bucket(x, dim, *rest):
-        return _bucket(x, dim)
+    launch: Callable
 
-    def geo(fn):
-        return lambda x, dim, *rest: fn(*_geometry(x, dim))
+    def __call__(self, g: Geometry, cfg, x, *rest):
+        exclusive, reverse, dt = _scan_args(x, *rest)
+        return _via_rows(x, g.dim, (dt,), lambda xv, yv: self.launch(xv, yv, g.kop, exclusive, reverse, cfg))[0]
 
-    def col_geo(fn):
-        return lambda x, dim, *rest: fn(*_three(x, dim))
 
-    def eager_run(cfg, *args):
-        return EAGER[name](*args)
+def scan_columns_run(g: Geometry, cfg, x, *rest):
+    exclusive, reverse, dt = _scan_args(x, *rest)
+    y = torch.empty(x.shape, dtype=dt, device=x.device)
+    K.launch_col_scan(x, y, None, *g.three, g.kop, exclusive, reverse, cfg)
+    return y
 
-    def reference_run(cfg, x, dim, exclusive=False, reverse=False, dtype=None):
-        return alloc(x, dim, dtype).copy_(REFERENCE[name](x, dim, exclusive, reverse, dtype))
 
+def tile_check(g: Geometry) -> str | None:
+    if not g.innermost and not g.few_long:
+        return "dim is not the unit-stride dim (triton_columns scans it in place)"
+    if g.cols < K.TILE_MIN_COLS:
+        return f"rows of {g.cols} < {K.TILE_MIN_COLS} elements: one program per row is enough"
+    return None
+
+
+def scan_columns_check(g: Geometry) -> str | None:
+    if g.innermost:
+        return "dim is the unit-stride dim (the row kernels take it)"
+    if not g.contiguous:
+        return "input is not contiguous (the row kernel takes a copy)"
+    if g.few_long:
+        return "a few long columns: too few programs (the tile scans take a transposed copy)"
+    return None
+
+
+def _name(g: Geometry) -> str:
+    return {K.SUM: "cumsum", K.PROD: "cumprod", K.MAX: "cummax", K.MIN: "cummin"}[g.kop]
+
+
+def scan_eager_run(g: Geometry, cfg, *args):
+    return EAGER[_name(g)](*args)
+
+
+def scan_reference_run(g: Geometry, cfg, x, dim, exclusive=False, reverse=False, dtype=None):
+    return alloc_out(x, dim, out_dtype(x, dtype)).copy_(REFERENCE[_name(g)](x, dim, exclusive, reverse, dtype))
+
+
+def scan_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_lookback", lookback_run, version=K.LOOKBACK_VERSION, dtypes=SCAN_DTYPES,
-                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
-                bucket=bucket,
-                description="single-pass chained scan with decoupled look-back over tiles (one read, "
-                            f"one write); rows >= {K.TILE_MIN_COLS}"),
-        Variant("triton_reduce_scan", rts_run, version=K.REDUCE_SCAN_VERSION, dtypes=SCAN_DTYPES,
-                check=tile_check, configs=geo(K.tile_configs), default_config=geo(K.tile_default_config),
-                bucket=bucket,
-                description="reduce-then-scan: tile totals, their scan, then tile scans (two reads)"),
-        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=SCAN_DTYPES, check=col_check,
-                configs=col_geo(K.col_configs), default_config=col_geo(K.col_default_config), bucket=bucket,
-                description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
-        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
-                configs=geo(K.row_configs), default_config=geo(K.row_default_config), bucket=bucket,
-                description="one program walks a row in blocks with a carried prefix; any row length"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
-                description=f"torch.{name}"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_lookback", Scan(lookback_rows), version=K.LOOKBACK_VERSION, dtypes=SCAN_DTYPES,
+             check=tile_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="single-pass chained scan with decoupled look-back over tiles (one read, "
+                         f"one write); rows >= {K.TILE_MIN_COLS}"),
+        Spec("triton_reduce_scan", Scan(reduce_then_scan_rows), version=K.REDUCE_SCAN_VERSION, dtypes=SCAN_DTYPES,
+             check=tile_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="reduce-then-scan: tile totals, their scan, then tile scans (two reads)"),
+        Spec("triton_columns", scan_columns_run, version=K.COL_VERSION, dtypes=SCAN_DTYPES,
+             check=scan_columns_check, configs=col_configs, default_config=col_default, bucket=bucket,
+             description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
+        Spec("triton_row", Scan(row_scan_rows), version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
+             configs=row_configs, default_config=row_default, bucket=bucket,
+             description="one program walks a row in blocks with a carried prefix; any row length"),
+        Spec("torch_eager", scan_eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
+             description=f"torch.{name}"),
+        Spec("reference", scan_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
 # ---------------------------------------------------------------------------
 # Variants: cummax / cummin
 # ---------------------------------------------------------------------------
-def _make_minmax_variants(name: str) -> list[Variant]:
-    from opforge.kernels import scan as K
+def minmax_row_run(g: Geometry, cfg, x, dim):
+    y, i = _via_rows(x, dim, (x.dtype, torch.int64),
+                     lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, g.kop, False, False, cfg))
+    return y, i
 
-    kop = K.MAX if name == "cummax" else K.MIN
 
-    def alloc(x, dim):
-        return alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+def minmax_columns_run(g: Geometry, cfg, x, dim):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    i = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+    K.launch_col_scan(x, y, i, *g.three, g.kop, False, False, cfg)
+    return y, i
 
-    def row_run(cfg, x, dim):
-        y, i = _via_rows(x, dim, (x.dtype, torch.int64),
-                         lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, kop, False, False, cfg))
-        return y, i
 
-    def col_run(cfg, x, dim):
-        y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        i = torch.empty(x.shape, dtype=torch.int64, device=x.device)
-        K.launch_col_scan(x, y, i, *_three(x, dim), kop, False, False, cfg)
-        return y, i
+def minmax_columns_check(g: Geometry) -> str | None:
+    if g.innermost:
+        return "dim is the unit-stride dim (the row kernel takes it)"
+    if not g.contiguous:
+        return "input is not contiguous (the row kernel takes a copy)"
+    return None
 
-    def col_check(x, dim):
-        if _innermost(x, dim):
-            return "dim is the unit-stride dim (the row kernel takes it)"
-        if not x.is_contiguous():
-            return "input is not contiguous (the row kernel takes a copy)"
-        return None
 
-    def eager_run(cfg, x, dim):
-        return REFERENCE[name](x, dim)
+def minmax_eager_run(g: Geometry, cfg, x, dim):
+    return REFERENCE[_name(g)](x, dim)
 
-    def reference_run(cfg, x, dim):
-        y, i = alloc(x, dim)
-        vy, vi = REFERENCE[name](x, dim)
-        return y.copy_(vy), i.copy_(vi)
 
+def minmax_reference_run(g: Geometry, cfg, x, dim):
+    y, i = alloc_out(x, dim, x.dtype), alloc_out(x, dim, torch.int64)
+    vy, vi = REFERENCE[_name(g)](x, dim)
+    return y.copy_(vy), i.copy_(vi)
+
+
+def minmax_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_columns", col_run, version=K.COL_VERSION, dtypes=MINMAX_DTYPES, check=col_check,
-                configs=lambda x, dim: K.col_configs(*_three(x, dim)),
-                default_config=lambda x, dim: K.col_default_config(*_three(x, dim)),
-                bucket=_bucket, description="(value, index) scan down a non-innermost dim, column tiles"),
-        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=MINMAX_DTYPES,
-                configs=lambda x, dim: K.row_configs(*_geometry(x, dim)),
-                default_config=lambda x, dim: K.row_default_config(*_geometry(x, dim)),
-                bucket=_bucket, description="(value, index) scan of rows in blocks with a carried pair"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=MINMAX_DTYPES,
-                bucket=_bucket, description=f"torch.{name}"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_columns", minmax_columns_run, version=K.COL_VERSION, dtypes=MINMAX_DTYPES,
+             check=minmax_columns_check, configs=col_configs, default_config=col_default, bucket=bucket,
+             description="(value, index) scan down a non-innermost dim, column tiles"),
+        Spec("triton_row", minmax_row_run, version=K.ROW_VERSION, dtypes=MINMAX_DTYPES,
+             configs=row_configs, default_config=row_default, bucket=bucket,
+             description="(value, index) scan of rows in blocks with a carried pair"),
+        Spec("torch_eager", minmax_eager_run, kind="vendor", devices=("cuda",), dtypes=MINMAX_DTYPES,
+             bucket=bucket, description=f"torch.{name}"),
+        Spec("reference", minmax_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
 # ---------------------------------------------------------------------------
-# Variants: segmented_cumsum, compact, nonzero
+# Variants: segmented_cumsum
 # ---------------------------------------------------------------------------
-def _segmented_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
+def _as_rows(t):
+    return t.reshape(1, -1) if t.dim() == 1 else t
 
-    def as_rows(t):
-        return t.reshape(1, -1) if t.dim() == 1 else t
 
-    def run(cfg, x, flags, exclusive=False, reverse=False):
-        y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
-        if y.numel():
-            f = flags.contiguous()
-            f = f.view(torch.uint8) if f.dtype == torch.bool else f  # bytes, as the kernel reads them
-            K.launch_lookback_scan(as_rows(x.contiguous()), as_rows(y), as_rows(f), K.SUM, exclusive, reverse, cfg)
-        return y
+def segmented_run(g: Geometry, cfg, x, flags, exclusive=False, reverse=False):
+    y = torch.empty(x.shape, dtype=out_dtype(x, None), device=x.device)
+    if y.numel():
+        f = flags.contiguous()
+        f = f.view(torch.uint8) if f.dtype == torch.bool else f  # bytes, as the kernel reads them
+        K.launch_lookback_scan(_as_rows(x.contiguous()), _as_rows(y), _as_rows(f), K.SUM, exclusive, reverse, cfg)
+    return y
 
-    def geo(fn):
-        return lambda x, *rest: fn(*(_geometry(x, -1) if x.dim() else (1, 1)))
 
-    def bucket(x, *rest):
-        return _bucket(x, -1) if x.dim() else "1x1:c"
+def segmented_check(g: Geometry) -> str | None:
+    return None if g.dtype in SCAN_DTYPES else f"dtype {g.dtype} not supported"
 
-    def eager_run(cfg, *args):
-        return _segmented_eager(*args)
 
-    def reference_run(cfg, *args):
-        return _segmented_ref(*args)
+def segmented_eager_run(g: Geometry, cfg, *args):
+    return _segmented_eager(*args)
 
+
+def segmented_reference_run(g: Geometry, cfg, *args):
+    return _segmented_ref(*args)
+
+
+def segmented_specs(name: str) -> list[Spec]:
     return [
-        Variant("triton_lookback", run, version=K.LOOKBACK_VERSION, dtypes=None,
-                check=lambda x, *rest: None if x.dtype in SCAN_DTYPES else f"dtype {x.dtype} not supported",
-                configs=geo(K.tile_configs), default_config=geo(K.tile_default_config), bucket=bucket,
-                description="segmented (flag, value) scan with decoupled look-back; a tile holding a "
-                            "segment start publishes its inclusive prefix before looking back"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
-                description="torch: one cumsum minus the prefix at each segment start"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_lookback", segmented_run, version=K.LOOKBACK_VERSION, dtypes=None, check=segmented_check,
+             configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="segmented (flag, value) scan with decoupled look-back; a tile holding a "
+                         "segment start publishes its inclusive prefix before looking back"),
+        Spec("torch_eager", segmented_eager_run, kind="vendor", devices=("cuda",), bucket=bucket,
+             description="torch: one cumsum minus the prefix at each segment start"),
+        Spec("reference", segmented_reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
-def _count(mask: torch.Tensor, size) -> int:
-    """The output length: ``size`` when given, else the number kept (a host sync)."""
-    return int(mask.sum()) if size is None else size
-
-
-def _compact_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
-
-    def run(cfg, x, mask, size=None, fill_value=0):
-        k = _count(mask, size)
-        m = mask.contiguous().reshape(-1)
-        if _rows_mode(x, mask):
-            rows = x.shape[0]
-            idx = torch.full((k,), rows, dtype=torch.int64, device=x.device)
-            K.launch_compact(None, m, idx, True, cfg)
-            xc = x.reshape(rows, -1)
-            got = xc.index_select(0, idx.clamp(max=max(rows - 1, 0))) if rows else xc.new_empty((k, xc.shape[1]))
-            if size is not None:
-                got = torch.where((idx < rows)[:, None], got, torch.full_like(got, fill_value))
-            return got.reshape((k, *x.shape[1:]))
-        out = (torch.empty((k,), dtype=x.dtype, device=x.device) if size is None
-               else torch.full((k,), fill_value, dtype=x.dtype, device=x.device))
-        K.launch_compact(x.contiguous().reshape(-1), m, out, False, cfg)
-        return out
-
-    def check(x, mask, *rest):
-        return None if x.dtype in SCAN_DTYPES - {torch.bool} else f"dtype {x.dtype} not supported"
-
-    def default(x, mask, *rest):
-        return K.compact_default_config(mask.numel())
-
-    def configs(x, mask, *rest):
-        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
-
-    def bucket(x, mask, *rest):
-        return f"{bucket_size(mask.numel())}:{'rows' if _rows_mode(x, mask) else 'elems'}"
-
-    return [
-        Variant("triton_lookback", run, version=K.COMPACT_VERSION, check=check, configs=configs,
-                default_config=default, bucket=bucket,
-                description="look-back scan of the mask gives each kept element its slot; the tile "
-                            "scatters (rows: kept row indices, then a gather)"),
-        Variant("torch_eager", lambda cfg, *a: _compact_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
-                description="x[mask]"),
-        Variant("reference", lambda cfg, *a: _compact_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
-
-
-def _nonzero_variants() -> list[Variant]:
-    from opforge.kernels import scan as K
-
-    def run(cfg, mask, size=None, fill_value=-1):
-        k = _count(mask, size)
-        n = mask.numel()
-        flat = torch.full((k,), -1, dtype=torch.int64, device=mask.device)
-        K.launch_compact(None, mask.contiguous().reshape(-1), flat, True, cfg)
-        if mask.dim() == 0:
-            return flat.new_empty((k, 0))
-        coords = torch.stack(torch.unravel_index(flat.clamp(min=0, max=max(n - 1, 0)), mask.shape), 1)
-        if size is not None:
-            coords = torch.where((flat >= 0)[:, None], coords, torch.full_like(coords, fill_value))
-        return coords
-
-    def default(mask, *rest):
-        return K.compact_default_config(mask.numel())
-
-    def configs(mask, *rest):
-        return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
-
-    def bucket(mask, *rest):
-        return bucket_size(mask.numel())
-
-    return [
-        Variant("triton_lookback", run, version=K.COMPACT_VERSION, configs=configs, default_config=default,
-                bucket=bucket, description="look-back scan of the mask; kept flat indices, then unravel"),
-        Variant("torch_eager", lambda cfg, *a: _nonzero_ref(*a), kind="vendor", devices=("cuda",), bucket=bucket,
-                description="torch.nonzero / torch.nonzero_static"),
-        Variant("reference", lambda cfg, *a: _nonzero_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    if name in SCANS:
+        return scan_specs(name)
+    return minmax_specs(name) if name in MINMAX else segmented_specs(name)
 
 
 # ---------------------------------------------------------------------------
@@ -644,15 +581,6 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
                     (rand((4, 300), dt), bools((4, 300), 0.02), True, False),
                     (rand((777,), dt), bools((777,), 0.01), False, True)]
         out.append((rand((300000,), torch.float32), bools((300000,), 0.001), True, True))
-    elif name == "compact":
-        for dt in dts:
-            out += [(rand((1000,), dt), bools((1000,))), (rand((30, 40), dt), bools((30, 40), 0.3)),
-                    (rand((50, 7), dt), bools((50,)))]
-        out += [(rand((300000,), torch.float32), bools((300000,))),
-                (rand((5000,), torch.float32), bools((5000,)), 3000, 0.0)]
-    elif name == "nonzero":
-        out += [(bools((1000,)),), (bools((30, 40), 0.3),), (bools((4, 5, 6), 0.1),), (bools((300000,)),),
-                (bools((2000,)), 1500, -1)]
     return out
 
 
@@ -663,63 +591,54 @@ def _dt(dtype):
     return "" if dtype is None else f"->{dtype}".replace("torch.", "")
 
 
-def _register() -> dict[str, Op]:
-    ops = {}
-    for name in SCANS:
-        ops[name] = registry.register(Op(
-            name=name, reference=REFERENCE[name],
-            tensors=lambda x, *rest: (x,),
-            memo_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
-                (x.dtype, x.shape, x.stride(), x.device, dim, exclusive, reverse, dtype),
-            dtype_key=lambda x, dim, exclusive=False, reverse=False, dtype=None:
-                f"{x.dtype}".replace("torch.", "") + _dt(dtype),
-            variants=_make_scan_variants(name), validate=functools.partial(validate_scan, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"{name} over one dim (exclusive / reverse)",
-        ))
-    for name in MINMAX:
-        ops[name] = registry.register(Op(
-            name=name, reference=REFERENCE[name],
-            tensors=lambda x, dim: (x,),
-            memo_key=lambda x, dim: (x.dtype, x.shape, x.stride(), x.device, dim),
-            dtype_key=lambda x, dim: f"{x.dtype}".replace("torch.", ""),
-            variants=_make_minmax_variants(name), validate=functools.partial(validate_minmax, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"{name} over one dim: (values, indices)",
-        ))
-    ops["segmented_cumsum"] = registry.register(Op(
-        name="segmented_cumsum", reference=_segmented_ref,
-        tensors=lambda x, flags, *rest: (x, flags),
-        memo_key=lambda x, flags, exclusive=False, reverse=False:
-            (x.dtype, x.shape, x.stride(), flags.stride(), x.device, exclusive, reverse),
-        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
-        variants=_segmented_variants(), validate=validate_segmented,
-        samples=functools.partial(sample_inputs, "segmented_cumsum"),
-        doc="cumsum restarting at segment starts (flags)",
-    ))
-    ops["compact"] = registry.register(Op(
-        name="compact", reference=_compact_ref,
-        tensors=lambda x, mask, *rest: (x,),
-        memo_key=lambda x, mask, size=None, fill_value=0:
-            (x.dtype, x.shape, x.stride(), mask.shape, mask.stride(), x.device, size),
-        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
-        variants=_compact_variants(), validate=validate_compact,
-        samples=functools.partial(sample_inputs, "compact"),
-        doc="x[mask], stable (stream compaction)",
-    ))
-    ops["nonzero"] = registry.register(Op(
-        name="nonzero", reference=_nonzero_ref,
-        tensors=lambda mask, *rest: (mask,),
-        memo_key=lambda mask, size=None, fill_value=-1: (mask.dtype, mask.shape, mask.stride(), mask.device, size),
-        dtype_key=lambda mask, *rest: "bool",
-        variants=_nonzero_variants(), validate=validate_nonzero,
-        samples=functools.partial(sample_inputs, "nonzero"),
-        doc="indices of the true elements, [n, ndim] int64",
-    ))
-    return ops
+def _tensors(x, *rest):
+    return (x,)
 
 
-OPS = _register()
+def _segmented_tensors(x, flags, *rest):
+    return (x, flags)
+
+
+def _scan_memo_key(x, dim, exclusive=False, reverse=False, dtype=None):
+    return (x.dtype, x.shape, x.stride(), x.device, dim, exclusive, reverse, dtype)
+
+
+def _minmax_memo_key(x, dim):
+    return (x.dtype, x.shape, x.stride(), x.device, dim)
+
+
+def _segmented_memo_key(x, flags, exclusive=False, reverse=False):
+    return (x.dtype, x.shape, x.stride(), flags.stride(), x.device, exclusive, reverse)
+
+
+def _scan_dtype_key(x, dim, exclusive=False, reverse=False, dtype=None):
+    return f"{x.dtype}".replace("torch.", "") + _dt(dtype)
+
+
+def _dtype_key(x, *rest):
+    return f"{x.dtype}".replace("torch.", "")
+
+
+def _validate(name: str):
+    if name in SCANS:
+        return functools.partial(validate_scan, name)
+    return functools.partial(validate_minmax, name) if name in MINMAX else validate_segmented
+
+
+def _doc(name: str) -> str:
+    if name in SCANS:
+        return f"{name} over one dim (exclusive / reverse)"
+    return f"{name} over one dim: (values, indices)" if name in MINMAX else "cumsum restarting at segment starts (flags)"
+
+
+OPS = registry.register_family(
+    SCANS + MINMAX + ("segmented_cumsum",), specs, geometry=geometry, reference=REFERENCE.__getitem__,
+    tensors=lambda name: _segmented_tensors if name == "segmented_cumsum" else _tensors,
+    memo_key=lambda name: (_scan_memo_key if name in SCANS
+                           else _minmax_memo_key if name in MINMAX else _segmented_memo_key),
+    dtype_key=lambda name: _scan_dtype_key if name in SCANS else _dtype_key,
+    validate=_validate, samples=lambda name: functools.partial(sample_inputs, name), doc=_doc,
+)
 
 
 def _define_scans() -> None:
@@ -814,60 +733,9 @@ def _define_segmented() -> None:
            impl, fake, backward, setup)
 
 
-def _compact_shape(x, mask, n):
-    return (n,) if not _rows_mode(x, mask) else (n, *x.shape[1:])
-
-
-def _define_compact() -> None:
-    op = OPS["compact"]
-
-    def impl(x, mask, size, fill_value):
-        return dispatch.call(op, x, mask, size, fill_value)
-
-    def fake(x, mask, size, fill_value):
-        validate_compact(x, mask, size, fill_value)
-        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
-        return x.new_empty(_compact_shape(x, mask, n))
-
-    def setup(ctx, inputs, output):
-        x, mask, size, fill_value = inputs
-        ctx.shape = x.shape
-        ctx.save_for_backward(mask)
-
-    def backward(ctx, g):
-        # Scatter back to the kept positions (padding rows go to a dropped extra row); no host sync.
-        (mask,) = ctx.saved_tensors
-        flat = mask.reshape(-1)
-        n = flat.numel()
-        pos = torch.nonzero_static(flat, size=g.shape[0], fill_value=n).flatten()
-        inner = g.shape[1:]
-        gx = torch.zeros((n + 1, *inner), dtype=g.dtype, device=g.device)
-        gx = gx.index_put((pos,), g)
-        return gx[:n].reshape(ctx.shape), None, None, None
-
-    define("compact(Tensor self, Tensor mask, SymInt? size, Scalar fill_value) -> Tensor",
-           impl, fake, backward, setup)
-
-
-def _define_nonzero() -> None:
-    op = OPS["nonzero"]
-
-    def impl(mask, size, fill_value):
-        return dispatch.call(op, mask, size, fill_value)
-
-    def fake(mask, size, fill_value):
-        validate_nonzero(mask, size, fill_value)
-        n = size if size is not None else torch.library.get_ctx().new_dynamic_size()
-        return mask.new_empty((n, mask.dim()), dtype=torch.int64)
-
-    define("nonzero(Tensor mask, SymInt? size, int fill_value) -> Tensor", impl, fake)
-
-
 _define_scans()
 _define_minmax()
 _define_segmented()
-_define_compact()
-_define_nonzero()
 
 
 # ---------------------------------------------------------------------------
@@ -921,6 +789,19 @@ def offsets_to_flags(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return f[:n]
 
 
+def check_offsets(offsets: torch.Tensor, n: int) -> None:
+    """CSR starts non-decreasing within ``[0, n]``: one reduction, one host
+    sync (skipped while a CUDA graph is captured, where no sync is allowed)."""
+    if offsets.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    bad = (offsets < 0) | (offsets > n)
+    if offsets.numel() > 1:
+        bad[1:] |= offsets[1:] < offsets[:-1]
+    if bool(bad.any()):
+        raise ValueError(f"opforge.segmented_cumsum: offsets must be non-decreasing and within [0, {n}] (the "
+                         f"input's length), got {offsets.tolist() if offsets.numel() <= 16 else 'others'}")
+
+
 def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
                      offsets: torch.Tensor | None = None, exclusive: bool = False,
                      reverse: bool = False) -> torch.Tensor:
@@ -941,30 +822,13 @@ def segmented_cumsum(input: torch.Tensor, *, flags: torch.Tensor | None = None,
         check_tensor(where, "input", input, floating=False)
         if input.dim() != 1:
             raise ValueError(f"{where}: offsets need a 1-D input, got {input.dim()} dims (use flags=)")
-        flags = offsets_to_flags(offsets.to(input.device), input.shape[0])
+        offsets = offsets.to(input.device)
+        check_offsets(offsets, input.shape[0])
+        flags = offsets_to_flags(offsets, input.shape[0])
     if direct_ok(input, flags):
         return _call(OPS["segmented_cumsum"], input, flags, exclusive, reverse)
     validate_segmented(input, flags, exclusive, reverse)
     return torch.ops.opforge.segmented_cumsum.default(input, flags, exclusive, reverse)
 
 
-def compact(input: torch.Tensor, mask: torch.Tensor, *, size: int | None = None, fill_value=0) -> torch.Tensor:
-    """``input[mask]``, order kept. ``mask``: bool of input's shape (elements) or
-    1-D over dim 0 (rows). Without ``size`` one host sync counts the kept
-    elements; with it the output has ``size`` rows, padded with ``fill_value``."""
-    if direct_ok(input, mask):
-        return _call(OPS["compact"], input, mask, size, fill_value)
-    validate_compact(input, mask, size, fill_value)
-    return torch.ops.opforge.compact.default(input, mask, size, fill_value)
-
-
-def nonzero(mask: torch.Tensor, *, size: int | None = None, fill_value: int = -1) -> torch.Tensor:
-    """``torch.nonzero(mask)`` (int64 ``[n, ndim]``); with ``size`` like
-    ``torch.nonzero_static`` (no host sync)."""
-    validate_nonzero(mask, size, fill_value)
-    if direct_ok(mask):
-        return _call(OPS["nonzero"], mask, size, fill_value)
-    return torch.ops.opforge.nonzero.default(mask, size, fill_value)
-
-
-__all__ = ["cumsum", "cumprod", "cummax", "cummin", "segmented_cumsum", "compact", "nonzero"]
+__all__ = ["cumsum", "cumprod", "cummax", "cummin", "segmented_cumsum"]

@@ -29,14 +29,19 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_dim, check_tensor, empty_moved, norm_dim, rows_view
+from opforge.kernels import softmax as K
+
+from opforge.ops.checks import check_dim, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.device import interpret_mode
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size, empty_moved, norm_dim, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 FORWARD = ("softmax", "log_softmax")
@@ -126,18 +131,13 @@ def allocate_out(x: torch.Tensor, dim: int) -> torch.Tensor:
     return empty_moved(x, dim)
 
 
-def _cols(t: torch.Tensor, dim: int) -> int:
-    return t.shape[norm_dim(t, dim)] if t.dim() else 1
-
-
-def _three_d(x: torch.Tensor, dim: int) -> tuple[int, int, int]:
-    d = norm_dim(x, dim)
+def _three_d(x: torch.Tensor, d: int) -> tuple[int, int, int]:
     R = x.shape[d]
     inner = math.prod(x.shape[d + 1:])
     return x.numel() // (R * inner), R, inner
 
 
-def _run_rows(launch, out: torch.Tensor, dim: int, *inputs: torch.Tensor) -> torch.Tensor:
+def _run_rows(launch, out: torch.Tensor, dim: int, inputs: tuple, log: bool, cfg) -> torch.Tensor:
     """Run a row kernel into ``out``, through a moved-layout buffer when ``out``
     cannot be seen as rows (the column case, forced onto a row kernel)."""
     if out.numel() == 0:
@@ -147,159 +147,210 @@ def _run_rows(launch, out: torch.Tensor, dim: int, *inputs: torch.Tensor) -> tor
     if rows.data_ptr() != out.data_ptr():  # rows_view had to copy
         buffer = empty_moved(out, dim)
         rows = rows_view(buffer, dim)
-    launch(*[rows_view(t, dim) for t in inputs], rows)
+    launch(*[rows_view(t, dim) for t in inputs], rows, log, cfg)
     if buffer is not out:
         out.copy_(buffer)
     return out
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts every variant decides and runs on
 # ---------------------------------------------------------------------------
-def _geometry(t: torch.Tensor, dim: int) -> tuple[int, int]:
-    cols = _cols(t, dim)
-    return (t.numel() // cols if cols else 0), cols
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds (dtype, shapes,
+    strides, dim). ``tensors`` counts the inputs (1 forward, 2 backward);
+    ``column``: every input is the column case; ``out_column``: the output is
+    allocated contiguous (the first input is); ``three_d``: ``[outer, R,
+    inner]`` around the dim (zeros when empty or 0-dim); ``layout``: the bucket's
+    suffix (``c`` unit-stride dim, ``k`` column case, ``t`` moved by a copy)."""
+
+    log: bool
+    backward: bool
+    dim: int
+    rows: int
+    cols: int
+    column: bool
+    out_column: bool
+    three_d: tuple[int, int, int]
+    itemsize: int
+    layout: str
 
 
-def _make_variants(name: str) -> list[Variant]:
-    from opforge.kernels import softmax as K
+def geometry(name: str):
+    """The geometry function of op ``name`` (its arguments: ``(x, dim)`` or ``(grad, output, dim)``)."""
+    return functools.partial(_geometry, name.startswith("log_"), name in BACKWARD)
 
-    backward = name in BACKWARD
-    log = name.startswith("log_")
 
-    def rows_variant(forward_launch, backward_launch):
-        if backward:
-            def run(cfg, g, y, dim=-1):
-                return _run_rows(lambda *t: backward_launch(*t, log, cfg), allocate_out(g, dim), dim, g, y)
-        else:
-            def run(cfg, x, dim=-1):
-                return _run_rows(lambda *t: forward_launch(*t, log, cfg), allocate_out(x, dim), dim, x)
-        return run
+def _geometry(log: bool, backward: bool, t: torch.Tensor, *rest) -> Geometry:
+    dim = rest[-1] if rest and not isinstance(rest[-1], torch.Tensor) else -1
+    tensors = (t, rest[0]) if backward else (t,)
+    d = norm_dim(t, dim)
+    cols = t.shape[d] if t.dim() else 1
+    rows = t.numel() // cols if cols else 0
+    out_column = column_case(t, dim)
+    unit = t.dim() == 0 or t.stride(d) == 1 or cols <= 1
+    return Geometry(log, backward, dim, rows, cols, out_column and all(column_case(u, dim) for u in tensors[1:]),
+                    out_column, _three_d(t, d) if t.dim() and t.numel() else (0, 0, 0), t.element_size(),
+                    "c" if unit else ("k" if out_column else "t"))
 
-    row_run = rows_variant(K.launch_row_forward, K.launch_row_backward)
-    split_run = rows_variant(K.launch_split_forward, K.launch_split_backward)
-    online_run = rows_variant(K.launch_online_forward, K.launch_online_backward)
 
-    def columns_variant(forward_launch, backward_launch):
-        def run(cfg, *args):
-            *tensors, dim = args
-            out = allocate_out(tensors[0], dim)
-            if out.numel():
-                (backward_launch if backward else forward_launch)(*tensors, out, *_three_d(out, dim), log, cfg)
-            return out
-        return run
+def _inputs(g: Geometry, args: tuple) -> tuple:
+    return args[:2] if g.backward else args[:1]
 
-    col_run = columns_variant(K.launch_col_forward, K.launch_col_backward)
-    col_split_run = columns_variant(K.launch_col_split_forward, K.launch_col_split_backward)
 
-    def col_split_check(*args):
-        reason = col_check(*args)
-        if reason is not None:
-            return reason
-        outer, R, inner = _three_d(args[0], args[-1])
-        if outer * -(-inner // 64) >= K.COL_WALK_MIN_TILES:
-            return "enough column tiles to fill the GPU without cutting the dim (triton_col is faster)"
-        if interpret_mode() and K.col_split_parts(R, col_split_default(*args)) > 1:
-            return "the programs of a column wait for each other, which the interpreter cannot run"
-        return None
+def _out(g: Geometry, t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device) if g.out_column else empty_moved(t, g.dim)
 
-    def col_split_default(*args):
-        return K.col_split_default_config(*_three_d(args[0], args[-1]), args[0].element_size())
 
-    def col_split_configs(*args):
-        return K.col_split_configs(*_three_d(args[0], args[-1]))
+# ---------------------------------------------------------------------------
+# Variants: runners, then each variant's checks and configs, then the specs
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rows:
+    """A row kernel pair over ``[rows, cols]`` views, forward ``launch(x,
+    out, log, cfg)`` and backward ``launch(g, y, out, log, cfg)``."""
 
-    def col_check(*args):
-        *tensors, dim = args
-        if not all(column_case(t, dim) for t in tensors):
-            return "takes contiguous inputs reduced over a dim that is not innermost"
-        return None
+    forward: Callable
+    backward: Callable
 
-    def col_default(*args):
-        return K.col_default_config(*_three_d(args[0], args[-1]))
+    def __call__(self, g: Geometry, cfg, *args):
+        inputs = _inputs(g, args)
+        return _run_rows(self.backward if g.backward else self.forward, _out(g, inputs[0]), g.dim, inputs, g.log, cfg)
 
-    def col_configs(*args):
-        return K.col_configs(*_three_d(args[0], args[-1]))
 
-    def _dim(rest):
-        return rest[-1] if rest and not isinstance(rest[-1], torch.Tensor) else -1
+@dataclass(frozen=True)
+class Columns:
+    """A column kernel pair over a contiguous ``[outer, R, inner]`` tensor."""
 
-    def row_check(t, *rest):
-        cols = _cols(t, _dim(rest))
-        if cols > K.ROW_LIMIT:
-            return f"rows of {cols} columns exceed the row-resident limit {K.ROW_LIMIT}"
-        return None
+    forward: Callable
+    backward: Callable
 
-    def split_check(t, *rest):
-        rows, cols = _geometry(t, _dim(rest))
-        parts = K.split_parts(cols, K.split_default_config(rows, cols)["CHUNK"])
-        if parts > K.SPLIT_MAX_PARTS:
-            return f"rows of {cols} columns need more than {K.SPLIT_MAX_PARTS} programs each"
-        if parts > 1 and interpret_mode():
-            return "the programs of a row wait for each other, which the interpreter cannot run"
-        return None
+    def __call__(self, g: Geometry, cfg, *args):
+        inputs = _inputs(g, args)
+        out = _out(g, inputs[0])
+        if out.numel():
+            (self.backward if g.backward else self.forward)(*inputs, out, *g.three_d, g.log, cfg)
+        return out
 
-    def split_default(t, *rest):
-        return K.split_default_config(*_geometry(t, _dim(rest)))
 
-    def split_configs(t, *rest):
-        return K.split_configs(*_geometry(t, _dim(rest)))
+def eager_run(g: Geometry, cfg, *args):
+    name = ("log_softmax" if g.log else "softmax") + ("_backward" if g.backward else "")
+    return EAGER[name](*args)
 
-    def bucket(t, *rest):
-        # ":c" when dim is the unit-stride one (no copy), ":k" for the column case
-        # (contiguous, dim not innermost), ":t" when dim is moved by a copy.
-        dim = _dim(rest)
-        rows, cols = _geometry(t, dim)
-        unit = t.dim() == 0 or t.stride(norm_dim(t, dim)) == 1 or cols <= 1
-        layout = "c" if unit else ("k" if column_case(t, dim) else "t")
-        return f"{bucket_size(rows)}x{bucket_size(cols)}:{layout}"
 
-    def row_default(t, *rest):
-        return K.row_default_config(*_geometry(t, _dim(rest)))
+def reference_run(g: Geometry, cfg, *args):
+    name = ("log_softmax" if g.log else "softmax") + ("_backward" if g.backward else "")
+    return _out(g, args[0]).copy_(REFERENCE[name](*args))
 
-    def row_configs(t, *rest):
-        return K.row_configs(*_geometry(t, _dim(rest)))
 
-    def online_default(t, *rest):
-        return K.online_default_config(*_geometry(t, _dim(rest)))
+def col_check(g: Geometry) -> str | None:
+    if not g.column:
+        return "takes contiguous inputs reduced over a dim that is not innermost"
+    return None
 
-    def online_configs(t, *rest):
-        return K.online_configs(*_geometry(t, _dim(rest)))
 
-    def eager_run(cfg, *args):
-        return EAGER[name](*args)
+def col_split_check(g: Geometry) -> str | None:
+    reason = col_check(g)
+    if reason is not None:
+        return reason
+    outer, R, inner = g.three_d
+    if outer * -(-inner // 64) >= K.COL_WALK_MIN_TILES:
+        return "enough column tiles to fill the GPU without cutting the dim (triton_col is faster)"
+    if interpret_mode() and K.col_split_parts(R, col_split_default(g)) > 1:
+        return "the programs of a column wait for each other, which the interpreter cannot run"
+    return None
 
-    def reference_run(cfg, *args):
-        out = allocate_out(args[0], args[-1])
-        return out.copy_(REFERENCE[name](*args))
 
-    what = "gradient" if backward else "row"
+def col_split_default(g: Geometry):
+    return K.col_split_default_config(*g.three_d, g.itemsize)
+
+
+def col_split_configs(g: Geometry):
+    return K.col_split_configs(*g.three_d)
+
+
+def col_default(g: Geometry):
+    return K.col_default_config(*g.three_d)
+
+
+def col_configs(g: Geometry):
+    return K.col_configs(*g.three_d)
+
+
+def row_check(g: Geometry) -> str | None:
+    if g.cols > K.ROW_LIMIT:
+        return f"rows of {g.cols} columns exceed the row-resident limit {K.ROW_LIMIT}"
+    return None
+
+
+def row_default(g: Geometry):
+    return K.row_default_config(g.rows, g.cols)
+
+
+def row_configs(g: Geometry):
+    return K.row_configs(g.rows, g.cols)
+
+
+def split_check(g: Geometry) -> str | None:
+    parts = K.split_parts(g.cols, K.split_default_config(g.rows, g.cols)["CHUNK"])
+    if parts > K.SPLIT_MAX_PARTS:
+        return f"rows of {g.cols} columns need more than {K.SPLIT_MAX_PARTS} programs each"
+    if parts > 1 and interpret_mode():
+        return "the programs of a row wait for each other, which the interpreter cannot run"
+    return None
+
+
+def split_default(g: Geometry):
+    return K.split_default_config(g.rows, g.cols)
+
+
+def split_configs(g: Geometry):
+    return K.split_configs(g.rows, g.cols)
+
+
+def online_default(g: Geometry):
+    return K.online_default_config(g.rows, g.cols)
+
+
+def online_configs(g: Geometry):
+    return K.online_configs(g.rows, g.cols)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}:{g.layout}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    what = "gradient" if name in BACKWARD else "row"
     return [
-        Variant("triton_col_split", col_split_run, version=K.COL_SPLIT_VERSION, dtypes=FLOATS,
-                check=col_split_check, configs=col_split_configs, default_config=col_split_default,
-                bucket=bucket,
-                description="over a dim that is not innermost: the dim cut into chunks held in registers "
-                            "by cooperating programs; one read, one write"),
-        Variant("triton_col", col_run, version=K.COL_VERSION, dtypes=FLOATS, check=col_check,
-                configs=col_configs, default_config=col_default, bucket=bucket,
-                description="over a dim that is not innermost of a contiguous tensor: columns "
-                            "coalesced, online max and sum down the dim, no transpose copy"),
-        Variant("triton_row", row_run, version=K.ROW_VERSION, dtypes=FLOATS, check=row_check,
-                configs=row_configs, default_config=row_default, bucket=bucket,
-                description=f"the whole {what} in registers, several short rows per program; "
-                            f"cols <= {K.ROW_LIMIT}"),
-        Variant("triton_split", split_run, version=K.SPLIT_VERSION, dtypes=FLOATS, check=split_check,
-                configs=split_configs, default_config=split_default, bucket=bucket,
-                description=f"a long {what} cut into chunks held in registers by cooperating programs "
-                            f"that exchange partial sums; one read, one write"),
-        Variant("triton_online", online_run, version=K.ONLINE_VERSION, dtypes=FLOATS,
-                configs=online_configs, default_config=online_default, bucket=bucket,
-                description="one program per row over column blocks (running max and sum), "
-                            "then a second pass that writes; any cols"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="torch's own softmax kernel"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_col_split", Columns(K.launch_col_split_forward, K.launch_col_split_backward),
+             version=K.COL_SPLIT_VERSION, dtypes=FLOATS, check=col_split_check, configs=col_split_configs,
+             default_config=col_split_default, bucket=bucket,
+             description="over a dim that is not innermost: the dim cut into chunks held in registers "
+                         "by cooperating programs; one read, one write"),
+        Spec("triton_col", Columns(K.launch_col_forward, K.launch_col_backward), version=K.COL_VERSION,
+             dtypes=FLOATS, check=col_check, configs=col_configs, default_config=col_default, bucket=bucket,
+             description="over a dim that is not innermost of a contiguous tensor: columns "
+                         "coalesced, online max and sum down the dim, no transpose copy"),
+        Spec("triton_row", Rows(K.launch_row_forward, K.launch_row_backward), version=K.ROW_VERSION,
+             dtypes=FLOATS, check=row_check, configs=row_configs, default_config=row_default, bucket=bucket,
+             description=f"the whole {what} in registers, several short rows per program; "
+                         f"cols <= {K.ROW_LIMIT}"),
+        Spec("triton_split", Rows(K.launch_split_forward, K.launch_split_backward), version=K.SPLIT_VERSION,
+             dtypes=FLOATS, check=split_check, configs=split_configs, default_config=split_default,
+             bucket=bucket,
+             description=f"a long {what} cut into chunks held in registers by cooperating programs "
+                         f"that exchange partial sums; one read, one write"),
+        Spec("triton_online", Rows(K.launch_online_forward, K.launch_online_backward), version=K.ONLINE_VERSION,
+             dtypes=FLOATS, configs=online_configs, default_config=online_default, bucket=bucket,
+             description="one program per row over column blocks (running max and sum), "
+                         "then a second pass that writes; any cols"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+             description="torch's own softmax kernel"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -336,36 +387,37 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-def _register_op(name: str) -> Op:
-    backward = name in BACKWARD
-    if backward:
-        op = Op(
-            name=name,
-            reference=REFERENCE[name],
-            tensors=lambda g, y, dim=-1: (g, y),
-            memo_key=lambda g, y, dim=-1: (g.dtype, g.shape, g.stride(), y.stride(), y.dtype, g.device, dim),
-            dtype_key=lambda g, y, dim=-1: f"{g.dtype}".replace("torch.", ""),
-            variants=_make_variants(name),
-            validate=functools.partial(validate_backward, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"gradient of {name[:-len('_backward')]} from its output",
-        )
-    else:
-        op = Op(
-            name=name,
-            reference=REFERENCE[name],
-            tensors=lambda x, dim=-1: (x,),
-            memo_key=lambda x, dim=-1: (x.dtype, x.shape, x.stride(), x.device, dim),
-            dtype_key=lambda x, dim=-1: f"{x.dtype}".replace("torch.", ""),
-            variants=_make_variants(name),
-            validate=functools.partial(validate, name),
-            samples=functools.partial(sample_inputs, name),
-            doc=f"{name} over one dim",
-        )
-    return registry.register(op)
+def _memo_key(x, dim=-1):
+    return (x.dtype, x.shape, x.stride(), x.device, dim)
 
 
-OPS = {name: _register_op(name) for name in FORWARD + BACKWARD}
+def _backward_memo_key(g, y, dim=-1):
+    return (g.dtype, g.shape, g.stride(), y.stride(), y.dtype, g.device, dim)
+
+
+def _dtype_key(t, *rest):
+    return f"{t.dtype}".replace("torch.", "")
+
+
+def _forward_tensors(x, dim=-1):
+    return (x,)
+
+
+def _backward_tensors(g, y, dim=-1):
+    return (g, y)
+
+
+OPS = registry.register_family(
+    FORWARD + BACKWARD, specs, geometry=geometry,
+    reference=REFERENCE.__getitem__,
+    tensors=lambda name: _backward_tensors if name in BACKWARD else _forward_tensors,
+    memo_key=lambda name: _backward_memo_key if name in BACKWARD else _memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: functools.partial(validate_backward if name in BACKWARD else validate, name),
+    samples=lambda name: functools.partial(sample_inputs, name),
+    doc=lambda name: f"gradient of {name[:-len('_backward')]} from its output" if name in BACKWARD
+    else f"{name} over one dim",
+)
 
 
 def _define_backward(name: str) -> None:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops.layout import bucket_size, check_tensor
+from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Op, Variant
+from opforge.runtime.shapes import bucket_size
 
 NAMES = ("transpose", "permute")
 # The kernels move bits: every dtype is viewed as the signed integer of its size.

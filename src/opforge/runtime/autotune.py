@@ -33,7 +33,8 @@ def mode() -> str:
     return m
 
 
-def tune_key(op: Op, variant: Variant, args: tuple) -> TuneKey:
+def tune_key(op: Op, variant: Variant, args: tuple, geom: Any = None) -> TuneKey:
+    """``geom``: the op's geometry when the caller has it (dispatch), else computed here."""
     tensors = op.tensors(*args)
     info = devmod.device_info(tensors[0].device if tensors else None)
     vers = _versions()
@@ -47,7 +48,8 @@ def tune_key(op: Op, variant: Variant, args: tuple) -> TuneKey:
         gpu=gpu,
         sm_count=info.sm_count,
         dtype=op.dtype_key(*args),
-        shape_bucket=variant.bucket(*args),
+        shape_bucket=variant.spec.bucket(geom) if variant.spec is not None and geom is not None
+        else variant.bucket(*args),
     )
 
 

@@ -4,13 +4,16 @@ The rule: among the variants that support the arguments, prefer the one
 with the fastest tuned entry for this shape bucket (the user's cache, then the
 shipped table; within ``TIE_MARGIN`` the earlier variant wins); with no
 entries, the first supported variant in the op's order. Decisions are memoized on the op's cheap key, so a repeated call costs
-one dict lookup before the kernel launch. ``explain`` says what would run and
+one dict lookup before the kernel launch. A family's geometry (``Op.geometry``)
+depends only on what that key holds, so it is computed with the decision and
+kept in it: a memoized call passes it to the variant without recomputing it. ``explain`` says what would run and
 why each other variant was rejected.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +41,13 @@ class Decision:
     rejected: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     cuda_index: int | None = None
+    geom: Any = None  # the op's geometry, for a family's variant
+    run: Any = field(init=False, repr=False, compare=False)  # run(config, *args)
+
+    def __post_init__(self) -> None:
+        spec = self.variant.spec
+        self.run = functools.partial(spec.run, self.geom) if spec is not None and self.geom is not None \
+            else self.variant.run
 
     def __str__(self) -> str:
         lines = [f"{self.op.qualname}: runs {self.variant.name} (v{self.variant.version}) "
@@ -82,7 +92,15 @@ def force_variant(op_name: str, variant: str):
             _forced[op.name] = old
 
 
-def reject_reason(op: Op, v: Variant, args: tuple) -> str | None:
+_UNSET = object()
+
+
+def geometry(op: Op, args: tuple):
+    """The op's geometry for ``args`` (None for an op outside a family)."""
+    return op.geometry(*args) if op.geometry is not None else None
+
+
+def reject_reason(op: Op, v: Variant, args: tuple, geom=_UNSET) -> str | None:
     """Why ``v`` cannot take ``args``, or None when it can."""
     tensors = op.tensors(*args)
     dev = tensors[0].device if tensors else torch.device("cpu")
@@ -105,17 +123,24 @@ def reject_reason(op: Op, v: Variant, args: tuple) -> str | None:
         cap = devmod.capability(dev)
         if cap < v.min_capability:
             return f"needs sm_{v.min_capability[0]}{v.min_capability[1]}, device is sm_{cap[0]}{cap[1]}"
-    return v.check(*args)
+    if v.spec is None:
+        return v.check(*args)
+    return v.spec.check(geometry(op, args) if geom is _UNSET else geom)
+
+
+def _default_config(v: Variant, args: tuple, geom) -> dict[str, Any]:
+    return v.spec.default_config(geom) if v.spec is not None else v.default_config(*args)
 
 
 def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
     """The full decision (slow path): filter, consult the cache, maybe tune."""
     op.validate(*args)
     tensors = op.tensors(*args)
+    geom = geometry(op, args)
     rejected: dict[str, str] = {}
     supported: list[Variant] = []
     for v in op.variants:
-        reason = reject_reason(op, v, args)
+        reason = reject_reason(op, v, args, geom)
         if reason is None:
             supported.append(v)
         else:
@@ -129,10 +154,10 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
         v = op.variant(forced)
         if v not in supported:
             raise ValueError(f"{op.qualname}: forced variant {forced} rejects these arguments: {rejected[forced]}")
-        entry, _ = autotune.lookup(autotune.tune_key(op, v, args), variant=v, args=args) \
+        entry, _ = autotune.lookup(autotune.tune_key(op, v, args, geom), variant=v, args=args) \
             if v.kind != "reference" else (None, "")
-        cfg = entry.config if entry else v.default_config(*args)
-        return Decision(op, v, cfg, "forced", rejected, {}, cuda_index)
+        cfg = entry.config if entry else _default_config(v, args, geom)
+        return Decision(op, v, cfg, "forced", rejected, {}, cuda_index, geom)
 
     tunable = [v for v in supported if v.kind != "reference"]
     mode = autotune.mode()
@@ -140,7 +165,7 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
     entries: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for i, v in enumerate(tunable):
-        entry, source = autotune.lookup(autotune.tune_key(op, v, args), variant=v, args=args)
+        entry, source = autotune.lookup(autotune.tune_key(op, v, args, geom), variant=v, args=args)
         wants_tuning = entry is None and may_bench and (mode == "exhaustive" or (i == 0 and not entries))
         if wants_tuning:
             entry, source = autotune.tune(op, v, args), "tuned"
@@ -153,10 +178,10 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
         fastest = min(e.median_ms for e in entries.values())
         best = next(n for n in entries if entries[n].median_ms <= fastest * (1 + TIE_MARGIN))
         v = op.variant(best)
-        return Decision(op, v, entries[best].config, sources[best], rejected, timings, cuda_index)
+        return Decision(op, v, entries[best].config, sources[best], rejected, timings, cuda_index, geom)
     v = supported[0]
     source = "reference" if v.kind == "reference" else "default"
-    return Decision(op, v, v.default_config(*args), source, rejected, timings, cuda_index)
+    return Decision(op, v, _default_config(v, args, geom), source, rejected, timings, cuda_index, geom)
 
 
 def call(op: Op, *args):
@@ -179,8 +204,8 @@ def _run(d: Decision, args: tuple):
     try:
         if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
             with torch.cuda.device(d.cuda_index):
-                return d.variant.run(d.config, *args)
-        return d.variant.run(d.config, *args)
+                return d.run(d.config, *args)
+        return d.run(d.config, *args)
     except Exception as e:  # a cached config that fails at launch: dropped, and d runs the default from now on
         return autotune.rerun_with_default(d, args, e, _run)
 

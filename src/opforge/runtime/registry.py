@@ -8,6 +8,8 @@ an ordered list of variants. A variant declares what it supports; dispatch
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -43,9 +45,65 @@ class Variant:
     bucket: Callable[..., str] = lambda *args: ""
     description: str = ""
 
+    # Set for a family's variant (``register_family``): its ``Spec``, whose
+    # callables take the op's geometry, so dispatch computes it once a call.
+    spec: "Spec | None" = None
+
     @property
     def interpretable(self) -> bool:
         return self.kind == "triton"
+
+
+def _no_reason(g) -> None:
+    return None
+
+
+def _no_configs(g) -> tuple[Config, ...]:
+    return ({},)
+
+
+def _empty_config(g) -> Config:
+    return {}
+
+
+def _no_bucket(g) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A variant of a family, declared once at module level.
+
+    ``run(g, cfg, *args)`` computes the op; ``check(g)``, ``configs(g)``,
+    ``default_config(g)`` and ``bucket(g)`` see only the geometry ``g`` (the
+    op's ``geometry(*args)``): a decision that depends on nothing else is one
+    the memo key (which determines the geometry) may stand for. The other
+    fields are ``Variant``'s.
+    """
+
+    name: str
+    run: Callable[..., Any]
+    kind: str = "triton"
+    version: str = "1"
+    devices: tuple[str, ...] = ("cuda",)
+    dtypes: frozenset[torch.dtype] | None = None
+    min_capability: tuple[int, int] = (0, 0)
+    check: Callable[[Any], str | None] = _no_reason
+    configs: Callable[[Any], Sequence[Config]] = _no_configs
+    default_config: Callable[[Any], Config] = _empty_config
+    bucket: Callable[[Any], str] = _no_bucket
+    description: str = ""
+
+    def bind(self, geometry: Callable[..., Any]) -> Variant:
+        """The ``Variant`` whose callables take ``*args`` (tuning, warmup,
+        tests): each computes the geometry itself; dispatch uses ``spec``."""
+        spec = self
+        return Variant(
+            self.name, lambda cfg, *a: spec.run(geometry(*a), cfg, *a), self.kind, self.version, self.devices,
+            self.dtypes, self.min_capability, check=lambda *a: spec.check(geometry(*a)),
+            configs=lambda *a: spec.configs(geometry(*a)),
+            default_config=lambda *a: spec.default_config(geometry(*a)),
+            bucket=lambda *a: spec.bucket(geometry(*a)), description=self.description, spec=self)
 
 
 @dataclass
@@ -57,6 +115,8 @@ class Op:
     ``dtype_key(*args)`` names the dtypes in the tuning key; ``validate(*args)``
     raises a clear error for bad input (dispatch calls it once per memo key);
     ``samples(device)`` gives random inputs that reach every variant (selftest).
+    ``geometry(*args)``, for a family (``register_family``), is the shape facts
+    its variants decide and run on, computed once a call by dispatch.
     """
 
     name: str
@@ -68,6 +128,7 @@ class Op:
     validate: Callable[..., None] = lambda *args: None  # raises TypeError/ValueError
     samples: Callable[[torch.device], list[tuple]] = lambda device: []  # selftest inputs
     doc: str = ""
+    geometry: Callable[..., Any] | None = None
 
     @property
     def qualname(self) -> str:
@@ -93,6 +154,28 @@ def register(op: Op) -> Op:
     return op
 
 
+def register_family(
+    names: Sequence[str],
+    specs: Callable[[str], Sequence[Spec]],
+    *,
+    geometry: Callable[[str], Callable[..., Any]],
+    **fields: Callable[[str], Any],
+) -> dict[str, Op]:
+    """Register one op per name of a family whose variants are ``Spec``s.
+
+    Every argument is a function of the op's name: ``specs(name)`` lists its
+    variants in dispatch order, ``geometry(name)`` its geometry function, and
+    each keyword gives that ``Op`` field (``reference``, ``tensors``,
+    ``memo_key``, ``dtype_key``, ``validate``, ``samples``, ``doc``).
+    """
+    ops = {}
+    for name in names:
+        geom = geometry(name)
+        ops[name] = register(Op(name=name, variants=[s.bind(geom) for s in specs(name)], geometry=geom,
+                                **{k: f(name) for k, f in fields.items()}))
+    return ops
+
+
 def get(name: str) -> Op:
     key = name.split("::", 1)[1] if name.startswith(NAMESPACE + "::") else name
     _load_ops()
@@ -107,5 +190,11 @@ def all_ops() -> list[Op]:
     return [_OPS[k] for k in sorted(_OPS)]
 
 
+# Importing this package registers the ops. Named, not imported: the ops
+# import the registry, and the runtime must not import the API built on it.
+OPS_PACKAGE = "opforge.ops"
+
+
 def _load_ops() -> None:
-    import opforge.ops  # noqa: F401  (importing the ops registers them)
+    if OPS_PACKAGE not in sys.modules:
+        importlib.import_module(OPS_PACKAGE)

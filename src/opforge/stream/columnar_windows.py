@@ -338,7 +338,7 @@ class ColumnarWindows(ExactSums, Operator):
         with ``opforge.segment_reduce`` and fold the partials into the table
         (every pair gets its row; ``weight`` (bool): only those records'
         values go in)."""
-        from opforge.ops.hashing import segment_reduce
+        from opforge.ops.hashing import segment_reduce_dense as segment_reduce
 
         uk, us, inv = self._group(keys, starts, bounds)
         g = uk.shape[0]

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.ops.hashing import segment_reduce
+from opforge.ops.hashing import segment_reduce_dense as segment_reduce
 from opforge.ops.nexmark import FIELDS, OFFSETS, PROPORTION, nexmark_events
 from opforge.stream.columnar_join import ColumnarForm, RegularJoin, Rows, SortedRows
 from opforge.stream.functions import (Aggregations, KeyedCoProcessFunction, KeyedProcessFunction,

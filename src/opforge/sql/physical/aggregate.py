@@ -98,7 +98,7 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
         groups = 1
     out: dict[int, Column] = {}
     if node.keys:
-        first = hashing.segment_reduce(torch.arange(n, device=dev), gid, groups, "min")
+        first = hashing.segment_reduce_dense(torch.arange(n, device=dev), gid, groups, "min")
         for (o, _), col in zip(node.keys, key_cols):
             out[o.cid] = col.take(first)
     rows_per_group = []  # count(*) per group, computed once and shared by aggregates over non-NULL columns
@@ -112,13 +112,13 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             rows_per_group: list) -> Column:
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
-            c = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count")
+            c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
             rows_per_group.append((c, None if n and bool((c > 0).all()) or not groups else c > 0))
         cnt, valid = rows_per_group[0]
         if func == "count_star":
             return Column(cnt, None, T.INT64)
     else:
-        cnt = hashing.segment_reduce(gid.new_ones(n), gid, groups, "count", valid=col.valid)
+        cnt = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count", valid=col.valid)
         has = cnt > 0
         valid = None if bool(has.all()) else has
     if func == "count":
@@ -129,13 +129,13 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         v = key_tensor(col)[ok]
         pairs, npairs = dense_ids([Column(g_ok, None, T.INT64), Column(v, None, T.INT64)], len(v), dev)
         # groups of pairs are numbered by first occurrence: the first row of each pair carries its group
-        first = hashing.segment_reduce(torch.arange(len(v), device=dev), pairs, npairs, "min")
-        d = hashing.segment_reduce(gid.new_ones(npairs), g_ok[first], groups, "count")
+        first = hashing.segment_reduce_dense(torch.arange(len(v), device=dev), pairs, npairs, "min")
+        d = hashing.segment_reduce_dense(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
             v = cast_values(col, T.FLOAT64)
-            s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
+            s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
             if func == "avg":
                 return Column(s / cnt.clamp(min=1), valid, T.FLOAT64)
             return Column(s, valid, T.FLOAT64)
@@ -146,7 +146,7 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             lo, hi = (int(x) for x in torch.stack([v.min(), v.max()]).tolist())
             if max(-lo, hi) * int(cnt.max()) >= 2 ** 63:
                 return Column(_exact_sum(v, gid, groups, col.valid, out_type), valid, out_type)
-        s = hashing.segment_reduce(v, gid, groups, "sum", valid=col.valid)
+        s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
         return Column(s, valid, out_type)
     if func in ("min", "max"):
         v = col.values
@@ -157,7 +157,7 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         if v.dtype.is_floating_point and bool(torch.isnan(v).any()):
             r = _scatter_extreme(v, col.valid_mask(), gid, groups, func)  # NaN orders as SQL: largest
         else:
-            r = hashing.segment_reduce(v, gid, groups, func, valid=col.valid)
+            r = hashing.segment_reduce_dense(v, gid, groups, func, valid=col.valid)
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
@@ -167,8 +167,8 @@ def _exact_sum(v: torch.Tensor, gid: torch.Tensor, groups: int, valid, out_type:
     """Per-group int64 sums, exact: each value split into its signed high and unsigned low 32 bits,
     both halves summed in int64 (no overflow below 2^31 rows a group), then recombined; a sum outside
     int64 raises instead of wrapping around (DuckDB sums in 128 bits: this engine's storage limit)."""
-    high = hashing.segment_reduce(v >> 32, gid, groups, "sum", valid=valid)
-    low = hashing.segment_reduce(v & 0xFFFFFFFF, gid, groups, "sum", valid=valid)
+    high = hashing.segment_reduce_dense(v >> 32, gid, groups, "sum", valid=valid)
+    low = hashing.segment_reduce_dense(v & 0xFFFFFFFF, gid, groups, "sum", valid=valid)
     top = high + (low >> 32)  # sum = top * 2^32 + (low mod 2^32), 0 <= low mod 2^32 < 2^32
     bad = (top < -2 ** 31) | (top >= 2 ** 31)
     if bool(bad.any()):

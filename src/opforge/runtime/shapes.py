@@ -1,33 +1,16 @@
-"""Argument checks, dim handling and shape buckets shared by the tensor ops.
+"""Shape facts shared by the ops, the fusion compiler and the kernels' launchers.
 
-Every op that reduces or scans along a dim views its input as ``[rows, cols]``
-with the dim last and unit column stride; its tuning key buckets sizes to
-powers of two. These are the helpers for that, in one place.
+The runtime owns them (not ``opforge.ops``) so that ``fusion`` and
+``kernels`` can use them without importing the public API they sit under:
+tuning-key buckets (powers of two), dims seen as ``[rows, cols]`` with the dim
+last and unit column stride, and broadcast gradients summed back. Bucket
+strings are part of the autotune cache key: changing them orphans the tuned
+entries shipped in ``runtime/tuned``.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def check_tensor(where: str, arg: str, t, *, floating: bool = True) -> None:
-    """``t`` is a real tensor (floating point unless ``floating=False``)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-    if t.is_complex():
-        raise TypeError(f"{where}: complex tensors are not supported (got {arg} of {t.dtype})")
-    if floating and not t.dtype.is_floating_point:
-        raise TypeError(f"{where}: {arg} must be a floating-point tensor, got {t.dtype}")
-
-
-def check_dim(where: str, x: torch.Tensor, dim) -> None:
-    """``dim`` is an int in range for ``x`` (a 0-dim tensor accepts 0 and -1, as torch does)."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{where}: dim must be an int, got {type(dim).__name__}")
-    n = max(x.dim(), 1)
-    if not -n <= dim < n:
-        raise ValueError(f"{where}: dim {dim} is out of range for a tensor with {x.dim()} dims "
-                         f"(expected {-n} <= dim < {n})")
 
 
 def norm_dim(t: torch.Tensor, dim: int) -> int:
@@ -72,3 +55,18 @@ def empty_moved(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> 
     shape = list(x.shape)
     moved = shape[:d] + shape[d + 1:] + [shape[d]]
     return torch.empty(moved, dtype=dtype, device=x.device).movedim(-1, d)
+
+
+def rows_cols(t: torch.Tensor, dim: int) -> tuple[int, int]:
+    """``(rows, cols)`` of ``t`` seen as ``[rows, cols]`` with ``dim`` last."""
+    cols = t.shape[norm_dim(t, dim)] if t.dim() else 1
+    return (t.numel() // cols if cols else 0), cols
+
+
+def sum_to(g: torch.Tensor, shape) -> torch.Tensor:
+    """Reduce a broadcast gradient back to an operand's shape."""
+    if tuple(g.shape) == tuple(shape):
+        return g
+    lead = g.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
