@@ -259,7 +259,7 @@ def sample_inputs(is_rms: bool, backward: bool, device: torch.device) -> list[tu
         shapes = [((67, 130), (130,), True, 0.0), ((3, 5, 40), (5, 40), True, 3.0),
                   ((130, 24), (24,), False, 0.0), ((2, K.ROW_MAX + 100), (K.ROW_MAX + 100,), True, 0.0)]
         if device.type == "cuda" and dt in (torch.float32, torch.bfloat16):
-            shapes += [((300, 4 * ROW_MAX + 5), (4 * K.ROW_MAX + 5,), True, 2.0), ((4096, 1000), (1000,), True, 0.0)]
+            shapes += [((300, 4 * K.ROW_MAX + 5), (4 * K.ROW_MAX + 5,), True, 2.0), ((4096, 1000), (1000,), True, 0.0)]
         for i, (shape, nshape, with_params, shift) in enumerate(shapes):
             x = rand(shape, dt, shift)
             if i == 2:
