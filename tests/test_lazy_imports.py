@@ -51,3 +51,13 @@ def test_every_public_name_resolves_and_the_first_op_registers_them_all():
 def test_unknown_attribute_is_an_attribute_error():
     out = _run("import opforge\ntry:\n    opforge.nope\nexcept AttributeError as e:\n    print(e)")
     assert out == "module 'opforge' has no attribute 'nope'"
+
+
+def test_pd_ctl_command_imports_no_torch():
+    """`opforge pd ctl` is a small control-plane client: its process never loads torch (issue 25)."""
+    out = _run(
+        "import sys\nfrom opforge import cli\n"
+        "try:\n    cli.main(['pd', 'ctl', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch loaded:', 'torch' in sys.modules)"
+    )
+    assert out.endswith("torch loaded: False")

@@ -15,7 +15,25 @@ import traceback
 from rich.console import Console
 
 
-def _parser() -> argparse.ArgumentParser:
+# Commands whose arguments are declared inside a package that imports torch: their full parser is
+# built only when that command runs (``opforge pd ctl`` must stay a small, torch-free process).
+_HEAVY_COMMANDS = {
+    "profile": ("opforge.profile.cli", "compiled resources, occupancy, bandwidth per config, ncu metrics of an op"),
+    "stream": ("opforge.stream.cli", "DataStream jobs: run a job defined in a Python file"),
+}
+
+
+def _add_heavy(sub, name: str, command: str | None) -> None:
+    module, help_text = _HEAVY_COMMANDS[name]
+    if command == name:
+        import importlib
+
+        importlib.import_module(module).add_parser(sub)
+    else:
+        sub.add_parser(name, help=help_text)
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opforge", description="A GPU operator runtime for Python.")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error (also accepted after the command)")
@@ -61,9 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
     s.add_argument("--op", action="append", help="only these ops (repeatable; 'cumsum', 'cross_entropy*')")
 
-    from opforge.profile import cli as profile_cli
-
-    profile_cli.add_parser(sub)
+    _add_heavy(sub, "profile", command)
 
     q = sub.add_parser("sql", help="run a SQL query on registered tables, or an interactive shell")
     q.add_argument("query", nargs="?", help="the query; none: an interactive shell")
@@ -74,9 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     from opforge.placement import cli as pd_cli
 
     pd_cli.add_parser(sub)
-    from opforge.stream import cli as stream_cli
-
-    stream_cli.add_parser(sub)
+    _add_heavy(sub, "stream", command)
     return p
 
 
@@ -93,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("OPFORGE_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    args = _parser().parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = _parser(command).parse_args(argv)
     args.debug = debug
     console = Console(width=None if sys.stdout.isatty() else 150)
     errors = Console(stderr=True, width=None if sys.stderr.isatty() else 1_000_000, highlight=False)

@@ -19,6 +19,9 @@ import signal
 import sys
 import threading
 
+import pandas  # noqa: F401,E402  (what the job loads on first use, loaded before the kill timer starts:
+import pyarrow.parquet  # noqa: F401,E402  a kill point is a time into the job's work, not into its imports)
+import opforge.ops  # noqa: F401,E402
 from opforge.stream import (Aggregations, CollectionSource, FileSink, FileSource, KeyedProcessFunction,
                             ListStateDescriptor, MapStateDescriptor, SimulatedClock, StreamExecutionEnvironment,
                             TumblingEventTimeWindows, ValueStateDescriptor, WatermarkStrategy)

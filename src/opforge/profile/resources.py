@@ -249,7 +249,7 @@ def _signature_of_launch(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dic
         if p.is_constexpr or v is None:
             const[p.name] = v
         elif isinstance(v, torch.Tensor):
-            sig[p.name] = "*" + _TORCH_TO_TRITON[v.dtype]
+            sig[p.name] = "*" + _torch_to_triton()[v.dtype]
         elif isinstance(v, bool):
             sig[p.name] = "i1"
         elif isinstance(v, int):
@@ -541,7 +541,11 @@ def launches_resources(launches, *, arch: int = 90, limits: Limits | None = None
 _TORCH_TO_TRITON: dict = {}
 
 
-def _init_types() -> None:
+def _torch_to_triton() -> dict:
+    """torch dtype -> Triton signature type, filled on first use (importing this module, and so
+    the `opforge` command that lists `profile`'s arguments, must not import torch)."""
+    if _TORCH_TO_TRITON:
+        return _TORCH_TO_TRITON
     import torch
 
     _TORCH_TO_TRITON.update({
@@ -552,9 +556,7 @@ def _init_types() -> None:
     for name, t in (("float8_e4m3fn", "fp8e4nv"), ("float8_e5m2", "fp8e5")):
         if hasattr(torch, name):
             _TORCH_TO_TRITON[getattr(torch, name)] = t
-
-
-_init_types()
+    return _TORCH_TO_TRITON
 
 if __name__ == "__main__":
     _child_main()
