@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 import threading
+import time
 
 import pandas  # noqa: F401,E402  (what the job loads on first use, loaded before the kill timer starts:
 import pyarrow.parquet  # noqa: F401,E402  a kill point is a time into the job's work, not into its imports)
@@ -100,13 +101,22 @@ def run(data_dir: str, out_dir: str, checkpoint_dir: str, restore: bool = True):
 def main(argv):
     from opforge.stream.checkpoint import completed_checkpoints
 
-    data_dir, out_dir, checkpoint_dir, kill_after = argv[1], argv[2], argv[3], float(argv[4])
+    # kill point: "D" kills D s into the job; "cD" kills D s after its first new checkpoint completes
+    # (so a run is sure to leave one to restore from, however slow the machine); negative: no kill
+    data_dir, out_dir, checkpoint_dir, kill_spec = argv[1], argv[2], argv[3], argv[4]
+    after_checkpoint = kill_spec.startswith("c")
+    kill_after = float(kill_spec.lstrip("c"))
     done = completed_checkpoints(checkpoint_dir)
     print(f"start restoring={done[-1][1] if done else None}", flush=True)
     if kill_after >= 0:
-        killer = threading.Timer(kill_after, lambda: os.kill(os.getpid(), signal.SIGKILL))
-        killer.daemon = True
-        killer.start()
+        def kill():
+            if after_checkpoint:
+                while len(completed_checkpoints(checkpoint_dir)) <= len(done):
+                    time.sleep(0.005)
+            time.sleep(kill_after)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill, daemon=True).start()
     res = run(data_dir, out_dir, checkpoint_dir)
     print(f"restored_from={res.restored_from} checkpoints={len(res.checkpoints)}", flush=True)
 

@@ -58,7 +58,10 @@ def run_with_kills(seed, data, out, ckpt, max_kills, log):
     kills = 0
     while True:
         delay = rng.uniform(0.25, 1.4) if kills < max_kills else -1.0
-        p = subprocess.run([sys.executable, os.path.join(HERE, "checkpoint_job.py"), data, out, ckpt, f"{delay:.3f}"],
+        # the first kill lands anywhere (often before any checkpoint); the later ones after a checkpoint
+        # completed, so the restore path is exercised on a slow machine too
+        spec = f"c{delay / 4:.3f}" if 0 < kills < max_kills else f"{delay:.3f}"
+        p = subprocess.run([sys.executable, os.path.join(HERE, "checkpoint_job.py"), data, out, ckpt, spec],
                            env=env, capture_output=True, text=True, timeout=120)
         log.append((delay, p.returncode, p.stdout.strip(), p.stderr[-2000:]))
         if p.returncode == 0:
