@@ -31,7 +31,7 @@ import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
-from opforge.sql.host_staging import to_device
+from opforge.sql.host_staging import to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
 _FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
@@ -57,11 +57,10 @@ def is_string(t: pa.DataType) -> bool:
 def _values(chunk: pa.Array, dtype) -> np.ndarray:
     """A read-only numpy view of a fixed-width chunk's values (no copy; decimal128: the low words,
     a strided view)."""
-    buf, off, n = chunk.buffers()[1], chunk.offset, len(chunk)
-    width = chunk.type.byte_width
-    if width == 16:  # decimal128: little-endian (low, high) int64 pairs
-        return np.frombuffer(buf, dtype=np.int64, count=2 * (off + n)).reshape(-1, 2)[off:, 0]
-    return np.frombuffer(buf, dtype=dtype, count=off + n)[off:]
+    if chunk.type.byte_width == 16:  # decimal128: little-endian (low, high) int64 pairs
+        off, n = chunk.offset, len(chunk)
+        return np.frombuffer(chunk.buffers()[1], dtype=np.int64, count=2 * (off + n)).reshape(-1, 2)[off:, 0]
+    return values_view(chunk, dtype)
 
 
 class _Validity:
@@ -100,7 +99,7 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
             validity.note(chunk)
             yield _values(chunk, wire)
 
-    values = to_device(pieces(), n, torch.from_numpy(np.empty(0, dtype=wire)).dtype, device)
+    values = to_device(pieces(), n, torch_dtype(wire), device)
     values = values.to(typ.torch_dtype)
     valid = validity.to_device(n, device)
     if valid is not None:
@@ -128,7 +127,7 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
             validity.note(chunk)
             yield _values(chunk.indices, index_dtype)
 
-    idx = to_device(pieces(), n, torch.from_numpy(np.empty(0, dtype=index_dtype)).dtype, device).long()
+    idx = to_device(pieces(), n, torch_dtype(index_dtype), device).long()
     valid = validity.to_device(n, device)
     if valid is not None:
         idx.masked_fill_(~valid, 0)

@@ -25,6 +25,17 @@ SLOT_BYTES = 32 << 20  # per buffer: large enough to run the link at full speed,
 SLOTS = 2
 
 
+def torch_dtype(np_dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+
+
+def values_view(array, np_dtype) -> np.ndarray:
+    """A read-only numpy view (no copy) of a fixed-width Arrow array's values buffer, read as
+    ``np_dtype`` (values under NULLs are whatever the buffer holds)."""
+    return np.frombuffer(array.buffers()[1], dtype=np_dtype, count=array.offset + len(array))[array.offset:]
+
+
 def _as_tensor(piece) -> torch.Tensor:
     """A host piece (numpy array, possibly strided or read-only Arrow memory) as a CPU tensor
     without copying."""

@@ -230,17 +230,15 @@ def _arrow_column(arr, device):
     a column with NULLs or of another type as a list. Numbers go from Arrow memory through pinned
     staging with an asynchronous copy (``sql/host_staging.py``) and are widened on the device: no
     host pass besides the one copy into the staging buffer."""
-    import numpy as np
     import pyarrow as pa
 
     t = arr.type
     wire = _WIRE.get(str(t))
     if arr.null_count == 0 and wire is not None:
-        from opforge.sql.host_staging import to_device
+        from opforge.sql.host_staging import to_device, torch_dtype, values_view
 
         chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
-        pieces = (np.frombuffer(c.buffers()[1], dtype=wire, count=c.offset + len(c))[c.offset:] for c in chunks)
-        ten = to_device(pieces, len(arr), torch.from_numpy(np.empty(0, dtype=wire)).dtype, device)
+        ten = to_device((values_view(c, wire) for c in chunks), len(arr), torch_dtype(wire), device)
         return ten.to(torch.int64) if pa.types.is_integer(t) else ten.to(torch.float64)
     if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
         np_arr = arr.to_numpy(zero_copy_only=False)
