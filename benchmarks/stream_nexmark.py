@@ -58,6 +58,10 @@ count is not checked then), and each ratio compares the events/s of
 opforge's full run with the peer's (both rates are per event, the batch
 sizes stay as given).
 
+``--blocking-sync``: the host sleeps in its waits for the GPU instead of spinning
+(``blocking_sync``), so ``host_cpu_ms_per_batch`` is the host's own work per batch;
+the JSON's ``blocking_sync`` says whether it took effect.
+
 Latency at a given load (``--paced 0.5``): after the timed run, the same job
 runs again with its sources released at that fraction of the throughput just
 measured. A shared ``Pacer`` holds each source batch until the wall clock
@@ -520,6 +524,23 @@ def _log_entry(log, e: dict) -> None:
         f"p99 {lat['p99'] if lat['p99'] is not None else '-':>9} ms")
 
 
+def blocking_sync() -> bool:
+    """Make the host sleep, not spin, while it waits for the GPU (``cudaSetDeviceFlags(
+    cudaDeviceScheduleBlockingSync)``, before CUDA starts in this process). Why: a spinning wait is
+    counted as host CPU, so ``host_cpu_ms_per_batch`` then reads as the batch's wall time whatever
+    the host really did; with blocking waits it is the host's own work (Python, launches). True when
+    the flag took effect."""
+    import ctypes
+
+    if not torch.cuda.is_available() or torch.cuda.is_initialized():
+        return False
+    try:
+        cudart = ctypes.CDLL("libcudart.so.12")
+    except OSError:
+        return False
+    return cudart.cudaSetDeviceFlags(ctypes.c_uint(4)) == 0  # cudaDeviceScheduleBlockingSync
+
+
 def run(events: int, device, batch_size: int, queries=DEFAULT_QUERIES, feeds=("device", "host"),
         warmup: bool = True, log=print, peers=(), bytewax_py: str | None = None, bytewax_batch: int = 10_000,
         paced: float | None = None, exactly_once_ms: int | None = None, peer_events: int | None = None,
@@ -598,6 +619,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--feeds", default="device,host")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--blocking-sync", action="store_true",
+                    help="the host sleeps while waiting for the GPU (host CPU then excludes spinning)")
     ap.add_argument("--peers", default="", help="bytewax: also run q1 / tumble_count on Bytewax; cpu: every "
                                                 "job on opforge's CPU path too (for a GPU device)")
     ap.add_argument("--bytewax-python", help="a Python with bytewax (default: this one, if it has it)")
@@ -614,6 +637,7 @@ def main(argv=None) -> dict:
     if args.exactly_once_ms is not None and args.exactly_once_ms <= 0:
         ap.error(f"--exactly-once-ms: a positive interval, got {args.exactly_once_ms}")
     feeds = tuple(f for f in args.feeds.split(",") if f)
+    blocking = blocking_sync() if args.blocking_sync else False
     for f in feeds:
         if f not in ("device", "host"):
             ap.error(f"--feeds: device or host, got {f!r}")
@@ -625,6 +649,7 @@ def main(argv=None) -> dict:
                  peers=tuple(p for p in args.peers.split(",") if p), bytewax_py=args.bytewax_python,
                  bytewax_batch=args.bytewax_batch, paced=args.paced, exactly_once_ms=args.exactly_once_ms,
                  peer_events=args.peer_events, sink_format=args.sink_format)
+    result["blocking_sync"] = blocking
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json_path}")

@@ -22,6 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
+from opforge.sql import column_load, parquet_read
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
@@ -41,6 +42,7 @@ class LazyColumns(Sequence):
         self.device = device
         self.names = list(schema.names)
         self.types = [T.from_arrow(f.type, f.name) for f in schema]
+        self.arrow_types = list(schema.types)
         self.num_rows = num_rows
         self._read = read
         self._columns: list[Column | None] = [None] * len(self.names)
@@ -51,19 +53,19 @@ class LazyColumns(Sequence):
 
         def read(i):
             array, arrays[i] = arrays[i], None
-            return array
+            return array.chunks
         return LazyColumns(source.schema, source.num_rows, read, device)
 
     @staticmethod
     def of_parquet(path: str, meta: pq.FileMetaData, device) -> "LazyColumns":
-        """Each column of the file ``meta`` describes, read with every row group on first access."""
+        """Each column of the file ``meta`` describes, its row groups decoded in parallel on first
+        access (``parquet_read``); string columns as Parquet's dictionaries."""
         schema = meta.schema.to_arrow_schema()
 
         def read(i):
-            try:
-                return pq.read_table(path, columns=[schema.names[i]], use_threads=True).column(0)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise SqlError(f"reading column {schema.names[i]!r} of {path!r}: {e}") from None
+            field = schema.field(i)
+            as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
+            return parquet_read.column_row_groups(path, meta, field.name, as_dictionary)
         return LazyColumns(schema, meta.num_rows, read, device)
 
     def __len__(self) -> int:
@@ -74,7 +76,8 @@ class LazyColumns(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         col = self._columns[i]
         if col is None:
-            col = Column.from_arrow(self._read(i), self.device, self.names[i]).mark_sorted()
+            col = column_load.load_column(self._read(i), self.num_rows, self.arrow_types[i], self.device,
+                                          self.names[i]).mark_sorted()
             self._columns[i] = col
         return col
 

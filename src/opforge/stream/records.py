@@ -226,9 +226,20 @@ class Batch:
 
 
 def _arrow_column(arr, device):
+    """One Arrow column (array or chunked) as a tensor: integers as int64, floats as float64, bools;
+    a column with NULLs or of another type as a list. Numbers go from Arrow memory through pinned
+    staging with an asynchronous copy (``sql/host_staging.py``) and are widened on the device: no
+    host pass besides the one copy into the staging buffer."""
     import pyarrow as pa
 
     t = arr.type
+    wire = _WIRE.get(str(t))
+    if arr.null_count == 0 and wire is not None:
+        from opforge.sql.host_staging import to_device, torch_dtype, values_view
+
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+        ten = to_device((values_view(c, wire) for c in chunks), len(arr), torch_dtype(wire), device)
+        return ten.to(torch.int64) if pa.types.is_integer(t) else ten.to(torch.float64)
     if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
         np_arr = arr.to_numpy(zero_copy_only=False)
         ten = torch.from_numpy(np_arr.copy())
@@ -239,6 +250,11 @@ def _arrow_column(arr, device):
     if pa.types.is_timestamp(t) and arr.null_count == 0:
         return torch.from_numpy(arr.cast(pa.int64()).to_numpy().copy()).to(device)
     return arr.to_pylist()
+
+
+# Arrow types whose values buffer moves as is (numpy dtype names), widened on the device
+_WIRE = {"int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
+         "float": "float32", "double": "float64"}
 
 
 def records_of(batches: Iterable[Batch]) -> list:

@@ -1,0 +1,152 @@
+"""Arrow chunks to a device ``Column`` at transfer speed: the first touch of a column.
+
+Why: the general conversion (``Column.from_arrow``) combines the chunks, casts and fills NULLs
+with Arrow on the host, then makes a pageable copy: several host passes per column before the
+link sees a byte. Here each chunk's values buffer is read where it lies (a numpy view of Arrow
+memory: no Python per value, no cast on the host) and goes to the device through pinned staging
+(``host_staging``); the rest happens on the device after the copy:
+
+* integers and floats narrower than their storage type are widened there;
+* DECIMAL(p <= 18) arrives as the low 64-bit word of each 128-bit value (exact: |v| < 10^18 < 2^63),
+  gathered into the staging buffer by the same copy;
+* values under NULLs are set there as the general conversion sets them (0; for strings the code
+  of the first non-NULL row);
+* strings: the codes of Arrow dictionary arrays (Parquet's dictionary pages, ``parquet_read``) are
+  copied, the words that occur are found by one scatter, and the codes are mapped to the sorted
+  dictionary's ranks by one gather; only the distinct words are touched on the host.
+
+Types without such a path (BOOL from Arrow's bit-packing is one here; other Arrow types that
+``types.from_arrow`` maps) go through ``Column.from_arrow``, unchanged. Results equal the general
+conversion bit for bit (``tests/sql/test_column_load.py``); statistics are not computed here
+(``planner/statistics.py`` gathers them on the device when the planner first asks).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from opforge.sql import types as T
+from opforge.sql.column import Column, arrow_dictionary
+from opforge.sql.host_staging import to_device, torch_dtype, values_view
+
+# Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
+_FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+          pa.uint8(): np.uint8, pa.float16(): np.float16, pa.float32(): np.float32, pa.float64(): np.float64,
+          pa.date32(): np.int32}
+
+
+def _wire_dtype(t: pa.DataType):
+    """The numpy dtype of ``t``'s values as moved to the device, or None (no fast path)."""
+    if t in _FIXED:
+        return _FIXED[t]
+    if pa.types.is_decimal(t) and t.precision <= 18 and t.byte_width in (4, 8, 16):
+        return np.int32 if t.byte_width == 4 else np.int64
+    return None
+
+
+def is_string(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _values(chunk: pa.Array, dtype) -> np.ndarray:
+    """A read-only numpy view of a fixed-width chunk's values (no copy; decimal128: the low words,
+    a strided view)."""
+    if chunk.type.byte_width == 16:  # decimal128: little-endian (low, high) int64 pairs
+        off, n = chunk.offset, len(chunk)
+        return np.frombuffer(chunk.buffers()[1], dtype=np.int64, count=2 * (off + n)).reshape(-1, 2)[off:, 0]
+    return values_view(chunk, dtype)
+
+
+class _Validity:
+    """Each chunk's validity (None: no NULLs), gathered while the values stream past."""
+
+    def __init__(self):
+        self.parts: list[tuple[int, np.ndarray | None]] = []
+
+    def note(self, chunk: pa.Array) -> None:
+        mask = chunk.is_valid().to_numpy(zero_copy_only=False) if chunk.null_count else None
+        self.parts.append((len(chunk), mask))
+
+    def to_device(self, n: int, device) -> torch.Tensor | None:
+        if all(m is None for _, m in self.parts):
+            return None
+        pieces = (np.ones(k, dtype=bool) if m is None else m for k, m in self.parts)
+        return to_device(pieces, n, torch.bool, device)
+
+
+def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, device, name: str = "") -> Column:
+    """The column of ``n`` rows whose Arrow chunks (of ``arrow_type``, or its dictionary encoding
+    for strings) ``chunks`` yields, on ``device``."""
+    typ = T.from_arrow(arrow_type, name)
+    if is_string(arrow_type):
+        return _strings(list(chunks), n, typ, device, name)
+    wire = _wire_dtype(arrow_type)
+    if wire is None:
+        chunks = list(chunks)
+        return Column.from_arrow(pa.chunked_array(chunks, None if chunks else arrow_type), device, name)
+    validity = _Validity()
+
+    def pieces():
+        for chunk in chunks:
+            if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
+                chunk = chunk.cast(arrow_type)
+            validity.note(chunk)
+            yield _values(chunk, wire)
+
+    values = to_device(pieces(), n, torch_dtype(wire), device)
+    values = values.to(typ.torch_dtype)
+    valid = validity.to_device(n, device)
+    if valid is not None:
+        values.masked_fill_(~valid, 0)
+    return Column(values, valid, typ)
+
+
+def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
+    if not chunks:
+        return Column.from_arrow(pa.array([], pa.string()), device, name)
+    encoded = pa.chunked_array(chunks)
+    if not pa.types.is_dictionary(encoded.type):
+        encoded = pc.dictionary_encode(encoded)
+    encoded = encoded.unify_dictionaries()
+    dictionary = encoded.chunk(0).dictionary if encoded.num_chunks else pa.array([], pa.string())
+    if dictionary.null_count:  # a NULL word: leave it to the general conversion
+        return Column.from_arrow(encoded, device, name)
+    if not pa.types.is_string(dictionary.type):
+        dictionary = dictionary.cast(pa.string())
+    validity = _Validity()
+    index_dtype = encoded.type.index_type.to_pandas_dtype()
+
+    def pieces():
+        for chunk in encoded.chunks:
+            validity.note(chunk)
+            yield _values(chunk.indices, index_dtype)
+
+    idx = to_device(pieces(), n, torch_dtype(index_dtype), device).long()
+    valid = validity.to_device(n, device)
+    if valid is not None:
+        idx.masked_fill_(~valid, 0)
+    size = len(dictionary)
+    if size == 0:
+        return Column(torch.zeros(n, dtype=torch.int32, device=device), valid, typ, ())
+    # the words that occur (a Parquet or Arrow dictionary may hold more), found on the device
+    present = torch.zeros(size, dtype=torch.bool, device=idx.device)
+    present[idx if valid is None else idx[valid]] = True
+    present = present.cpu().numpy()
+    used = dictionary.filter(pa.array(present))
+    # UTF-8 byte order (Arrow's sort) is code-point order, the order of Python str
+    order = pc.sort_indices(used).to_numpy(zero_copy_only=False)
+    rank = np.zeros(size, dtype=np.int32)
+    rank[np.flatnonzero(present)[order]] = np.arange(len(order), dtype=np.int32)
+    codes = torch.from_numpy(rank).to(idx.device)[idx]
+    if valid is not None:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
+        codes = torch.where(valid, codes, codes[valid.to(torch.uint8).argmax()])
+    ordered = used.take(pa.array(order))
+    words = tuple(ordered.to_pylist())
+    arrow_dictionary(words, ordered)
+    return Column(codes, valid, typ, words)

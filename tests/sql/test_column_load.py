@@ -1,0 +1,162 @@
+"""First touch of a column (``sql/column_load.py``, ``sql/parquet_read.py``, ``sql/host_staging.py``):
+the chunk-wise path gives the same column as the general conversion (``Column.from_arrow``), from
+Arrow chunks and from Parquet row groups; registering the TPC-H tables reads no column data."""
+import decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import opforge.sql as sql
+from opforge.sql import column_load, host_staging, parquet_read
+from opforge.sql.column import Column
+from opforge.sql.table import Table
+
+N = 2500
+
+
+def _mask(rng, n, nulls):
+    return rng.random(n) < 0.2 if nulls else None
+
+
+def _arrays(rng, nulls: bool) -> dict[str, pa.Array]:
+    words = np.array(["pear", "fig", "apple", "", "Zebra", "kiwi", "äpfel", "fig2"], dtype=object)
+    cents = rng.integers(-10**17, 10**17, N)
+    m = lambda: _mask(rng, N, nulls)  # noqa: E731
+    return {
+        "i8": pa.array(rng.integers(-128, 127, N).astype(np.int8), mask=m()),
+        "i16": pa.array(rng.integers(-2**15, 2**15 - 1, N).astype(np.int16), mask=m()),
+        "i32": pa.array(rng.integers(-2**31, 2**31 - 1, N).astype(np.int32), mask=m()),
+        "i64": pa.array(rng.integers(-2**62, 2**62, N), mask=m()),
+        "u8": pa.array(rng.integers(0, 255, N).astype(np.uint8), mask=m()),
+        "f16": pa.array(rng.standard_normal(N).astype(np.float16), mask=m()),
+        "f32": pa.array(np.where(rng.random(N) < 0.05, np.nan, rng.standard_normal(N)).astype(np.float32), mask=m()),
+        "f64": pa.array(np.where(rng.random(N) < 0.05, -0.0, rng.standard_normal(N)), mask=m()),
+        "date": pa.array(rng.integers(-1000, 20000, N).astype(np.int32), mask=m()).cast(pa.date32()),
+        "dec": pa.array([decimal.Decimal(int(c)).scaleb(-2) for c in cents], pa.decimal128(18, 2), mask=m()),
+        "dec_small": pa.array([decimal.Decimal(int(c) % 10**6).scaleb(-4) for c in cents], pa.decimal128(9, 4),
+                              mask=m()),
+        "bool": pa.array(rng.random(N) < 0.5, mask=m()),
+        "s": pa.array(words[rng.integers(0, len(words), N)], pa.string(), mask=m()),
+        "s_large": pa.array(words[rng.integers(0, len(words), N)], pa.large_string(), mask=m()),
+        "s_view": pa.array(words[rng.integers(0, 3, N)], pa.string(), mask=m()).cast(pa.string_view()),
+        "s_dict": pa.array(words[rng.integers(0, 4, N)], pa.string(), mask=m()).dictionary_encode(),
+    }
+
+
+def _chunked(arr: pa.Array, cuts=(0, 1, 700, 701, 1900, N)) -> pa.ChunkedArray:
+    """Uneven chunks, one empty, and slices with offsets (bit-packed masks not byte-aligned)."""
+    return pa.chunked_array([arr.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])], arr.type)
+
+
+def assert_same(got: Column, want: Column):
+    assert got.type == want.type and got.dictionary == want.dictionary
+    assert got.values.dtype == want.values.dtype and got.values.device == want.values.device
+    assert (got.valid is None) == (want.valid is None)
+    if want.valid is not None:
+        assert torch.equal(got.valid, want.valid)
+    g, w = got.values, want.values  # values under NULLs too
+    if g.dtype.is_floating_point:  # NaN == NaN and -0.0 != 0.0: compare the bits
+        g, w = g.view(torch.int32 if g.dtype == torch.float32 else torch.int64), \
+            w.view(torch.int32 if w.dtype == torch.float32 else torch.int64)
+    assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_arrow_chunks_load_as_the_general_conversion(nulls):
+    rng = np.random.default_rng(5 if nulls else 4)
+    for name, arr in _arrays(rng, nulls).items():
+        chunked = _chunked(arr)
+        got = column_load.load_column(iter(chunked.chunks), N, chunked.type, "cpu", name)
+        assert_same(got, Column.from_arrow(chunked, "cpu", name))
+
+
+def test_all_null_and_empty_columns():
+    for arr in (pa.nulls(10, pa.int64()), pa.nulls(10, pa.string()), pa.array([], pa.int32()), pa.array([], pa.string()),
+                pa.nulls(5, pa.decimal128(12, 3))):
+        chunked = _chunked(arr, (0, len(arr) // 2, len(arr)))
+        got = column_load.load_column(iter(chunked.chunks), len(arr), arr.type, "cpu")
+        assert_same(got, Column.from_arrow(chunked, "cpu"))
+
+
+def test_string_dictionary_keeps_only_the_words_that_occur():
+    # a dictionary array whose dictionary holds words no row uses (pandas categoricals written to Parquet)
+    arr = pa.DictionaryArray.from_arrays(pa.array([2, 0, 2, None, 0], pa.int8()), pa.array(["b", "zz", "a", "c"]))
+    got = column_load.load_column(iter([arr]), 5, pa.string(), "cpu")
+    assert got.dictionary == ("a", "b")
+    assert got.values[got.valid].tolist() == [0, 1, 0, 1]
+    assert_same(got, Column.from_arrow(arr, "cpu"))
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path):
+    arrays = _arrays(np.random.default_rng(8), nulls)
+    table = pa.table(arrays)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=600)  # 5 row groups, decoded on several threads
+    t = Table.from_parquet(str(path), "cpu")
+    assert t.num_partitions == 5
+    back = pq.read_table(path)
+    for name in arrays:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
+
+
+def test_row_groups_come_back_in_file_order(tmp_path):
+    path = tmp_path / "order.parquet"
+    pq.write_table(pa.table({"x": np.arange(10_000)}), path, row_group_size=333)
+    meta = pq.ParquetFile(path).metadata
+    chunks = list(parquet_read.column_row_groups(str(path), meta, "x", False))
+    assert np.array_equal(np.concatenate([c.to_numpy() for c in chunks]), np.arange(10_000))
+    assert Table.from_parquet(str(path), "cpu").column("x").sorted
+
+
+def test_staging_checks_the_row_count_and_needs_no_cuda():
+    pieces = [np.arange(5, dtype=np.int64), np.arange(10, dtype=np.int64).reshape(5, 2)[:, 0]]
+    out = host_staging.to_device(iter(pieces), 10, torch.int64, "cpu")
+    assert out.tolist() == [0, 1, 2, 3, 4, 0, 2, 4, 6, 8]
+    with pytest.raises(ValueError, match="expected 11"):
+        host_staging.to_device(iter(pieces), 11, torch.int64, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
+def test_pinned_staging_on_cuda_spans_several_buffers():
+    big = np.arange(3 * host_staging.SLOT_BYTES // 8 + 17, dtype=np.int64)
+    out = host_staging.to_device(iter([big[:1000], big[1000:]]), len(big), torch.int64, "cuda")
+    assert torch.equal(out.cpu(), torch.from_numpy(big))
+
+
+def test_registering_the_tpch_tables_reads_no_column_data(tpch_paths, monkeypatch):
+    reads = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, *args, **kwargs):
+        reads.append(args)
+        return real(self, *args, **kwargs)
+
+    for fn in ("read_table", "read_pandas"):
+        monkeypatch.setattr(pq, fn, lambda *a, **k: pytest.fail(f"pq.{fn} while registering"))
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("ParquetFile.read while registering"))
+    con = sql.connect("cpu")
+    for name, path in tpch_paths.items():
+        con.register(name, str(path))
+    assert reads == []
+    assert all(con._tables[n].loaded_columns() == [] for n in tpch_paths)
+    assert all(con._stats[n].columns.computed() == [] for n in tpch_paths)
+    n = con.sql("SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem WHERE l_returnflag = 'R'").fetchall()
+    assert len(reads) == 2 * con._tables["lineitem"].num_partitions  # two columns, each row group once
+    assert con._tables["lineitem"].loaded_columns() == ["l_quantity", "l_returnflag"]
+    import duckdb
+
+    want = duckdb.sql(f"SELECT count(*), sum(l_quantity) FROM read_parquet('{tpch_paths['lineitem']}') "
+                      "WHERE l_returnflag = 'R'").fetchall()
+    assert n == want
+
+
+@pytest.fixture(scope="module")
+def tpch_paths():
+    from opforge.sql.tpch import data
+
+    return data.generate(0.01)
