@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import opforge.sql as sql
-from opforge.sql import column_load, host_staging, parquet_read
+from opforge.runtime import host_staging
+from opforge.sql import column_load, parquet_read
 from opforge.sql.column import Column
 from opforge.sql.table import Table
 

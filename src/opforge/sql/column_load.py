@@ -31,7 +31,7 @@ import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
-from opforge.sql.host_staging import to_device, torch_dtype, values_view
+from opforge.runtime.host_staging import to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
 _FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from opforge.runtime.host_staging import to_device, torch_dtype, values_view
 from opforge.stream.state_types import register_state_type
 
 NO_TIMESTAMP = -(2**63)
@@ -235,8 +236,6 @@ def _arrow_column(arr, device):
     t = arr.type
     wire = _WIRE.get(str(t))
     if arr.null_count == 0 and wire is not None:
-        from opforge.sql.host_staging import to_device, torch_dtype, values_view
-
         chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
         ten = to_device((values_view(c, wire) for c in chunks), len(arr), torch_dtype(wire), device)
         return ten.to(torch.int64) if pa.types.is_integer(t) else ten.to(torch.float64)
