@@ -1,4 +1,4 @@
-"""First touch of a column (``sql/column_load.py``, ``sql/parquet_read.py``, ``sql/host_staging.py``):
+"""First touch of a column (``sql/column_load.py``, ``sql/parquet_read.py``, ``runtime/host_staging.py``):
 the chunk-wise path gives the same column as the general conversion (``Column.from_arrow``), from
 Arrow chunks and from Parquet row groups; registering the TPC-H tables reads no column data."""
 import decimal

@@ -229,7 +229,7 @@ class Batch:
 def _arrow_column(arr, device):
     """One Arrow column (array or chunked) as a tensor: integers as int64, floats as float64, bools;
     a column with NULLs or of another type as a list. Numbers go from Arrow memory through pinned
-    staging with an asynchronous copy (``sql/host_staging.py``) and are widened on the device: no
+    staging with an asynchronous copy (``runtime/host_staging.py``) and are widened on the device: no
     host pass besides the one copy into the staging buffer."""
     import pyarrow as pa
 
