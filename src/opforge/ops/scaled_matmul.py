@@ -371,26 +371,36 @@ def splitk_configs(g: Geometry):
     return K.splitk_configs(g.M, g.N, g.K, sms=g.sms, **_kw(g))
 
 
-def bucket(g: Geometry) -> str:
+def shape_bucket(g: Geometry) -> str:
     ma, mb = g.modes
     return f"{bucket_dims(g.M, g.N, g.K)}:{MODE_NAMES[ma][0]}{MODE_NAMES[mb][0]}"
+
+
+def bucket(a, b, scale_a, scale_b, *rest) -> str:
+    """The tuning key's shape bucket of these arguments."""
+    return shape_bucket(geometry(a, b, scale_a, scale_b, *rest))
+
+
+def _vendor_reason(*args) -> str | None:
+    """Why torch._scaled_mm / torch._int_mm cannot take these arguments, or None."""
+    return vendor_check(geometry(*args))
 
 
 def specs(name: str) -> list[Spec]:
     """The variants of ``scaled_matmul``, in dispatch order."""
     return [
         Spec("triton_splitk", Scaled(tma=False), version=K.SPLITK_VERSION, check=splitk_check,
-             configs=splitk_configs, default_config=splitk_default, bucket=bucket,
+             configs=splitk_configs, default_config=splitk_default, bucket=shape_bucket,
              description="decode shapes (M <= 64): K cut across programs, scaled fp32 partials summed "
                          "in a fixed order by a second kernel that runs bias and activation"),
         Spec("triton_tma_persistent", Scaled(tma=True), version=K.TMA_VERSION, min_capability=(9, 0),
-             check=tma_check, configs=tma_configs, default_config=tma_default, bucket=bucket,
+             check=tma_check, configs=tma_configs, default_config=tma_default, bucket=shape_bucket,
              description="Hopper: TMA descriptor loads of K-major operands, QGMMA / IGMMA via tl.dot, one "
                          "program per SM over grouped output tiles, scales in the epilogue"),
         Spec("triton_tiled", Scaled(tma=False), version=K.TILED_VERSION, configs=tile_configs,
-             default_config=tile_default, bucket=bucket,
+             default_config=tile_default, bucket=shape_bucket,
              description="portable: pointer-based block loads with any strides, grouped tiles"),
-        Spec("torch_scaled_mm", vendor_run, kind="vendor", devices=("cuda",), check=vendor_check, bucket=bucket,
+        Spec("torch_scaled_mm", vendor_run, kind="vendor", devices=("cuda",), check=vendor_check, bucket=shape_bucket,
              description="torch._scaled_mm (fp8) or torch._int_mm + separate dequantize (int8), then "
                          "torch ops for bias and activation"),
         Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
