@@ -49,14 +49,16 @@ attention ops (decode) can share them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from opforge.kernels import attention as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.device import interpret_mode
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
@@ -205,16 +207,6 @@ def _unit(t):
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _geometry(q, k, cu_q, cu_k, max_q, max_k):
-    if cu_q is not None:
-        return (cu_q.numel() - 1, q.shape[1], k.shape[1], max_q, max_k, cu_q.contiguous(), cu_k.contiguous())
-    return (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], None, None)
-
-
-def _lengths(q, k, cu_q, max_q, max_k) -> tuple[int, int]:
-    return (max_q, max_k) if cu_q is not None else (q.shape[2], k.shape[2])
-
-
 # ---------------------------------------------------------------------------
 # Reference semantics (plain torch, float64-capable)
 # ---------------------------------------------------------------------------
@@ -297,7 +289,7 @@ def backward_reference(*args):
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts the variants decide on
 # ---------------------------------------------------------------------------
 def _mask_kind(left, right) -> str:
     if left < 0 and right < 0:
@@ -307,22 +299,45 @@ def _mask_kind(left, right) -> str:
     return "window"
 
 
-def _bucket(q, k, left, right, cu_q, max_q, max_k) -> str:
-    Sq, Sk = _lengths(q, k, cu_q, max_q, max_k)
-    bh = (cu_q.numel() - 1 if cu_q is not None else q.shape[0]) * q.shape[1]
-    return (f"{bucket_size(bh)}h:{bucket_size(Sq)}x{bucket_size(Sk)}:d{q.shape[-1]}:g{q.shape[1] // max(k.shape[1], 1)}"
-            f":{_mask_kind(left, right)}{':varlen' if cu_q is not None else ''}")
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts: ``seqs`` sequences (the batch, or varlen's),
+    ``H`` query and ``Hk`` key/value heads, the (max) lengths ``Sq`` and
+    ``Sk``, head dim ``D``, the dtype, the mask kind, ``empty`` (no query or
+    no key), and why the TMA kernels cannot load the tensors (``tma``, None
+    when they can). The memo key holds all of it (alignment included)."""
+
+    seqs: int
+    H: int
+    Hk: int
+    Sq: int
+    Sk: int
+    D: int
+    itemsize: int
+    dtype: torch.dtype
+    mask: str
+    varlen: bool
+    empty: bool
+    tma: str | None
 
 
-def _interpreter_check(q) -> str | None:
-    if interpret_mode() and q.dtype == BF16:
-        return "the Triton interpreter computes bf16 tl.dot wrongly"
-    return None
+def _geometry(q, k, left, right, cu_q, max_q, max_k, tma_tensors) -> Geometry:
+    varlen = cu_q is not None
+    Sq, Sk = (max_q, max_k) if varlen else (q.shape[2], k.shape[2])
+    return Geometry(cu_q.numel() - 1 if varlen else q.shape[0], q.shape[1], k.shape[1], Sq, Sk, q.shape[-1],
+                    q.element_size(), q.dtype, _mask_kind(left, right), varlen,
+                    q.numel() == 0 or (not varlen and k.shape[2] == 0), _tma_reason(varlen, *tma_tensors))
 
 
-def _tma_check(varlen: bool, *tensors) -> str | None:
-    from opforge.kernels import attention as K
+def forward_geometry(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k) -> Geometry:
+    return _geometry(q, k, left, right, cu_q, max_q, max_k, (k, v))
 
+
+def backward_geometry(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k) -> Geometry:
+    return _geometry(q, k, left, right, cu_q, max_q, max_k, (q, k, v, do))
+
+
+def _tma_reason(varlen: bool, *tensors) -> str | None:
     if any(t.numel() == 0 for t in tensors):
         return "empty tensors (nothing to load)"
     if not K.tma_ok(*(_unit(t) for t in tensors), varlen=varlen):
@@ -330,126 +345,141 @@ def _tma_check(varlen: bool, *tensors) -> str | None:
     return None
 
 
-def _flash_variants(runner, version: str, check, tma_check, configs, default, bucket, tma_description: str,
-                    description: str) -> list[Variant]:
+def _launch_shape(q, k, cu_q, cu_k, max_q, max_k):
+    """The kernels' ``geom``: ``(B, H, HK, Sq, Sk, cu_q, cu_k)`` of this call's tensors."""
+    if cu_q is not None:
+        return (cu_q.numel() - 1, q.shape[1], k.shape[1], max_q, max_k, cu_q.contiguous(), cu_k.contiguous())
+    return (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], None, None)
+
+
+# ---------------------------------------------------------------------------
+# Variants: runners, checks and configs of the geometry, then the specs
+# ---------------------------------------------------------------------------
+class Forward:
+    """The forward kernel (``tma``: K/V tiles through TMA descriptors)."""
+
+    def __init__(self, tma: bool):
+        self.tma = tma
+
+    def __call__(self, g: Geometry, cfg, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
+        q, k, v = _unit(q), _unit(k), _unit(v)
+        out, lse = alloc_forward(q, cu_q is not None)
+        if out.numel():
+            K.launch_forward(q, k, v, out, lse, _launch_shape(q, k, cu_q, cu_k, max_q, max_k), float(scale), left,
+                             right, cfg, tma=self.tma)
+        return out, lse
+
+
+class Backward:
+    """The backward kernels (``tma``: the hot loops' tiles through TMA descriptors)."""
+
+    def __init__(self, tma: bool):
+        self.tma = tma
+
+    def __call__(self, g: Geometry, cfg, do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
+        do, q, k, v, out = (_unit(t) for t in (do, q, k, v, out))
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        if dk.numel() and not dq.numel():
+            dk.zero_()
+            dv.zero_()
+        elif dq.numel():
+            K.launch_backward(do, q, k, v, out, lse.contiguous(), dq, dk, dv,
+                              _launch_shape(q, k, cu_q, cu_k, max_q, max_k), float(scale), left, right, cfg,
+                              tma=self.tma)
+        return dq, dk, dv
+
+
+def sdpa_run(g: Geometry, cfg, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, right == 0, False, scale=float(scale))
+    out, lse = res[0], res[1]
+    return out.contiguous(), lse[..., :q.shape[2]].float().contiguous()
+
+
+def reference_run(g: Geometry, cfg, *args):
+    return reference(*args)
+
+
+def backward_reference_run(g: Geometry, cfg, *args):
+    return backward_reference(*args)
+
+
+def flash_check(g: Geometry) -> str | None:
+    if interpret_mode() and g.dtype == BF16:
+        return "the Triton interpreter computes bf16 tl.dot wrongly"
+    return None
+
+
+def tma_check(g: Geometry) -> str | None:
+    return flash_check(g) or g.tma
+
+
+def sdpa_check(g: Geometry) -> str | None:
+    if g.dtype not in (F16, BF16):
+        return "SDPA's flash kernel takes fp16/bf16"
+    if g.varlen:
+        return "varlen (cu_seqlens) is not an SDPA argument"
+    if g.mask == "window":
+        return "sliding windows are not an SDPA argument"
+    if g.mask == "causal" and g.Sq != g.Sk:
+        return "SDPA aligns causal masks top-left; FlashAttention's bottom-right differs when Sq != Sk"
+    if g.H != g.Hk:
+        return "GQA/MQA through SDPA's flash kernel would need k/v expanded"
+    if g.empty:
+        return "empty sequences"
+    return None
+
+
+def forward_default(g: Geometry):
+    return K.forward_default_config(g.D, g.Sq, g.Sk, g.itemsize)
+
+
+def forward_configs(g: Geometry):
+    return K.forward_configs(g.D, g.Sq, g.Sk, g.itemsize)
+
+
+def backward_default(g: Geometry):
+    return K.backward_default_config(g.D, g.Sq, g.Sk, g.itemsize)
+
+
+def backward_configs(g: Geometry):
+    return K.backward_configs(g.D, g.Sq, g.Sk, g.itemsize)
+
+
+def bucket(g: Geometry) -> str:
+    return (f"{bucket_size(g.seqs * g.H)}h:{bucket_size(g.Sq)}x{bucket_size(g.Sk)}:d{g.D}:g{g.H // max(g.Hk, 1)}"
+            f":{g.mask}{':varlen' if g.varlen else ''}")
+
+
+def _flash_specs(runner, version: str, configs, default, tma_description: str, description: str) -> list[Spec]:
     """``triton_flash_tma`` and ``triton_flash``: one kernel set, TMA on or off,
     so they share configs, default and bucket (a tuned entry means the same)."""
     common = dict(version=version, dtypes=KERNEL_DTYPES, configs=configs, default_config=default, bucket=bucket)
-    return [Variant("triton_flash_tma", runner(True), min_capability=(9, 0), check=tma_check,
-                    description=tma_description, **common),
-            Variant("triton_flash", runner(False), check=check, description=description, **common)]
+    return [Spec("triton_flash_tma", runner(True), min_capability=(9, 0), check=tma_check,
+                 description=tma_description, **common),
+            Spec("triton_flash", runner(False), check=flash_check, description=description, **common)]
 
 
-def _forward_variants() -> list[Variant]:
-    from opforge.kernels import attention as K
+FORWARD_SPECS = _flash_specs(
+    Forward, K.FWD_VERSION, forward_configs, forward_default,
+    "triton_flash with K/V tiles through device-side TMA descriptors (Hopper)",
+    "FlashAttention-2: a query tile per program, online softmax over key blocks "
+    "(unmasked hot loop; masked edge blocks), GQA, windows, varlen",
+) + [
+    Spec("torch_sdpa", sdpa_run, kind="vendor", devices=("cuda",), dtypes=frozenset({F16, BF16}), check=sdpa_check,
+         bucket=bucket, description="SDPA's flash-attention kernel (aten)"),
+    Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch with materialized scores (the oracle and the CPU fallback)"),
+]
 
-    def runner(tma):
-        def run(cfg, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-            varlen = cu_q is not None
-            q, k, v = _unit(q), _unit(k), _unit(v)
-            out, lse = alloc_forward(q, varlen)
-            geom = _geometry(q, k, cu_q, cu_k, max_q, max_k)
-            if out.numel():
-                K.launch_forward(q, k, v, out, lse, geom, float(scale), left, right, cfg, tma=tma)
-            return out, lse
-        return run
-
-    def check(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return _interpreter_check(q)
-
-    def tma_check(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return _interpreter_check(q) or _tma_check(cu_q is not None, k, v)
-
-    def default(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.forward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
-
-    def configs(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.forward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
-
-    def bucket(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return _bucket(q, k, left, right, cu_q, max_q, max_k)
-
-    def sdpa_check(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        if q.dtype not in (F16, BF16):
-            return "SDPA's flash kernel takes fp16/bf16"
-        if cu_q is not None:
-            return "varlen (cu_seqlens) is not an SDPA argument"
-        if left >= 0 or right > 0:
-            return "sliding windows are not an SDPA argument"
-        if right == 0 and q.shape[2] != k.shape[2]:
-            return "SDPA aligns causal masks top-left; FlashAttention's bottom-right differs when Sq != Sk"
-        if q.shape[1] != k.shape[1]:
-            return "GQA/MQA through SDPA's flash kernel would need k/v expanded"
-        if q.numel() == 0 or k.shape[2] == 0:
-            return "empty sequences"
-        return None
-
-    def sdpa_run(cfg, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
-        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, right == 0, False,
-                                                                 scale=float(scale))
-        out, lse = res[0], res[1]
-        return out.contiguous(), lse[..., :q.shape[2]].float().contiguous()
-
-    def ref_run(cfg, *args):
-        return reference(*args)
-
-    return _flash_variants(
-        runner, K.FWD_VERSION, check, tma_check, configs, default, bucket,
-        "triton_flash with K/V tiles through device-side TMA descriptors (Hopper)",
-        "FlashAttention-2: a query tile per program, online softmax over key blocks "
-        "(unmasked hot loop; masked edge blocks), GQA, windows, varlen",
-    ) + [
-        Variant("torch_sdpa", sdpa_run, kind="vendor", devices=("cuda",), dtypes=frozenset({F16, BF16}),
-                check=sdpa_check, bucket=bucket, description="SDPA's flash-attention kernel (aten)"),
-        Variant("reference", ref_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch with materialized scores (the oracle and the CPU fallback)"),
-    ]
-
-
-def _backward_variants() -> list[Variant]:
-    from opforge.kernels import attention as K
-
-    def runner(tma):
-        def run(cfg, do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-            do, q, k, v, out = (_unit(t) for t in (do, q, k, v, out))
-            dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-            geom = _geometry(q, k, cu_q, cu_k, max_q, max_k)
-            if dk.numel() and not dq.numel():
-                dk.zero_()
-                dv.zero_()
-            elif dq.numel():
-                K.launch_backward(do, q, k, v, out, lse.contiguous(), dq, dk, dv, geom, float(scale), left, right,
-                                  cfg, tma=tma)
-            return dq, dk, dv
-        return run
-
-    def check(do, q, *rest):
-        return _interpreter_check(q)
-
-    def tma_check(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return _interpreter_check(q) or _tma_check(cu_q is not None, q, k, v, do)
-
-    def default(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.backward_default_config(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
-
-    def configs(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return K.backward_configs(q.shape[-1], *_lengths(q, k, cu_q, max_q, max_k), q.element_size())
-
-    def bucket(do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
-        return _bucket(q, k, left, right, cu_q, max_q, max_k)
-
-    def ref_run(cfg, *args):
-        return backward_reference(*args)
-
-    return _flash_variants(
-        runner, K.BWD_VERSION, check, tma_check, configs, default, bucket,
-        "triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)",
-        "delta, then dK/dV per key block (GQA group summed in order) and dQ per query "
-        "block; scores recomputed from the saved log-sum-exp; no atomics (deterministic)",
-    ) + [
-        Variant("reference", ref_run, kind="reference", devices=("cpu", "cuda"),
-                description="autograd through the plain-torch reference"),
-    ]
+BACKWARD_SPECS = _flash_specs(
+    Backward, K.BWD_VERSION, backward_configs, backward_default,
+    "triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)",
+    "delta, then dK/dV per key block (GQA group summed in order) and dQ per query "
+    "block; scores recomputed from the saved log-sum-exp; no atomics (deterministic)",
+) + [
+    Spec("reference", backward_reference_run, kind="reference", devices=("cpu", "cuda"),
+         description="autograd through the plain-torch reference"),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -512,38 +542,54 @@ def _backward_samples(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entries + torch.library ops + autograd
 # ---------------------------------------------------------------------------
+def _align(*tensors) -> tuple:
+    return tuple(t.data_ptr() % 16 for t in tensors)
+
+
 def _memo_key(q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
+    # Alignment decides whether TMA can take the tensors; varlen's sequence count enters the bucket.
     return (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.device, left, right,
-            cu_q is None, max_q, max_k)
+            None if cu_q is None else cu_q.shape, max_q, max_k, _align(q, k, v))
+
+
+def _backward_memo_key(do, q, k, v, out, lse, *rest):
+    return (_memo_key(q, k, v, *rest), do.stride(), out.stride(), _align(do, out))
 
 
 def _dtype_key(q, *rest):
     return str(q.dtype).replace("torch.", "")
 
 
-OP = registry.register(Op(
-    name="attention",
-    reference=reference,
-    tensors=lambda q, k, v, *rest: (q, k, v),
-    memo_key=_memo_key,
-    dtype_key=_dtype_key,
-    variants=_forward_variants(),
-    validate=validate,
-    samples=_forward_samples,
-    doc="scaled dot-product attention (FlashAttention): causal, windows, GQA, varlen; returns (out, lse)",
-))
+def _backward_dtype_key(do, q, *rest):
+    return _dtype_key(q)
 
-BACKWARD_OP = registry.register(Op(
-    name="attention_backward",
-    reference=backward_reference,
-    tensors=lambda do, q, k, v, out, lse, *rest: (do, q, k, v, out),
-    memo_key=lambda do, q, k, v, out, lse, *rest: (_memo_key(q, k, v, *rest), do.stride(), out.stride()),
-    dtype_key=lambda do, q, *rest: _dtype_key(q),
-    variants=_backward_variants(),
-    validate=validate_backward,
-    samples=_backward_samples,
-    doc="gradients of attention with respect to q, k, v (scores recomputed from the log-sum-exp)",
-))
+
+def _tensors(q, k, v, *rest):
+    return (q, k, v)
+
+
+def _backward_tensors(do, q, k, v, out, lse, *rest):
+    return (do, q, k, v, out)
+
+
+def _pick(forward, backward):
+    """A ``register_family`` field: its value for ``attention`` and ``attention_backward``."""
+    return {"attention": forward, "attention_backward": backward}.__getitem__
+
+
+OPS = registry.register_family(
+    ("attention", "attention_backward"), _pick(FORWARD_SPECS, BACKWARD_SPECS),
+    geometry=_pick(forward_geometry, backward_geometry),
+    reference=_pick(reference, backward_reference),
+    tensors=_pick(_tensors, _backward_tensors),
+    memo_key=_pick(_memo_key, _backward_memo_key),
+    dtype_key=_pick(_dtype_key, _backward_dtype_key),
+    validate=_pick(validate, validate_backward),
+    samples=_pick(_forward_samples, _backward_samples),
+    doc=_pick("scaled dot-product attention (FlashAttention): causal, windows, GQA, varlen; returns (out, lse)",
+              "gradients of attention with respect to q, k, v (scores recomputed from the log-sum-exp)"),
+)
+OP, BACKWARD_OP = OPS["attention"], OPS["attention_backward"]
 
 _ARGS = ("float scale, int window_left, int window_right, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
          "int max_seqlen_q, int max_seqlen_k")

@@ -51,15 +51,17 @@ gathered into a dense one, then ``scaled_dot_product_attention`` with
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from opforge.kernels import attention_decode as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 NAME = "attention_decode"
@@ -237,7 +239,7 @@ def check_values(k_cache, seqlens, block_table) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Variants: geometry, runners, checks and configs, then the specs
 # ---------------------------------------------------------------------------
 def _empty_result(q, return_lse):
     """Output and LSE of a call with no key anywhere (or no row): 0 and -inf."""
@@ -248,81 +250,103 @@ def _empty_result(q, return_lse):
     return out, lse
 
 
-def _geometry(q, k_cache, block_table):
-    B, Sq, Hq, D = q.shape
-    return B, Hq, k_cache.shape[2], Sq, D, capacity(k_cache, block_table)
-
-
 def _sm_count(q) -> int:
     return devmod.device_info(q.device).sm_count if q.device.type == "cuda" else 132
 
 
-def _make_variants() -> list[Variant]:
-    from opforge.kernels import attention_decode as K
+class Geometry(NamedTuple):
+    """The decode problem's sizes (``capacity``: tokens a sequence can hold),
+    the element size, the device's SM count and the cache layout (``c``
+    contiguous, ``p<block_size>`` paged); the memo key holds all of it."""
 
-    def triton_run(cfg, q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-        check_values(k_cache, seqlens, block_table)
-        B, Sq, Hq, _ = q.shape
-        if q.numel() == 0 or k_cache.numel() == 0 or capacity(k_cache, block_table) == 0:
-            return _empty_result(q, return_lse)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-        K.launch_decode(q, k_cache, v_cache, seqlens, block_table, out, lse, float(scale), cfg)
-        return out, (lse if return_lse else _no_lse(q))
+    B: int
+    Hq: int
+    H_kv: int
+    Sq: int
+    D: int
+    capacity: int
+    itemsize: int
+    sms: int
+    layout: str
 
-    def triton_check(q, k_cache, *rest):
-        if q.shape[-1] > K.MAX_HEAD_DIM:
-            return f"head dim {q.shape[-1]} exceeds {K.MAX_HEAD_DIM}"
-        return None
 
-    def sizes(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-        return _geometry(q, k_cache, block_table) + (q.element_size(), _sm_count(q))
+def geometry(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None) -> Geometry:
+    B, Sq, Hq, D = q.shape
+    return Geometry(B, Hq, k_cache.shape[2], Sq, D, capacity(k_cache, block_table), q.element_size(), _sm_count(q),
+                    "c" if block_table is None else f"p{k_cache.shape[1]}")
 
-    def triton_default(*args):
-        return K.default_config(*sizes(*args))
 
-    def triton_configs(*args):
-        return K.configs(*sizes(*args))
+def triton_run(g: Geometry, cfg, q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
+    check_values(k_cache, seqlens, block_table)
+    B, Sq, Hq, _ = q.shape
+    if q.numel() == 0 or k_cache.numel() == 0 or capacity(k_cache, block_table) == 0:
+        return _empty_result(q, return_lse)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
+    K.launch_decode(q, k_cache, v_cache, seqlens, block_table, out, lse, float(scale), cfg)
+    return out, (lse if return_lse else _no_lse(q))
 
-    def bucket(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-        B, Hq, H_kv, Sq, D, cap = _geometry(q, k_cache, block_table)
-        layout = "c" if block_table is None else f"p{k_cache.shape[1]}"
-        return f"b{bucket_size(B)}:g{Hq // H_kv}x{Sq}:kv{H_kv}:d{D}:n{bucket_size(cap)}:{layout}"
 
-    def sdpa_run(cfg, q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-        check_values(k_cache, seqlens, block_table)
-        B, Sq, Hq, D = q.shape
-        cap = capacity(k_cache, block_table)
-        if q.numel() == 0 or cap == 0 or k_cache.numel() == 0:
-            return _empty_result(q, return_lse)
-        k = dense_cache(k_cache, seqlens, block_table)
-        v = dense_cache(v_cache, seqlens, block_table)
-        visible = _visible(seqlens, Sq, cap)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=visible[:, None], scale=scale,
-                                             enable_gqa=Hq != k.shape[2])
-        seen = visible.any(-1)  # [B, Sq]: queries that see a key (others: 0, as documented)
-        out = torch.where(seen[:, :, None, None], out.transpose(1, 2), 0).contiguous()
-        if not return_lse:
-            return out, _no_lse(q)
-        _, _, lse = _softmax_parts(_grouped_scores(q, k, seqlens, scale, _lse_dtype(q)))
-        return out, lse.reshape(B, Hq, Sq).contiguous()
+def sdpa_run(g: Geometry, cfg, q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
+    check_values(k_cache, seqlens, block_table)
+    B, Sq, Hq, D = q.shape
+    cap = capacity(k_cache, block_table)
+    if q.numel() == 0 or cap == 0 or k_cache.numel() == 0:
+        return _empty_result(q, return_lse)
+    k = dense_cache(k_cache, seqlens, block_table)
+    v = dense_cache(v_cache, seqlens, block_table)
+    visible = _visible(seqlens, Sq, cap)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None], scale=scale, enable_gqa=Hq != k.shape[2])
+    seen = visible.any(-1)  # [B, Sq]: queries that see a key (others: 0, as documented)
+    out = torch.where(seen[:, :, None, None], out.transpose(1, 2), 0).contiguous()
+    if not return_lse:
+        return out, _no_lse(q)
+    _, _, lse = _softmax_parts(_grouped_scores(q, k, seqlens, scale, _lse_dtype(q)))
+    return out, lse.reshape(B, Hq, Sq).contiguous()
 
-    def reference_run(cfg, *args):
-        check_values(args[1], args[3], args[6] if len(args) > 6 else None)
-        return reference(*args)
 
+def reference_run(g: Geometry, cfg, *args):
+    check_values(args[1], args[3], args[6] if len(args) > 6 else None)
+    return reference(*args)
+
+
+def triton_check(g: Geometry) -> str | None:
+    if g.D > K.MAX_HEAD_DIM:
+        return f"head dim {g.D} exceeds {K.MAX_HEAD_DIM}"
+    return None
+
+
+def _sizes(g: Geometry) -> tuple:
+    return (g.B, g.Hq, g.H_kv, g.Sq, g.D, g.capacity, g.itemsize, g.sms)
+
+
+def triton_default(g: Geometry):
+    return K.default_config(*_sizes(g))
+
+
+def triton_configs(g: Geometry):
+    return K.configs(*_sizes(g))
+
+
+def bucket(g: Geometry) -> str:
+    return (f"b{bucket_size(g.B)}:g{g.Hq // g.H_kv}x{g.Sq}:kv{g.H_kv}:d{g.D}:n{bucket_size(g.capacity)}"
+            f":{g.layout}")
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of ``attention_decode``, in dispatch order."""
     return [
-        Variant("triton_split_kv", triton_run, version=K.SPLIT_KV_VERSION, dtypes=TRITON_DTYPES,
-                check=triton_check, configs=triton_configs, default_config=triton_default, bucket=bucket,
-                description="split-KV flash decoding: one program per (sequence, KV head, split) holds every "
-                            "query row of the GQA group, reads each K/V tile once (paged: block-table "
-                            "lookup per tile), partials merged by a combine kernel"),
-        Variant("torch_sdpa", sdpa_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="the live cache gathered dense, then torch's scaled_dot_product_attention "
-                            "(enable_gqa, causal mask over the new tokens)"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_split_kv", triton_run, version=K.SPLIT_KV_VERSION, dtypes=TRITON_DTYPES, check=triton_check,
+             configs=triton_configs, default_config=triton_default, bucket=bucket,
+             description="split-KV flash decoding: one program per (sequence, KV head, split) holds every "
+                         "query row of the GQA group, reads each K/V tile once (paged: block-table "
+                         "lookup per tile), partials merged by a combine kernel"),
+        Spec("torch_sdpa", sdpa_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+             description="the live cache gathered dense, then torch's scaled_dot_product_attention "
+                         "(enable_gqa, causal mask over the new tokens)"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -395,17 +419,24 @@ def _memo_key(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None)
             seqlens.dtype, seqlens.shape, seqlens.stride(), seqlens.device, table, scale, return_lse)
 
 
-OP = registry.register(Op(
-    name=NAME,
-    reference=reference,
-    tensors=lambda q, k_cache, v_cache, *rest: (q, k_cache, v_cache),
-    memo_key=_memo_key,
-    dtype_key=lambda q, *rest: f"{q.dtype}".replace("torch.", ""),
-    variants=_make_variants(),
-    validate=validate,
-    samples=sample_inputs,
-    doc="decode attention of a few query tokens over a contiguous or paged KV cache (split-KV)",
-))
+def _tensors(q, k_cache, v_cache, *rest):
+    return (q, k_cache, v_cache)
+
+
+def _dtype_key(q, *rest):
+    return f"{q.dtype}".replace("torch.", "")
+
+
+OP = registry.register_family(
+    (NAME,), specs, geometry=lambda name: geometry,
+    reference=lambda name: reference,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: _memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: validate,
+    samples=lambda name: sample_inputs,
+    doc=lambda name: "decode attention of a few query tokens over a contiguous or paged KV cache (split-KV)",
+)[NAME]
 
 
 def _impl(q, k_cache, v_cache, seqlens, scale, return_lse, block_table):

@@ -42,17 +42,21 @@ offsets on the host) and ``reference`` (plain torch, float64).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
+from opforge.kernels import grouped_gemm as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.ops.matmul import (
     ACTIVATIONS, GRAD_ACTIVATIONS, Epilogue, _act, _act_code, _act_grad, _check_epilogue, _check_operands,
-    _dtype_name, _major, _meta, _plain, _sms, _split_rest, epilogue_dtype_key, make_epilogue,
+    _dtype_name, _meta, _plain, _sms, _split_rest, epilogue_dtype_key, make_epilogue,
 )
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
-from opforge.runtime.shapes import bucket_size
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_dims, bucket_size, major
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 I32 = torch.int32
@@ -292,179 +296,264 @@ def grouped_mm_run(a, b, offsets, bias, residual, epi):
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts each op's variants decide and run on
 # ---------------------------------------------------------------------------
-def _geometry(a, b) -> tuple[int, int, int, int]:
-    return a.shape[0], b.shape[0], b.shape[2], a.shape[1]  # M_total, G, N, K
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The packed problem: ``M`` rows of all groups, ``G`` groups, ``[K, N]``
+    weights; the element size and dtype, the device's SM count, the operands'
+    layouts (``majors``, for the bucket), whether the TMA kernel can load them
+    (``tma``) and whether torch._grouped_mm's stride rule holds
+    (``grouped_mm``). The memo key holds all of it (alignment included)."""
+
+    M: int
+    G: int
+    N: int
+    K: int
+    itemsize: int
+    dtype: torch.dtype
+    sms: int
+    majors: str
+    tma: bool
+    grouped_mm: bool
 
 
-def bucket(a, b, *rest) -> str:
-    M, G, N, K = _geometry(a, b)
-    return f"{bucket_size(G)}g:{bucket_size(M)}x{bucket_size(N)}x{bucket_size(K)}:{_major(a)}{_major(b)}"
+def geometry(a, b, *rest) -> Geometry:
+    empty = a.numel() == 0 or b.numel() == 0
+    return Geometry(a.shape[0], b.shape[0], b.shape[2], a.shape[1], a.element_size(), a.dtype, _sms(a),
+                    major(a) + major(b), empty or K.tma_layout(a, b) is not None,
+                    _grouped_mm_strides_ok(a) and _grouped_mm_strides_ok(b) and b.shape[2] % 8 == 0)
 
 
-def _make_variants() -> list[Variant]:
-    from opforge.kernels import grouped_gemm as K
+class WgradGeometry(NamedTuple):
+    """``dB [G, K, N]`` from ``a [M, K]`` and ``grad [M, N]``."""
 
-    def runner(launch):
-        def run(cfg, a, b, offsets, bias, residual, epi):
-            out = _out(a, b, epi)
-            if out.numel():
-                launch(cfg, a, b, offsets, out, bias, residual, _act_code(epi), epi.tf32)
-            return out
-        return run
-
-    def grouped_launch(cfg, a, b, offsets, out, bias, residual, act, tf32):
-        K.launch_grouped(a, b, offsets, out, bias, residual, act, tf32, cfg, _sms(a))
-
-    def tma_launch(cfg, a, b, offsets, out, bias, residual, act, tf32):
-        K.launch_tma(a, b, offsets, out, bias, residual, act, tf32, cfg, _sms(a))
-
-    def groups_check(a, b, *rest):
-        if b.shape[0] > K.MAX_GROUPS:
-            return f"{b.shape[0]} groups exceed the {K.MAX_GROUPS} the in-register tile prefix holds"
-        return None
-
-    def tma_check(a, b, *rest):
-        reason = groups_check(a, b)
-        if reason:
-            return reason
-        if a.shape[1] == 0:
-            return "K = 0: nothing to load"
-        if a.numel() and b.numel() and K.tma_layout(a, b) is None:
-            return ("TMA needs a with unit stride on K, b with unit stride on N or K, 16-byte aligned "
-                    "bases and strides that are multiples of 16 bytes")
-        return None
-
-    def grouped_mm_check(a, b, offsets, *rest):
-        if not hasattr(torch, "_grouped_mm"):
-            return "this torch has no torch._grouped_mm"
-        if a.dtype != BF16:
-            return "torch._grouped_mm takes bf16"
-        if not (_grouped_mm_strides_ok(a) and _grouped_mm_strides_ok(b)) or b.shape[2] % 8:
-            return "torch._grouped_mm needs 16-byte aligned strides (K and N multiples of 8)"
-        return None
-
-    def default(a, b, *rest):
-        return K.default_config(*_geometry(a, b), a.element_size(), _sms(a))
-
-    def configs(a, b, *rest):
-        return K.configs(*_geometry(a, b), a.element_size())
-
-    return [
-        Variant("triton_persistent", runner(tma_launch), version=K.TMA_VERSION, dtypes=TENSOR_CORE,
-                min_capability=(9, 0), check=tma_check, configs=configs, default_config=default, bucket=bucket,
-                description="Hopper: one program per SM over the group-major tile schedule (computed in the "
-                            "kernel from offsets), A and B through TMA descriptors, wgmma, fused epilogue"),
-        Variant("triton_grouped", runner(grouped_launch), version=K.GROUPED_VERSION, dtypes=FLOATS,
-                check=groups_check, configs=configs, default_config=default, bucket=bucket,
-                description="portable: the same persistent schedule with pointer loads, any strides"),
-        Variant("torch_grouped_mm", lambda cfg, *args: grouped_mm_run(*args), kind="vendor", devices=("cuda",),
-                dtypes=frozenset({BF16, F32}), check=grouped_mm_check, bucket=bucket,
-                description="torch._grouped_mm (bf16), then torch ops for the epilogue"),
-        Variant("torch_loop", lambda cfg, *args: loop_run(*args), kind="vendor", devices=("cuda",),
-                dtypes=FLOATS, bucket=bucket,
-                description="one cuBLAS matmul per group (reads the offsets on the host)"),
-        Variant("reference", lambda cfg, *args: reference(*args), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch in float64 (the oracle and the CPU fallback)"),
-    ]
+    M: int
+    G: int
+    K: int
+    N: int
+    itemsize: int
+    sms: int
 
 
-def _make_wgrad_variants() -> list[Variant]:
-    from opforge.kernels import grouped_gemm as K
+def wgrad_geometry(a, grad, offsets) -> WgradGeometry:
+    return WgradGeometry(a.shape[0], offsets.shape[0], a.shape[1], grad.shape[1], a.element_size(), _sms(a))
 
-    def dims(a, grad, offsets):
-        return a.shape[0], offsets.shape[0], a.shape[1], grad.shape[1]
 
-    def out(a, grad, offsets):
-        return torch.empty((offsets.shape[0], a.shape[1], grad.shape[1]), dtype=a.dtype, device=a.device)
+class ListGeometry(NamedTuple):
+    """Each group's ``(M, N, K)``, the element size and the SM count."""
 
-    def triton_run(cfg, a, grad, offsets):
-        c = out(a, grad, offsets)
-        K.launch_wgrad(a, grad, offsets, c, _tf32_now(), cfg)
-        return c
+    shapes: tuple[tuple[int, int, int], ...]
+    itemsize: int
+    sms: int
 
-    def loop(cfg, a, grad, offsets):
-        c = out(a, grad, offsets)
-        for g, (s, e) in enumerate(group_bounds(offsets, a.shape[0])):
-            if e > s:
-                torch.matmul(a[s:e].t(), grad[s:e], out=c[g])
-            else:
-                c[g].zero_()
-        return c
 
-    def wbucket(a, grad, offsets):
-        M, G, KK, N = dims(a, grad, offsets)
-        return f"{bucket_size(G)}g:{bucket_size(M)}x{bucket_size(KK)}x{bucket_size(N)}"
+def list_geometry(a_list, b_list, *rest) -> ListGeometry:
+    shapes = tuple((a.shape[0], b.shape[1], a.shape[1]) for a, b in zip(a_list, b_list))
+    return ListGeometry(shapes, a_list[0].element_size(), _sms(a_list[0]))
 
-    return [
-        Variant("triton_grouped", triton_run, version=K.WGRAD_VERSION, dtypes=FLOATS,
-                configs=lambda a, g, o: K.wgrad_configs(*dims(a, g, o), a.element_size()),
-                default_config=lambda a, g, o: K.wgrad_default_config(*dims(a, g, o), a.element_size(), _sms(a)),
-                bucket=wbucket,
-                description="one program per (group, k-tile, n-tile), reducing over the group's rows read from "
-                            "offsets on the device"),
-        Variant("torch_loop", loop, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=wbucket,
-                description="one cuBLAS matmul per group"),
-        Variant("reference", lambda cfg, *args: wgrad_reference(*args), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch in float64"),
-    ]
+
+# ---------------------------------------------------------------------------
+# Variants of the packed op
+# ---------------------------------------------------------------------------
+class Grouped:
+    """A Triton variant's run: the output, then the launch (``tma``: the
+    Hopper kernel; both take the same arguments)."""
+
+    def __init__(self, tma: bool):
+        self.launch = K.launch_tma if tma else K.launch_grouped
+
+    def __call__(self, g: Geometry, cfg, a, b, offsets, bias, residual, epi):
+        out = _out(a, b, epi)
+        if out.numel():
+            self.launch(a, b, offsets, out, bias, residual, _act_code(epi), epi.tf32, cfg, g.sms)
+        return out
+
+
+def grouped_mm_variant(g: Geometry, cfg, *args):
+    return grouped_mm_run(*args)
+
+
+def loop_variant(g: Geometry, cfg, *args):
+    return loop_run(*args)
+
+
+def reference_variant(g, cfg, *args):
+    return reference(*args)
+
+
+def groups_check(g: Geometry) -> str | None:
+    if g.G > K.MAX_GROUPS:
+        return f"{g.G} groups exceed the {K.MAX_GROUPS} the in-register tile prefix holds"
+    return None
+
+
+def tma_check(g: Geometry) -> str | None:
+    reason = groups_check(g)
+    if reason:
+        return reason
+    if g.K == 0:
+        return "K = 0: nothing to load"
+    if not g.tma:
+        return ("TMA needs a with unit stride on K, b with unit stride on N or K, 16-byte aligned "
+                "bases and strides that are multiples of 16 bytes")
+    return None
+
+
+def grouped_mm_check(g: Geometry) -> str | None:
+    if not hasattr(torch, "_grouped_mm"):
+        return "this torch has no torch._grouped_mm"
+    if g.dtype != BF16:
+        return "torch._grouped_mm takes bf16"
+    if not g.grouped_mm:
+        return "torch._grouped_mm needs 16-byte aligned strides (K and N multiples of 8)"
+    return None
+
+
+def default_config(g: Geometry):
+    return K.default_config(g.M, g.G, g.N, g.K, g.itemsize, g.sms)
+
+
+def configs(g: Geometry):
+    return K.configs(g.M, g.G, g.N, g.K, g.itemsize)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.G)}g:{bucket_dims(g.M, g.N, g.K)}:{g.majors}"
+
+
+SPECS = [
+    Spec("triton_persistent", Grouped(tma=True), version=K.TMA_VERSION, dtypes=TENSOR_CORE,
+         min_capability=(9, 0), check=tma_check, configs=configs, default_config=default_config, bucket=bucket,
+         description="Hopper: one program per SM over the group-major tile schedule (computed in the "
+                     "kernel from offsets), A and B through TMA descriptors, wgmma, fused epilogue"),
+    Spec("triton_grouped", Grouped(tma=False), version=K.GROUPED_VERSION, dtypes=FLOATS, check=groups_check,
+         configs=configs, default_config=default_config, bucket=bucket,
+         description="portable: the same persistent schedule with pointer loads, any strides"),
+    Spec("torch_grouped_mm", grouped_mm_variant, kind="vendor", devices=("cuda",), dtypes=frozenset({BF16, F32}),
+         check=grouped_mm_check, bucket=bucket,
+         description="torch._grouped_mm (bf16), then torch ops for the epilogue"),
+    Spec("torch_loop", loop_variant, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+         description="one cuBLAS matmul per group (reads the offsets on the host)"),
+    Spec("reference", reference_variant, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch in float64 (the oracle and the CPU fallback)"),
+]
+
+
+# ---------------------------------------------------------------------------
+# Variants of the weight gradient
+# ---------------------------------------------------------------------------
+def _wgrad_out(a, grad, offsets):
+    return torch.empty((offsets.shape[0], a.shape[1], grad.shape[1]), dtype=a.dtype, device=a.device)
+
+
+def wgrad_triton(g: WgradGeometry, cfg, a, grad, offsets):
+    c = _wgrad_out(a, grad, offsets)
+    K.launch_wgrad(a, grad, offsets, c, _tf32_now(), cfg)
+    return c
+
+
+def wgrad_loop(g: WgradGeometry, cfg, a, grad, offsets):
+    c = _wgrad_out(a, grad, offsets)
+    for i, (s, e) in enumerate(group_bounds(offsets, a.shape[0])):
+        if e > s:
+            torch.matmul(a[s:e].t(), grad[s:e], out=c[i])
+        else:
+            c[i].zero_()
+    return c
+
+
+def wgrad_reference_variant(g, cfg, *args):
+    return wgrad_reference(*args)
+
+
+def wgrad_configs(g: WgradGeometry):
+    return K.wgrad_configs(g.M, g.G, g.K, g.N, g.itemsize)
+
+
+def wgrad_default(g: WgradGeometry):
+    return K.wgrad_default_config(g.M, g.G, g.K, g.N, g.itemsize, g.sms)
+
+
+def wgrad_bucket(g: WgradGeometry) -> str:
+    return f"{bucket_size(g.G)}g:{bucket_dims(g.M, g.K, g.N)}"
+
+
+WGRAD_SPECS = [
+    Spec("triton_grouped", wgrad_triton, version=K.WGRAD_VERSION, dtypes=FLOATS, configs=wgrad_configs,
+         default_config=wgrad_default, bucket=wgrad_bucket,
+         description="one program per (group, k-tile, n-tile), reducing over the group's rows read from "
+                     "offsets on the device"),
+    Spec("torch_loop", wgrad_loop, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=wgrad_bucket,
+         description="one cuBLAS matmul per group"),
+    Spec("reference", wgrad_reference_variant, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch in float64"),
+]
 
 
 def _tf32_now() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def _list_shapes(a_list, b_list):
-    return [(a.shape[0], b.shape[1], a.shape[1]) for a, b in zip(a_list, b_list)]
+# ---------------------------------------------------------------------------
+# Variants of the list form
+# ---------------------------------------------------------------------------
+def _list_outs(a_list, b_list, epi):
+    od = epi.out_dtype or a_list[0].dtype
+    return [torch.empty((a.shape[0], b.shape[1]), dtype=od, device=a.device) for a, b in zip(a_list, b_list)]
 
 
-def _make_list_variants() -> list[Variant]:
-    from opforge.kernels import grouped_gemm as K
+def list_triton(g: ListGeometry, cfg, a_list, b_list, biases, epi):
+    cs = _list_outs(a_list, b_list, epi)
+    K.launch_list(a_list, b_list, cs, biases, _act_code(epi), epi.tf32, cfg, g.sms)
+    return cs
 
-    def outs(a_list, b_list, epi):
-        od = epi.out_dtype or a_list[0].dtype
-        return [torch.empty((a.shape[0], b.shape[1]), dtype=od, device=a.device) for a, b in zip(a_list, b_list)]
 
-    def triton_run(cfg, a_list, b_list, biases, epi):
-        cs = outs(a_list, b_list, epi)
-        K.launch_list(a_list, b_list, cs, biases, _act_code(epi), epi.tf32, cfg, _sms(a_list[0]))
-        return cs
+def list_loop(g: ListGeometry, cfg, a_list, b_list, biases, epi):
+    cs = _list_outs(a_list, b_list, epi)
+    fused = biases is not None or epi.activation is not None
+    for i, (a, b, c) in enumerate(zip(a_list, b_list, cs)):
+        if c.numel():
+            z = torch.matmul(a.float(), b.float()) if fused and a.dtype in (F16, BF16) else torch.matmul(a, b)
+            c.copy_(_torch_epilogue(z, biases[i] if biases is not None else None, None, epi.activation))
+    return cs
 
-    def loop(cfg, a_list, b_list, biases, epi):
-        cs = outs(a_list, b_list, epi)
-        fused = biases is not None or epi.activation is not None
-        for i, (a, b, c) in enumerate(zip(a_list, b_list, cs)):
-            if c.numel():
-                z = torch.matmul(a.float(), b.float()) if fused and a.dtype in (F16, BF16) else torch.matmul(a, b)
-                c.copy_(_torch_epilogue(z, biases[i] if biases is not None else None, None, epi.activation))
-        return cs
 
-    def lbucket(a_list, b_list, *rest):
-        shapes = _list_shapes(a_list, b_list)
-        M = sum(s[0] for s in shapes)
-        N = max(s[1] for s in shapes)
-        KK = max(s[2] for s in shapes)
-        return f"{bucket_size(len(shapes))}g:{bucket_size(M)}x{bucket_size(N)}x{bucket_size(KK)}"
+def list_reference_variant(g, cfg, *args):
+    return list_reference(*args)
 
-    def groups_check(a_list, *rest):
-        if len(a_list) > K.MAX_GROUPS:
-            return f"{len(a_list)} groups exceed the {K.MAX_GROUPS} the in-register tile prefix holds"
-        return None
 
-    return [
-        Variant("triton_grouped", triton_run, version=K.LIST_VERSION, dtypes=FLOATS, check=groups_check,
-                configs=lambda a, b, *r: K.list_configs(_list_shapes(a, b), a[0].element_size()),
-                default_config=lambda a, b, *r: K.list_default_config(_list_shapes(a, b), a[0].element_size(),
-                                                                      _sms(a[0])),
-                bucket=lbucket,
-                description="one persistent launch over all groups' tiles; per-group addresses, sizes and "
-                            "strides from an int64 table on the device"),
-        Variant("torch_loop", loop, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=lbucket,
-                description="one cuBLAS matmul per group"),
-        Variant("reference", lambda cfg, *args: list_reference(*args), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch in float64"),
-    ]
+def list_groups_check(g: ListGeometry) -> str | None:
+    if len(g.shapes) > K.MAX_GROUPS:
+        return f"{len(g.shapes)} groups exceed the {K.MAX_GROUPS} the in-register tile prefix holds"
+    return None
+
+
+def list_configs(g: ListGeometry):
+    return K.list_configs(list(g.shapes), g.itemsize)
+
+
+def list_default(g: ListGeometry):
+    return K.list_default_config(list(g.shapes), g.itemsize, g.sms)
+
+
+def list_bucket(g: ListGeometry) -> str:
+    M = sum(s[0] for s in g.shapes)
+    N = max(s[1] for s in g.shapes)
+    KK = max(s[2] for s in g.shapes)
+    return f"{bucket_size(len(g.shapes))}g:{bucket_dims(M, N, KK)}"
+
+
+LIST_SPECS = [
+    Spec("triton_grouped", list_triton, version=K.LIST_VERSION, dtypes=FLOATS, check=list_groups_check,
+         configs=list_configs, default_config=list_default, bucket=list_bucket,
+         description="one persistent launch over all groups' tiles; per-group addresses, sizes and "
+                     "strides from an int64 table on the device"),
+    Spec("torch_loop", list_loop, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=list_bucket,
+         description="one cuBLAS matmul per group"),
+    Spec("reference", list_reference_variant, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch in float64"),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -480,12 +569,37 @@ def memo_key(a, b, offsets, bias=None, residual=None, epi=Epilogue()) -> tuple:
             b.data_ptr() % 16, offsets.dtype, offsets.shape, offsets.device, _meta(bias), _meta(residual), epi)
 
 
+def _tensors(a, b, offsets, bias=None, residual=None, epi=None):
+    return tuple(t for t in (a, b, bias, residual) if t is not None)
+
+
+def wgrad_memo_key(a, grad, offsets) -> tuple:
+    return (a.dtype, a.shape, a.stride(), a.device, grad.dtype, grad.shape, grad.stride(), offsets.shape,
+            offsets.device, _tf32_now())
+
+
+def wgrad_dtype_key(a, grad, offsets) -> str:
+    return _dtype_name(a.dtype) + ("+tf32" if _tf32_now() and a.dtype == F32 else "")
+
+
+def _wgrad_tensors(a, grad, offsets):
+    return (a, grad)
+
+
 def _list_meta(ts):
     return None if ts is None else tuple((t.dtype, t.shape, t.stride(), t.device) for t in ts)
 
 
 def list_memo_key(a_list, b_list, biases=None, epi=Epilogue()) -> tuple:
     return (_list_meta(a_list), _list_meta(b_list), _list_meta(biases), epi)
+
+
+def list_dtype_key(a_list, b_list, biases=None, epi=Epilogue()) -> str:
+    return _dtype_key(a_list[0], b_list[0], epi)
+
+
+def _list_tensors(a_list, b_list, biases=None, epi=None):
+    return tuple(a_list) + tuple(b_list) + tuple(biases or ())
 
 
 # ---------------------------------------------------------------------------
@@ -576,43 +690,28 @@ def list_samples(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entries + torch.library ops + autograd
 # ---------------------------------------------------------------------------
-OP = registry.register(Op(
-    name="grouped_matmul",
-    reference=reference,
-    tensors=lambda a, b, offsets, bias=None, residual=None, epi=None: tuple(
-        t for t in (a, b, bias, residual) if t is not None),
-    memo_key=memo_key,
-    dtype_key=_dtype_key,
-    variants=_make_variants(),
-    validate=validate,
-    samples=sample_inputs,
-    doc="grouped GEMM (MoE, packed rows + int32 end offsets) with fused bias and activation",
-))
+PACKED, WGRAD, LIST = "grouped_matmul", "grouped_matmul_wgrad", "grouped_matmul_list"
 
-WGRAD_OP = registry.register(Op(
-    name="grouped_matmul_wgrad",
-    reference=wgrad_reference,
-    tensors=lambda a, grad, offsets: (a, grad),
-    memo_key=lambda a, grad, offsets: (a.dtype, a.shape, a.stride(), a.device, grad.dtype, grad.shape,
-                                       grad.stride(), offsets.shape, offsets.device, _tf32_now()),
-    dtype_key=lambda a, grad, offsets: _dtype_name(a.dtype) + ("+tf32" if _tf32_now() and a.dtype == F32 else ""),
-    variants=_make_wgrad_variants(),
-    validate=validate_wgrad,
-    samples=wgrad_samples,
-    doc="the grouped GEMM's weight gradient: dB[g] = A_g^T dY_g",
-))
 
-LIST_OP = registry.register(Op(
-    name="grouped_matmul_list",
-    reference=list_reference,
-    tensors=lambda a_list, b_list, biases=None, epi=None: tuple(a_list) + tuple(b_list) + tuple(biases or ()),
-    memo_key=list_memo_key,
-    dtype_key=lambda a_list, b_list, biases=None, epi=Epilogue(): _dtype_key(a_list[0], b_list[0], epi),
-    variants=_make_list_variants(),
-    validate=validate_list,
-    samples=list_samples,
-    doc="grouped GEMM over lists of differently shaped problems, one launch",
-))
+def _per_op(packed, wgrad, list_form):
+    """A ``register_family`` field: the value for each of the three ops."""
+    return {PACKED: packed, WGRAD: wgrad, LIST: list_form}.__getitem__
+
+
+OPS = registry.register_family(
+    (PACKED, WGRAD, LIST), _per_op(SPECS, WGRAD_SPECS, LIST_SPECS),
+    geometry=_per_op(geometry, wgrad_geometry, list_geometry),
+    reference=_per_op(reference, wgrad_reference, list_reference),
+    tensors=_per_op(_tensors, _wgrad_tensors, _list_tensors),
+    memo_key=_per_op(memo_key, wgrad_memo_key, list_memo_key),
+    dtype_key=_per_op(_dtype_key, wgrad_dtype_key, list_dtype_key),
+    validate=_per_op(validate, validate_wgrad, validate_list),
+    samples=_per_op(sample_inputs, wgrad_samples, list_samples),
+    doc=_per_op("grouped GEMM (MoE, packed rows + int32 end offsets) with fused bias and activation",
+                "the grouped GEMM's weight gradient: dB[g] = A_g^T dY_g",
+                "grouped GEMM over lists of differently shaped problems, one launch"),
+)
+OP, WGRAD_OP, LIST_OP = OPS[PACKED], OPS[WGRAD], OPS[LIST]
 
 SCHEMA = ("grouped_matmul(Tensor a, Tensor b, Tensor offsets, Tensor? bias=None, Tensor? residual=None, "
           "str? activation=None, ScalarType? out_dtype=None) -> Tensor")

@@ -41,17 +41,19 @@ this op on transposed views (no copies where strides allow).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from opforge.kernels import gemm as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime import device as devmod
-from opforge.runtime.registry import Op, Variant
-from opforge.runtime.shapes import bucket_size
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_dims, major
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 FLOATS = frozenset({F16, BF16, F32, F64})
@@ -266,7 +268,7 @@ class Problem(NamedTuple):
     shape: tuple  # the output's shape
 
 
-def geometry(a, b) -> Problem:
+def problem(a, b) -> Problem:
     """The one batched GEMM of ``a @ b``, as views wherever the strides allow."""
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(1) if b.dim() == 1 else b
@@ -289,6 +291,39 @@ def geometry(a, b) -> Problem:
     return Problem(A, B, out_shape(a, b))
 
 
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The batched problem ``[Bt, M, K] @ [Bt, K, N]``, the element size, the
+    device's SM count, the operands' layouts (``majors``, for the bucket) and
+    why the Hopper kernel cannot load them through TMA (``tma``, None when it
+    can). The memo key holds all of it: dtypes, shapes, strides, device and
+    the operands' 16-byte alignment."""
+
+    Bt: int
+    M: int
+    N: int
+    K: int
+    itemsize: int
+    sms: int
+    majors: str
+    tma: str | None
+
+
+def geometry(a, b, *rest) -> Geometry:
+    A, B, _ = problem(a, b)
+    Bt, M, KK = A.shape
+    return Geometry(Bt, M, B.shape[2], KK, a.element_size(), _sms(a), major(a) + major(b), _tma_reason(A, B))
+
+
+def _tma_reason(A, B) -> str | None:
+    if A.shape[0] != 1:
+        return f"batched problem (batch {A.shape[0]} after collapsing): the TMA kernel takes 2-D problems"
+    if A.numel() and B.numel() and K.tma_layout(A[0], B[0]) is None:  # empty: nothing to load
+        return ("TMA needs each operand with a unit stride on one dim, a 16-byte aligned base "
+                "and a leading stride that is a multiple of 16 bytes")
+    return None
+
+
 def _residual_3d(residual, shape, Bt, M, N):
     """The residual (or incoming gradient) as [Bt, M, N]: a view when it can be."""
     if residual is None:
@@ -297,140 +332,119 @@ def _residual_3d(residual, shape, Bt, M, N):
 
 
 def _act_code(epi) -> int:
-    from opforge.kernels import gemm as K
-
     act = epi.activation
     return K.GRAD_ACTIVATIONS[act] if act in GRAD_ACTIVATIONS else K.ACTIVATIONS[act]
 
 
 def _sms(t) -> int:
-    from opforge.kernels.gemm import H200_SMS
-
-    return devmod.device_info(t.device).sm_count if t.device.type == "cuda" else H200_SMS
+    return devmod.device_info(t.device).sm_count if t.device.type == "cuda" else K.H200_SMS
 
 
-def _gemm_runner(launch):
-    """A variant's run: geometry, output, the empty and K = 0 cases, then ``launch``."""
-    def run(cfg, a, b, bias, residual, epi):
-        A, B, shape = geometry(a, b)
-        Bt, M, K = A.shape
+# ---------------------------------------------------------------------------
+# Variants: the runner, checks and configs of the geometry, then the specs
+# ---------------------------------------------------------------------------
+class Gemm:
+    """A Triton variant's run: the problem's views, the output, the empty and
+    K = 0 cases, then the launch (``tma``: the Hopper kernel on the 2-D problem)."""
+
+    def __init__(self, tma: bool):
+        self.tma = tma
+
+    def __call__(self, g: Geometry, cfg, a, b, bias, residual, epi):
+        A, B, shape = problem(a, b)
+        Bt, M, KK = A.shape
         N = B.shape[2]
         C = torch.empty((Bt, M, N), dtype=epi.out_dtype or a.dtype, device=a.device)
         if C.numel() == 0:
             return C.view(shape)
         R = _residual_3d(residual, shape, Bt, M, N)
-        if K == 0:
+        if KK == 0:
             return C.copy_(reference(A, B, bias, R, epi)).view(shape)
-        launch(cfg, A, B, C, bias, R, _act_code(epi), epi.tf32)
+        if self.tma:
+            K.launch_tma(A[0], B[0], C[0], bias, R[0] if R is not None else None, _act_code(epi), epi.tf32, cfg,
+                         g.sms)
+        else:
+            K.launch_tiled(A, B, C, bias, R, _act_code(epi), epi.tf32, cfg)
         return C.view(shape)
-    return run
 
 
-# ---------------------------------------------------------------------------
-# Variants
-# ---------------------------------------------------------------------------
-def _dims(a, b) -> tuple[int, int, int, int]:
-    A, B, _ = geometry(a, b)
-    return A.shape[0], A.shape[1], B.shape[2], A.shape[2]
+def eager_run(g: Geometry, cfg, a, b, bias, residual, epi):
+    return _eager(a, b, bias, residual, epi)
 
 
-def _make_variants() -> list[Variant]:
-    from opforge.kernels import gemm as K
+def reference_run(g: Geometry, cfg, a, b, bias, residual, epi):
+    return reference(a, b, bias, residual, epi).contiguous()
 
-    def tiled_launch(cfg, A, B, C, bias, R, act, tf32):
-        K.launch_tiled(A, B, C, bias, R, act, tf32, cfg)
 
-    def tma_launch(cfg, A, B, C, bias, R, act, tf32):
-        K.launch_tma(A[0], B[0], C[0], bias, R[0] if R is not None else None, act, tf32, cfg, _sms(A))
+def batch_check(g: Geometry) -> str | None:
+    if g.Bt > K.MAX_GRID_YZ:
+        return f"a batch of {g.Bt} exceeds the {K.MAX_GRID_YZ} programs of a grid dim"
+    return None
 
-    def batch_check(a, b, *rest):
-        Bt = _dims(a, b)[0]
-        if Bt > K.MAX_GRID_YZ:
-            return f"a batch of {Bt} exceeds the {K.MAX_GRID_YZ} programs of a grid dim"
-        return None
 
-    def tma_check(a, b, *rest):
-        A, B, _ = geometry(a, b)
-        if A.shape[0] != 1:
-            return f"batched problem (batch {A.shape[0]} after collapsing): the TMA kernel takes 2-D problems"
-        if A.numel() and B.numel() and K.tma_layout(A[0], B[0]) is None:  # empty: nothing to load
-            return ("TMA needs each operand with a unit stride on one dim, a 16-byte aligned base "
-                    "and a leading stride that is a multiple of 16 bytes")
-        return None
+def tma_check(g: Geometry) -> str | None:
+    return g.tma
 
-    def splitk_check(a, b, *rest):
-        Bt, M, N, KK = _dims(a, b)
-        if M > K.SPLITK_MAX_M:
-            return f"M={M} > {K.SPLITK_MAX_M}: enough output tiles without cutting K"
-        reason = batch_check(a, b)
-        if reason:
-            return reason
-        if splitk_default(a, b)["SPLIT_K"] < 2:
-            return f"K={KK} is too short to cut, or the output tiles already fill the GPU"
-        return None
 
-    def es(a):
-        return a.element_size()
+def splitk_check(g: Geometry) -> str | None:
+    if g.M > K.SPLITK_MAX_M:
+        return f"M={g.M} > {K.SPLITK_MAX_M}: enough output tiles without cutting K"
+    reason = batch_check(g)
+    if reason:
+        return reason
+    if splitk_default(g)["SPLIT_K"] < 2:
+        return f"K={g.K} is too short to cut, or the output tiles already fill the GPU"
+    return None
 
-    def tile_default(a, b, *rest):
-        return K.tile_default_config(*_dims(a, b), es(a), _sms(a))
 
-    def tile_configs(a, b, *rest):
-        return K.tile_configs(*_dims(a, b), es(a))
+def tile_default(g: Geometry):
+    return K.tile_default_config(g.Bt, g.M, g.N, g.K, g.itemsize, g.sms)
 
-    def tma_default(a, b, *rest):
-        return K.tma_default_config(*_dims(a, b)[1:], es(a), _sms(a))
 
-    def tma_configs(a, b, *rest):
-        return K.tma_configs(*_dims(a, b)[1:], es(a))
+def tile_configs(g: Geometry):
+    return K.tile_configs(g.Bt, g.M, g.N, g.K, g.itemsize)
 
-    def splitk_default(a, b, *rest):
-        return K.splitk_default_config(*_dims(a, b), es(a), _sms(a))
 
-    def splitk_configs(a, b, *rest):
-        return K.splitk_configs(*_dims(a, b), es(a), _sms(a))
+def tma_default(g: Geometry):
+    return K.tma_default_config(g.M, g.N, g.K, g.itemsize, g.sms)
 
-    def splitk_launch(cfg, A, B, C, bias, R, act, tf32):
-        K.launch_tiled(A, B, C, bias, R, act, tf32, cfg)
 
-    def eager_run(cfg, a, b, bias, residual, epi):
-        return _eager(a, b, bias, residual, epi)
+def tma_configs(g: Geometry):
+    return K.tma_configs(g.M, g.N, g.K, g.itemsize)
 
-    def reference_run(cfg, a, b, bias, residual, epi):
-        return reference(a, b, bias, residual, epi).contiguous()
 
+def splitk_default(g: Geometry):
+    return K.splitk_default_config(g.Bt, g.M, g.N, g.K, g.itemsize, g.sms)
+
+
+def splitk_configs(g: Geometry):
+    return K.splitk_configs(g.Bt, g.M, g.N, g.K, g.itemsize, g.sms)
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_dims(g.Bt, g.M, g.N, g.K)}:{g.majors}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of ``matmul``, in dispatch order."""
     return [
-        Variant("triton_splitk", _gemm_runner(splitk_launch), version=K.SPLITK_VERSION, dtypes=FLOATS,
-                check=splitk_check, configs=splitk_configs, default_config=splitk_default, bucket=bucket,
-                description="decode shapes (M <= 64): K cut across programs to fill the GPU, fp32 partials "
-                            "summed in a fixed order by a second kernel that runs the epilogue"),
-        Variant("triton_tma_persistent", _gemm_runner(tma_launch), version=K.TMA_VERSION, dtypes=TENSOR_CORE,
-                min_capability=(9, 0), check=tma_check, configs=tma_configs, default_config=tma_default,
-                bucket=bucket,
-                description="Hopper: TMA descriptor loads, wgmma via tl.dot, one program per SM over grouped "
-                            "output tiles, num_stages pipelining; 2-D problems"),
-        Variant("triton_tiled", _gemm_runner(tiled_launch), version=K.TILED_VERSION, dtypes=FLOATS,
-                check=batch_check, configs=tile_configs, default_config=tile_default, bucket=bucket,
-                description="portable: pointer-based block loads with any strides, grouped tiles, batched"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="cuBLAS for the product, then separate torch ops for the epilogue"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_splitk", Gemm(tma=False), version=K.SPLITK_VERSION, dtypes=FLOATS, check=splitk_check,
+             configs=splitk_configs, default_config=splitk_default, bucket=bucket,
+             description="decode shapes (M <= 64): K cut across programs to fill the GPU, fp32 partials "
+                         "summed in a fixed order by a second kernel that runs the epilogue"),
+        Spec("triton_tma_persistent", Gemm(tma=True), version=K.TMA_VERSION, dtypes=TENSOR_CORE,
+             min_capability=(9, 0), check=tma_check, configs=tma_configs, default_config=tma_default,
+             bucket=bucket,
+             description="Hopper: TMA descriptor loads, wgmma via tl.dot, one program per SM over grouped "
+                         "output tiles, num_stages pipelining; 2-D problems"),
+        Spec("triton_tiled", Gemm(tma=False), version=K.TILED_VERSION, dtypes=FLOATS, check=batch_check,
+             configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="portable: pointer-based block loads with any strides, grouped tiles, batched"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+             description="cuBLAS for the product, then separate torch ops for the epilogue"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
-
-
-def _major(t: torch.Tensor) -> str:
-    """'r' when the last dim has unit stride, 'c' when the one before has, else 's'."""
-    if t.dim() < 2:
-        return "r"
-    if t.stride(-1) == 1 or t.shape[-1] == 1:
-        return "r"
-    return "c" if t.stride(-2) == 1 or t.shape[-2] == 1 else "s"
-
-
-def bucket(a, b, *rest) -> str:
-    Bt, M, N, K = _dims(a, b)
-    return f"{bucket_size(Bt)}x{bucket_size(M)}x{bucket_size(N)}x{bucket_size(K)}:{_major(a)}{_major(b)}"
 
 
 def _dtype_key(a, b, bias=None, residual=None, epi=Epilogue()) -> str:
@@ -449,6 +463,10 @@ def epilogue_dtype_key(a, epi: Epilogue) -> str:
 
 def _meta(t):
     return None if t is None else (t.dtype, t.shape, t.stride())
+
+
+def _tensors(a, b, bias=None, residual=None, epi=None):
+    return tuple(t for t in (a, b, bias, residual) if t is not None)
 
 
 def memo_key(a, b, bias=None, residual=None, epi=Epilogue()) -> tuple:
@@ -509,18 +527,16 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-OP = registry.register(Op(
-    name="matmul",
-    reference=reference,
-    tensors=lambda a, b, bias=None, residual=None, epi=None: tuple(
-        t for t in (a, b, bias, residual) if t is not None),
-    memo_key=memo_key,
-    dtype_key=_dtype_key,
-    variants=_make_variants(),
-    validate=validate,
-    samples=sample_inputs,
-    doc="GEMM with fused bias, activation, residual and output cast",
-))
+OP = registry.register_family(
+    ("matmul",), specs, geometry=lambda name: geometry,
+    reference=lambda name: reference,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: validate,
+    samples=lambda name: sample_inputs,
+    doc=lambda name: "GEMM with fused bias, activation, residual and output cast",
+)["matmul"]
 
 SCHEMA = ("matmul(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, str? activation=None, "
           "ScalarType? out_dtype=None) -> Tensor")

@@ -47,17 +47,20 @@ math on the dequantized values).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from opforge.kernels import gemm_scaled as K
+from opforge.kernels.gemm import ACTIVATIONS as ACT_CODES
 from opforge.ops.library import define, direct_ok
 from opforge.ops.matmul import ACTIVATIONS, _act, _sms
 from opforge.ops.matmul import _dtype_name as _dname
 from opforge.ops.quant import QuantizedTensor
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
-from opforge.runtime.shapes import bucket_size
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_dims
 
 I8, E4M3, E5M2 = torch.int8, torch.float8_e4m3fn, torch.float8_e5m2
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
@@ -216,71 +219,104 @@ def out_shape(a, b) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts every variant decides and runs on
 # ---------------------------------------------------------------------------
 def _dims(a, b) -> tuple[int, int, int]:
     K = a.shape[-1]
     return (a.numel() // K if K else math.prod(a.shape[:-1])), b.shape[1], K
 
 
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The 2-D problem ``[M, K] @ [K, N]`` (a's leading dims flattened), the
+    scale modes, the dtypes and epilogue flags the kernels specialize on,
+    the device's SM count and whether the Hopper kernel can load the operands
+    through TMA (``tma``). The memo key holds all of it (alignment included)."""
+
+    M: int
+    N: int
+    K: int
+    modes: tuple[int, int]
+    a_dtype: torch.dtype
+    b_dtype: torch.dtype
+    out_dtype: torch.dtype
+    fast_accum: bool
+    sms: int
+    tma: bool
+
+
+def geometry(a, b, scale_a, scale_b, *rest) -> Geometry:
+    epi = rest[-1] if rest and isinstance(rest[-1], ScaledEpilogue) else ScaledEpilogue()
+    M, N, KK = _dims(a, b)
+    tma = M == 0 or N == 0 or KK == 0 or K.tma_layout(a.reshape(M, KK), b) is not None  # empty: nothing to load
+    return Geometry(M, N, KK, scale_modes(a, b, scale_a, scale_b), a.dtype, b.dtype, epi.out_dtype,
+                    epi.fast_accum, _sms(a), tma)
+
+
+def _kw(g: Geometry) -> dict:
+    return {"fp8": g.a_dtype in FP8, "fast_acc": g.fast_accum, "block_scaled": BLOCK in g.modes}
+
+
 def _act_code(epi) -> int:
-    from opforge.kernels.gemm import ACTIVATIONS as CODES
-
-    return CODES[epi.activation]
+    return ACT_CODES[epi.activation]
 
 
-def _runner(launch):
-    """A Triton variant's run: flatten a, the empty and K = 0 cases, then ``launch``."""
-    def run(cfg, a, b, scale_a, scale_b, bias, epi):
-        modes = scale_modes(a, b, scale_a, scale_b)
-        M, N, K = _dims(a, b)
+# ---------------------------------------------------------------------------
+# Variants: the runner, checks and configs of the geometry, then the specs
+# ---------------------------------------------------------------------------
+class Scaled:
+    """A Triton variant's run: a flattened, the empty and K = 0 cases, then the
+    launch (``tma``: the Hopper kernel)."""
+
+    def __init__(self, tma: bool):
+        self.tma = tma
+
+    def __call__(self, g: Geometry, cfg, a, b, scale_a, scale_b, bias, epi):
+        M, N, KK = g.M, g.N, g.K
         C = torch.empty((M, N), dtype=epi.out_dtype, device=a.device)
         if C.numel() == 0:
             return C.view(out_shape(a, b))
-        if K == 0:
+        if KK == 0:
             return C.copy_(reference(a, b, scale_a, scale_b, bias, epi).reshape(M, N)).view(out_shape(a, b))
-        A = a.reshape(M, K)
-        SA, SB = scales_2d(a, scale_a, scale_b, modes)
-        launch(cfg, A, b, C, SA, SB, modes, bias, _act_code(epi), epi.fast_accum)
+        A = a.reshape(M, KK)
+        SA, SB = scales_2d(a, scale_a, scale_b, g.modes)
+        if self.tma:
+            K.launch_tma(A, b, C, SA, SB, *g.modes, bias, _act_code(epi), epi.fast_accum, cfg, g.sms)
+        else:
+            K.launch_tiled(A, b, C, SA, SB, *g.modes, bias, _act_code(epi), epi.fast_accum, cfg)
         return C.view(out_shape(a, b))
-    return run
 
 
-def _kw(a, b, scale_a, scale_b, epi) -> dict:
-    modes = scale_modes(a, b, scale_a, scale_b)
-    return {"fp8": a.dtype in FP8, "fast_acc": epi.fast_accum, "block_scaled": BLOCK in modes}
-
-
-def _vendor_reason(a, b, scale_a, scale_b, bias=None, epi=ScaledEpilogue()) -> str | None:
-    ma, mb = scale_modes(a, b, scale_a, scale_b)
-    M, N, K = _dims(a, b)
+def vendor_check(g: Geometry) -> str | None:
+    ma, mb = g.modes
+    M, N, KK = g.M, g.N, g.K
     if BLOCK in (ma, mb):
         return "block scales are not mapped to torch._scaled_mm / torch._int_mm here"
-    if a.dtype == I8:
+    if g.a_dtype == I8:
         if M <= 16:
             return f"torch._int_mm needs M > 16, got M={M}"
-        if K % 8 or N % 8:
-            return f"torch._int_mm needs K and N multiples of 8, got K={K}, N={N}"
+        if KK % 8 or N % 8:
+            return f"torch._int_mm needs K and N multiples of 8, got K={KK}, N={N}"
         return None
     if ma != mb:
         return "torch._scaled_mm takes both scales per tensor or both rowwise"
-    if K % 16 or N % 16:
-        return f"torch._scaled_mm needs K and N multiples of 16, got K={K}, N={N}"
-    if ma == ROW and (a.dtype != E4M3 or b.dtype != E4M3 or epi.out_dtype != BF16):
+    if KK % 16 or N % 16:
+        return f"torch._scaled_mm needs K and N multiples of 16, got K={KK}, N={N}"
+    if ma == ROW and (g.a_dtype != E4M3 or g.b_dtype != E4M3 or g.out_dtype != BF16):
         return "torch._scaled_mm rowwise scaling takes float8_e4m3fn operands and a bfloat16 output"
     return None
 
 
-def _vendor_run(cfg, a, b, scale_a, scale_b, bias, epi):
+def vendor_run(g: Geometry, cfg, a, b, scale_a, scale_b, bias, epi):
     """torch._scaled_mm (fp8) or torch._int_mm then a separate dequantize (int8);
     the bias and activation as separate torch ops."""
-    ma, mb = scale_modes(a, b, scale_a, scale_b)
-    M, N, K = _dims(a, b)
-    A = a.reshape(M, K).contiguous()
-    B = b if b.stride(0) == 1 and b.stride(1) >= max(K, 1) else b.t().contiguous().t()  # column-major
+    ma, mb = g.modes
+    M, N, KK = g.M, g.N, g.K
+    A = a.reshape(M, KK).contiguous()
+    B = b if b.stride(0) == 1 and b.stride(1) >= max(KK, 1) else b.t().contiguous().t()  # column-major
     if a.dtype == I8:
         z = torch._int_mm(A, B).to(F32)
-        z = z * _expand_a(scale_a.to(F32), ma, M, K) * _expand_b(scale_b.to(F32), mb, K, N)
+        z = z * _expand_a(scale_a.to(F32), ma, M, KK) * _expand_b(scale_b.to(F32), mb, KK, N)
     else:
         sa = scale_a.reshape(()) if ma == TENSOR else scale_a.reshape(M, 1).contiguous()
         sb = scale_b.reshape(()) if mb == TENSOR else scale_b.reshape(1, N).contiguous()
@@ -292,82 +328,84 @@ def _vendor_run(cfg, a, b, scale_a, scale_b, bias, epi):
     return _act(z, epi.activation).to(epi.out_dtype).reshape(out_shape(a, b))
 
 
-def _make_variants() -> list[Variant]:
-    from opforge.kernels import gemm_scaled as K
+def reference_run(g: Geometry, cfg, a, b, scale_a, scale_b, bias, epi):
+    return reference(a, b, scale_a, scale_b, bias, epi).contiguous()
 
-    def tiled_launch(cfg, A, B, C, SA, SB, modes, bias, act, fast):
-        K.launch_tiled(A, B, C, SA, SB, *modes, bias, act, fast, cfg)
 
-    def tma_launch(cfg, A, B, C, SA, SB, modes, bias, act, fast):
-        K.launch_tma(A, B, C, SA, SB, *modes, bias, act, fast, cfg, _sms(A))
+def tma_check(g: Geometry) -> str | None:
+    if not g.tma:
+        return ("TMA + 8-bit wgmma need both operands K-major (a row-major, b = W.t() of a row-major W) "
+                "with 16-byte aligned bases and leading strides (K a multiple of 16)")
+    return None
 
-    def tma_check(a, b, *rest):
-        M, N, KK = _dims(a, b)
-        if M == 0 or N == 0 or KK == 0:
-            return None  # nothing to load
-        if K.tma_layout(a.reshape(M, KK), b) is None:
-            return ("TMA + 8-bit wgmma need both operands K-major (a row-major, b = W.t() of a row-major W) "
-                    "with 16-byte aligned bases and leading strides (K a multiple of 16)")
-        return None
 
-    def splitk_check(a, b, scale_a, scale_b, bias, epi):
-        M, N, KK = _dims(a, b)
-        if M > K.SPLITK_MAX_M:
-            return f"M={M} > {K.SPLITK_MAX_M}: enough output tiles without cutting K"
-        if splitk_default(a, b, scale_a, scale_b, bias, epi)["SPLIT_K"] < 2:
-            return f"K={KK} is too short to cut, or the output tiles already fill the GPU"
-        return None
+def splitk_check(g: Geometry) -> str | None:
+    if g.M > K.SPLITK_MAX_M:
+        return f"M={g.M} > {K.SPLITK_MAX_M}: enough output tiles without cutting K"
+    if splitk_default(g)["SPLIT_K"] < 2:
+        return f"K={g.K} is too short to cut, or the output tiles already fill the GPU"
+    return None
 
-    def tile_default(a, b, scale_a, scale_b, bias, epi):
-        M, N, KK = _dims(a, b)
-        return K.tile_default_config(M, N, KK, sms=_sms(a), **_kw(a, b, scale_a, scale_b, epi))
 
-    def tile_configs(a, b, scale_a, scale_b, bias, epi):
-        return K.tile_configs(*_dims(a, b), **_kw(a, b, scale_a, scale_b, epi))
+def tile_default(g: Geometry):
+    return K.tile_default_config(g.M, g.N, g.K, sms=g.sms, **_kw(g))
 
-    def tma_default(a, b, scale_a, scale_b, bias, epi):
-        M, N, KK = _dims(a, b)
-        return K.tma_default_config(M, N, KK, sms=_sms(a), **_kw(a, b, scale_a, scale_b, epi))
 
-    def tma_configs(a, b, scale_a, scale_b, bias, epi):
-        return K.tma_configs(*_dims(a, b), **_kw(a, b, scale_a, scale_b, epi))
+def tile_configs(g: Geometry):
+    return K.tile_configs(g.M, g.N, g.K, **_kw(g))
 
-    def splitk_default(a, b, scale_a, scale_b, bias, epi):
-        M, N, KK = _dims(a, b)
-        return K.splitk_default_config(M, N, KK, sms=_sms(a), **_kw(a, b, scale_a, scale_b, epi))
 
-    def splitk_configs(a, b, scale_a, scale_b, bias, epi):
-        M, N, KK = _dims(a, b)
-        return K.splitk_configs(M, N, KK, sms=_sms(a), **_kw(a, b, scale_a, scale_b, epi))
+def tma_default(g: Geometry):
+    return K.tma_default_config(g.M, g.N, g.K, sms=g.sms, **_kw(g))
 
-    def reference_run(cfg, a, b, scale_a, scale_b, bias, epi):
-        return reference(a, b, scale_a, scale_b, bias, epi).contiguous()
 
-    return [
-        Variant("triton_splitk", _runner(tiled_launch), version=K.SPLITK_VERSION, check=splitk_check,
-                configs=splitk_configs, default_config=splitk_default, bucket=bucket,
-                description="decode shapes (M <= 64): K cut across programs, scaled fp32 partials summed "
-                            "in a fixed order by a second kernel that runs bias and activation"),
-        Variant("triton_tma_persistent", _runner(tma_launch), version=K.TMA_VERSION, min_capability=(9, 0),
-                check=tma_check, configs=tma_configs, default_config=tma_default, bucket=bucket,
-                description="Hopper: TMA descriptor loads of K-major operands, QGMMA / IGMMA via tl.dot, one "
-                            "program per SM over grouped output tiles, scales in the epilogue"),
-        Variant("triton_tiled", _runner(tiled_launch), version=K.TILED_VERSION, configs=tile_configs,
-                default_config=tile_default, bucket=bucket,
-                description="portable: pointer-based block loads with any strides, grouped tiles"),
-        Variant("torch_scaled_mm", _vendor_run, kind="vendor", devices=("cuda",), check=_vendor_reason,
-                bucket=bucket,
-                description="torch._scaled_mm (fp8) or torch._int_mm + separate dequantize (int8), then "
-                            "torch ops for bias and activation"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="float64 torch on the dequantized operands (the oracle and the CPU fallback)"),
-    ]
+def tma_configs(g: Geometry):
+    return K.tma_configs(g.M, g.N, g.K, **_kw(g))
+
+
+def splitk_default(g: Geometry):
+    return K.splitk_default_config(g.M, g.N, g.K, sms=g.sms, **_kw(g))
+
+
+def splitk_configs(g: Geometry):
+    return K.splitk_configs(g.M, g.N, g.K, sms=g.sms, **_kw(g))
+
+
+def shape_bucket(g: Geometry) -> str:
+    ma, mb = g.modes
+    return f"{bucket_dims(g.M, g.N, g.K)}:{MODE_NAMES[ma][0]}{MODE_NAMES[mb][0]}"
 
 
 def bucket(a, b, scale_a, scale_b, *rest) -> str:
-    M, N, K = _dims(a, b)
-    ma, mb = scale_modes(a, b, scale_a, scale_b)
-    return f"{bucket_size(M)}x{bucket_size(N)}x{bucket_size(K)}:{MODE_NAMES[ma][0]}{MODE_NAMES[mb][0]}"
+    """The tuning key's shape bucket of these arguments."""
+    return shape_bucket(geometry(a, b, scale_a, scale_b, *rest))
+
+
+def _vendor_reason(*args) -> str | None:
+    """Why torch._scaled_mm / torch._int_mm cannot take these arguments, or None."""
+    return vendor_check(geometry(*args))
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of ``scaled_matmul``, in dispatch order."""
+    return [
+        Spec("triton_splitk", Scaled(tma=False), version=K.SPLITK_VERSION, check=splitk_check,
+             configs=splitk_configs, default_config=splitk_default, bucket=shape_bucket,
+             description="decode shapes (M <= 64): K cut across programs, scaled fp32 partials summed "
+                         "in a fixed order by a second kernel that runs bias and activation"),
+        Spec("triton_tma_persistent", Scaled(tma=True), version=K.TMA_VERSION, min_capability=(9, 0),
+             check=tma_check, configs=tma_configs, default_config=tma_default, bucket=shape_bucket,
+             description="Hopper: TMA descriptor loads of K-major operands, QGMMA / IGMMA via tl.dot, one "
+                         "program per SM over grouped output tiles, scales in the epilogue"),
+        Spec("triton_tiled", Scaled(tma=False), version=K.TILED_VERSION, configs=tile_configs,
+             default_config=tile_default, bucket=shape_bucket,
+             description="portable: pointer-based block loads with any strides, grouped tiles"),
+        Spec("torch_scaled_mm", vendor_run, kind="vendor", devices=("cuda",), check=vendor_check, bucket=shape_bucket,
+             description="torch._scaled_mm (fp8) or torch._int_mm + separate dequantize (int8), then "
+                         "torch ops for bias and activation"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="float64 torch on the dequantized operands (the oracle and the CPU fallback)"),
+    ]
 
 
 def _dtype_key(a, b, scale_a, scale_b, bias=None, epi=ScaledEpilogue()) -> str:
@@ -377,6 +415,10 @@ def _dtype_key(a, b, scale_a, scale_b, bias=None, epi=ScaledEpilogue()) -> str:
 
 def _meta(t):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
+
+
+def _tensors(a, b, scale_a, scale_b, bias=None, epi=None):
+    return tuple(t for t in (a, b, scale_a, scale_b, bias) if t is not None)
 
 
 def memo_key(a, b, scale_a, scale_b, bias=None, epi=ScaledEpilogue()) -> tuple:
@@ -443,18 +485,17 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op
 # ---------------------------------------------------------------------------
-OP = registry.register(Op(
-    name="scaled_matmul",
-    reference=reference,
-    tensors=lambda a, b, scale_a, scale_b, bias=None, epi=None: tuple(
-        t for t in (a, b, scale_a, scale_b, bias) if t is not None),
-    memo_key=memo_key,
-    dtype_key=_dtype_key,
-    variants=_make_variants(),
-    validate=validate,
-    samples=sample_inputs,
-    doc="FP8 / INT8 GEMM with per-tensor, rowwise or block scales, bias and activation in the epilogue",
-))
+OP = registry.register_family(
+    ("scaled_matmul",), specs, geometry=lambda name: geometry,
+    reference=lambda name: reference,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: validate,
+    samples=lambda name: sample_inputs,
+    doc=lambda name: "FP8 / INT8 GEMM with per-tensor, rowwise or block scales, bias and activation in the "
+                     "epilogue",
+)["scaled_matmul"]
 
 SCHEMA = ("scaled_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
           "ScalarType out_dtype, str? activation=None, bool use_fast_accum=False) -> Tensor")

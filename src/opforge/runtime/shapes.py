@@ -70,3 +70,18 @@ def sum_to(g: torch.Tensor, shape) -> torch.Tensor:
     lead = g.dim() - len(shape)
     dims = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
     return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
+
+
+def bucket_dims(*sizes: int) -> str:
+    """Several sizes as the tuning key sees them, joined by ``x`` (``"1x64x128"``)."""
+    return "x".join(bucket_size(n) for n in sizes)
+
+
+def major(t: torch.Tensor) -> str:
+    """A matrix operand's layout in a GEMM bucket: ``r`` when the last dim has
+    unit stride (or size 1), ``c`` when the one before has, else ``s``."""
+    if t.dim() < 2:
+        return "r"
+    if t.stride(-1) == 1 or t.shape[-1] == 1:
+        return "r"
+    return "c" if t.stride(-2) == 1 or t.shape[-2] == 1 else "s"
