@@ -309,7 +309,7 @@ def run_kernel(g: Geometry, mode: int, cfg: dict, x: torch.Tensor, dims: tuple, 
     keepdim, dtype, correction, want_values = _extra(name, rest)
     arg = name in ("argmax", "argmin")
     shape = out_shape(x, dims, keepdim)
-    odt = result_dtype(name, x, dtype)
+    odt = g.out_dtype
     vdt = x.dtype if arg else odt
     out = torch.empty(shape, dtype=vdt, device=x.device) if (not arg or want_values) else None
     idx = torch.empty(shape, dtype=torch.int64, device=x.device) if arg else None
