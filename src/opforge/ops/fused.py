@@ -46,7 +46,7 @@ from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Spec
-from opforge.runtime.shapes import bucket_size, rows_view, sum_to
+from opforge.runtime.shapes import bucket_size, rows_cols, rows_view, sum_to
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 APPROXIMATE = ("none", "tanh")
@@ -224,9 +224,8 @@ class Geometry:
 
 def _facts(operands, size: int, approximate: str = "none") -> Geometry:
     first = operands[0]
-    cols = first.shape[-1] if first.dim() else 1
-    rows = first.numel() // cols if first.dim() and cols else 0
-    return Geometry(strided_view(operands, []), dense_alike(operands), first.numel(), size, rows, cols, approximate)
+    return Geometry(strided_view(operands, []), dense_alike(operands), first.numel(), size, *rows_cols(first, -1),
+                    approximate)
 
 
 def _bias_gelu_geometry(input, bias, approximate="none") -> Geometry:
