@@ -83,14 +83,17 @@ gradient there is NaN).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 
+from opforge.kernels import cross_entropy as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import device as devmod
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size, empty_moved, rows_view
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -288,12 +291,40 @@ def check_target_range(target: torch.Tensor, cols: int, ignore_index: int, where
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts every variant decides and runs on
 # ---------------------------------------------------------------------------
-def _geometry(x: torch.Tensor) -> tuple[int, int]:
-    return _num_rows(x), num_classes(x)
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds: ``[rows, cols]``
+    of the logits with the class dim last, whether class weights are given and
+    whether label smoothing is on (both change the kernels' arithmetic, so
+    the tuning key's bucket names them)."""
+
+    rows: int
+    cols: int
+    weighted: bool
+    smoothing: bool
 
 
+def _facts(x: torch.Tensor, eps, weight) -> Geometry:
+    return Geometry(_num_rows(x), num_classes(x), weight is not None, bool(eps))
+
+
+def forward_geometry(x, target, ignore_index=-100, eps=0.0, weight=None) -> Geometry:
+    return _facts(x, eps, weight)
+
+
+def backward_geometry(grad, x, target, stats, ignore_index=-100, eps=0.0, weight=None) -> Geometry:
+    return _facts(x, eps, weight)
+
+
+def fused_geometry(x, target, stats_out, scale, ignore_index=-100, eps=0.0, weight=None) -> Geometry:
+    return _facts(x, eps, weight)
+
+
+# ---------------------------------------------------------------------------
+# Variants: shared pieces, then each op's runners and specs
+# ---------------------------------------------------------------------------
 def _wsum(weight, x, eps):
     """W = sum of the class weights, on the device (no sync); only smoothing reads it."""
     if weight is None or eps <= 0:
@@ -305,167 +336,162 @@ def _flat_target(target: torch.Tensor) -> torch.Tensor:
     return target.reshape(-1)
 
 
-def _no_classes(x, *rest):
-    return "input has no classes" if num_classes(x) == 0 else None
+def _dense(weight):
+    return weight.contiguous() if weight is not None else None
 
 
-def _forward_variants() -> list[Variant]:
-    from opforge.kernels import cross_entropy as K
-
-    def prepare(x, target, ignore_index, eps, weight):
-        check_target_range(target, num_classes(x), ignore_index)
-        out = torch.empty((3, _num_rows(x)), dtype=stats_dtype(x.dtype), device=x.device)
-        w = weight.contiguous() if weight is not None else None
-        return rows_view(x, class_dim(x)), _flat_target(target), w, _wsum(weight, x, eps), out
-
-    def online_run(cfg, x, target, ignore_index, eps, weight=None):
-        x2, t, w, ws, out = prepare(x, target, ignore_index, eps, weight)
-        K.launch_forward(x2, t, w, ws, out, ignore_index, float(eps), cfg)
-        return out
-
-    def split_run(cfg, x, target, ignore_index, eps, weight=None):
-        x2, t, w, ws, out = prepare(x, target, ignore_index, eps, weight)
-        K.launch_split_forward(x2, t, w, ws, out, ignore_index, float(eps), cfg)
-        return out
-
-    def online_check(x, *rest):
-        reason = _no_classes(x)
-        if reason:
-            return reason
-        rows, cols = _geometry(x)
-        if K.split_pays(rows, cols):
-            return f"{rows} rows of {cols} classes leave SMs idle; triton_split cuts each row into chunks"
-        return None
-
-    def bucket(x, target, ignore_index, eps, weight=None):
-        rows, cols = _geometry(x)
-        return f"{bucket_size(rows)}x{bucket_size(cols)}{':w' if weight is not None else ''}{':s' if eps else ''}"
-
-    def eager_run(cfg, x, target, ignore_index, eps, weight=None):
-        check_target_range(target, num_classes(x), ignore_index)
-        return _forward_math(x, target, ignore_index, eps, weight, stats_dtype(x.dtype))
-
-    def reference_run(cfg, *args):
-        check_target_range(args[1], num_classes(args[0]), args[2])
-        return cross_entropy_forward_reference(*args)
-
-    return [
-        Variant("triton_online", online_run, version=K.ONLINE_VERSION, dtypes=FLOATS, check=online_check,
-                configs=lambda x, *r: K.online_configs(*_geometry(x)),
-                default_config=lambda x, *r: K.online_default_config(*_geometry(x)), bucket=bucket,
-                description="one pass over column blocks with a running max and rescaled sum; "
-                            "several short rows per program"),
-        Variant("triton_split", split_run, version=K.SPLIT_VERSION, dtypes=FLOATS, check=_no_classes,
-                configs=lambda x, *r: K.split_configs(*_geometry(x)),
-                default_config=lambda x, *r: K.split_default_config(*_geometry(x)), bucket=bucket,
-                description="a few long rows: chunks of each row reduced by separate programs "
-                            "(online max / sum), then a combine launch finishes each row"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="torch's log_softmax and gathers in fp32"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}{':w' if g.weighted else ''}{':s' if g.smoothing else ''}"
 
 
-def _backward_variants() -> list[Variant]:
-    from opforge.kernels import cross_entropy as K
+def has_classes(g: Geometry) -> str | None:
+    return "input has no classes" if g.cols == 0 else None
 
-    def tiled_run(cfg, grad, x, target, stats, ignore_index, eps, weight=None):
-        check_target_range(target, num_classes(x), ignore_index, "opforge.cross_entropy_backward")
-        dx = empty_moved(x, class_dim(x))
-        if dx.numel():
-            w = weight.contiguous() if weight is not None else None
-            K.launch_backward(grad, rows_view(x, class_dim(x)), _flat_target(target), w, _wsum(weight, x, eps),
-                              stats.contiguous(), rows_view(dx, class_dim(x)), ignore_index, float(eps), cfg)
+
+def online_check(g: Geometry) -> str | None:
+    if g.cols == 0:
+        return has_classes(g)
+    if K.split_pays(g.rows, g.cols):
+        return f"{g.rows} rows of {g.cols} classes leave SMs idle; triton_split cuts each row into chunks"
+    return None
+
+
+def _sized(config_fn):
+    """``config_fn(rows, cols)`` (the kernels' configs take plain sizes) as a function of the geometry."""
+    return lambda g: config_fn(g.rows, g.cols)
+
+
+def _forward_prepare(x, target, ignore_index, eps, weight):
+    check_target_range(target, num_classes(x), ignore_index)
+    out = torch.empty((3, _num_rows(x)), dtype=stats_dtype(x.dtype), device=x.device)
+    return rows_view(x, class_dim(x)), _flat_target(target), _dense(weight), _wsum(weight, x, eps), out
+
+
+def online_run(g: Geometry, cfg, x, target, ignore_index, eps, weight=None):
+    x2, t, w, ws, out = _forward_prepare(x, target, ignore_index, eps, weight)
+    K.launch_forward(x2, t, w, ws, out, ignore_index, float(eps), cfg)
+    return out
+
+
+def split_run(g: Geometry, cfg, x, target, ignore_index, eps, weight=None):
+    x2, t, w, ws, out = _forward_prepare(x, target, ignore_index, eps, weight)
+    K.launch_split_forward(x2, t, w, ws, out, ignore_index, float(eps), cfg)
+    return out
+
+
+def forward_eager_run(g: Geometry, cfg, x, target, ignore_index, eps, weight=None):
+    check_target_range(target, num_classes(x), ignore_index)
+    return _forward_math(x, target, ignore_index, eps, weight, stats_dtype(x.dtype))
+
+
+def forward_reference_run(g: Geometry, cfg, *args):
+    check_target_range(args[1], num_classes(args[0]), args[2])
+    return cross_entropy_forward_reference(*args)
+
+
+FORWARD_SPECS = [
+    Spec("triton_online", online_run, version=K.ONLINE_VERSION, dtypes=FLOATS, check=online_check,
+         configs=_sized(K.online_configs), default_config=_sized(K.online_default_config), bucket=bucket,
+         description="one pass over column blocks with a running max and rescaled sum; "
+                     "several short rows per program"),
+    Spec("triton_split", split_run, version=K.SPLIT_VERSION, dtypes=FLOATS, check=has_classes,
+         configs=_sized(K.split_configs), default_config=_sized(K.split_default_config), bucket=bucket,
+         description="a few long rows: chunks of each row reduced by separate programs "
+                     "(online max / sum), then a combine launch finishes each row"),
+    Spec("torch_eager", forward_eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+         description="torch's log_softmax and gathers in fp32"),
+    Spec("reference", forward_reference_run, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch (the oracle and the CPU fallback)"),
+]
+
+_BACKWARD = "opforge.cross_entropy_backward"
+
+
+def tiled_run(g: Geometry, cfg, grad, x, target, stats, ignore_index, eps, weight=None):
+    check_target_range(target, num_classes(x), ignore_index, _BACKWARD)
+    dx = empty_moved(x, class_dim(x))
+    if dx.numel():
+        K.launch_backward(grad, rows_view(x, class_dim(x)), _flat_target(target), _dense(weight),
+                          _wsum(weight, x, eps), stats.contiguous(), rows_view(dx, class_dim(x)), ignore_index,
+                          float(eps), cfg)
+    return dx
+
+
+def backward_eager_run(g: Geometry, cfg, grad, x, target, stats, ignore_index, eps, weight=None):
+    check_target_range(target, num_classes(x), ignore_index, _BACKWARD)
+    return _backward_math(grad, x, target, stats, ignore_index, eps, weight, stats_dtype(x.dtype))
+
+
+def backward_reference_run(g: Geometry, cfg, *args):
+    check_target_range(args[2], num_classes(args[1]), args[4], _BACKWARD)
+    return cross_entropy_backward_reference(*args)
+
+
+BACKWARD_SPECS = [
+    Spec("triton_tiled", tiled_run, version=K.BACKWARD_VERSION, dtypes=FLOATS, check=has_classes,
+         configs=_sized(K.backward_configs), default_config=_sized(K.backward_default_config), bucket=bucket,
+         description="one read of the logits and one write of the gradient per [rows, chunk] "
+                     "tile; softmax recomputed from the saved max and log-sum"),
+    Spec("torch_eager", backward_eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+         description="the gradient formula in torch ops, fp32"),
+    Spec("reference", backward_reference_run, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch (the oracle and the CPU fallback)"),
+]
+
+_FUSED = "opforge.cross_entropy_fused"
+
+
+def fused_run(g: Geometry, cfg, x, target, stats_out, scale, ignore_index, eps, weight=None):
+    check_target_range(target, num_classes(x), ignore_index, _FUSED)
+    dx = empty_moved(x, class_dim(x))
+    if dx.numel() or stats_out.numel():
+        K.launch_forward(rows_view(x, class_dim(x)), _flat_target(target), _dense(weight), _wsum(weight, x, eps),
+                         stats_out, ignore_index, float(eps), cfg, dx=rows_view(dx, class_dim(x)),
+                         scale=scale.reshape(1))
+    return dx
+
+
+def two_pass_run(g: Geometry, cfg, x, target, stats_out, scale, ignore_index, eps, weight=None):
+    """The forward kernel as the forward op runs it (online, or split for a few long
+    rows), then the tiled backward with the reduced loss's scale as every row's
+    upstream gradient (a stride-0 view): two reads of the logits, one write."""
+    check_target_range(target, num_classes(x), ignore_index, _FUSED)
+    dx = empty_moved(x, class_dim(x))
+    rows, cols = g.rows, g.cols
+    if rows == 0:
         return dx
-
-    def bucket(grad, x, target, stats, ignore_index, eps, weight=None):
-        rows, cols = _geometry(x)
-        return f"{bucket_size(rows)}x{bucket_size(cols)}{':w' if weight is not None else ''}{':s' if eps else ''}"
-
-    def eager_run(cfg, grad, x, target, stats, ignore_index, eps, weight=None):
-        check_target_range(target, num_classes(x), ignore_index, "opforge.cross_entropy_backward")
-        return _backward_math(grad, x, target, stats, ignore_index, eps, weight, stats_dtype(x.dtype))
-
-    def reference_run(cfg, *args):
-        check_target_range(args[2], num_classes(args[1]), args[4], "opforge.cross_entropy_backward")
-        return cross_entropy_backward_reference(*args)
-
-    return [
-        Variant("triton_tiled", tiled_run, version=K.BACKWARD_VERSION, dtypes=FLOATS,
-                check=lambda g, x, *r: _no_classes(x),
-                configs=lambda g, x, *r: K.backward_configs(*_geometry(x)),
-                default_config=lambda g, x, *r: K.backward_default_config(*_geometry(x)), bucket=bucket,
-                description="one read of the logits and one write of the gradient per [rows, chunk] "
-                            "tile; softmax recomputed from the saved max and log-sum"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="the gradient formula in torch ops, fp32"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+    x2, t, w, ws = rows_view(x, class_dim(x)), _flat_target(target), _dense(weight), _wsum(weight, x, eps)
+    if K.split_pays(rows, cols):
+        K.launch_split_forward(x2, t, w, ws, stats_out, ignore_index, float(eps), K.split_default_config(rows, cols))
+    else:
+        K.launch_forward(x2, t, w, ws, stats_out, ignore_index, float(eps), K.online_default_config(rows, cols))
+    K.launch_backward(scale.reshape(1).expand(rows), x2, t, w, ws, stats_out, rows_view(dx, class_dim(x)),
+                      ignore_index, float(eps), cfg)
+    return dx
 
 
-def _fused_variants() -> list[Variant]:
-    from opforge.kernels import cross_entropy as K
+def fused_reference_run(g: Geometry, cfg, *args):
+    check_target_range(args[1], num_classes(args[0]), args[4], _FUSED)
+    return cross_entropy_fused_reference(*args)
 
-    where = "opforge.cross_entropy_fused"
 
-    def fused_run(cfg, x, target, stats_out, scale, ignore_index, eps, weight=None):
-        check_target_range(target, num_classes(x), ignore_index, where)
-        dx = empty_moved(x, class_dim(x))
-        if dx.numel() or stats_out.numel():
-            w = weight.contiguous() if weight is not None else None
-            K.launch_forward(rows_view(x, class_dim(x)), _flat_target(target), w, _wsum(weight, x, eps), stats_out,
-                             ignore_index, float(eps), cfg, dx=rows_view(dx, class_dim(x)), scale=scale.reshape(1))
-        return dx
-
-    def two_pass_run(cfg, x, target, stats_out, scale, ignore_index, eps, weight=None):
-        # The forward kernel as the forward op runs it (online, or split for a few long
-        # rows), then the tiled backward with the reduced loss's scale as every row's
-        # upstream gradient (a stride-0 view): two reads of the logits, one write.
-        check_target_range(target, num_classes(x), ignore_index, where)
-        dx = empty_moved(x, class_dim(x))
-        rows, cols = _geometry(x)
-        if rows == 0:
-            return dx
-        x2, t = rows_view(x, class_dim(x)), _flat_target(target)
-        w = weight.contiguous() if weight is not None else None
-        ws = _wsum(weight, x, eps)
-        if K.split_pays(rows, cols):
-            K.launch_split_forward(x2, t, w, ws, stats_out, ignore_index, float(eps),
-                                   K.split_default_config(rows, cols))
-        else:
-            K.launch_forward(x2, t, w, ws, stats_out, ignore_index, float(eps), K.online_default_config(rows, cols))
-        K.launch_backward(scale.reshape(1).expand(rows), x2, t, w, ws, stats_out, rows_view(dx, class_dim(x)),
-                          ignore_index, float(eps), cfg)
-        return dx
-
-    def bucket(x, target, stats_out, scale, ignore_index, eps, weight=None):
-        rows, cols = _geometry(x)
-        return f"{bucket_size(rows)}x{bucket_size(cols)}{':w' if weight is not None else ''}{':s' if eps else ''}"
-
-    def eager_run(cfg, *args):
-        check_target_range(args[1], num_classes(args[0]), args[4], where)
-        return cross_entropy_fused_reference(*args)
-
-    return [
-        Variant("triton_fused", fused_run, version=K.ONLINE_VERSION, dtypes=FLOATS, check=_no_classes,
-                configs=lambda x, *r: K.online_configs(*_geometry(x)),
-                default_config=lambda x, *r: K.fused_default_config(*_geometry(x)), bucket=bucket,
-                description="the online forward, then a second sweep of the row (last block first, "
-                            "from L2 where it can) that writes the gradient of the reduced loss"),
-        # For autotune to weigh: on the H200 (2026-11-30) it matched the one-kernel sweep within
-        # -17 % / +6 %, both at 27-53 % of copy bandwidth: the gradient pass is the slow part.
-        Variant("triton_two_pass", two_pass_run, version=f"{K.ONLINE_VERSION}.{K.SPLIT_VERSION}.{K.BACKWARD_VERSION}",
-                dtypes=FLOATS, check=_no_classes, configs=lambda x, *r: K.backward_configs(*_geometry(x)),
-                default_config=lambda x, *r: K.backward_default_config(*_geometry(x)), bucket=bucket,
-                description="the forward kernel writes the loss and row statistics, then the tiled "
-                            "backward writes the gradient of the reduced loss"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
-                description="the loss and gradient formulas in torch ops"),
-        Variant("reference", eager_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+FUSED_SPECS = [
+    Spec("triton_fused", fused_run, version=K.ONLINE_VERSION, dtypes=FLOATS, check=has_classes,
+         configs=_sized(K.online_configs), default_config=_sized(K.fused_default_config), bucket=bucket,
+         description="the online forward, then a second sweep of the row (last block first, "
+                     "from L2 where it can) that writes the gradient of the reduced loss"),
+    # For autotune to weigh: on the H200 (2026-11-30) it matched the one-kernel sweep within
+    # -17 % / +6 %, both at 27-53 % of copy bandwidth: the gradient pass is the slow part.
+    Spec("triton_two_pass", two_pass_run, version=f"{K.ONLINE_VERSION}.{K.SPLIT_VERSION}.{K.BACKWARD_VERSION}",
+         dtypes=FLOATS, check=has_classes, configs=_sized(K.backward_configs),
+         default_config=_sized(K.backward_default_config), bucket=bucket,
+         description="the forward kernel writes the loss and row statistics, then the tiled "
+                     "backward writes the gradient of the reduced loss"),
+    Spec("torch_eager", fused_reference_run, kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+         description="the loss and gradient formulas in torch ops"),
+    Spec("reference", fused_reference_run, kind="reference", devices=("cpu", "cuda"),
+         description="plain torch (the oracle and the CPU fallback)"),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -549,46 +575,70 @@ def _bwd_tensors(grad, x, target, stats, ignore_index=-100, eps=0.0, weight=None
     return (x, grad, stats) if weight is None else (x, grad, stats, weight)
 
 
-FORWARD_OP = registry.register(Op(
-    name="cross_entropy_forward",
-    reference=cross_entropy_forward_reference,
-    tensors=_fwd_tensors,
-    memo_key=lambda x, target, ignore_index=-100, eps=0.0, weight=None: (
-        _tkey(x), _tkey(target), _tkey(weight), ignore_index, eps),
-    dtype_key=lambda x, *rest: str(x.dtype).replace("torch.", ""),
-    variants=_forward_variants(),
-    validate=validate,
-    samples=_sample_forward,
-    doc="per-row cross-entropy loss with max and log-sum statistics ([3, rows])",
-))
-
-BACKWARD_OP = registry.register(Op(
-    name="cross_entropy_backward",
-    reference=cross_entropy_backward_reference,
-    tensors=_bwd_tensors,
-    memo_key=lambda grad, x, target, stats, ignore_index=-100, eps=0.0, weight=None: (
-        _tkey(grad), _tkey(x), _tkey(target), _tkey(stats), _tkey(weight), ignore_index, eps),
-    dtype_key=lambda grad, x, *rest: str(x.dtype).replace("torch.", ""),
-    variants=_backward_variants(),
-    validate=validate_backward,
-    samples=_sample_backward,
-    doc="gradient of cross_entropy_forward's loss row with respect to the logits",
-))
+def _fused_tensors(x, target, stats_out, scale, ignore_index=-100, eps=0.0, weight=None):
+    return (x, stats_out, scale) if weight is None else (x, stats_out, scale, weight)
 
 
-FUSED_OP = registry.register(Op(
-    name="cross_entropy_fused",
-    reference=cross_entropy_fused_reference,
-    tensors=lambda x, target, stats_out, scale, ignore_index=-100, eps=0.0, weight=None: (
-        (x, stats_out, scale) if weight is None else (x, stats_out, scale, weight)),
-    memo_key=lambda x, target, stats_out, scale, ignore_index=-100, eps=0.0, weight=None: (
-        _tkey(x), _tkey(target), _tkey(stats_out), _tkey(scale), _tkey(weight), ignore_index, eps),
-    dtype_key=lambda x, *rest: str(x.dtype).replace("torch.", ""),
-    variants=_fused_variants(),
-    validate=validate_fused,
-    samples=_sample_fused,
-    doc="forward statistics (into stats_out) and the gradient of the reduced loss in one pass",
-))
+def _fwd_memo_key(x, target, ignore_index=-100, eps=0.0, weight=None):
+    return (_tkey(x), _tkey(target), _tkey(weight), ignore_index, eps)
+
+
+def _bwd_memo_key(grad, x, target, stats, ignore_index=-100, eps=0.0, weight=None):
+    return (_tkey(grad), _tkey(x), _tkey(target), _tkey(stats), _tkey(weight), ignore_index, eps)
+
+
+def _fused_memo_key(x, target, stats_out, scale, ignore_index=-100, eps=0.0, weight=None):
+    return (_tkey(x), _tkey(target), _tkey(stats_out), _tkey(scale), _tkey(weight), ignore_index, eps)
+
+
+def _x_dtype_key(x, *rest):
+    return str(x.dtype).replace("torch.", "")
+
+
+def _bwd_dtype_key(grad, x, *rest):
+    return str(x.dtype).replace("torch.", "")
+
+
+class Member(NamedTuple):
+    """What differs between the family's three ops (each a field of ``registry.Op``)."""
+
+    specs: list[Spec]
+    geometry: Callable[..., Geometry]
+    reference: Callable
+    tensors: Callable
+    memo_key: Callable
+    dtype_key: Callable
+    validate: Callable
+    samples: Callable
+    doc: str
+
+
+_FAMILY = {
+    "cross_entropy_forward": Member(
+        FORWARD_SPECS, forward_geometry, cross_entropy_forward_reference, _fwd_tensors, _fwd_memo_key,
+        _x_dtype_key, validate, _sample_forward,
+        "per-row cross-entropy loss with max and log-sum statistics ([3, rows])"),
+    "cross_entropy_backward": Member(
+        BACKWARD_SPECS, backward_geometry, cross_entropy_backward_reference, _bwd_tensors, _bwd_memo_key,
+        _bwd_dtype_key, validate_backward, _sample_backward,
+        "gradient of cross_entropy_forward's loss row with respect to the logits"),
+    "cross_entropy_fused": Member(
+        FUSED_SPECS, fused_geometry, cross_entropy_fused_reference, _fused_tensors, _fused_memo_key,
+        _x_dtype_key, validate_fused, _sample_fused,
+        "forward statistics (into stats_out) and the gradient of the reduced loss in one pass"),
+}
+
+
+def _member(field: str):
+    return lambda name: getattr(_FAMILY[name], field)
+
+
+OPS = registry.register_family(
+    tuple(_FAMILY), _member("specs"), geometry=_member("geometry"),
+    **{f: _member(f) for f in ("reference", "tensors", "memo_key", "dtype_key", "validate", "samples", "doc")})
+FORWARD_OP = OPS["cross_entropy_forward"]
+BACKWARD_OP = OPS["cross_entropy_backward"]
+FUSED_OP = OPS["cross_entropy_fused"]
 
 
 def _fwd_impl(input, target, weight, ignore_index, label_smoothing):
@@ -674,10 +724,8 @@ def _rescale_in_place(ctx, dx, g, scale) -> bool:
     rows = rows_view(dx, class_dim(dx))
     if rows.data_ptr() != dx.data_ptr() or not rows.is_contiguous():
         return False
-    from opforge.kernels.cross_entropy import rescale_rows
-
     ctx.rescaled = torch.zeros(1, dtype=torch.int32, device=dx.device)
-    rescale_rows(rows, g.contiguous(), scale.reshape(1), ctx.rescaled, torch.finfo(g.dtype).max)
+    K.rescale_rows(rows, g.contiguous(), scale.reshape(1), ctx.rescaled, torch.finfo(g.dtype).max)
     return True
 
 
@@ -748,9 +796,7 @@ def _fused_pays(input, target, weight) -> bool:
         return False
     validate(input, target, -100, 0.0, weight)  # shapes and dtypes; the scalars are checked by the caller
     rows, cols = _num_rows(input), num_classes(input)
-    from opforge.kernels.cross_entropy import split_pays
-
-    return rows > 0 and cols > 0 and not split_pays(rows, cols)
+    return rows > 0 and cols > 0 and not K.split_pays(rows, cols)
 
 
 def _fused(input, target, weight, ignore_index, reduction, eps):

@@ -31,17 +31,22 @@ Registry ops (variants in dispatch order): ``bias_gelu`` (``triton_fused``,
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from opforge.fusion import bias_grad
-from opforge.fusion.function import (FusedFunction, allocate, dense_alike, flat_configs, flat_default_config,
-                                 geometry, launch_flat, launch_strided, strided_configs, strided_default_config)
+from opforge.fusion.function import FusedFunction, allocate, dense_alike, flat_configs, flat_default_config
+from opforge.fusion.function import geometry as strided_view
+from opforge.fusion.function import launch_flat, launch_strided, strided_configs
+from opforge.kernels import elementwise as EK
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
-from opforge.runtime.shapes import bucket_size, rows_view, sum_to
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size, rows_cols, rows_view, sum_to
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 APPROXIMATE = ("none", "tanh")
@@ -181,7 +186,7 @@ _BIAS_GELU = {a: FusedFunction(_bias_gelu_expr(a), f"bias_gelu_{a}", register=Fa
 _SWIGLU = FusedFunction(swiglu_ref, "swiglu", register=False)
 
 
-def _spec(*tensors):
+def _arg_spec(*tensors):
     return tuple(("T", t.dtype, t.dim() == 0) for t in tensors)
 
 
@@ -190,202 +195,232 @@ def _half(x):
     return x[..., :h], x[..., h:]
 
 
-def _bias_gelu_launch(cfg, input, bias, approximate="none"):
-    c = _BIAS_GELU[approximate].compiled(_spec(input, bias))
-    (out,) = allocate([input, bias], c.program.out_dtypes)
-    launch_strided(c, [input, bias], [], [out], cfg)
-    return out
-
-
-def _bias_gelu_backward_launch(cfg, grad, input, bias, approximate="none"):
-    from opforge.kernels.elementwise import compute_dtype
-
-    dx = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-    cols = input.shape[-1]
-    if input.numel() == 0:
-        return dx, torch.zeros_like(bias)
-    g2, x2, dx2 = rows_view(grad, -1), rows_view(input, -1), dx.view(-1, cols)
-    compute = compute_dtype(torch.promote_types(torch.promote_types(grad.dtype, input.dtype), torch.float32))
-    part_dtype = torch.float64 if compute == compute_dtype(torch.float64) else torch.float32
-    part = bias_grad.launch(g2, x2, bias, dx2, part_dtype, approximate == "tanh", cfg, compute)
-    return dx, part.sum(0).to(bias.dtype)
-
-
-def _bias_gelu_geometry(input, *rest):
-    rows = input.numel() // input.shape[-1] if input.dim() and input.shape[-1] else 0
-    return rows, (input.shape[-1] if input.dim() else 1)
-
-
-def _swiglu_launch(run):
-    def go(cfg, gate, up):
-        c = _SWIGLU.compiled(_spec(gate, up))
-        (out,) = allocate([gate, up], c.program.out_dtypes)
-        run(c, [gate, up], [], [out], cfg)
-        return out
-    return go
-
-
 def _needs(gate, up):
     shape = tuple(torch.broadcast_shapes(gate.shape, up.shape))
     return tuple(1 if tuple(t.shape) == shape else 2 for t in (gate, up))
 
 
-def _swiglu_backward_launch(run):
-    def go(cfg, grad, gate, up):
-        needs = _needs(gate, up)
-        c = _SWIGLU.compiled_backward(_spec(gate, up), needs)
-        tensors = [gate, up, grad]
-        outs = allocate(tensors, c.program.out_dtypes)
-        run(c, tensors, [], outs, cfg)
-        return tuple(sum_to(o, t.shape).to(t.dtype) if need == 2 else o
-                     for o, t, need in zip(outs, (gate, up), needs))
-    return go
+# ---------------------------------------------------------------------------
+# Geometry: the shape facts every variant decides and runs on
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds (dtypes, shapes,
+    strides, ``approximate``). Of the operands as the generated kernels read
+    them: ``view``, the strided kernel's collapsed 4-D view (None: more than
+    4 dims remain), ``dense`` (one shared dense layout: the flat kernel's
+    case) and ``numel`` of the first. ``size``: the element count that the
+    flat and eager buckets name (``up``'s, or the packed input's). ``rows``,
+    ``cols``: the input with the bias dim last (bias_gelu's backward)."""
+
+    view: tuple | None
+    dense: bool
+    numel: int
+    size: int
+    rows: int
+    cols: int
+    approximate: str
 
 
-def _swiglu_packed_launch(cfg, x):
+def _facts(operands, size: int, approximate: str = "none") -> Geometry:
+    first = operands[0]
+    return Geometry(strided_view(operands, []), dense_alike(operands), first.numel(), size, *rows_cols(first, -1),
+                    approximate)
+
+
+def _bias_gelu_geometry(input, bias, approximate="none") -> Geometry:
+    return _facts([input, bias], input.numel(), approximate)
+
+
+def _bias_gelu_backward_geometry(grad, input, bias, approximate="none") -> Geometry:
+    return _facts([input, bias], input.numel(), approximate)
+
+
+def _swiglu_geometry(gate, up) -> Geometry:
+    return _facts([gate, up], up.numel())
+
+
+def _swiglu_backward_geometry(grad, gate, up) -> Geometry:
+    return _facts([grad, gate, up], up.numel())
+
+
+def _swiglu_packed_geometry(x) -> Geometry:
+    return _facts(list(_half(x)), x.numel())
+
+
+def _swiglu_packed_backward_geometry(grad, x) -> Geometry:
+    return _facts([*_half(x), grad], x.numel())
+
+
+# ---------------------------------------------------------------------------
+# Variants: runners (generated kernels, bias_grad, torch), checks and configs, specs
+# ---------------------------------------------------------------------------
+def bias_gelu_run(g: Geometry, cfg, input, bias, approximate="none"):
+    c = _BIAS_GELU[approximate].compiled(_arg_spec(input, bias))
+    (out,) = allocate([input, bias], c.program.out_dtypes)
+    launch_strided(c, [input, bias], [], [out], cfg)
+    return out
+
+
+def bias_gelu_backward_run(g: Geometry, cfg, grad, input, bias, approximate="none"):
+    dx = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    if input.numel() == 0:
+        return dx, torch.zeros_like(bias)
+    g2, x2, dx2 = rows_view(grad, -1), rows_view(input, -1), dx.view(-1, g.cols)
+    compute = EK.compute_dtype(torch.promote_types(torch.promote_types(grad.dtype, input.dtype), torch.float32))
+    part_dtype = torch.float64 if compute == EK.compute_dtype(torch.float64) else torch.float32
+    part = bias_grad.launch(g2, x2, bias, dx2, part_dtype, approximate == "tanh", cfg, compute)
+    return dx, part.sum(0).to(bias.dtype)
+
+
+def swiglu_run(launch, g: Geometry, cfg, gate, up):
+    c = _SWIGLU.compiled(_arg_spec(gate, up))
+    (out,) = allocate([gate, up], c.program.out_dtypes)
+    launch(c, [gate, up], [], [out], cfg)
+    return out
+
+
+def swiglu_backward_run(launch, g: Geometry, cfg, grad, gate, up):
+    needs = _needs(gate, up)
+    c = _SWIGLU.compiled_backward(_arg_spec(gate, up), needs)
+    tensors = [gate, up, grad]
+    outs = allocate(tensors, c.program.out_dtypes)
+    launch(c, tensors, [], outs, cfg)
+    return tuple(sum_to(o, t.shape).to(t.dtype) if need == 2 else o
+                 for o, t, need in zip(outs, (gate, up), needs))
+
+
+def swiglu_packed_run(g: Geometry, cfg, x):
     gate, up = _half(x)
-    c = _SWIGLU.compiled(_spec(gate, up))
+    c = _SWIGLU.compiled(_arg_spec(gate, up))
     out = torch.empty(gate.shape, dtype=x.dtype, device=x.device)
     launch_strided(c, [gate, up], [], [out], cfg)
     return out
 
 
-def _swiglu_packed_backward_launch(cfg, grad, x):
+def swiglu_packed_backward_run(g: Geometry, cfg, grad, x):
     gate, up = _half(x)
-    c = _SWIGLU.compiled_backward(_spec(gate, up), (1, 1))
+    c = _SWIGLU.compiled_backward(_arg_spec(gate, up), (1, 1))
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     launch_strided(c, [gate, up, grad], [], list(_half(dx)), cfg)
     return dx
 
 
-# ---------------------------------------------------------------------------
-# Registry ops
-# ---------------------------------------------------------------------------
-def _dtype_key(*args):
-    return ",".join(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
-
-
-def _memo_key(*args):
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _tensors(*args):
-    return tuple(a for a in args if isinstance(a, torch.Tensor))
-
-
-def _strided_bucket(*args):
-    ts = _tensors(*args)
-    geo = geometry(ts, [])
-    if geo is None:
-        return "nd"
-    dims, strides = geo
-    layout = "".join("c" if st[3] == 1 else "r" if st[2] == 1 else "b" if 0 in st[2:] else "g" for st in strides)
-    return f"{bucket_size(dims[0] * dims[1] * dims[2])}x{bucket_size(dims[3])}:{layout}"
-
-
-def _geometry_check(*args):
-    ts = _tensors(*args)
-    if ts[0].numel() and geometry(ts, []) is None:
-        return "more than 4 dims remain after collapsing the layout"
-    return None
-
-
-def _packed_views(x, *rest):
-    return list(_half(x))
-
-
 def _vendor(fn):
-    def run(cfg, *args):
+    """A torch function as a variant's runner (torch_eager, reference)."""
+    def run(g: Geometry, cfg, *args):
         return fn(*args)
     return run
 
 
-def _bias_gelu_variants(backward: bool) -> list[Variant]:
-    if backward:
-        def bucket(grad, input, bias, approximate="none"):
-            rows, cols = _bias_gelu_geometry(input)
-            return f"{bucket_size(rows)}x{bucket_size(cols)}:{approximate}"
+def flat_check(g: Geometry) -> str | None:
+    return None if g.dense else "operands are not dense with one shared shape and layout"
 
-        def default(grad, input, bias, approximate="none"):
-            return bias_grad.default_config(*_bias_gelu_geometry(input))
 
-        return [
-            Variant("triton_fused", _bias_gelu_backward_launch, version=bias_grad.VERSION, dtypes=FLOATS,
-                    configs=lambda *a: bias_grad.configs(), default_config=default, bucket=bucket,
-                    description="dinput tile by tile, dbias as fixed-order partial column sums (deterministic)"),
-            Variant("torch_eager", _vendor(bias_gelu_backward_ref), kind="vendor", devices=("cuda",),
-                    dtypes=FLOATS, bucket=bucket, description="torch eager: gelu_backward, then a sum"),
-            Variant("reference", _vendor(bias_gelu_backward_ref), kind="reference", devices=("cpu", "cuda"),
-                    description="plain torch (the oracle and the CPU fallback)"),
-        ]
+def flat_configs_of(g: Geometry):
+    return flat_configs()
 
-    def bucket(input, bias, approximate="none"):
-        return _strided_bucket(input, bias) + f":{approximate}"
 
+def flat_default(g: Geometry):
+    return flat_default_config(g.size)
+
+
+def size_bucket(g: Geometry) -> str:
+    return bucket_size(g.size)
+
+
+def strided_check(g: Geometry) -> str | None:
+    if g.numel and g.view is None:
+        return "more than 4 dims remain after collapsing the layout"
+    return None
+
+
+def strided_configs_of(g: Geometry):
+    return strided_configs()
+
+
+def strided_default(g: Geometry):
+    d = g.view[0] if g.view else [1, 1, 1, max(1, g.numel)]
+    return EK.strided_default_config(d[0] * d[1] * d[2], d[3])
+
+
+def strided_bucket(g: Geometry) -> str:
+    if g.view is None:
+        return "nd"
+    dims, strides = g.view
+    layout = "".join("c" if st[3] == 1 else "r" if st[2] == 1 else "b" if 0 in st[2:] else "g" for st in strides)
+    return f"{bucket_size(dims[0] * dims[1] * dims[2])}x{bucket_size(dims[3])}:{layout}"
+
+
+def bias_gelu_bucket(g: Geometry) -> str:
+    return f"{strided_bucket(g)}:{g.approximate}"
+
+
+def rows_bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.cols)}:{g.approximate}"
+
+
+def bias_grad_configs(g: Geometry):
+    return bias_grad.configs()
+
+
+def bias_grad_default(g: Geometry):
+    return bias_grad.default_config(g.rows, g.cols)
+
+
+def _eager_and_reference(ref, bucket, description: str) -> list[Spec]:
     return [
-        Variant("triton_fused", _bias_gelu_launch, version="1", dtypes=FLOATS, check=_geometry_check,
-                configs=lambda *a: strided_configs(), default_config=lambda x, b, *r: strided_default_config([x, b]),
-                bucket=bucket, description="generated by opforge.fuse: 2-D tiles, the bias row read per tile"),
-        Variant("torch_eager", _vendor(bias_gelu_ref), kind="vendor", devices=("cuda",), dtypes=FLOATS,
-                bucket=bucket, description="torch eager: add, then gelu (two kernels)"),
-        Variant("reference", _vendor(bias_gelu_ref), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("torch_eager", _vendor(ref), kind="vendor", devices=("cuda",), dtypes=FLOATS, bucket=bucket,
+             description=description),
+        Spec("reference", _vendor(ref), kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
-def _swiglu_variants(backward: bool) -> list[Variant]:
-    launch = _swiglu_backward_launch if backward else _swiglu_launch
-    ref = swiglu_backward_ref if backward else swiglu_ref
+def _strided_spec(run, description: str) -> Spec:
+    return Spec("triton_strided", run, version="1", dtypes=FLOATS, check=strided_check, configs=strided_configs_of,
+                default_config=strided_default, bucket=strided_bucket, description=description)
 
-    def tensors(*args):
-        return args[1:] if backward else args
 
-    def flat_check(*args):
-        ts = list(tensors(*args))
-        return None if dense_alike(ts) and (not backward or dense_alike([args[0]] + ts)) else \
-            "operands are not dense with one shared shape and layout"
-
-    def strided_check(*args):
-        return _geometry_check(*args)
-
+def _swiglu_specs(backward: bool) -> list[Spec]:
+    run = swiglu_backward_run if backward else swiglu_run
     return [
-        Variant("triton_flat", launch(launch_flat), version="1", dtypes=FLOATS, check=flat_check,
-                configs=lambda *a: flat_configs(), default_config=lambda *a: flat_default_config(a[-1].numel()),
-                bucket=lambda *a: bucket_size(a[-1].numel()),
-                description="generated by opforge.fuse; dense operands as a 1-D range"),
-        Variant("triton_strided", launch(launch_strided), version="1", dtypes=FLOATS, check=strided_check,
-                configs=lambda *a: strided_configs(), default_config=lambda *a: strided_default_config(list(a)),
-                bucket=_strided_bucket, description="generated by opforge.fuse; any strides, broadcasting"),
-        Variant("torch_eager", _vendor(ref), kind="vendor", devices=("cuda",), dtypes=FLOATS,
-                bucket=lambda *a: bucket_size(a[-1].numel()), description="torch eager (silu, mul)"),
-        Variant("reference", _vendor(ref), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+        Spec("triton_flat", functools.partial(run, launch_flat), version="1", dtypes=FLOATS, check=flat_check,
+             configs=flat_configs_of, default_config=flat_default, bucket=size_bucket,
+             description="generated by opforge.fuse; dense operands as a 1-D range"),
+        _strided_spec(functools.partial(run, launch_strided), "generated by opforge.fuse; any strides, broadcasting"),
+        *_eager_and_reference(swiglu_backward_ref if backward else swiglu_ref, size_bucket, "torch eager (silu, mul)")]
 
 
-def _swiglu_packed_variants(backward: bool) -> list[Variant]:
-    launch = _swiglu_packed_backward_launch if backward else _swiglu_packed_launch
-    ref = swiglu_packed_backward_ref if backward else swiglu_packed_ref
-
-    def views(*args):
-        x = args[-1]
-        return _packed_views(x) + ([args[0]] if backward else [])
-
-    def check(*args):
-        return _geometry_check(*views(*args)) if args[-1].numel() else None
-
+def _swiglu_packed_specs(backward: bool) -> list[Spec]:
     return [
-        Variant("triton_strided", launch, version="1", dtypes=FLOATS, check=check,
-                configs=lambda *a: strided_configs(), default_config=lambda *a: strided_default_config(views(*a)),
-                bucket=lambda *a: _strided_bucket(*views(*a)),
-                description="generated by opforge.fuse; the two halves read as strided views (no copy)"),
-        Variant("torch_eager", _vendor(ref), kind="vendor", devices=("cuda",), dtypes=FLOATS,
-                bucket=lambda *a: bucket_size(a[-1].numel()), description="torch eager (chunk, silu, mul)"),
-        Variant("reference", _vendor(ref), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
+        _strided_spec(swiglu_packed_backward_run if backward else swiglu_packed_run,
+                      "generated by opforge.fuse; the two halves read as strided views (no copy)"),
+        *_eager_and_reference(swiglu_packed_backward_ref if backward else swiglu_packed_ref, size_bucket,
+                              "torch eager (chunk, silu, mul)")]
 
 
+SPECS = {
+    "bias_gelu": [
+        Spec("triton_fused", bias_gelu_run, version="1", dtypes=FLOATS, check=strided_check,
+             configs=strided_configs_of, default_config=strided_default, bucket=bias_gelu_bucket,
+             description="generated by opforge.fuse: 2-D tiles, the bias row read per tile"),
+        *_eager_and_reference(bias_gelu_ref, bias_gelu_bucket, "torch eager: add, then gelu (two kernels)")],
+    "bias_gelu_backward": [
+        Spec("triton_fused", bias_gelu_backward_run, version=bias_grad.VERSION, dtypes=FLOATS,
+             configs=bias_grad_configs, default_config=bias_grad_default, bucket=rows_bucket,
+             description="dinput tile by tile, dbias as fixed-order partial column sums (deterministic)"),
+        *_eager_and_reference(bias_gelu_backward_ref, rows_bucket, "torch eager: gelu_backward, then a sum")],
+    "swiglu": _swiglu_specs(False),
+    "swiglu_backward": _swiglu_specs(True),
+    "swiglu_packed": _swiglu_packed_specs(False),
+    "swiglu_packed_backward": _swiglu_packed_specs(True),
+}
+GEOMETRY = {
+    "bias_gelu": _bias_gelu_geometry, "bias_gelu_backward": _bias_gelu_backward_geometry,
+    "swiglu": _swiglu_geometry, "swiglu_backward": _swiglu_backward_geometry,
+    "swiglu_packed": _swiglu_packed_geometry, "swiglu_packed_backward": _swiglu_packed_backward_geometry,
+}
 # ---------------------------------------------------------------------------
 # Selftest inputs
 # ---------------------------------------------------------------------------
@@ -422,29 +457,42 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entries + torch.library ops + autograd
 # ---------------------------------------------------------------------------
-_SPECS = {
-    "bias_gelu": (bias_gelu_ref, validate_bias_gelu, _bias_gelu_variants(False),
-                  "gelu(input + bias) with the bias broadcast over the last dim"),
-    "bias_gelu_backward": (bias_gelu_backward_ref, validate_bias_gelu_backward, _bias_gelu_variants(True),
-                           "gradients of bias_gelu in input and bias"),
-    "swiglu": (swiglu_ref, validate_swiglu, _swiglu_variants(False), "silu(gate) * up"),
-    "swiglu_backward": (swiglu_backward_ref, validate_swiglu_backward, _swiglu_variants(True),
-                        "gradients of swiglu in gate and up"),
-    "swiglu_packed": (swiglu_packed_ref, validate_swiglu_packed, _swiglu_packed_variants(False),
-                      "silu(gate) * up with gate, up = x.chunk(2, -1)"),
-    "swiglu_packed_backward": (swiglu_packed_backward_ref, validate_swiglu_packed_backward,
-                               _swiglu_packed_variants(True), "gradient of swiglu_packed in x"),
+def _dtype_key(*args):
+    return ",".join(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
+
+
+def _memo_key(*args):
+    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _tensors(*args):
+    return tuple(a for a in args if isinstance(a, torch.Tensor))
+
+
+REFERENCE = {
+    "bias_gelu": bias_gelu_ref, "bias_gelu_backward": bias_gelu_backward_ref,
+    "swiglu": swiglu_ref, "swiglu_backward": swiglu_backward_ref,
+    "swiglu_packed": swiglu_packed_ref, "swiglu_packed_backward": swiglu_packed_backward_ref,
+}
+VALIDATE = {
+    "bias_gelu": validate_bias_gelu, "bias_gelu_backward": validate_bias_gelu_backward,
+    "swiglu": validate_swiglu, "swiglu_backward": validate_swiglu_backward,
+    "swiglu_packed": validate_swiglu_packed, "swiglu_packed_backward": validate_swiglu_packed_backward,
+}
+DOC = {
+    "bias_gelu": "gelu(input + bias) with the bias broadcast over the last dim",
+    "bias_gelu_backward": "gradients of bias_gelu in input and bias",
+    "swiglu": "silu(gate) * up",
+    "swiglu_backward": "gradients of swiglu in gate and up",
+    "swiglu_packed": "silu(gate) * up with gate, up = x.chunk(2, -1)",
+    "swiglu_packed_backward": "gradient of swiglu_packed in x",
 }
 
-
-def _register(name: str) -> Op:
-    ref, validate, variants, doc = _SPECS[name]
-    op = Op(name=name, reference=ref, tensors=_tensors, memo_key=_memo_key, dtype_key=_dtype_key,
-            variants=variants, validate=validate, samples=lambda device, _n=name: sample_inputs(_n, device), doc=doc)
-    return registry.register(op)
-
-
-OPS = {name: _register(name) for name in _SPECS}
+OPS = registry.register_family(
+    tuple(SPECS), SPECS.__getitem__, geometry=GEOMETRY.__getitem__, reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors, memo_key=lambda name: _memo_key, dtype_key=lambda name: _dtype_key,
+    validate=VALIDATE.__getitem__, samples=lambda name: functools.partial(sample_inputs, name),
+    doc=DOC.__getitem__)
 
 
 def _fake_bias_gelu(input, bias, approximate):

@@ -64,14 +64,16 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from opforge.kernels import reduce as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 # This module defines sum/max/min; keep the builtins at hand.
@@ -301,14 +303,13 @@ _FILL = {"sum": 0, "mean": float("nan"), "var": float("nan"), "std": float("nan"
 _ATOMIC_INIT = {"sum": 0.0, "mean": 0.0, "amax": float("-inf"), "amin": float("inf")}
 
 
-def run_kernel(name: str, mode: int, cfg: dict, x: torch.Tensor, dims: tuple, *rest):
-    """Plan, allocate, launch; ``mode`` as ``kernels.reduce.launch``."""
-    from opforge.kernels import reduce as K
-
+def run_kernel(g: Geometry, mode: int, cfg: dict, x: torch.Tensor, dims: tuple, *rest):
+    """Allocate, launch on the geometry's plan; ``mode`` as ``kernels.reduce.launch``."""
+    name = g.name
     keepdim, dtype, correction, want_values = _extra(name, rest)
     arg = name in ("argmax", "argmin")
     shape = out_shape(x, dims, keepdim)
-    odt = result_dtype(name, x, dtype)
+    odt = g.out_dtype
     vdt = x.dtype if arg else odt
     out = torch.empty(shape, dtype=vdt, device=x.device) if (not arg or want_values) else None
     idx = torch.empty(shape, dtype=torch.int64, device=x.device) if arg else None
@@ -316,7 +317,7 @@ def run_kernel(name: str, mode: int, cfg: dict, x: torch.Tensor, dims: tuple, *r
         return (out, idx) if arg and want_values else (idx if arg else out)
     if x.numel() == 0:  # an empty reduction (the extremes were rejected by validate)
         return out.fill_(_FILL[name])
-    p = plan_of(x, dims, name)
+    p = g.plan
     src = x.permute(p.copy_perm).contiguous() if p.copy_perm is not None else x
     if src.dtype == torch.bool:
         src = src.view(torch.uint8)
@@ -347,138 +348,160 @@ def _u8(t):
 
 
 # ---------------------------------------------------------------------------
-# Variants
+# Geometry: the shape facts every variant decides and runs on
 # ---------------------------------------------------------------------------
 def _deterministic() -> bool:
     return torch.are_deterministic_algorithms_enabled()
 
 
-def _geometry(name, x, dims):
-    return plan_of(x, dims, name).geom
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's shape facts, from what the memo key holds (dtype, shape,
+    strides, the op's static arguments, deterministic mode): the layout
+    ``plan``, the element size, the result dtype, and whether
+    ``torch.use_deterministic_algorithms`` is on (no atomics then)."""
+
+    name: str
+    plan: Plan
+    itemsize: int
+    out_dtype: torch.dtype
+    deterministic: bool
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(O, R, I)``: outer, reduced and inner extents as the kernels see them."""
+        return self.plan.geom[:3]
 
 
-def _tile_default(name, x, dims):
-    from opforge.kernels import reduce as K
+def geometry(name: str):
+    """The geometry function of op ``name`` (its arguments: ``(x, dims, *rest)``)."""
+    return functools.partial(_geometry, name)
 
-    O, R, I = _geometry(name, x, dims)[:3]
-    es = x.element_size()
+
+def _geometry(name: str, x: torch.Tensor, dims: tuple, *rest) -> Geometry:
+    return Geometry(name, plan_of(x, dims, name), x.element_size(), result_dtype(name, x, _extra(name, rest)[1]),
+                    _deterministic())
+
+
+# ---------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------
+def direct_run(g: Geometry, cfg, x, dims, *rest):
+    return run_kernel(g, 0, cfg, x, dims, *rest)
+
+
+def split_run(g: Geometry, cfg, x, dims, *rest):
+    return run_kernel(g, 1, cfg, x, dims, *rest)
+
+
+def atomic_run(g: Geometry, cfg, x, dims, *rest):
+    return run_kernel(g, 2, cfg, x, dims, *rest)
+
+
+def bucket(g: Geometry) -> str:
+    O, R, I = g.shape
+    return f"{bucket_size(O)}x{bucket_size(R)}x{bucket_size(I)}:{'t' if g.plan.copy_perm is not None else 'v'}"
+
+
+def rows_check(g: Geometry) -> str | None:
+    if g.shape[2] != 1:
+        return "the reduced dims are not innermost (triton_cols reads this layout)"
+    return None
+
+
+def cols_check(g: Geometry) -> str | None:
+    if g.shape[2] == 1:
+        return "the reduced dims are innermost (triton_rows reads this layout)"
+    return None
+
+
+def tile_default(g: Geometry):
+    O, R, I = g.shape
+    es = g.itemsize
     # argmax keeps an index per lane and var reduces every block: fewer lanes per thread.
-    heavy = name in ("argmax", "argmin", "var", "std")
+    heavy = g.name in ("argmax", "argmin", "var", "std")
     if I == 1:
         return K.rows_default_config(O, R, _bmax(es, 4) if heavy else es)
     return K.cols_default_config(R, I, es, 2048 if heavy else 4096)
 
 
-def _make_variants(name: str) -> list[Variant]:
-    from opforge.kernels import reduce as K
+def tile_configs(g: Geometry):
+    O, R, I = g.shape
+    return K.rows_configs(O, R, g.itemsize) if I == 1 else K.cols_configs(R, I, g.itemsize)
 
+
+def split_default(g: Geometry):
+    cfg = tile_default(g)
+    return {**cfg, "SPLIT": K.split_count(g.plan.geom, cfg)}
+
+
+def split_configs(g: Geometry):
+    base = tile_default(g)
+    tiles = [base] + [c for c in tile_configs(g) if c != base][:5]
+    out = []
+    for t in tiles:
+        s = K.split_count(g.plan.geom, t)
+        for sp in sorted({_bmax(2, s // 2), _bmax(2, s), _bmax(2, 2 * s)}):
+            out.append({**t, "SPLIT": sp})
+    return out
+
+
+def split_check(g: Geometry) -> str | None:
+    cfg = tile_default(g)
+    if K.split_count(g.plan.geom, cfg) > 1:
+        return None
+    p = K.programs(g.plan.geom, cfg)
+    if p >= K.FILL_PROGRAMS:
+        return f"the unsplit kernel runs {p} programs, enough to fill the GPU"
+    return f"only {g.shape[1]} reduced elements per output: too few to split"
+
+
+def atomic_check(g: Geometry) -> str | None:
+    if g.deterministic:
+        return "not deterministic (torch.use_deterministic_algorithms is on)"
+    if g.out_dtype != torch.float32:
+        return f"atomics fold into an fp32 result; this one is {g.out_dtype} (two-pass combines and casts at once)"
+    return split_check(g)
+
+
+def eager_run(g: Geometry, cfg, x, dims, *rest):
+    return REFERENCE[g.name](x, dims, *rest)
+
+
+def reference_run(g: Geometry, cfg, x, dims, *rest):
+    if x.dtype in (torch.float16, torch.bfloat16) and g.name in ("sum", "mean", "var", "std"):
+        # Accumulate in fp32 (torch's CPU kernels for half types may not).
+        return REFERENCE[g.name](x.float(), dims, *rest).to(g.out_dtype)
+    return REFERENCE[g.name](x, dims, *rest)
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order (``triton_split_atomic`` for sum, mean, amax, amin)."""
     dtypes = INPUT_DTYPES[name]
-
-    def direct_run(cfg, x, dims, *rest):
-        return run_kernel(name, 0, cfg, x, dims, *rest)
-
-    def split_run(cfg, x, dims, *rest):
-        return run_kernel(name, 1, cfg, x, dims, *rest)
-
-    def atomic_run(cfg, x, dims, *rest):
-        return run_kernel(name, 2, cfg, x, dims, *rest)
-
-    def bucket(x, dims, *rest):
-        O, R, I, so, sr, si = _geometry(name, x, dims)
-        copy = plan_of(x, dims, name).copy_perm is not None
-        return f"{bucket_size(O)}x{bucket_size(R)}x{bucket_size(I)}:{'t' if copy else 'v'}"
-
-    def rows_check(x, dims, *rest):
-        if _geometry(name, x, dims)[2] != 1:
-            return "the reduced dims are not innermost (triton_cols reads this layout)"
-        return None
-
-    def cols_check(x, dims, *rest):
-        if _geometry(name, x, dims)[2] == 1:
-            return "the reduced dims are innermost (triton_rows reads this layout)"
-        return None
-
-    def tile_default(x, dims, *rest):
-        return _tile_default(name, x, dims)
-
-    def tile_configs(x, dims, *rest):
-        O, R, I = _geometry(name, x, dims)[:3]
-        es = x.element_size()
-        return K.rows_configs(O, R, es) if I == 1 else K.cols_configs(R, I, es)
-
-    def split_default(x, dims, *rest):
-        cfg = _tile_default(name, x, dims)
-        return {**cfg, "SPLIT": K.split_count(_geometry(name, x, dims), cfg)}
-
-    def split_configs(x, dims, *rest):
-        geom = _geometry(name, x, dims)
-        base = _tile_default(name, x, dims)
-        tiles = [base] + [c for c in tile_configs(x, dims, *rest) if c != base][:5]
-        out = []
-        for t in tiles:
-            s = K.split_count(geom, t)
-            for sp in sorted({_bmax(2, s // 2), _bmax(2, s), _bmax(2, 2 * s)}):
-                out.append({**t, "SPLIT": sp})
-        return out
-
-    def split_check(x, dims, *rest):
-        geom = _geometry(name, x, dims)
-        cfg = _tile_default(name, x, dims)
-        if K.split_count(geom, cfg) > 1:
-            return None
-        p = K.programs(geom, cfg)
-        if p >= K.FILL_PROGRAMS:
-            return f"the unsplit kernel runs {p} programs, enough to fill the GPU"
-        return f"only {geom[1]} reduced elements per output: too few to split"
-
-    def atomic_check(x, dims, *rest):
-        if _deterministic():
-            return "not deterministic (torch.use_deterministic_algorithms is on)"
-        _, dtype, _, _ = _extra(name, rest)
-        odt = result_dtype(name, x, dtype)
-        if odt != torch.float32:
-            return f"atomics fold into an fp32 result; this one is {odt} (two-pass combines and casts at once)"
-        return split_check(x, dims, *rest)
-
-    def eager_run(cfg, x, dims, *rest):
-        return REFERENCE[name](x, dims, *rest)
-
-    def reference_run(cfg, x, dims, *rest):
-        keepdim, dtype, correction, values = _extra(name, rest)
-        if name in ("argmax", "argmin"):
-            return REFERENCE[name](x, dims, *rest)
-        if x.dtype in (torch.float16, torch.bfloat16) and name in ("sum", "mean", "var", "std"):
-            # Accumulate in fp32 (torch's CPU kernels for half types may not).
-            r = REFERENCE[name](x.float(), dims, *rest)
-            return r.to(result_dtype(name, x, dtype))
-        return REFERENCE[name](x, dims, *rest)
-
-    variants = [
-        Variant("triton_split_two_pass", split_run, version=K.SPLIT_VERSION, dtypes=dtypes, check=split_check,
-                configs=split_configs, default_config=split_default, bucket=bucket,
-                description="reduced axis cut into SPLIT chunks over a second grid axis (rows or cols "
-                            "layout); partials combined by a second kernel in a fixed order: deterministic"),
+    atomic = [
+        Spec("triton_split_atomic", atomic_run, version=K.SPLIT_VERSION, dtypes=dtypes, check=atomic_check,
+             configs=split_configs, default_config=split_default, bucket=bucket,
+             description="as two-pass, but partials folded into the zero/inf-filled fp32 output with "
+                         "atomics: one kernel, not bitwise deterministic"),
+    ] if name in K.ATOMIC_OPS else []
+    return [
+        Spec("triton_split_two_pass", split_run, version=K.SPLIT_VERSION, dtypes=dtypes, check=split_check,
+             configs=split_configs, default_config=split_default, bucket=bucket,
+             description="reduced axis cut into SPLIT chunks over a second grid axis (rows or cols "
+                         "layout); partials combined by a second kernel in a fixed order: deterministic"),
+        *atomic,
+        Spec("triton_rows", direct_run, version=K.ROWS_VERSION, dtypes=dtypes, check=rows_check,
+             configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="reduced dims innermost: BLOCK_M rows per program walked in BLOCK_N blocks"),
+        Spec("triton_cols", direct_run, version=K.COLS_VERSION, dtypes=dtypes, check=cols_check,
+             configs=tile_configs, default_config=tile_default, bucket=bucket,
+             description="reduced axis strided: BLOCK_I inner positions per program (coalesced), "
+                         "walking the reduced axis in BLOCK_R rows; no transpose"),
+        Spec("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=dtypes, bucket=bucket,
+             description=f"torch.{name}"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
-    if name in K.ATOMIC_OPS:
-        variants.append(
-            Variant("triton_split_atomic", atomic_run, version=K.SPLIT_VERSION, dtypes=dtypes, check=atomic_check,
-                    configs=split_configs, default_config=split_default, bucket=bucket,
-                    description="as two-pass, but partials folded into the zero/inf-filled fp32 output with "
-                                "atomics: one kernel, not bitwise deterministic"))
-    variants += [
-        Variant("triton_rows", direct_run, version=K.ROWS_VERSION, dtypes=dtypes, check=rows_check,
-                configs=tile_configs, default_config=tile_default, bucket=bucket,
-                description="reduced dims innermost: BLOCK_M rows per program walked in BLOCK_N blocks"),
-        Variant("triton_cols", direct_run, version=K.COLS_VERSION, dtypes=dtypes, check=cols_check,
-                configs=tile_configs, default_config=tile_default, bucket=bucket,
-                description="reduced axis strided: BLOCK_I inner positions per program (coalesced), "
-                            "walking the reduced axis in BLOCK_R rows; no transpose"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=dtypes, bucket=bucket,
-                description=f"torch.{name}"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
-    return variants
 
 
 # ---------------------------------------------------------------------------
@@ -528,22 +551,28 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-def _register_op(name: str) -> Op:
-    op = Op(
-        name=name,
-        reference=REFERENCE[name],
-        tensors=lambda x, *rest: (x,),
-        memo_key=lambda x, *rest: (x.dtype, x.shape, x.stride(), x.device, rest, _deterministic()),
-        dtype_key=lambda x, *rest: f"{x.dtype}".replace("torch.", ""),
-        variants=_make_variants(name),
-        validate=functools.partial(validate, name),
-        samples=functools.partial(sample_inputs, name),
-        doc=f"{name} over any dims",
-    )
-    return registry.register(op)
+def _memo_key(x, *rest):
+    return (x.dtype, x.shape, x.stride(), x.device, rest, _deterministic())
 
 
-OPS = {name: _register_op(name) for name in NAMES}
+def _tensors(x, *rest):
+    return (x,)
+
+
+def _dtype_key(x, *rest):
+    return f"{x.dtype}".replace("torch.", "")
+
+
+OPS = registry.register_family(
+    NAMES, specs, geometry=geometry,
+    reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: _memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: functools.partial(validate, name),
+    samples=lambda name: functools.partial(sample_inputs, name),
+    doc=lambda name: f"{name} over any dims",
+)
 
 
 def _restore(g: torch.Tensor, ndim: int, dims: tuple, keepdim: bool) -> torch.Tensor:

@@ -24,12 +24,16 @@ through the kernels), and double backward follows for free.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
+from opforge.kernels import transpose as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 NAMES = ("transpose", "permute")
@@ -120,84 +124,105 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
+# Geometry: the shape facts every variant decides and runs on
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's move, from what the memo key holds (dtype, shape, strides,
+    dims): the permutation, its merged ``plan`` (``plan.tiled`` is the tiled
+    kernel's view, or why it does not apply) and the element size."""
+
+    perm: tuple[int, ...]
+    plan: K.Plan
+    itemsize: int
+
+
+def geometry(name: str):
+    """The geometry function of op ``name`` (its arguments: ``(x, dim0, dim1)`` or ``(x, dims)``)."""
+    return functools.partial(_geometry, PERM[name])
+
+
+def _geometry(perm_of, x: torch.Tensor, *rest) -> Geometry:
+    perm = perm_of(x, *rest)
+    return Geometry(perm, K.plan(tuple(x.shape), x.stride(), perm), x.element_size())
+
+
+# ---------------------------------------------------------------------------
 # Variants
 # ---------------------------------------------------------------------------
-def _make_variants(name: str) -> list[Variant]:
-    from opforge.kernels import transpose as K
+def tiled_run(g: Geometry, cfg, x, *rest):
+    out = allocate_out(x, g.perm)
+    if g.plan.numel:
+        K.launch_tiled(_bits(x), _bits(out), g.plan, g.plan.tiled, cfg)
+    return out
 
-    perm_of = PERM[name]
 
-    def plan_of(x, *rest):
-        return K.plan(tuple(x.shape), x.stride(), perm_of(x, *rest))
+def tiled_check(g: Geometry) -> str | None:
+    tiled = g.plan.tiled
+    return tiled if isinstance(tiled, str) else None
 
-    def tiled_run(cfg, x, *rest):
-        perm = perm_of(x, *rest)
-        out = allocate_out(x, perm)
-        p = K.plan(tuple(x.shape), x.stride(), perm)
-        if p.numel:
-            K.launch_tiled(_bits(x), _bits(out), p, p.tiled, cfg)
-        return out
 
-    def gather_run(cfg, x, *rest):
-        perm = perm_of(x, *rest)
-        out = allocate_out(x, perm)
-        p = K.plan(tuple(x.shape), x.stride(), perm)
-        if p.numel:
-            K.launch_gather(_bits(x), _bits(out), p, cfg)
-        return out
+def tiled_default(g: Geometry):
+    return K.tiled_default_config(g.plan.tiled, g.itemsize)
 
-    def tiled_check(x, *rest):
-        g = plan_of(x, *rest).tiled
-        return g if isinstance(g, str) else None
 
-    def gather_check(x, *rest):
-        return K.gather_check(plan_of(x, *rest))
+def tiled_configs(g: Geometry):
+    return K.tiled_configs(g.plan.tiled, g.itemsize)
 
-    def tiled_bucket(x, *rest):
-        g = plan_of(x, *rest).tiled
-        if isinstance(g, str):
-            return "n/a"
-        return f"{bucket_size(g.planes)}x{bucket_size(g.R)}x{bucket_size(g.C)}"
 
-    def gather_bucket(x, *rest):
-        p = plan_of(x, *rest)
-        C, sc = p.dims[-1]
-        return f"{bucket_size(p.numel // C if C else 0)}x{bucket_size(C)}:{'u' if sc == 1 else 's'}{len(p.dims)}"
+def tiled_bucket(g: Geometry) -> str:
+    tiled = g.plan.tiled
+    if isinstance(tiled, str):
+        return "n/a"
+    return f"{bucket_size(tiled.planes)}x{bucket_size(tiled.R)}x{bucket_size(tiled.C)}"
 
-    def tiled_default(x, *rest):
-        return K.tiled_default_config(plan_of(x, *rest).tiled, x.element_size())
 
-    def tiled_configs(x, *rest):
-        return K.tiled_configs(plan_of(x, *rest).tiled, x.element_size())
+def gather_run(g: Geometry, cfg, x, *rest):
+    out = allocate_out(x, g.perm)
+    if g.plan.numel:
+        K.launch_gather(_bits(x), _bits(out), g.plan, cfg)
+    return out
 
-    def gather_default(x, *rest):
-        return K.gather_default_config(plan_of(x, *rest), x.element_size())
 
-    def gather_configs(x, *rest):
-        return K.gather_configs(plan_of(x, *rest), x.element_size())
+def gather_check(g: Geometry) -> str | None:
+    return K.gather_check(g.plan)
 
-    ref = REFERENCE[name]
 
-    def eager_run(cfg, *args):
-        return ref(*args)
+def gather_default(g: Geometry):
+    return K.gather_default_config(g.plan, g.itemsize)
 
-    def reference_run(cfg, *args):
-        return ref(*args)
 
+def gather_configs(g: Geometry):
+    return K.gather_configs(g.plan, g.itemsize)
+
+
+def gather_bucket(g: Geometry) -> str:
+    p = g.plan
+    C, sc = p.dims[-1]
+    return f"{bucket_size(p.numel // C if C else 0)}x{bucket_size(C)}:{'u' if sc == 1 else 's'}{len(p.dims)}"
+
+
+def reference_run(g: Geometry, cfg, x, *rest):
+    """torch's copy kernel (``torch_eager``) and the reference alike: the permuted view, cloned."""
+    return x.permute(g.perm).clone(memory_format=torch.contiguous_format)
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
     return [
-        Variant("triton_tiled", tiled_run, version=K.TILED_VERSION, check=tiled_check,
-                configs=tiled_configs, default_config=tiled_default, bucket=tiled_bucket,
-                description="batched 2-D transpose: [TILE_R, TILE_C] tiles read along the input's "
-                            "unit-stride dim, transposed through shared memory, written along the "
-                            "output's; up to 3 batch dims with any strides"),
-        Variant("triton_gather", gather_run, version=K.GATHER_VERSION, check=gather_check,
-                configs=gather_configs, default_config=gather_default, bucket=gather_bucket,
-                description="rows of the output's innermost dim, each row decoded once into input "
-                            "offsets; dense writes; strided copies and tiny transposes"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), bucket=gather_bucket,
-                description="torch's copy kernel (.clone of the permuted view)"),
-        Variant("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_tiled", tiled_run, version=K.TILED_VERSION, check=tiled_check,
+             configs=tiled_configs, default_config=tiled_default, bucket=tiled_bucket,
+             description="batched 2-D transpose: [TILE_R, TILE_C] tiles read along the input's "
+                         "unit-stride dim, transposed through shared memory, written along the "
+                         "output's; up to 3 batch dims with any strides"),
+        Spec("triton_gather", gather_run, version=K.GATHER_VERSION, check=gather_check,
+             configs=gather_configs, default_config=gather_default, bucket=gather_bucket,
+             description="rows of the output's innermost dim, each row decoded once into input "
+                         "offsets; dense writes; strided copies and tiny transposes"),
+        Spec("torch_eager", reference_run, kind="vendor", devices=("cuda",), bucket=gather_bucket,
+             description="torch's copy kernel (.clone of the permuted view)"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch (the oracle and the CPU fallback)"),
     ]
 
 
@@ -257,35 +282,33 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-def _register() -> dict[str, Op]:
-    ops = {
-        "transpose": Op(
-            name="transpose",
-            reference=_transpose_ref,
-            tensors=lambda x, dim0=0, dim1=1: (x,),
-            memo_key=lambda x, dim0=0, dim1=1: (x.dtype, x.shape, x.stride(), x.device, dim0, dim1),
-            dtype_key=lambda x, dim0=0, dim1=1: f"{x.dtype}".replace("torch.", ""),
-            variants=_make_variants("transpose"),
-            validate=validate_transpose,
-            samples=lambda device: sample_inputs("transpose", device),
-            doc="transpose two dims into a new contiguous tensor",
-        ),
-        "permute": Op(
-            name="permute",
-            reference=_permute_ref,
-            tensors=lambda x, dims=(): (x,),
-            memo_key=lambda x, dims=(): (x.dtype, x.shape, x.stride(), x.device, tuple(dims)),
-            dtype_key=lambda x, dims=(): f"{x.dtype}".replace("torch.", ""),
-            variants=_make_variants("permute"),
-            validate=validate_permute,
-            samples=lambda device: sample_inputs("permute", device),
-            doc="permute dims into a new contiguous tensor",
-        ),
-    }
-    return {n: registry.register(op) for n, op in ops.items()}
+def _transpose_memo_key(x, dim0=0, dim1=1):
+    return (x.dtype, x.shape, x.stride(), x.device, dim0, dim1)
 
 
-OPS = _register()
+def _permute_memo_key(x, dims=()):
+    return (x.dtype, x.shape, x.stride(), x.device, tuple(dims))
+
+
+def _tensors(x, *rest):
+    return (x,)
+
+
+def _dtype_key(x, *rest):
+    return f"{x.dtype}".replace("torch.", "")
+
+
+OPS = registry.register_family(
+    NAMES, specs, geometry=geometry,
+    reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors,
+    memo_key={"transpose": _transpose_memo_key, "permute": _permute_memo_key}.__getitem__,
+    dtype_key=lambda name: _dtype_key,
+    validate={"transpose": validate_transpose, "permute": validate_permute}.__getitem__,
+    samples=lambda name: functools.partial(sample_inputs, name),
+    doc={"transpose": "transpose two dims into a new contiguous tensor",
+         "permute": "permute dims into a new contiguous tensor"}.__getitem__,
+)
 
 
 def _define_transpose() -> None:
