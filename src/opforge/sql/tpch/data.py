@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: decimals stored as INT64 (as DuckDB writes them)
 CONFORM_ROW_GROUPS = 16  # the generator writes ~110 K-row groups: ~2 M rows per slice
 
 _I32, _I64, _STR, _DATE, _DEC = pa.int32(), pa.int64(), pa.string(), pa.date32(), pa.decimal128(15, 2)
@@ -120,7 +120,9 @@ def _conform(src: Path, dst: Path, schema: pa.Schema) -> int:
     if [f.name for f in source.schema_arrow] != schema.names:
         raise ValueError(f"tpch: {src.name} has columns {source.schema_arrow.names}, expected {schema.names}")
     groups = source.metadata.num_row_groups
-    with pq.ParquetWriter(dst, schema, compression="snappy") as writer:
+    # DECIMAL(15, 2) as INT64, the way DuckDB and Spark write it: Arrow decodes fixed-length byte arrays
+    # about 6x slower, and every reader (ours, DuckDB) gains from the integer pages.
+    with pq.ParquetWriter(dst, schema, compression="snappy", store_decimal_as_integer=True) as writer:
         for start in range(0, groups, CONFORM_ROW_GROUPS):
             part = source.read_row_groups(range(start, min(start + CONFORM_ROW_GROUPS, groups)), use_threads=True)
             writer.write_table(part.cast(schema))
