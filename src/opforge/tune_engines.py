@@ -11,6 +11,8 @@ generated data (``benchmarks/tpch.py``'s workload) and the Nexmark queries
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import Counter
 from typing import Callable, NamedTuple
@@ -20,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opforge.runtime import autotune
+from opforge.runtime import dispatch
 from opforge.runtime.cache import TuneEntry, autotune_cache
 
 
@@ -72,6 +74,23 @@ def stream_steps(events: int, batch_size: int, device: str, names=None) -> list[
     return [Step(name, lambda name=name: job(name)) for name in (names or QUERIES)]
 
 
+@contextlib.contextmanager
+def _mode_set(value: str):
+    """Run the block with ``OPFORGE_AUTOTUNE=value`` (``opforge tune`` presets);
+    memoized decisions are dropped on the way in and out."""
+    old = os.environ.get("OPFORGE_AUTOTUNE")
+    os.environ["OPFORGE_AUTOTUNE"] = value
+    dispatch.reset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPFORGE_AUTOTUNE", None)
+        else:
+            os.environ["OPFORGE_AUTOTUNE"] = old
+        dispatch.reset()
+
+
 class Outcome(NamedTuple):
     entries: list[TuneEntry]  # stored while the workload ran
     failed: dict[str, str]  # step label -> error
@@ -87,7 +106,7 @@ def tune_workload(steps: list[Step], mode: str = "on", console: Console | None =
     started = time.time()
     failed: dict[str, str] = {}
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with autotune.mode_set(mode), Progress(*columns, console=console) as progress:
+    with _mode_set(mode), Progress(*columns, console=console) as progress:
         task = progress.add_task("tuning", total=len(steps))
         for step in steps:
             progress.update(task, description=f"{step.label} (tuned so far: {_count_since(cache, started)})")

@@ -21,7 +21,6 @@ Modes (``OPFORGE_AUTOTUNE``):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from typing import Any, Callable
@@ -47,27 +46,6 @@ def mode() -> str:
                       RuntimeWarning)
         return DEFAULT_MODE
     return m
-
-
-@contextlib.contextmanager
-def mode_set(value: str):
-    """Run the block with ``OPFORGE_AUTOTUNE=value`` (``opforge tune`` presets);
-    memoized decisions are dropped on the way in and out."""
-    from opforge.runtime import dispatch
-
-    if value not in MODES:
-        raise ValueError(f"autotune mode must be one of {MODES}, got {value!r}")
-    old = os.environ.get("OPFORGE_AUTOTUNE")
-    os.environ["OPFORGE_AUTOTUNE"] = value
-    dispatch.reset()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("OPFORGE_AUTOTUNE", None)
-        else:
-            os.environ["OPFORGE_AUTOTUNE"] = old
-        dispatch.reset()
 
 
 def tune_key(op: Op, variant: Variant, args: tuple, geom: Any = None) -> TuneKey:
