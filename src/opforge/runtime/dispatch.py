@@ -228,8 +228,8 @@ def _decide_cached(op: Op, args: tuple, geom, supported: list[Variant], tunable:
     if exact:
         timings = {name: e.median_ms for name, e in exact.items()}
         best = _fastest(timings)
-        passed = {v.name: "no entry for this bucket (an exact entry outranks a nearest one)"
-                  for v in tunable if v.name not in exact}
+        why = "no entry for this bucket; another variant has one (an exact entry outranks any nearest one)"
+        passed = {v.name: why for v in tunable if v.name not in exact}
         return Decision(op, op.variant(best), exact[best].config, sources[best], rejected, timings, cuda_index,
                         geom, passed=passed)
     near = {}
