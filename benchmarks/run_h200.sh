@@ -2,13 +2,14 @@
 # One device session on the lent H200: doctor, selftest, bench, (tune).
 # Usage (device tool): bash benchmarks/run_h200.sh PHASE...
 #   phases: check gpu-tests bench bench-families bench-each tune tune-bench sanitize sass extras profile
-#           profile-cases tpch dist stream
+#           profile-cases tpch dist stream tune-engines
 #   (bench-families: the families in $BENCH_FAMILIES in one run, compiled first in $PREWARM processes;
 #    sass: wgmma/TMA instructions of the kernels in Triton's cache; extras: attention peak memory and
 #    accuracy tables, hash-join and Zipf skew-join benches; profile: `opforge profile` over every op, ncu on one op, the
 #    example ladders under ncu; profile-cases: ncu on the bench cases in $PROFILE_CASES; dist: on nvidia-h200-x2, opforge.distributed's tests over NCCL and the
 #    overlapped tensor-parallel GEMM bench, and the distributed join bench: broadcast vs partitioned)
-#   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds)
+#   (tune-bench tunes every bench shape of the families in $TUNE_FAMILIES within $TUNE_BUDGET seconds;
+#    tune-engines tunes what TPC-H at $TPCH_SF and Nexmark launch: nothing tunes inside a query by default)
 # Everything lands in $OUT (log, JSON, PNG, tuned JSON lines).
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COLUMNS=160
@@ -66,8 +67,17 @@ for phase in "$@"; do
         timeout "${TPCH_LIMIT:-400}" python3 benchmarks/tpch.py --sf "$sf" --device cuda --repeats "${TPCH_REPEATS:-3}" \
           --out "$OUT/tpch-cuda-sf$sf-$stamp.json" || echo "tpch sf$sf: exit $?"
       done
-      # what dispatch tuned online for the queries' shapes (group_by, hash_join, ...): the entries to ship
+      # the cache's entries for the queries' shapes (group_by, hash_join, ...; tuned by tune-engines, as
+      # nothing tunes inside a query by default): the entries to ship
       python3 -m opforge tune --export "$OUT/h200-$stamp-tpch-tuned.jsonl" ;;
+    tune-engines)
+      # issue 23: run the engines' workloads in mode on, so the buckets they launch are tuned offline
+      for sf in ${TPCH_SF:-1 10}; do
+        timeout "${TUNE_LIMIT:-500}" python3 -m opforge tune --preset sql --sf "$sf" || echo "tune sql sf$sf: exit $?"
+      done
+      timeout "${TUNE_LIMIT:-500}" python3 -m opforge tune --preset stream --events "${STREAM_EVENTS:-16777216}" \
+        --batch-size "${STREAM_BATCH:-2097152}" || echo "tune stream: exit $?"
+      python3 -m opforge tune --export "$OUT/h200-$stamp-engines-tuned.jsonl" ;;
     profile-cases)
       # the slow bench cases of issue 3 under ncu: `opforge profile --case` takes a case's own inputs
       IFS=';' read -ra cases <<< "${PROFILE_CASES:-cross_entropy_fused 8192x32000 fwd+bwd bfloat16;amax 8x64x131072;compact 268435456;softmax 2048x65536 bfloat16;sum 32768x8192 dim=0 bfloat16;cumsum 1073741824 float32}"

@@ -58,8 +58,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="compile every case first in N worker processes (default: on a GPU, half the CPU cores)")
 
     t = sub.add_parser("tune", help="pre-tune shapes offline; import/export JSON lines")
-    t.add_argument("--preset", choices=["elementwise", "bench"],
-                   help="a prepared list of shapes ('bench': every shape of the bench grid)")
+    t.add_argument("--preset", choices=["elementwise", "bench", "sql", "stream"],
+                   help="a prepared list of shapes ('bench': every shape of the bench grid), or an engine's "
+                        "workload run in mode 'on' ('sql': the 22 TPC-H queries; 'stream': the Nexmark queries)")
+    t.add_argument("--sf", type=float, default=1.0, help="with --preset sql: the TPC-H scale factor")
+    t.add_argument("--queries", help="with --preset sql/stream: only these queries, e.g. 1,6 or q5,q7")
+    t.add_argument("--events", type=int, default=1_000_000, help="with --preset stream: Nexmark events")
+    t.add_argument("--batch-size", type=int, default=65_536, help="with --preset stream: micro-batch size")
+    t.add_argument("--device", help="with --preset sql/stream: cuda or cpu (default: cuda when available)")
     t.add_argument("--family", action="append", help="with --preset bench: only these op families")
     t.add_argument("--budget", type=float, help="stop starting new shapes after this many seconds")
     t.add_argument("--show", action="store_true", help="print every config's time")
@@ -68,8 +74,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     t.add_argument("--other", default="same", help="binary ops: 'same', 'scalar', 'none' or a shape")
     t.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16", "fp64", "float32", "bfloat16",
                                                       "float16", "float64"])
-    t.add_argument("--mode", default="exhaustive", choices=["on", "exhaustive"],
-                   help="exhaustive: every supported variant (dispatch then compares them)")
+    t.add_argument("--mode", choices=["on", "exhaustive"],
+                   help="exhaustive (default, except for --preset sql/stream: on): every supported variant "
+                        "(dispatch then compares them); on: the variant dispatch prefers")
     t.add_argument("--quick", action="store_true", help="a smaller preset")
     t.add_argument("--export", dest="export_path", help="write the cache as JSON lines")
     t.add_argument("--import", dest="import_path", help="merge JSON lines into the cache")

@@ -1,7 +1,10 @@
 """``opforge tune``: tune shapes offline, and share results as JSON lines.
 
 Tuning offline means a user's first call finds its config in the cache (or in
-the tuned table shipped for the H200) instead of benchmarking mid-job.
+the tuned table shipped for the H200): by default (``OPFORGE_AUTOTUNE=cached``)
+nothing benchmarks mid-job, and a shape with no entry runs the nearest tuned
+bucket's config. ``--preset sql`` / ``--preset stream`` run the engines' own
+workloads so the buckets they launch are tuned too (:mod:`opforge.tune_engines`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def bench_jobs(quick: bool, families=None) -> list[Job]:
 
 
 PRESETS = {"elementwise": elementwise_jobs, "bench": bench_jobs}
+ENGINE_PRESETS = ("sql", "stream")
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -134,7 +138,9 @@ def run(args, console: Console | None = None) -> int:
         console.print(f"imported {n} entries from {args.import_path} into {cache.path}"
                       + (f"; {len(refused)} refused (lines above)" if refused else ""), markup=False)
     jobs = []
-    if args.preset:
+    if args.preset in ENGINE_PRESETS:
+        _tune_engine(args, console)
+    elif args.preset:
         jobs += PRESETS[args.preset](args.quick, args.family)
     if args.op:
         dtype = DTYPES[args.dtype]
@@ -145,10 +151,25 @@ def run(args, console: Console | None = None) -> int:
             jobs.append(Job(args.op, f"{text} {args.dtype}",
                             lambda dev, shape=shape, other=other: _args(shape, other, dtype, dev)))
     if jobs:
-        entries = tune_jobs(jobs, exhaustive=args.mode == "exhaustive", budget_s=args.budget,
+        entries = tune_jobs(jobs, exhaustive=(args.mode or "exhaustive") == "exhaustive", budget_s=args.budget,
                             show=args.show, console=console)
         console.print(f"tuned {len(jobs)} shapes: {len(entries)} entries stored in {cache.path}")
     if args.export_path:
         n = cache.export_jsonl(args.export_path)
         console.print(f"exported {n} entries to {args.export_path}")
     return 1 if refused else 0
+
+
+def _tune_engine(args, console: Console) -> None:
+    """``--preset sql`` / ``--preset stream``: run the engine's workload in mode ``on`` (or ``--mode``)."""
+    from opforge import tune_engines
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    names = [q.strip() for q in args.queries.split(",") if q.strip()] if args.queries else None
+    if args.preset == "sql":
+        numbers = [int(q.lower().lstrip("q")) for q in names] if names else None
+        steps = tune_engines.sql_steps(args.sf, device, numbers, console=console)
+    else:
+        steps = tune_engines.stream_steps(args.events, args.batch_size, device, names)
+    outcome = tune_engines.tune_workload(steps, args.mode or "on", console)
+    tune_engines.report(outcome, args.preset, console)

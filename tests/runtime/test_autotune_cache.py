@@ -499,7 +499,8 @@ def test_four_processes_write_one_cache_at_once(tmp_path):
 # OPFORGE_AUTOTUNE
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("value,expected", [("off", "off"), ("on", "on"), ("exhaustive", "exhaustive"),
-                                            (" Exhaustive ", "exhaustive"), ("OFF", "off")])
+                                            (" Exhaustive ", "exhaustive"), ("OFF", "off"),
+                                            ("cached", "cached"), ("Background", "background")])
 def test_mode_reads_env(monkeypatch, value, expected):
     monkeypatch.setenv("OPFORGE_AUTOTUNE", value)
     with warnings.catch_warnings():
@@ -507,16 +508,17 @@ def test_mode_reads_env(monkeypatch, value, expected):
         assert autotune.mode() == expected
 
 
-def test_mode_defaults_to_on(monkeypatch):
+def test_mode_defaults_to_cached(monkeypatch):
+    """Issue 23: by default nothing is tuned inside a user's call."""
     monkeypatch.delenv("OPFORGE_AUTOTUNE", raising=False)
-    assert autotune.mode() == "on"
+    assert autotune.mode() == "cached"
 
 
 @pytest.mark.parametrize("junk", ["fast", "1", "yes please"])
-def test_mode_junk_warns_and_uses_on(monkeypatch, junk):
+def test_mode_junk_warns_and_uses_the_default(monkeypatch, junk):
     monkeypatch.setenv("OPFORGE_AUTOTUNE", junk)
     with pytest.warns(RuntimeWarning, match="OPFORGE_AUTOTUNE"):
-        assert autotune.mode() == "on"
+        assert autotune.mode() == "cached"
 
 
 # ---------------------------------------------------------------------------

@@ -130,7 +130,8 @@ def tune_shapes(quick: bool = False) -> list[tuple[str, tuple, tuple | None, tor
     """What ``opforge tune --preset elementwise`` tunes: (op, shape, other shape or None, dtype).
 
     The most used ops on contiguous inputs, one size per power of 4; other
-    ops and layouts tune on first use (OPFORGE_AUTOTUNE=on).
+    ops and layouts run the nearest of these buckets' configs (the default
+    mode), or tune on first use with OPFORGE_AUTOTUNE=on or background.
     """
     exps = range(10, 17, 3) if quick else range(8, 29, 2)
     ops = ("add", "gelu") if quick else ("add", "mul", "gelu", "silu")

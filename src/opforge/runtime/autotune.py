@@ -1,12 +1,22 @@
 """Autotune: measure a variant's candidate configs and keep the fastest.
 
+Nothing benchmarks inside a user's call or query unless asked: tuning is
+``opforge tune`` (offline) or a background thread the user opts into.
+
 Modes (``OPFORGE_AUTOTUNE``):
-  off         use a cached or shipped entry when there is one, else the
-              variant's default config; never benchmark.
-  on          (default) as off, but a shape bucket with no entry for the
-              variant that dispatch prefers is tuned once, then cached.
+  cached      (default) the exact entry for the shape bucket (the user's
+              cache, then the shipped table); else the nearest bucket's
+              entry of the same op, variant, dtype and GPU model
+              (:mod:`opforge.runtime.nearest`); else the variant's default
+              config (the heuristic). Never benchmarks.
+  background  as cached, and a bucket with no exact entry is tuned by a
+              daemon thread (:mod:`opforge.runtime.background`); the result
+              is used from the next call on.
+  off         exact entries only, else the default config; never benchmarks.
+  on          as off, but a shape bucket with no entry for the variant that
+              dispatch prefers is tuned inside the call, once, then cached.
   exhaustive  tune every supported variant's every config for each new
-              bucket, so dispatch chooses between variants by measured time.
+              bucket inside the call, so dispatch compares variants by time.
 """
 
 from __future__ import annotations
@@ -19,17 +29,22 @@ import torch
 
 from opforge.runtime import device as devmod
 from opforge.runtime import timing
+from opforge.runtime import nearest
 from opforge.runtime.cache import AutotuneCache, TuneEntry, TuneKey, autotune_cache, shipped
 from opforge.runtime.registry import Op, Variant
 
-MODES = ("off", "on", "exhaustive")
+MODES = ("cached", "background", "off", "on", "exhaustive")
+DEFAULT_MODE = "cached"
+# Modes that stand in a neighbouring bucket's entry for a missing exact one.
+NEAREST_MODES = ("cached", "background")
 
 
 def mode() -> str:
-    m = os.environ.get("OPFORGE_AUTOTUNE", "on").strip().lower()
+    m = os.environ.get("OPFORGE_AUTOTUNE", DEFAULT_MODE).strip().lower()
     if m not in MODES:
-        warnings.warn(f"opforge: OPFORGE_AUTOTUNE={m!r} is not one of {MODES}; using 'on'", RuntimeWarning)
-        return "on"
+        warnings.warn(f"opforge: OPFORGE_AUTOTUNE={m!r} is not one of {MODES}; using {DEFAULT_MODE!r}",
+                      RuntimeWarning)
+        return DEFAULT_MODE
     return m
 
 
@@ -88,6 +103,30 @@ def lookup(key: TuneKey, cache: AutotuneCache | None = None, *, variant: Variant
     return None, ""
 
 
+def nearest_entries(key: TuneKey, variant: Variant, args: tuple,
+                    cache: AutotuneCache | None = None) -> list[nearest.Near]:
+    """Entries of neighbouring buckets that may stand in for ``key``'s (same
+    op, variant, kernel version, dtype, GPU model; comparable bucket), nearest
+    first, leaving out any whose config does not fit ``variant``'s candidates
+    for ``args`` (:func:`config_problem`; the entry stays: it fits its own bucket)."""
+    cache = cache or autotune_cache()
+    found = nearest.neighbours(key, (("tuned", cache.groups()), ("shipped", shipped.groups())))
+    if not found:
+        return []
+    candidates = _candidates(variant, args)
+    return [n for n in found if candidates is None or config_problem(variant, n.entry.config,
+                                                                     candidates=candidates) is None]
+
+
+def _candidates(variant: Variant, args: tuple | None) -> list[dict[str, Any]] | None:
+    """``variant``'s configs for ``args`` plus its default, or None when they cannot be listed."""
+    try:
+        found = [dict(c) for c in variant.configs(*args)]
+        return found + ([dict(variant.default_config(*args))] if any(found) else [])
+    except Exception:  # candidates that cannot be listed for these args: nothing to compare with
+        return None
+
+
 def _is_pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
@@ -103,10 +142,8 @@ def config_problem(variant: Variant, config: dict[str, Any], args: tuple | None 
     variant that declares no configs (or none with keys) is not checked.
     """
     if candidates is None:
-        try:
-            candidates = [dict(c) for c in variant.configs(*args)]
-            candidates += [dict(variant.default_config(*args))] if any(candidates) else []
-        except Exception:  # candidates that cannot be listed for these args: nothing to compare with
+        candidates = _candidates(variant, args)
+        if candidates is None:
             return None
     candidates = [c for c in candidates if isinstance(c, dict)]
     if not any(candidates) or config in candidates:
@@ -139,7 +176,7 @@ def rerun_with_default(decision, args: tuple, error: Exception, run: Callable):
         default = variant.default_config(*args)
     except Exception:
         raise error from None
-    if decision.source not in ("tuned", "shipped", "forced") or decision.config == default:
+    if decision.source not in ("tuned", "shipped", "forced", "nearest") or decision.config == default:
         raise error
     cached = decision.config
     decision.config = default
@@ -148,6 +185,13 @@ def rerun_with_default(decision, args: tuple, error: Exception, run: Callable):
     except Exception:
         decision.config = cached
         raise error from None
+    if decision.source == "nearest":  # the entry fits its own bucket: kept, this decision stops using it
+        warnings.warn(f"opforge: {decision.op.qualname} {variant.name}: config {cached} of the nearest bucket "
+                      f"{decision.near_bucket} failed at launch here ({type(error).__name__}: "
+                      f"{str(error)[:200]}); calls run with the default config {default}", RuntimeWarning,
+                      stacklevel=3)
+        decision.source, decision.near_bucket = "heuristic", None
+        return out
     key = tune_key(decision.op, variant, args)
     why = (f"config {cached} failed at launch ({type(error).__name__}: {str(error)[:200]}); "
            f"calls run with the default config {default}")

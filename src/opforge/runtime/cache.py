@@ -28,6 +28,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from opforge.runtime import nearest
+
 SCHEMA_VERSION = 1
 FILE_NAME = "autotune.sqlite"
 
@@ -144,6 +146,8 @@ class AutotuneCache:
         self._warned: set[str] = set()
         self._memory_ceilings: dict[str, dict] = {}
         self._local = threading.local()
+        self._groups: dict[tuple, list[nearest.Indexed]] | None = None
+        self._version = 0  # bumped by every write: an index built across a write is not kept
         self.usable = self.path is not None
         if self.path is not None:
             try:
@@ -201,6 +205,7 @@ class AutotuneCache:
         if self.path is None:
             return
         self._local = threading.local()
+        self._changed()
         for suffix in ("", "-wal", "-shm"):
             Path(str(self.path) + suffix).unlink(missing_ok=True)
         self._memory.clear()
@@ -232,6 +237,7 @@ class AutotuneCache:
         """Delete ``key``'s row (a bad one), with one warning saying why."""
         k = key.text()
         self._memory.pop(k, None)
+        self._changed()
 
         def delete(con):
             with _transaction(con):
@@ -253,6 +259,7 @@ class AutotuneCache:
         entries = list(entries)
         for e in entries:
             self._memory[e.key.text()] = e
+        self._changed()
         rows = [
             (e.key.text(), *asdict(e.key).values(), json.dumps(e.config, sort_keys=True), e.median_ms, e.created)
             for e in entries
@@ -286,6 +293,7 @@ class AutotuneCache:
         """Forget every entry; a file that cannot be used is replaced by a fresh one."""
         self._memory.clear()
         self._memory_ceilings.clear()
+        self._changed()
         if self.path is not None and not self.usable:
             self.reset_file()
             return
@@ -296,6 +304,23 @@ class AutotuneCache:
                 con.execute("DELETE FROM ceilings")
 
         self._db(wipe)
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._groups = None
+
+    def groups(self) -> dict[tuple, list[nearest.Indexed]]:
+        """Every entry indexed for nearest-bucket lookups (:func:`nearest.index`):
+        one scan of the table when first asked and after each write of this
+        process, not one per new shape. Rows that other processes write later
+        are seen after this process's next write."""
+        groups = self._groups
+        if groups is None:
+            version = self._version
+            groups = nearest.index(self.entries())
+            if version == self._version:
+                self._groups = groups
+        return groups
 
     # -- JSON lines --------------------------------------------------------
     def export_jsonl(self, path: Path | str) -> int:
@@ -389,6 +414,7 @@ class ShippedTable:
 
     def __init__(self) -> None:
         self._entries: dict[str, TuneEntry] | None = None
+        self._groups: dict[tuple, list[nearest.Indexed]] | None = None
 
     def _load(self) -> dict[str, TuneEntry]:
         if self._entries is None:
@@ -408,11 +434,18 @@ class ShippedTable:
     def drop(self, key: TuneKey, why: str) -> None:
         """Forget a shipped entry for this process (a bad one), with one warning."""
         if self._load().pop(key.text(), None) is not None:
+            self._groups = None
             warnings.warn(f"opforge: ignoring the shipped tuned entry for {key.op} {key.variant} "
                           f"[{key.dtype} {key.shape_bucket}]: {why}", RuntimeWarning, stacklevel=4)
 
     def get(self, key: TuneKey) -> TuneEntry | None:
         return self._load().get(key.text())
+
+    def groups(self) -> dict[tuple, list[nearest.Indexed]]:
+        """The shipped entries indexed for nearest-bucket lookups, built once."""
+        if self._groups is None:
+            self._groups = nearest.index(self._load().values())
+        return self._groups
 
     def __len__(self) -> int:
         return len(self._load())

@@ -3,7 +3,21 @@
 The rule: among the variants that support the arguments, prefer the one
 with the fastest tuned entry for this shape bucket (the user's cache, then the
 shipped table; within ``TIE_MARGIN`` the earlier variant wins); with no
-entries, the first supported variant in the op's order. Decisions are memoized on the op's cheap key, so a repeated call costs
+entries, the first supported variant in the op's order.
+
+In the default mode (``OPFORGE_AUTOTUNE=cached``, and ``background``) a bucket
+with no exact entry for any variant uses the nearest bucket's entries
+(:mod:`opforge.runtime.nearest`): each variant's nearest entry whose config
+fits these arguments; of those at the smallest distance, the fastest wins by
+the same rule (entries equally far are equally good evidence; a farther one
+is passed over). An exact entry outranks every nearest one: it was measured
+on this bucket, a neighbour's time was not, so their times are not compared
+and a variant with only a nearest entry is passed over. With neither, the
+first supported variant runs its default config ("heuristic"). Nothing is
+benchmarked in these modes; ``background`` queues the bucket for a worker
+thread (:mod:`opforge.runtime.background`).
+
+Decisions are memoized on the op's cheap key, so a repeated call costs
 one dict lookup before the kernel launch. A family's geometry (``Op.geometry``)
 depends only on what that key holds, so it is computed with the decision and
 kept in it: a memoized call passes it to the variant without recomputing it. ``explain`` says what would run and
@@ -37,11 +51,14 @@ class Decision:
     op: Op
     variant: Variant
     config: dict[str, Any]
-    source: str  # "tuned" | "shipped" | "default" | "forced" | "reference"
+    # "tuned" | "shipped" | "nearest" | "heuristic" | "default" | "forced" | "reference"
+    source: str
     rejected: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     cuda_index: int | None = None
     geom: Any = None  # the op's geometry, for a family's variant
+    near_bucket: str | None = None  # the bucket whose entry a "nearest" decision uses
+    passed: dict[str, str] = field(default_factory=dict)  # why a supported variant was passed over
     run: Any = field(init=False, repr=False, compare=False)  # run(config, *args)
 
     def __post_init__(self) -> None:
@@ -50,13 +67,16 @@ class Decision:
             else self.variant.run
 
     def __str__(self) -> str:
+        source = f"nearest bucket {self.near_bucket}" if self.source == "nearest" else self.source
         lines = [f"{self.op.qualname}: runs {self.variant.name} (v{self.variant.version}) "
-                 f"config={self.config or '{}'} [{self.source}]"]
+                 f"config={self.config or '{}'} [{source}]"]
         for v in self.op.variants:
             if v is self.variant:
                 continue
             if v.name in self.rejected:
                 lines.append(f"  rejected {v.name}: {self.rejected[v.name]}")
+            elif v.name in self.passed:
+                lines.append(f"  passed over {v.name}: {self.passed[v.name]}")
             elif v.name in self.timings:
                 lines.append(f"  passed over {v.name}: tuned at {self.timings[v.name]:.4g} ms, "
                              f"chosen one {self.timings.get(self.variant.name, float('nan')):.4g} ms")
@@ -161,6 +181,11 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
 
     tunable = [v for v in supported if v.kind != "reference"]
     mode = autotune.mode()
+    if mode in autotune.NEAREST_MODES:
+        d = _decide_cached(op, args, geom, supported, tunable, rejected, cuda_index)
+        if tune and mode == "background" and d.source in ("nearest", "heuristic"):
+            _tune_in_background(d, args)
+        return d
     may_bench = tune and mode != "off" and autotune.can_benchmark(tensors)
     entries: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -175,13 +200,84 @@ def decide(op: Op, args: tuple, *, tune: bool = True) -> Decision:
             break  # the preferred variant failed to tune; fall through to the rule
     timings = {name: e.median_ms for name, e in entries.items()}
     if entries:
-        fastest = min(e.median_ms for e in entries.values())
-        best = next(n for n in entries if entries[n].median_ms <= fastest * (1 + TIE_MARGIN))
+        best = _fastest(timings)
         v = op.variant(best)
         return Decision(op, v, entries[best].config, sources[best], rejected, timings, cuda_index, geom)
     v = supported[0]
     source = "reference" if v.kind == "reference" else "default"
     return Decision(op, v, _default_config(v, args, geom), source, rejected, timings, cuda_index, geom)
+
+
+def _fastest(timings: dict[str, float]) -> str:
+    """The fastest name; within ``TIE_MARGIN`` of it, the first in ``timings``' (the op's) order."""
+    fastest = min(timings.values())
+    return next(n for n, ms in timings.items() if ms <= fastest * (1 + TIE_MARGIN))
+
+
+def _decide_cached(op: Op, args: tuple, geom, supported: list[Variant], tunable: list[Variant],
+                   rejected: dict[str, str], cuda_index) -> Decision:
+    """The default modes' rule (module docstring): exact entries, else the
+    nearest buckets' entries, else the heuristic. Never benchmarks."""
+    keys = {v.name: autotune.tune_key(op, v, args, geom) for v in tunable}
+    exact: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for v in tunable:
+        entry, source = autotune.lookup(keys[v.name], variant=v, args=args)
+        if entry is not None:
+            exact[v.name], sources[v.name] = entry, source
+    if exact:
+        timings = {name: e.median_ms for name, e in exact.items()}
+        best = _fastest(timings)
+        why = "no entry for this bucket; another variant has one (an exact entry outranks any nearest one)"
+        passed = {v.name: why for v in tunable if v.name not in exact}
+        return Decision(op, op.variant(best), exact[best].config, sources[best], rejected, timings, cuda_index,
+                        geom, passed=passed)
+    near = {}
+    for v in tunable:
+        found = autotune.nearest_entries(keys[v.name], v, args)
+        if found:
+            near[v.name] = found[0]
+    if near:
+        closest = min(round(n.distance, 9) for n in near.values())
+        level = {name: n.entry.median_ms for name, n in near.items() if round(n.distance, 9) == closest}
+        best = _fastest(level)
+        chosen = near[best]
+        passed = {}
+        for v in tunable:
+            n = near.get(v.name)
+            if v.name == best:
+                continue
+            if n is None:
+                passed[v.name] = "no entry for this or a comparable bucket"
+            elif v.name not in level:
+                passed[v.name] = f"its nearest entry (bucket {n.bucket}, distance {n.distance:.3g}) is farther"
+            else:
+                passed[v.name] = (f"tuned at {n.entry.median_ms:.4g} ms on bucket {n.bucket}, chosen one "
+                                  f"{chosen.entry.median_ms:.4g} ms on bucket {chosen.bucket}")
+        return Decision(op, op.variant(best), chosen.entry.config, "nearest", rejected, level, cuda_index, geom,
+                        near_bucket=chosen.bucket, passed=passed)
+    v = supported[0]
+    source = "reference" if v.kind == "reference" else "heuristic"
+    return Decision(op, v, _default_config(v, args, geom), source, rejected, {}, cuda_index, geom)
+
+
+def _tune_in_background(d: Decision, args: tuple) -> None:
+    """Queue ``d``'s bucket for the background worker; when it is tuned, ``d``
+    (already memoized by ``call``, maybe) switches to the tuned config and the
+    memo forgets it, so the next call runs the tuned config."""
+    from opforge.runtime import background
+
+    op, v = d.op, d.variant
+    key = autotune.tune_key(op, v, args, d.geom)
+    memo_key = (op.name, op.memo_key(*args), None)  # as ``call`` builds it, with no variant forced
+
+    def done(entry) -> None:
+        d.config, d.source, d.near_bucket = entry.config, "tuned", None
+        d.timings, d.passed = {v.name: entry.median_ms}, {}
+        with _lock:
+            _memo.pop(memo_key, None)
+
+    background.submit(op, v, args, key.text(), done)
 
 
 def call(op: Op, *args):
