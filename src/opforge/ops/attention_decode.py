@@ -427,16 +427,16 @@ def _dtype_key(q, *rest):
     return f"{q.dtype}".replace("torch.", "")
 
 
-OP = registry.register_family(
-    (NAME,), specs, geometry=lambda name: geometry,
-    reference=lambda name: reference,
-    tensors=lambda name: _tensors,
-    memo_key=lambda name: _memo_key,
-    dtype_key=lambda name: _dtype_key,
-    validate=lambda name: validate,
-    samples=lambda name: sample_inputs,
-    doc=lambda name: "decode attention of a few query tokens over a contiguous or paged KV cache (split-KV)",
-)[NAME]
+OP = registry.register_op(
+    NAME, specs(NAME), geometry=geometry,
+    reference=reference,
+    tensors=_tensors,
+    memo_key=_memo_key,
+    dtype_key=_dtype_key,
+    validate=validate,
+    samples=sample_inputs,
+    doc="decode attention of a few query tokens over a contiguous or paged KV cache (split-KV)",
+)
 
 
 def _impl(q, k_cache, v_cache, seqlens, scale, return_lse, block_table):

@@ -527,16 +527,16 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
-OP = registry.register_family(
-    ("matmul",), specs, geometry=lambda name: geometry,
-    reference=lambda name: reference,
-    tensors=lambda name: _tensors,
-    memo_key=lambda name: memo_key,
-    dtype_key=lambda name: _dtype_key,
-    validate=lambda name: validate,
-    samples=lambda name: sample_inputs,
-    doc=lambda name: "GEMM with fused bias, activation, residual and output cast",
-)["matmul"]
+OP = registry.register_op(
+    "matmul", specs("matmul"), geometry=geometry,
+    reference=reference,
+    tensors=_tensors,
+    memo_key=memo_key,
+    dtype_key=_dtype_key,
+    validate=validate,
+    samples=sample_inputs,
+    doc="GEMM with fused bias, activation, residual and output cast",
+)
 
 SCHEMA = ("matmul(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, str? activation=None, "
           "ScalarType? out_dtype=None) -> Tensor")

@@ -485,17 +485,16 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op
 # ---------------------------------------------------------------------------
-OP = registry.register_family(
-    ("scaled_matmul",), specs, geometry=lambda name: geometry,
-    reference=lambda name: reference,
-    tensors=lambda name: _tensors,
-    memo_key=lambda name: memo_key,
-    dtype_key=lambda name: _dtype_key,
-    validate=lambda name: validate,
-    samples=lambda name: sample_inputs,
-    doc=lambda name: "FP8 / INT8 GEMM with per-tensor, rowwise or block scales, bias and activation in the "
-                     "epilogue",
-)["scaled_matmul"]
+OP = registry.register_op(
+    "scaled_matmul", specs("scaled_matmul"), geometry=geometry,
+    reference=reference,
+    tensors=_tensors,
+    memo_key=memo_key,
+    dtype_key=_dtype_key,
+    validate=validate,
+    samples=sample_inputs,
+    doc="FP8 / INT8 GEMM with per-tensor, rowwise or block scales, bias and activation in the epilogue",
+)
 
 SCHEMA = ("scaled_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
           "ScalarType out_dtype, str? activation=None, bool use_fast_accum=False) -> Tensor")

@@ -176,6 +176,13 @@ def register_family(
     return ops
 
 
+def register_op(name: str, specs: Sequence[Spec], *, geometry: Callable[..., Any], **fields: Any) -> Op:
+    """Register a family of one op: ``register_family`` with the variants and
+    the ``Op`` fields given as values rather than as functions of the name."""
+    return register_family((name,), lambda n: specs, geometry=lambda n: geometry,
+                           **{k: (lambda n, v=v: v) for k, v in fields.items()})[name]
+
+
 def get(name: str) -> Op:
     key = name.split("::", 1)[1] if name.startswith(NAMESPACE + "::") else name
     _load_ops()
