@@ -58,6 +58,7 @@ to 64 copies of the groups, folded after), ``torch_sort``, ``reference``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -273,14 +274,14 @@ def check_group_ids(values, group_ids, num_groups) -> None:
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class JoinGeometry:
-    build: int  # build rows
+    rows: int  # the hash table's rows: the build side
     probe: int  # probe rows
     how: str
 
 
 @dataclass(frozen=True, slots=True)
 class GroupGeometry:
-    rows: int
+    rows: int  # the hash table's rows: the keys
     nullable: bool
 
 
@@ -390,50 +391,36 @@ def segment_private_run(g: SegmentGeometry, cfg, values, group_ids, num_groups, 
     return torch.where(counts > 0, out, 0)
 
 
-def _rows_check(rows: int) -> str | None:
-    if rows > K.MAX_BUILD_ROWS:
-        return f"{rows} rows exceed the table's int32 row ids ({K.MAX_BUILD_ROWS})"
+@dataclass(frozen=True)
+class Plain:
+    """A plain-torch runner (the sort-based peer, the reference): ``fn(*args)``."""
+
+    fn: Callable
+
+    def __call__(self, g, cfg, *args):
+        return self.fn(*args)
+
+
+def table_check(g: JoinGeometry | GroupGeometry) -> str | None:
+    if g.rows > K.MAX_BUILD_ROWS:
+        return f"{g.rows} rows exceed the table's int32 row ids ({K.MAX_BUILD_ROWS})"
     return None
 
 
-def join_check(g: JoinGeometry) -> str | None:
-    return _rows_check(g.build)
-
-
-def join_configs(g: JoinGeometry):
-    return K.configs(g.build)
-
-
-def join_default(g: JoinGeometry):
-    return K.default_config(g.build)
-
-
-def join_bucket(g: JoinGeometry) -> str:
-    return f"{bucket_size(g.build)}x{bucket_size(g.probe)}:{g.how}"
-
-
-def join_sorted_run(g: JoinGeometry, cfg, *args):
-    return _join_sorted(*args)
-
-
-def group_check(g: GroupGeometry) -> str | None:
-    return _rows_check(g.rows)
-
-
-def group_configs(g: GroupGeometry):
+def table_configs(g: JoinGeometry | GroupGeometry):
     return K.configs(g.rows)
 
 
-def group_default(g: GroupGeometry):
+def table_default(g: JoinGeometry | GroupGeometry):
     return K.default_config(g.rows)
+
+
+def join_bucket(g: JoinGeometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.probe)}:{g.how}"
 
 
 def group_bucket(g: GroupGeometry) -> str:
     return f"{bucket_size(g.rows)}:{'null' if g.nullable else 'dense'}"
-
-
-def group_sorted_run(g: GroupGeometry, cfg, *args):
-    return _group_by_sorted(*args)
 
 
 def atomic_check(g: SegmentGeometry) -> str | None:
@@ -468,32 +455,28 @@ def segment_bucket(g: SegmentGeometry) -> str:
     return f"{bucket_size(g.rows)}/{bucket_size(g.groups)}:{g.op}"
 
 
-def segment_sorted_run(g: SegmentGeometry, cfg, *args):
-    return _segment_reduce_ref(*args)
-
-
 def specs(name: str) -> list[Spec]:
     """The variants of op ``name``, in dispatch order."""
     if name == "hash_join":
         return [
-            Spec("triton_hash", join_hash_run, version=K.HASH_VERSION, check=join_check, configs=join_configs,
-                 default_config=join_default, bucket=join_bucket,
+            Spec("triton_hash", join_hash_run, version=K.HASH_VERSION, check=table_check, configs=table_configs,
+                 default_config=table_default, bucket=join_bucket,
                  description="open-addressing table (atomic CAS, linear probing) on the build side; "
                              "probe: count pass, exclusive scan, write pass"),
-            Spec("torch_sort", join_sorted_run, kind="vendor", devices=("cuda",), bucket=join_bucket,
+            Spec("torch_sort", Plain(_join_sorted), kind="vendor", devices=("cuda",), bucket=join_bucket,
                  description="torch sort of the build keys + searchsorted of the probe keys"),
-            Spec("reference", join_sorted_run, kind="reference", devices=("cpu", "cuda"),
+            Spec("reference", Plain(_join_sorted), kind="reference", devices=("cpu", "cuda"),
                  description="plain torch sort + searchsorted (the oracle and the CPU fallback)"),
         ]
     if name == "group_by":
         return [
-            Spec("triton_hash", group_by_hash_run, version=K.HASH_VERSION, check=group_check, configs=group_configs,
-                 default_config=group_default, bucket=group_bucket,
+            Spec("triton_hash", group_by_hash_run, version=K.HASH_VERSION, check=table_check, configs=table_configs,
+                 default_config=table_default, bucket=group_bucket,
                  description="open-addressing table with the first row per slot (atomic min); "
                              "ids by an exclusive scan of first-row flags"),
-            Spec("torch_sort", group_sorted_run, kind="vendor", devices=("cuda",), bucket=group_bucket,
+            Spec("torch_sort", Plain(_group_by_sorted), kind="vendor", devices=("cuda",), bucket=group_bucket,
                  description="torch.unique, groups renumbered by first row"),
-            Spec("reference", group_sorted_run, kind="reference", devices=("cpu", "cuda"),
+            Spec("reference", Plain(_group_by_sorted), kind="reference", devices=("cpu", "cuda"),
                  description="plain torch unique (the oracle and the CPU fallback)"),
         ]
     return [
@@ -506,9 +489,9 @@ def specs(name: str) -> list[Spec]:
              description="one atomic add / min / max per row into its group (one per block when its rows "
                          "share an id), and one count; few groups over many rows: into one of up to 64 copies "
                          "of the groups, folded after"),
-        Spec("torch_sort", segment_sorted_run, kind="vendor", devices=("cuda",), bucket=segment_bucket,
+        Spec("torch_sort", Plain(_segment_reduce_ref), kind="vendor", devices=("cuda",), bucket=segment_bucket,
              description="stable sort by group + torch.segment_reduce / scatter_reduce"),
-        Spec("reference", segment_sorted_run, kind="reference", devices=("cpu", "cuda"),
+        Spec("reference", Plain(_segment_reduce_ref), kind="reference", devices=("cpu", "cuda"),
              description="plain torch in float64 / int64 (the oracle and the CPU fallback)"),
     ]
 
