@@ -28,12 +28,14 @@ about 20 ops on int64 temporaries; the oracle and the CPU fallback).
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 
+from opforge.kernels import bloom as K
 from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 BLOCK_WORDS = 4  # 4 x 64 bits = one 32-byte sector per block
@@ -155,11 +157,25 @@ def validate_probe(words, keys, hashes, lo, hi, valid=None):
 
 
 # ---------------------------------------------------------------------------
-# Triton variant
+# Geometry and variants
 # ---------------------------------------------------------------------------
-def _probe_fused(cfg, words, keys, hashes, lo, hi, valid=None):
-    from opforge.kernels import bloom as K
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The key count, the filter's word count and the hash count: the tuning
+    bucket's facts. The memo key holds the key count's size class only, so the
+    first call of a class decides for it (the runners read sizes from their
+    arguments)."""
 
+    keys: int
+    words: int
+    hashes: int
+
+
+def geometry(words, keys, hashes, *rest) -> Geometry:
+    return Geometry(keys.numel(), words.numel(), hashes)
+
+
+def fused_run(g: Geometry, cfg, words, keys, hashes, lo, hi, valid=None):
     lo, hi = _clamp_bounds(lo, hi)
     out = torch.empty(keys.shape, dtype=torch.bool, device=keys.device)
     v = valid.contiguous().view(torch.int8) if valid is not None else None
@@ -167,20 +183,32 @@ def _probe_fused(cfg, words, keys, hashes, lo, hi, valid=None):
     return out
 
 
-def _variants() -> list[Variant]:
-    from opforge.kernels import bloom as K
+def reference_run(g: Geometry, cfg, *args):
+    return _probe_ref(*args)
 
-    def bucket(words, keys, hashes, lo, hi, valid=None):
-        return f"{bucket_size(keys.numel())}/{bucket_size(words.numel())}:{hashes}"
 
+def configs(g: Geometry):
+    return K.configs()
+
+
+def default_config(g: Geometry):
+    return K.default_config()
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.keys)}/{bucket_size(g.words)}:{g.hashes}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants, in dispatch order."""
     return [
-        Variant("triton_fused", _probe_fused, version=K.BLOOM_VERSION, configs=lambda *a: K.configs(),
-                default_config=lambda *a: K.default_config(), bucket=bucket,
-                description="one pass: load the key, range + NULL test, SplitMix64 in uint64, "
-                            "one 32-byte block load, test the bits, write a byte"),
-        Variant("reference", lambda cfg, *a: _probe_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch: mix64 and the bit positions on int64 temporaries, gather, all "
-                            "(the oracle and the CPU fallback)"),
+        Spec("triton_fused", fused_run, version=K.BLOOM_VERSION, configs=configs, default_config=default_config,
+             bucket=bucket,
+             description="one pass: load the key, range + NULL test, SplitMix64 in uint64, "
+                         "one 32-byte block load, test the bits, write a byte"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch: mix64 and the bit positions on int64 temporaries, gather, all "
+                         "(the oracle and the CPU fallback)"),
     ]
 
 
@@ -210,19 +238,30 @@ def probe_samples(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op
 # ---------------------------------------------------------------------------
-PROBE = registry.register(Op(
-    name="blocked_bloom_probe",
-    reference=_probe_ref,
-    tensors=lambda w, k, h, lo, hi, v=None: (k,) if v is None else (k, v),
-    memo_key=lambda w, k, h, lo, hi, v=None: (
-        w.dtype, w.device, w.shape, k.dtype, k.device, k.dim(), k.numel().bit_length(), h, type(lo), type(hi),
-        None if v is None else (v.dtype, v.device, v.shape == k.shape)),
-    dtype_key=lambda w, k, *rest: str(k.dtype).replace("torch.", ""),
-    variants=_variants(),
-    validate=validate_probe,
-    samples=probe_samples,
-    doc="blocked Bloom filter + [lo, hi] range + NULL test of int keys in one pass (runtime filters)",
-))
+def _tensors(w, k, h, lo, hi, v=None):
+    return (k,) if v is None else (k, v)
+
+
+def _memo_key(w, k, h, lo, hi, v=None):
+    return (w.dtype, w.device, w.shape, k.dtype, k.device, k.dim(), k.numel().bit_length(), h, type(lo), type(hi),
+            None if v is None else (v.dtype, v.device, v.shape == k.shape))
+
+
+def _dtype_key(w, k, *rest):
+    return str(k.dtype).replace("torch.", "")
+
+
+OPS = registry.register_family(
+    ("blocked_bloom_probe",), specs, geometry=lambda name: geometry,
+    reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: _memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: validate_probe,
+    samples=lambda name: probe_samples,
+    doc=lambda name: "blocked Bloom filter + [lo, hi] range + NULL test of int keys in one pass (runtime filters)",
+)
+PROBE = OPS["blocked_bloom_probe"]
 
 
 def _define() -> None:

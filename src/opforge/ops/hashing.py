@@ -57,13 +57,17 @@ to 64 copies of the groups, folded after), ``torch_sort``, ``reference``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
+from opforge.kernels import hashing as K
 from opforge.ops.library import KEY_DTYPES, check_keys, check_valid, define, direct_ok
 from opforge.ops.compact import compact
 from opforge.ops.scan import cumsum
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 HOWS = ("inner", "left", "semi", "anti")
@@ -264,11 +268,52 @@ def check_group_ids(values, group_ids, num_groups) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Geometry: the sizes the variants decide on. The memo keys hold sizes as
+# classes (bit lengths), so the first call of a class decides for it, as it
+# always has; the runners read sizes from their arguments, never from here.
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class JoinGeometry:
+    rows: int  # the hash table's rows: the build side
+    probe: int  # probe rows
+    how: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGeometry:
+    rows: int  # the hash table's rows: the keys
+    nullable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentGeometry:
+    rows: int
+    groups: int
+    op: str
+    float_sum: bool  # a sum of floats: atomics add them in a varying order
+    deterministic: bool
+
+
+def join_geometry(b, p, how="inner", *rest) -> JoinGeometry:
+    return JoinGeometry(b.numel(), p.numel(), how)
+
+
+def group_geometry(k, v=None) -> GroupGeometry:
+    return GroupGeometry(k.numel(), v is not None)
+
+
+def segment_geometry(values, group_ids, num_groups, op, valid=None, deterministic=False) -> SegmentGeometry:
+    return SegmentGeometry(values.numel(), num_groups, op, op == "sum" and values.dtype.is_floating_point,
+                           deterministic)
+
+
+GEOMETRY = {"hash_join": join_geometry, "group_by": group_geometry, "segment_reduce": segment_geometry}
+
+
+# ---------------------------------------------------------------------------
 # Triton variants
 # ---------------------------------------------------------------------------
-def _join_hash(cfg, build_keys, probe_keys, how="inner", build_valid=None, probe_valid=None):
-    from opforge.kernels import hashing as K
-
+def join_hash_run(g: JoinGeometry, cfg, build_keys, probe_keys, how="inner", build_valid=None, probe_valid=None):
     build_keys, probe_keys = _common_dtype(build_keys, probe_keys)
     dev = probe_keys.device
     n = probe_keys.numel()
@@ -300,9 +345,7 @@ def _join_hash(cfg, build_keys, probe_keys, how="inner", build_valid=None, probe
     return K.probe_write(slot, cnt, offsets, starts, perm, total, how == "left", cfg, heavy_rows, heavy_pairs)
 
 
-def _group_by_hash(cfg, keys, valid=None):
-    from opforge.kernels import hashing as K
-
+def group_by_hash_run(g: GroupGeometry, cfg, keys, valid=None):
     log2cap, _, _, _, firsts, slots = K.build_table(keys, valid, cfg, count=False, first=True)
     flags = K.first_flags(slots, firsts, cfg)
     ranks = cumsum(flags, 0, exclusive=True)
@@ -315,9 +358,8 @@ def _group_by_hash(cfg, keys, valid=None):
     return group_ids, torch.where(unique_valid, unique_keys, 0), unique_valid
 
 
-def _segment_reduce_atomic(cfg, values, group_ids, num_groups, op, valid=None, deterministic=False):
-    from opforge.kernels import hashing as K
-
+def segment_atomic_run(g: SegmentGeometry, cfg, values, group_ids, num_groups, op, valid=None,
+                       deterministic=False):
     dev = values.device
     acc = segment_out_dtype(values, op)
     ident = _identity(acc, op)
@@ -334,9 +376,8 @@ def _segment_reduce_atomic(cfg, values, group_ids, num_groups, op, valid=None, d
     return torch.where(counts > 0, out, 0)
 
 
-def _segment_reduce_private(cfg, values, group_ids, num_groups, op, valid=None, deterministic=False):
-    from opforge.kernels import hashing as K
-
+def segment_private_run(g: SegmentGeometry, cfg, values, group_ids, num_groups, op, valid=None,
+                        deterministic=False):
     dev = values.device
     acc = segment_out_dtype(values, op)
     ident = _identity(acc, op)
@@ -350,87 +391,108 @@ def _segment_reduce_private(cfg, values, group_ids, num_groups, op, valid=None, 
     return torch.where(counts > 0, out, 0)
 
 
-def _too_many_rows(t):
-    from opforge.kernels import hashing as K
+@dataclass(frozen=True)
+class Plain:
+    """A plain-torch runner (the sort-based peer, the reference): ``fn(*args)``."""
 
-    if t.numel() > K.MAX_BUILD_ROWS:
-        return f"{t.numel()} rows exceed the table's int32 row ids ({K.MAX_BUILD_ROWS})"
+    fn: Callable
+
+    def __call__(self, g, cfg, *args):
+        return self.fn(*args)
+
+
+def table_check(g: JoinGeometry | GroupGeometry) -> str | None:
+    if g.rows > K.MAX_BUILD_ROWS:
+        return f"{g.rows} rows exceed the table's int32 row ids ({K.MAX_BUILD_ROWS})"
     return None
 
 
-def _join_variants() -> list[Variant]:
-    from opforge.kernels import hashing as K
+def table_configs(g: JoinGeometry | GroupGeometry):
+    return K.configs(g.rows)
 
-    def bucket(b, p, how="inner", bv=None, pv=None):
-        return f"{bucket_size(b.numel())}x{bucket_size(p.numel())}:{how}"
 
+def table_default(g: JoinGeometry | GroupGeometry):
+    return K.default_config(g.rows)
+
+
+def join_bucket(g: JoinGeometry) -> str:
+    return f"{bucket_size(g.rows)}x{bucket_size(g.probe)}:{g.how}"
+
+
+def group_bucket(g: GroupGeometry) -> str:
+    return f"{bucket_size(g.rows)}:{'null' if g.nullable else 'dense'}"
+
+
+def atomic_check(g: SegmentGeometry) -> str | None:
+    if g.deterministic and g.float_sum:
+        return "atomics add floats in a varying order; deterministic=True takes the reference"
+    return None
+
+
+def private_check(g: SegmentGeometry) -> str | None:
+    if g.groups > K.MAX_PRIVATE_GROUPS:
+        return f"{g.groups} groups: private accumulators take at most {K.MAX_PRIVATE_GROUPS}"
+    return atomic_check(g)
+
+
+def private_configs(g: SegmentGeometry):
+    return [{"BLOCK": b, "PROGRAMS": p} for b in (128, 256, 512) for p in (264, 528, 1056)]
+
+
+def private_default(g: SegmentGeometry):
+    return {"BLOCK": 256, "PROGRAMS": 528}
+
+
+def atomic_configs(g: SegmentGeometry):
+    return [{"BLOCK": b} for b in (256, 512, 1024)]
+
+
+def atomic_default(g: SegmentGeometry):
+    return {"BLOCK": 512}
+
+
+def segment_bucket(g: SegmentGeometry) -> str:
+    return f"{bucket_size(g.rows)}/{bucket_size(g.groups)}:{g.op}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    if name == "hash_join":
+        return [
+            Spec("triton_hash", join_hash_run, version=K.HASH_VERSION, check=table_check, configs=table_configs,
+                 default_config=table_default, bucket=join_bucket,
+                 description="open-addressing table (atomic CAS, linear probing) on the build side; "
+                             "probe: count pass, exclusive scan, write pass"),
+            Spec("torch_sort", Plain(_join_sorted), kind="vendor", devices=("cuda",), bucket=join_bucket,
+                 description="torch sort of the build keys + searchsorted of the probe keys"),
+            Spec("reference", Plain(_join_sorted), kind="reference", devices=("cpu", "cuda"),
+                 description="plain torch sort + searchsorted (the oracle and the CPU fallback)"),
+        ]
+    if name == "group_by":
+        return [
+            Spec("triton_hash", group_by_hash_run, version=K.HASH_VERSION, check=table_check, configs=table_configs,
+                 default_config=table_default, bucket=group_bucket,
+                 description="open-addressing table with the first row per slot (atomic min); "
+                             "ids by an exclusive scan of first-row flags"),
+            Spec("torch_sort", Plain(_group_by_sorted), kind="vendor", devices=("cuda",), bucket=group_bucket,
+                 description="torch.unique, groups renumbered by first row"),
+            Spec("reference", Plain(_group_by_sorted), kind="reference", devices=("cpu", "cuda"),
+                 description="plain torch unique (the oracle and the CPU fallback)"),
+        ]
     return [
-        Variant("triton_hash", _join_hash, version=K.HASH_VERSION,
-                check=lambda b, *rest: _too_many_rows(b),
-                configs=lambda b, *rest: K.configs(b.numel()),
-                default_config=lambda b, *rest: K.default_config(b.numel()), bucket=bucket,
-                description="open-addressing table (atomic CAS, linear probing) on the build side; "
-                            "probe: count pass, exclusive scan, write pass"),
-        Variant("torch_sort", lambda cfg, *a: _join_sorted(*a), kind="vendor", devices=("cuda",), bucket=bucket,
-                description="torch sort of the build keys + searchsorted of the probe keys"),
-        Variant("reference", lambda cfg, *a: _join_sorted(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch sort + searchsorted (the oracle and the CPU fallback)"),
-    ]
-
-
-def _group_by_variants() -> list[Variant]:
-    from opforge.kernels import hashing as K
-
-    def bucket(k, v=None):
-        return f"{bucket_size(k.numel())}:{'null' if v is not None else 'dense'}"
-
-    return [
-        Variant("triton_hash", _group_by_hash, version=K.HASH_VERSION,
-                check=lambda k, *rest: _too_many_rows(k),
-                configs=lambda k, *rest: K.configs(k.numel()),
-                default_config=lambda k, *rest: K.default_config(k.numel()), bucket=bucket,
-                description="open-addressing table with the first row per slot (atomic min); "
-                            "ids by an exclusive scan of first-row flags"),
-        Variant("torch_sort", lambda cfg, *a: _group_by_sorted(*a), kind="vendor", devices=("cuda",),
-                bucket=bucket, description="torch.unique, groups renumbered by first row"),
-        Variant("reference", lambda cfg, *a: _group_by_sorted(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch unique (the oracle and the CPU fallback)"),
-    ]
-
-
-def _segment_variants() -> list[Variant]:
-    from opforge.kernels import hashing as K
-
-    def check(values, group_ids, num_groups, op, valid=None, deterministic=False):
-        if deterministic and op == "sum" and values.dtype.is_floating_point:
-            return "atomics add floats in a varying order; deterministic=True takes the reference"
-        return None
-
-    def bucket(values, group_ids, num_groups, op, *rest):
-        return f"{bucket_size(values.numel())}/{bucket_size(num_groups)}:{op}"
-
-    def few_groups(values, group_ids, num_groups, op, valid=None, deterministic=False):
-        if num_groups > K.MAX_PRIVATE_GROUPS:
-            return f"{num_groups} groups: private accumulators take at most {K.MAX_PRIVATE_GROUPS}"
-        return check(values, group_ids, num_groups, op, valid, deterministic)
-
-    return [
-        Variant("triton_private", _segment_reduce_private, version=K.HASH_VERSION, dtypes=VALUE_DTYPES,
-                check=few_groups,
-                configs=lambda *a: [{"BLOCK": b, "PROGRAMS": p} for b in (128, 256, 512) for p in (264, 528, 1056)],
-                default_config=lambda *a: {"BLOCK": 256, "PROGRAMS": 528}, bucket=bucket,
-                description="few groups: each program folds its rows into private per-group accumulators, "
-                            "then one atomic per group (not one per row on the same few addresses)"),
-        Variant("triton_atomic", _segment_reduce_atomic, version=K.SEGMENT_VERSION, dtypes=VALUE_DTYPES,
-                check=check, configs=lambda *a: [{"BLOCK": b} for b in (256, 512, 1024)],
-                default_config=lambda *a: {"BLOCK": 512}, bucket=bucket,
-                description="one atomic add / min / max per row into its group (one per block when its rows "
-                            "share an id), and one count; few groups over many rows: into one of up to 64 copies "
-                            "of the groups, folded after"),
-        Variant("torch_sort", lambda cfg, *a: _segment_reduce_ref(*a), kind="vendor", devices=("cuda",),
-                bucket=bucket, description="stable sort by group + torch.segment_reduce / scatter_reduce"),
-        Variant("reference", lambda cfg, *a: _segment_reduce_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch in float64 / int64 (the oracle and the CPU fallback)"),
+        Spec("triton_private", segment_private_run, version=K.HASH_VERSION, dtypes=VALUE_DTYPES,
+             check=private_check, configs=private_configs, default_config=private_default, bucket=segment_bucket,
+             description="few groups: each program folds its rows into private per-group accumulators, "
+                         "then one atomic per group (not one per row on the same few addresses)"),
+        Spec("triton_atomic", segment_atomic_run, version=K.SEGMENT_VERSION, dtypes=VALUE_DTYPES,
+             check=atomic_check, configs=atomic_configs, default_config=atomic_default, bucket=segment_bucket,
+             description="one atomic add / min / max per row into its group (one per block when its rows "
+                         "share an id), and one count; few groups over many rows: into one of up to 64 copies "
+                         "of the groups, folded after"),
+        Spec("torch_sort", Plain(_segment_reduce_ref), kind="vendor", devices=("cuda",), bucket=segment_bucket,
+             description="stable sort by group + torch.segment_reduce / scatter_reduce"),
+        Spec("reference", Plain(_segment_reduce_ref), kind="reference", devices=("cpu", "cuda"),
+             description="plain torch in float64 / int64 (the oracle and the CPU fallback)"),
     ]
 
 
@@ -500,45 +562,61 @@ def _keys_dtype(*tensors):
     return "+".join(sorted({str(t.dtype).replace("torch.", "") for t in tensors}))
 
 
-JOIN = registry.register(Op(
-    name="hash_join",
-    reference=_join_sorted,
-    tensors=lambda b, p, how="inner", bv=None, pv=None: (b, p),
-    memo_key=lambda b, p, how="inner", bv=None, pv=None: (
-        b.dtype, p.dtype, b.device, b.numel().bit_length(), p.numel().bit_length(), how, bv is None, pv is None),
-    dtype_key=lambda b, p, *rest: _keys_dtype(b, p),
-    variants=_join_variants(),
-    validate=validate_join,
-    samples=join_samples,
-    doc="equi-join of two int key columns: (build_index, probe_index) pairs",
-))
-
-GROUP_BY = registry.register(Op(
-    name="group_by",
-    reference=_group_by_sorted,
-    tensors=lambda k, v=None: (k,),
-    memo_key=lambda k, v=None: (k.dtype, k.device, k.numel().bit_length(), v is None),
-    dtype_key=lambda k, *rest: _keys_dtype(k),
-    variants=_group_by_variants(),
-    validate=validate_group_by,
-    samples=group_by_samples,
-    doc="dense group ids by first occurrence, and the unique keys",
-))
+def _join_tensors(b, p, how="inner", bv=None, pv=None):
+    return (b, p)
 
 
-SEGMENT_REDUCE = registry.register(Op(
-    name="segment_reduce",
-    reference=_segment_reduce_ref,
-    tensors=lambda v, g, n, op, valid=None, det=False: (v, g),
-    memo_key=lambda v, g, n, op, valid=None, det=False: (
-        v.dtype, g.dtype, v.device, v.numel().bit_length(), n.bit_length() if isinstance(n, int) else n,
-        op, valid is None, det),
-    dtype_key=lambda v, *rest: str(v.dtype).replace("torch.", ""),
-    variants=_segment_variants(),
-    validate=validate_segment_reduce,
-    samples=segment_samples,
-    doc="sum / min / max / count of values by dense group id",
-))
+def _join_memo_key(b, p, how="inner", bv=None, pv=None):
+    return (b.dtype, p.dtype, b.device, b.numel().bit_length(), p.numel().bit_length(), how, bv is None, pv is None)
+
+
+def _join_dtype_key(b, p, *rest):
+    return _keys_dtype(b, p)
+
+
+def _group_tensors(k, v=None):
+    return (k,)
+
+
+def _group_memo_key(k, v=None):
+    return (k.dtype, k.device, k.numel().bit_length(), v is None)
+
+
+def _group_dtype_key(k, *rest):
+    return _keys_dtype(k)
+
+
+def _segment_tensors(v, g, n, op, valid=None, det=False):
+    return (v, g)
+
+
+def _segment_memo_key(v, g, n, op, valid=None, det=False):
+    return (v.dtype, g.dtype, v.device, v.numel().bit_length(), n.bit_length() if isinstance(n, int) else n,
+            op, valid is None, det)
+
+
+def _segment_dtype_key(v, *rest):
+    return str(v.dtype).replace("torch.", "")
+
+
+def _pick(join, group, segment):
+    """A per-op field as a function of the op's name."""
+    return {"hash_join": join, "group_by": group, "segment_reduce": segment}.__getitem__
+
+
+OPS = registry.register_family(
+    ("hash_join", "group_by", "segment_reduce"), specs, geometry=GEOMETRY.__getitem__,
+    reference=REFERENCE.__getitem__,
+    tensors=_pick(_join_tensors, _group_tensors, _segment_tensors),
+    memo_key=_pick(_join_memo_key, _group_memo_key, _segment_memo_key),
+    dtype_key=_pick(_join_dtype_key, _group_dtype_key, _segment_dtype_key),
+    validate=_pick(validate_join, validate_group_by, validate_segment_reduce),
+    samples=_pick(join_samples, group_by_samples, segment_samples),
+    doc=_pick("equi-join of two int key columns: (build_index, probe_index) pairs",
+              "dense group ids by first occurrence, and the unique keys",
+              "sum / min / max / count of values by dense group id"),
+)
+JOIN, GROUP_BY, SEGMENT_REDUCE = OPS["hash_join"], OPS["group_by"], OPS["segment_reduce"]
 
 
 def _define() -> None:

@@ -27,12 +27,14 @@ hashed as one ``[salts, n]`` tensor in place; the oracle and the CPU fallback).
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 
+from opforge.kernels import nexmark as K
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 PROPORTION = 50
@@ -143,11 +145,23 @@ def validate_events(j, kind, seed, events_per_second, skew, auctions_in_flight, 
 
 
 # ---------------------------------------------------------------------------
-# Triton variant
+# Geometry and variants
 # ---------------------------------------------------------------------------
-def _events_fused(cfg, j, kind, seed, events_per_second, skew, auctions_in_flight, hot_per_mille):
-    from opforge.kernels import nexmark as K
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The batch's event count and kind: the tuning bucket's facts. The memo
+    key holds the count's size class only, so the first call of a class
+    decides for it (the runners read sizes from their arguments)."""
 
+    events: int
+    kind: str
+
+
+def geometry(j, kind, *rest) -> Geometry:
+    return Geometry(j.numel(), kind)
+
+
+def fused_run(g: Geometry, cfg, j, kind, seed, events_per_second, skew, auctions_in_flight, hot_per_mille):
     lo, hi = OFFSETS[kind]
     out = torch.empty((len(FIELDS[kind]) + 1, j.numel()), dtype=torch.int64, device=j.device)
     K.events(j.contiguous(), out, KINDS.index(kind), lo, hi - lo, seed * SEED_MULT, events_per_second, skew,
@@ -155,20 +169,32 @@ def _events_fused(cfg, j, kind, seed, events_per_second, skew, auctions_in_fligh
     return out
 
 
-def _variants() -> list[Variant]:
-    from opforge.kernels import nexmark as K
+def reference_run(g: Geometry, cfg, *args):
+    return _events_ref(*args)
 
-    def bucket(j, kind, *rest):
-        return f"{bucket_size(j.numel())}:{kind}"
 
+def configs(g: Geometry):
+    return K.configs()
+
+
+def default_config(g: Geometry):
+    return K.default_config()
+
+
+def bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.events)}:{g.kind}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants, in dispatch order."""
     return [
-        Variant("triton_fused", _events_fused, version=K.NEXMARK_VERSION, configs=lambda *a: K.configs(),
-                default_config=lambda *a: K.default_config(), bucket=bucket,
-                description="one pass: load j, event number, salted hashes and every field in int64 registers, "
-                            "one store per output value"),
-        Variant("reference", lambda cfg, *a: _events_ref(*a), kind="reference", devices=("cpu", "cuda"),
-                description="plain torch: all salts hashed as one tensor in place, then the fields "
-                            "(about 25 kernels; the oracle and the CPU fallback)"),
+        Spec("triton_fused", fused_run, version=K.NEXMARK_VERSION, configs=configs, default_config=default_config,
+             bucket=bucket,
+             description="one pass: load j, event number, salted hashes and every field in int64 registers, "
+                         "one store per output value"),
+        Spec("reference", reference_run, kind="reference", devices=("cpu", "cuda"),
+             description="plain torch: all salts hashed as one tensor in place, then the fields "
+                         "(about 25 kernels; the oracle and the CPU fallback)"),
     ]
 
 
@@ -194,17 +220,29 @@ def events_samples(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op
 # ---------------------------------------------------------------------------
-EVENTS = registry.register(Op(
-    name="nexmark_events",
-    reference=_events_ref,
-    tensors=lambda j, *rest: (j,),
-    memo_key=lambda j, kind, *rest: (j.dtype, j.device, j.dim(), j.numel().bit_length(), kind),
-    dtype_key=lambda *a: "int64",
-    variants=_variants(),
-    validate=validate_events,
-    samples=events_samples,
-    doc="Nexmark persons / auctions / bids of given event indices, made on the device in one pass",
-))
+def _tensors(j, *rest):
+    return (j,)
+
+
+def _memo_key(j, kind, *rest):
+    return (j.dtype, j.device, j.dim(), j.numel().bit_length(), kind)
+
+
+def _dtype_key(*args):
+    return "int64"
+
+
+OPS = registry.register_family(
+    ("nexmark_events",), specs, geometry=lambda name: geometry,
+    reference=REFERENCE.__getitem__,
+    tensors=lambda name: _tensors,
+    memo_key=lambda name: _memo_key,
+    dtype_key=lambda name: _dtype_key,
+    validate=lambda name: validate_events,
+    samples=lambda name: events_samples,
+    doc=lambda name: "Nexmark persons / auctions / bids of given event indices, made on the device in one pass",
+)
+EVENTS = OPS["nexmark_events"]
 
 
 def _define() -> None:

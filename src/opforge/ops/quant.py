@@ -52,10 +52,11 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.kernels import quant as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
-from opforge.runtime.registry import Op, Variant
+from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
 INPUT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -95,7 +96,8 @@ class QuantizedTensor:
 
 
 # ---------------------------------------------------------------------------
-# Geometry: how a granularity maps a shape onto the kernels' [R, C] view
+# Geometry: how a granularity maps a shape onto the kernels' [R, C] view (the
+# plan), and the facts every variant decides and runs on
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Plan:
@@ -152,6 +154,48 @@ def _norm_block(block) -> tuple[int, int]:
     if not isinstance(block, (tuple, list)):
         raise TypeError(f"{_Q}: block must be a pair of ints (bm, bk), got {block!r}")
     return tuple(block)
+
+
+def _args(args):
+    """quantize's arguments in full: ``block`` a tuple, absent scale and zero point None."""
+    x, dtype, granularity, block, axis, symmetric = args[:6]
+    scale = args[6] if len(args) > 6 else None
+    zp = args[7] if len(args) > 7 else None
+    return x, dtype, granularity, tuple(block), axis, symmetric, scale, zp
+
+
+def _dq_args(args):
+    """dequantize's arguments in full: ``block`` a tuple, an absent zero point None."""
+    data, scale, granularity, block, axis, out_dtype = args[:6]
+    zp = args[6] if len(args) > 6 else None
+    return data, scale, granularity, tuple(block), axis, out_dtype, zp
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One call's facts, all in the memo key: the plan, the granularity, the
+    dtype made (quantize: the quantized one; dequantize: the float one), whether
+    there is no zero point, and whether the scales are given (static)."""
+
+    plan: Plan
+    granularity: str
+    dtype: torch.dtype
+    symmetric: bool
+    static: bool
+
+    @property
+    def rc(self) -> tuple[int, int]:
+        return self.plan.R, self.plan.C
+
+
+def quantize_geometry(x, dtype, granularity, block, axis, symmetric, scale=None, zero_point=None) -> Geometry:
+    return Geometry(plan(tuple(x.shape), granularity, tuple(block), axis), granularity, dtype, symmetric,
+                    scale is not None)
+
+
+def dequantize_geometry(data, scale, granularity, block, axis, out_dtype, zero_point=None) -> Geometry:
+    return Geometry(plan(tuple(data.shape), granularity, tuple(block), axis), granularity, out_dtype,
+                    zero_point is None, False)
 
 
 # ---------------------------------------------------------------------------
@@ -319,7 +363,7 @@ def dequantize_reference(data, scale, granularity="tensor", block=(), axis=-1, o
 
 
 # ---------------------------------------------------------------------------
-# Triton variants
+# Variants: buffers and runners, then checks, configs and buckets, then the specs
 # ---------------------------------------------------------------------------
 def _rows(t: torch.Tensor, p: Plan) -> torch.Tensor:
     """``t`` as the plan's [R, C] view with unit column stride (a copy only
@@ -344,6 +388,13 @@ def _outputs(x, dtype, p: Plan, symmetric: bool):
     return data, scale, zp
 
 
+def _empty_groups(s_out, z_out, symmetric):
+    """Groups with no values (e.g. rows of zero length): scale FLT_MIN, zp -128."""
+    s_out.fill_(FLT_MIN)
+    if not symmetric:
+        z_out.fill_(-128)
+
+
 def _data_rows(data: torch.Tensor, p: Plan):
     """The [R, C] buffer the kernel writes and a function that puts it in ``data``."""
     if p.kind != "moved":
@@ -361,180 +412,165 @@ def _scale_strides(p: Plan) -> tuple[int, int]:
     return (1, 0) if p.mode == 1 else (0, 1)
 
 
-def _args(args):
-    x, dtype, granularity, block, axis, symmetric = args[:6]
-    scale = args[6] if len(args) > 6 else None
-    zp = args[7] if len(args) > 7 else None
-    return x, dtype, granularity, tuple(block), axis, symmetric, scale, zp
-
-
-def _make_quantize_variants() -> list[Variant]:
-    from opforge.kernels import quant as K
-
-    def _plan(args):
-        x, _, granularity, block, axis, *_ = _args(args)
-        return plan(tuple(x.shape), granularity, block, axis)
-
-    def static_check(*args):
-        if _args(args)[6] is None:
-            return "no scale given (static quantization only)"
-        return None
-
-    def static_run(cfg, *args):
-        x, dtype, _, _, _, symmetric, scale, zp = _args(args)
-        p = _plan(args)
-        data, s_out, z_out = _outputs(x, dtype, p, symmetric)
-        s_out.copy_(scale.reshape(p.scale_shape))
-        if not symmetric:
-            z_out.copy_(zp.reshape(p.scale_shape))
-        if x.numel():
-            rows, finish = _data_rows(data, p)
-            ssr, ssc = _scale_strides(p)
-            K.launch_apply(_rows(x, p), rows, s_out, None if symmetric else z_out, p.mode, p.bm, p.bk, ssr, ssc,
-                           QMAX[dtype], symmetric, cfg)
-            finish()
-        return data, s_out, z_out
-
-    def fused_check(*args):
-        if _args(args)[6] is not None:
-            return "a scale is given (static quantization runs triton_static)"
-        p = _plan(args)
-        if p.kind != "rows":
-            return f"groups of a {p.kind} plan do not fit one program"
-        if not K.fused_fits(p.bm, p.bk):
-            return f"groups of {p.bm}x{p.bk} exceed {K.ROW_LIMIT} values a program"
-        return None
-
-    def fused_run(cfg, *args):
-        x, dtype, _, _, _, symmetric, _, _ = _args(args)
-        p = _plan(args)
-        data, s_out, z_out = _outputs(x, dtype, p, symmetric)
-        nr, nc = p.groups
-        if x.numel():
-            K.launch_group_quant(_rows(x, p), data.view(p.R, p.C), s_out.view(nr, nc),
-                                 None if symmetric else z_out.view(nr, nc), p.bm, p.bk, QMAX[dtype], symmetric, cfg)
-        elif s_out.numel():
-            _empty_groups(s_out, z_out, symmetric)
-        return data, s_out, z_out
-
-    def stats_check(*args):
-        if _args(args)[6] is not None:
-            return "a scale is given (static quantization runs triton_static)"
-        p = _plan(args)
-        if p.kind == "rows" and p.mode == 3:
-            return "per-block groups run fused (triton_fused) or not at all"
-        return None
-
-    def stats_run(cfg, *args):
-        x, dtype, _, _, _, symmetric, _, _ = _args(args)
-        p = _plan(args)
-        data, s_out, z_out = _outputs(x, dtype, p, symmetric)
-        zbuf = None if symmetric else z_out
-        if x.numel() == 0:
-            if s_out.numel():
-                _empty_groups(s_out, z_out, symmetric)
-            return data, s_out, z_out
-        xr = _rows(x, p)
-        if p.kind == "flat":
-            K.launch_tensor_stats(xr.view(-1), s_out, zbuf, QMAX[dtype], symmetric, cfg)
-        else:
-            K.launch_rc_stats(xr, s_out, zbuf, p.kind in ("cols", "moved"), QMAX[dtype], symmetric, cfg)
+def static_run(g: Geometry, cfg, x, dtype, granularity, block, axis, symmetric, scale=None, zero_point=None):
+    p = g.plan
+    data, s_out, z_out = _outputs(x, dtype, p, symmetric)
+    s_out.copy_(scale.reshape(p.scale_shape))
+    if not symmetric:
+        z_out.copy_(zero_point.reshape(p.scale_shape))
+    if x.numel():
         rows, finish = _data_rows(data, p)
         ssr, ssc = _scale_strides(p)
-        K.launch_apply(xr, rows, s_out, zbuf, p.mode, p.bm, p.bk, ssr, ssc, QMAX[dtype], symmetric,
-                       K.apply_default_config(p.R, p.C))
+        K.launch_apply(_rows(x, p), rows, s_out, None if symmetric else z_out, p.mode, p.bm, p.bk, ssr, ssc,
+                       QMAX[dtype], symmetric, cfg)
         finish()
+    return data, s_out, z_out
+
+
+def fused_run(g: Geometry, cfg, x, *rest):
+    p, dtype, symmetric = g.plan, g.dtype, g.symmetric
+    data, s_out, z_out = _outputs(x, dtype, p, symmetric)
+    nr, nc = p.groups
+    if x.numel():
+        K.launch_group_quant(_rows(x, p), data.view(p.R, p.C), s_out.view(nr, nc),
+                             None if symmetric else z_out.view(nr, nc), p.bm, p.bk, QMAX[dtype], symmetric, cfg)
+    elif s_out.numel():
+        _empty_groups(s_out, z_out, symmetric)
+    return data, s_out, z_out
+
+
+def stats_run(g: Geometry, cfg, x, *rest):
+    p, dtype, symmetric = g.plan, g.dtype, g.symmetric
+    data, s_out, z_out = _outputs(x, dtype, p, symmetric)
+    zbuf = None if symmetric else z_out
+    if x.numel() == 0:
+        if s_out.numel():
+            _empty_groups(s_out, z_out, symmetric)
         return data, s_out, z_out
+    xr = _rows(x, p)
+    if p.kind == "flat":
+        K.launch_tensor_stats(xr.view(-1), s_out, zbuf, QMAX[dtype], symmetric, cfg)
+    else:
+        K.launch_rc_stats(xr, s_out, zbuf, p.kind in ("cols", "moved"), QMAX[dtype], symmetric, cfg)
+    rows, finish = _data_rows(data, p)
+    ssr, ssc = _scale_strides(p)
+    K.launch_apply(xr, rows, s_out, zbuf, p.mode, p.bm, p.bk, ssr, ssc, QMAX[dtype], symmetric,
+                   K.apply_default_config(p.R, p.C))
+    finish()
+    return data, s_out, z_out
 
-    def geometry(*args):
-        p = _plan(args)
-        return p.R, p.C
 
-    def bucket(*args):
-        x, dtype, granularity, block, axis, symmetric, scale, _ = _args(args)
-        p = _plan(args)
-        tag = f"{granularity}:{str(dtype).replace('torch.', '')}:{'s' if symmetric else 'a'}"
-        if granularity == "block":
-            tag += f":{p.bm}x{p.bk}"
-        return f"{bucket_size(p.R)}x{bucket_size(p.C)}:{tag}:{'static' if scale is not None else 'dyn'}"
+def dequantize_run(g: Geometry, cfg, data, scale, granularity, block, axis, out_dtype, zero_point=None):
+    p = g.plan
+    y = torch.empty(data.shape, dtype=out_dtype, device=data.device)
+    if data.numel():
+        rows, finish = _data_rows(y, p)
+        ssr, ssc = _scale_strides(p)
+        K.launch_dequant(_rows(data, p), rows, scale.contiguous(),
+                         None if zero_point is None else zero_point.contiguous(), p.mode, p.bm, p.bk, ssr, ssc, cfg)
+        finish()
+    return y
 
-    def eager_run(cfg, *args):
-        return quantize_reference(*_args(args))
 
+def quantize_eager_run(g: Geometry, cfg, *args):
+    return quantize_reference(*_args(args))
+
+
+def dequantize_eager_run(g: Geometry, cfg, *args):
+    return dequantize_reference(*_dq_args(args))
+
+
+def static_check(g: Geometry) -> str | None:
+    return None if g.static else "no scale given (static quantization only)"
+
+
+def fused_check(g: Geometry) -> str | None:
+    if g.static:
+        return "a scale is given (static quantization runs triton_static)"
+    p = g.plan
+    if p.kind != "rows":
+        return f"groups of a {p.kind} plan do not fit one program"
+    if not K.fused_fits(p.bm, p.bk):
+        return f"groups of {p.bm}x{p.bk} exceed {K.ROW_LIMIT} values a program"
+    return None
+
+
+def stats_check(g: Geometry) -> str | None:
+    if g.static:
+        return "a scale is given (static quantization runs triton_static)"
+    if g.plan.kind == "rows" and g.plan.mode == 3:
+        return "per-block groups run fused (triton_fused) or not at all"
+    return None
+
+
+def apply_configs(g: Geometry):
+    return K.apply_configs(*g.rc)
+
+
+def apply_default(g: Geometry):
+    return K.apply_default_config(*g.rc)
+
+
+def fused_configs(g: Geometry):
+    return K.fused_configs(*g.rc, g.plan.bm, g.plan.bk)
+
+
+def fused_default(g: Geometry):
+    return K.fused_default_config(*g.rc, g.plan.bm, g.plan.bk)
+
+
+def stats_configs(g: Geometry):
+    return K.stats_configs(*g.rc)
+
+
+def stats_default(g: Geometry):
+    return K.stats_default_config(*g.rc)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def quantize_bucket(g: Geometry) -> str:
+    tag = f"{g.granularity}:{_dtype_name(g.dtype)}:{'s' if g.symmetric else 'a'}"
+    if g.granularity == "block":
+        tag += f":{g.plan.bm}x{g.plan.bk}"
+    return f"{bucket_size(g.plan.R)}x{bucket_size(g.plan.C)}:{tag}:{'static' if g.static else 'dyn'}"
+
+
+def dequantize_bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.plan.R)}x{bucket_size(g.plan.C)}:{g.granularity}:{_dtype_name(g.dtype)}" \
+           f":{'s' if g.symmetric else 'a'}"
+
+
+def specs(name: str) -> list[Spec]:
+    """The variants of op ``name``, in dispatch order."""
+    eager = "the reference's torch ops, on the GPU"
+    reference = "plain torch (the oracle and the CPU fallback)"
+    if name == "dequantize":
+        return [
+            Spec("triton_apply", dequantize_run, version=K.DEQUANT_VERSION, dtypes=QDTYPES, configs=apply_configs,
+                 default_config=apply_default, bucket=dequantize_bucket,
+                 description="(q - zp) * scale, one read, one write"),
+            Spec("torch_eager", dequantize_eager_run, kind="vendor", devices=("cuda",), dtypes=QDTYPES,
+                 bucket=dequantize_bucket, description=eager),
+            Spec("reference", dequantize_eager_run, kind="reference", devices=("cpu", "cuda"), description=reference),
+        ]
     return [
-        Variant("triton_static", static_run, version=K.STATIC_VERSION, dtypes=INPUT_DTYPES, check=static_check,
-                configs=lambda *a: K.apply_configs(*geometry(*a)),
-                default_config=lambda *a: K.apply_default_config(*geometry(*a)), bucket=bucket,
-                description="given scales (static quantization): one read, one write"),
-        Variant("triton_fused", fused_run, version=K.FUSED_VERSION, dtypes=INPUT_DTYPES, check=fused_check,
-                configs=lambda *a: K.fused_configs(*geometry(*a), _plan(a).bm, _plan(a).bk),
-                default_config=lambda *a: K.fused_default_config(*geometry(*a), _plan(a).bm, _plan(a).bk),
-                bucket=bucket,
-                description="per-token / per-block: each group's absmax and its quantization in one "
-                            "program; one read, one write"),
-        Variant("triton_stats", stats_run, version=K.STATS_VERSION, dtypes=INPUT_DTYPES, check=stats_check,
-                configs=lambda *a: K.stats_configs(*geometry(*a)),
-                default_config=lambda *a: K.stats_default_config(*geometry(*a)), bucket=bucket,
-                description="per-tensor / per-channel / long rows: partial min/max, finalize, then "
-                            "quantize; two reads, one write"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=INPUT_DTYPES, bucket=bucket,
-                description="the reference's torch ops, on the GPU"),
-        Variant("reference", eager_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
-    ]
-
-
-def _empty_groups(s_out, z_out, symmetric):
-    """Groups with no values (e.g. rows of zero length): scale FLT_MIN, zp -128."""
-    s_out.fill_(FLT_MIN)
-    if not symmetric:
-        z_out.fill_(-128)
-
-
-def _dq_args(args):
-    data, scale, granularity, block, axis, out_dtype = args[:6]
-    zp = args[6] if len(args) > 6 else None
-    return data, scale, granularity, tuple(block), axis, out_dtype, zp
-
-
-def _make_dequantize_variants() -> list[Variant]:
-    from opforge.kernels import quant as K
-
-    def run(cfg, *args):
-        data, scale, granularity, block, axis, out_dtype, zp = _dq_args(args)
-        p = plan(tuple(data.shape), granularity, block, axis)
-        y = torch.empty(data.shape, dtype=out_dtype, device=data.device)
-        if data.numel():
-            rows, finish = _data_rows(y, p)
-            ssr, ssc = _scale_strides(p)
-            K.launch_dequant(_rows(data, p), rows, scale.contiguous(), None if zp is None else zp.contiguous(),
-                             p.mode, p.bm, p.bk, ssr, ssc, cfg)
-            finish()
-        return y
-
-    def geometry(*args):
-        data, _, granularity, block, axis, *_ = _dq_args(args)
-        p = plan(tuple(data.shape), granularity, block, axis)
-        return p.R, p.C
-
-    def bucket(*args):
-        data, _, granularity, _, _, out_dtype, zp = _dq_args(args)
-        R, C = geometry(*args)
-        return f"{bucket_size(R)}x{bucket_size(C)}:{granularity}:{str(out_dtype).replace('torch.', '')}" \
-               f":{'a' if zp is not None else 's'}"
-
-    def eager_run(cfg, *args):
-        return dequantize_reference(*_dq_args(args))
-
-    return [
-        Variant("triton_apply", run, version=K.DEQUANT_VERSION, dtypes=QDTYPES,
-                configs=lambda *a: K.apply_configs(*geometry(*a)),
-                default_config=lambda *a: K.apply_default_config(*geometry(*a)), bucket=bucket,
-                description="(q - zp) * scale, one read, one write"),
-        Variant("torch_eager", eager_run, kind="vendor", devices=("cuda",), dtypes=QDTYPES, bucket=bucket,
-                description="the reference's torch ops, on the GPU"),
-        Variant("reference", eager_run, kind="reference", devices=("cpu", "cuda"),
-                description="plain torch (the oracle and the CPU fallback)"),
+        Spec("triton_static", static_run, version=K.STATIC_VERSION, dtypes=INPUT_DTYPES, check=static_check,
+             configs=apply_configs, default_config=apply_default, bucket=quantize_bucket,
+             description="given scales (static quantization): one read, one write"),
+        Spec("triton_fused", fused_run, version=K.FUSED_VERSION, dtypes=INPUT_DTYPES, check=fused_check,
+             configs=fused_configs, default_config=fused_default, bucket=quantize_bucket,
+             description="per-token / per-block: each group's absmax and its quantization in one "
+                         "program; one read, one write"),
+        Spec("triton_stats", stats_run, version=K.STATS_VERSION, dtypes=INPUT_DTYPES, check=stats_check,
+             configs=stats_configs, default_config=stats_default, bucket=quantize_bucket,
+             description="per-tensor / per-channel / long rows: partial min/max, finalize, then "
+                         "quantize; two reads, one write"),
+        Spec("torch_eager", quantize_eager_run, kind="vendor", devices=("cuda",), dtypes=INPUT_DTYPES,
+             bucket=quantize_bucket, description=eager),
+        Spec("reference", quantize_eager_run, kind="reference", devices=("cpu", "cuda"), description=reference),
     ]
 
 
@@ -605,34 +641,49 @@ def _meta(t):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
 
 
-QUANTIZE = registry.register(Op(
-    name="quantize",
-    reference=quantize_reference,
-    tensors=lambda x, *rest: (x,),
-    memo_key=lambda x, dtype, granularity, block, axis, symmetric, scale=None, zero_point=None: (
-        x.dtype, x.shape, x.stride(), x.device, dtype, granularity, tuple(block), axis, symmetric,
-        _meta(scale), _meta(zero_point)),
-    dtype_key=lambda x, dtype, *rest: f"{x.dtype}->{dtype}".replace("torch.", ""),
-    variants=_make_quantize_variants(),
-    validate=lambda *args: validate(*_args(args)),
-    samples=sample_inputs,
-    doc="quantize to int8 / fp8 with per-tensor, per-token, per-channel or per-block scales",
-))
+def _quantize_memo_key(x, dtype, granularity, block, axis, symmetric, scale=None, zero_point=None):
+    return (x.dtype, x.shape, x.stride(), x.device, dtype, granularity, tuple(block), axis, symmetric,
+            _meta(scale), _meta(zero_point))
 
-DEQUANTIZE = registry.register(Op(
-    name="dequantize",
-    reference=dequantize_reference,
-    tensors=lambda data, *rest: (data,),
-    memo_key=lambda data, scale, granularity, block, axis, out_dtype, zero_point=None: (
-        data.dtype, data.shape, data.stride(), data.device, _meta(scale), granularity, tuple(block), axis,
-        out_dtype, _meta(zero_point)),
-    dtype_key=lambda data, scale, granularity, block, axis, out_dtype, *rest:
-        f"{data.dtype}->{out_dtype}".replace("torch.", ""),
-    variants=_make_dequantize_variants(),
-    validate=lambda *args: validate_dequantize(*_dq_args(args)),
-    samples=dequantize_sample_inputs,
-    doc="(data - zero_point) * scale back to a float dtype",
-))
+
+def _dequantize_memo_key(data, scale, granularity, block, axis, out_dtype, zero_point=None):
+    return (data.dtype, data.shape, data.stride(), data.device, _meta(scale), granularity, tuple(block), axis,
+            out_dtype, _meta(zero_point))
+
+
+def _quantize_dtype_key(x, dtype, *rest):
+    return f"{x.dtype}->{dtype}".replace("torch.", "")
+
+
+def _dequantize_dtype_key(data, scale, granularity, block, axis, out_dtype, *rest):
+    return f"{data.dtype}->{out_dtype}".replace("torch.", "")
+
+
+def _first_tensor(t, *rest):
+    return (t,)
+
+
+def _validate_quantize(*args):
+    validate(*_args(args))
+
+
+def _validate_dequantize(*args):
+    validate_dequantize(*_dq_args(args))
+
+
+OPS = registry.register_family(
+    ("quantize", "dequantize"), specs,
+    geometry=lambda name: quantize_geometry if name == "quantize" else dequantize_geometry,
+    reference=lambda name: quantize_reference if name == "quantize" else dequantize_reference,
+    tensors=lambda name: _first_tensor,
+    memo_key=lambda name: _quantize_memo_key if name == "quantize" else _dequantize_memo_key,
+    dtype_key=lambda name: _quantize_dtype_key if name == "quantize" else _dequantize_dtype_key,
+    validate=lambda name: _validate_quantize if name == "quantize" else _validate_dequantize,
+    samples=lambda name: sample_inputs if name == "quantize" else dequantize_sample_inputs,
+    doc=lambda name: "quantize to int8 / fp8 with per-tensor, per-token, per-channel or per-block scales"
+    if name == "quantize" else "(data - zero_point) * scale back to a float dtype",
+)
+QUANTIZE, DEQUANTIZE = OPS["quantize"], OPS["dequantize"]
 
 
 def _quantize_impl(x, dtype, granularity, block, axis, symmetric, scale, zero_point):
