@@ -228,9 +228,9 @@ def crossover(ops: list[str], dtypes: list[str], quick: bool, only: list[int] | 
                     for name, us in times.items():
                         key = autotune.tune_key(op, op.variant(name), args)
                         entries.append(TuneEntry(key, configs[name], us / 1000.0))
-            where = "never (vendor wins at every size)" if first_triton_win is None else str(first_triton_win)
             rows.append({"op": op_name, "dtype": dname, "crossover_size": first_triton_win})
-            print(f"== {op_name} {dname}: Triton is faster from size {where}", flush=True)
+            print(f"== {op_name} {dname}: " + ("the vendor variant wins at every size" if first_triton_win is None
+                                               else f"Triton is faster from size {first_triton_win}"), flush=True)
     return rows, entries
 
 
