@@ -167,3 +167,11 @@ def test_launch_keeps_one_launcher_per_kernel_and_options(on_device):
         launch.launch(fn, (1,), x, 64, BLOCK=block)
     assert len(fn.slow_calls) == 2  # one compile per option set; the repeats call directly
     assert [c[-2] for c in fn.compiled.calls] == [128, 128]
+
+
+def test_an_unhashable_option_launches_through_jit_run(on_device):
+    fn = FakeJIT()
+    x = torch.zeros(64)
+    launch.launch(fn, (1,), x, 64, BLOCK=[128])
+    launch.launch(fn, (1,), x, 64, BLOCK=[128])
+    assert len(fn.slow_calls) == 2 and fn.compiled.calls == []

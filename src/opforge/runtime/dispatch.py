@@ -6,8 +6,11 @@ shipped table; within ``TIE_MARGIN`` the earlier variant wins); with no
 entries, the first supported variant in the op's order. Decisions are memoized on the op's cheap key, so a repeated call costs
 one dict lookup before the kernel launch. A family's geometry (``Op.geometry``)
 depends only on what that key holds, so it is computed with the decision and
-kept in it: a memoized call passes it to the variant without recomputing it. ``explain`` says what would run and
-why each other variant was rejected.
+kept in it: a memoized call passes it to the variant without recomputing it. On its first call a decision
+binds its runner (``_bind``): config bound, and for the hot variants (``bind`` on their runner) grid,
+constexprs and a pre-bound Triton launcher (``runtime.launch``) fixed, so a memo hit is the key, one lookup
+and that runner. ``validated_path()`` turns all of it off (the fast path's test reference). ``explain`` says
+what would run and why each other variant was rejected.
 """
 
 from __future__ import annotations

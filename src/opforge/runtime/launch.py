@@ -172,7 +172,11 @@ def launch(fn, grid, *args, **kw) -> None:
     call site whose options change from call to call (``kw``'s values must
     be hashable)."""
     key = (fn, *kw.items())
-    launcher = _launchers.get(key)
+    try:
+        launcher = _launchers.get(key)
+    except TypeError:  # an unhashable option: no launcher to keep
+        fn[grid](*args, **kw)
+        return
     if launcher is None:
         if len(_launchers) >= 4 * _LIMIT:
             _launchers.clear()
