@@ -175,3 +175,15 @@ def test_an_unhashable_option_launches_through_jit_run(on_device):
     launch.launch(fn, (1,), x, 64, BLOCK=[128])
     launch.launch(fn, (1,), x, 64, BLOCK=[128])
     assert len(fn.slow_calls) == 2 and fn.compiled.calls == []
+
+
+def test_jit_run_only_turns_the_direct_call_off(on_device):
+    fn = FakeJIT()
+    go = launch.Launcher(fn, BLOCK=128)
+    x = torch.zeros(64)
+    go((1,), x, 64)
+    with launch.jit_run_only():
+        go((1,), x, 64)
+    assert len(fn.slow_calls) == 2 and fn.compiled.calls == []
+    go((1,), x, 64)
+    assert len(fn.compiled.calls) == 1

@@ -26,6 +26,7 @@ import torch
 from opforge.runtime import autotune
 from opforge.runtime import hooks as _hooks
 from opforge.runtime import device as devmod
+from opforge.runtime import launch
 from opforge.runtime.registry import Op, Variant, get
 
 _MEMO_LIMIT = 8192
@@ -123,12 +124,14 @@ def reset() -> None:
 @contextlib.contextmanager
 def validated_path():
     """Inside the block every call validates and decides afresh and runs its
-    variant's plain ``run`` (no memo, no pre-bound runner or launcher): the
-    reference the fast path is tested against."""
+    variant's plain ``run`` (no memo, no pre-bound runner) and every kernel
+    launch goes through ``JITFunction.run``: the reference the fast path is
+    tested against."""
     global _validated_only
     old, _validated_only = _validated_only, True
     try:
-        yield
+        with launch.jit_run_only():
+            yield
     finally:
         _validated_only = old
 

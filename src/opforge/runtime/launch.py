@@ -22,12 +22,25 @@ every call on a Triton whose objects do not look as this module expects
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 _Tensor = torch.Tensor
 _LIMIT = 256  # compiled signatures kept per launcher (ints are keyed by value)
+_direct = True  # False inside jit_run_only()
+
+
+@contextlib.contextmanager
+def jit_run_only():
+    """Every launch inside the block goes through ``JITFunction.run`` (tests, ``dispatch.validated_path``)."""
+    global _direct
+    old, _direct = _direct, False
+    try:
+        yield
+    finally:
+        _direct = old
 
 
 def _current_device() -> int:
@@ -116,7 +129,7 @@ class Launcher:
         self.knobs = None
 
     def __call__(self, grid, *args) -> None:
-        if self.direct:
+        if self.direct and _direct:
             sig = signature(args)
             if sig is not None:
                 device = _current_device()
