@@ -23,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.launch import launch
+
 # Op codes: the order is the ABI between ops.elementwise and these kernels.
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "gelu", "gelu_tanh", "silu")
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "gelu_backward", "silu_backward")
@@ -218,29 +220,34 @@ def compute_dtype(dtype):
             torch.float64: tl.float64, torch.int32: tl.int32, torch.int64: tl.int64}[dtype]
 
 
-def _scalar(b):
+def scalar_arg(b):
     """A Python scalar as the kernel takes it (a bool is the int 0 or 1, as in torch)."""
     return int(b) if isinstance(b, bool) else b
 
 
-def _b_mode(b) -> int:
+def b_mode(b) -> int:
     if b is None:
         return 0
     return 1 if hasattr(b, "data_ptr") else 2
+
+
+def flat_options(op: str, mode: int, out_dtype, n: int, config: dict) -> tuple[tuple, dict]:
+    """The grid and keyword arguments of ``flat_kernel`` (``mode``: ``b_mode(b)``):
+    all fixed by the op, dtypes and size, so a pre-bound launcher
+    (``ops.elementwise``) computes them once."""
+    block = config.get("BLOCK", 4096)
+    return (triton.cdiv(n, block),), dict(
+        OP=CODES[op], B_MODE=mode, COMPUTE=compute_dtype(out_dtype),
+        BLOCK=block, INT64=n + block > _INT32_MAX, num_warps=config.get("num_warps", 8))
 
 
 def launch_flat(op: str, a, b, out, config: dict) -> None:
     n = out.numel()
     if n == 0:
         return
-    block = config.get("BLOCK", 4096)
-    mode = _b_mode(b)
-    flat_kernel[(triton.cdiv(n, block),)](
-        a, b if mode == 1 else a, _scalar(b) if mode == 2 else 0, out, n,
-        OP=CODES[op], B_MODE=mode, COMPUTE=compute_dtype(out.dtype),
-        BLOCK=block, INT64=n + block > _INT32_MAX,
-        num_warps=config.get("num_warps", 8),
-    )
+    mode = b_mode(b)
+    grid, kw = flat_options(op, mode, out.dtype, n, config)
+    launch(flat_kernel, grid, a, b if mode == 1 else a, scalar_arg(b) if mode == 2 else 0, out, n, **kw)
 
 
 def collapse(shape, strides_list):
@@ -276,11 +283,11 @@ def launch_strided(op: str, a, b, out, config: dict, geometry) -> None:
         return
     dims, (sa, sb, so) = geometry
     br, bc = config.get("BLOCK_R", 1), config.get("BLOCK_C", 1024)
-    mode = _b_mode(b)
+    mode = b_mode(b)
     reach = max(sum((d - 1) * abs(s) for d, s in zip(dims, st)) for st in (sa, sb, so))
     programs = dims[0] * dims[1] * triton.cdiv(dims[2], br) * triton.cdiv(dims[3], bc)
-    strided_kernel[(programs,)](
-        a, b if mode == 1 else a, _scalar(b) if mode == 2 else 0, out,
+    launch(strided_kernel, (programs,),
+        a, b if mode == 1 else a, scalar_arg(b) if mode == 2 else 0, out,
         dims[1], dims[2], dims[3], *sa, *sb, *so,
         OP=CODES[op], B_MODE=mode, COMPUTE=compute_dtype(out.dtype),
         BLOCK_R=br, BLOCK_C=bc, INT64=reach + br * bc > _INT32_MAX,

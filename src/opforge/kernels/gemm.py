@@ -55,6 +55,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.launch import launch
+
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 TMA_VERSION = "1"
 TILED_VERSION = "1"
@@ -529,7 +531,7 @@ def launch_tiled(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> None:
         ws = torch.empty((splits, Bt, M, N), dtype=torch.float64 if compute == tl.float64 else torch.float32,
                          device=C.device)
     int64 = needs_int64(A, B, C, R, ws, extra=max(bm, bn) * max(bk, 1))
-    gemm_tiled_kernel[(tiles, Bt, splits)](
+    launch(gemm_tiled_kernel, (tiles, Bt, splits),
         A, B, C, bias_t, res_t, ws, M, N, K, k_split,
         *A.stride(), *B.stride(), *C.stride(), s_bias, s_rb, s_rm, s_rn,
         HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None,
@@ -539,7 +541,7 @@ def launch_tiled(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> None:
     )
     if splits > 1:
         rbm, rbn = 32, 128
-        splitk_reduce_kernel[(triton.cdiv(M, rbm) * triton.cdiv(N, rbn), Bt)](
+        launch(splitk_reduce_kernel, (triton.cdiv(M, rbm) * triton.cdiv(N, rbn), Bt),
             ws, C, bias_t, res_t, M, N, splits, Bt * M * N, *C.stride(), s_bias, s_rb, s_rm, s_rn,
             HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None, COMPUTE=compute,
             INT64=int64, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4,

@@ -75,6 +75,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.launch import launch
+
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "2"
 LOOPED_VERSION = "3"
@@ -548,23 +550,31 @@ def _res_args(x, res, s):
     return (res, s) if res is not None else (x, x)
 
 
+def fwd_row_options(rows: int, cols: int, dtype, is_rms: bool, has_res: bool, has_w: bool, has_b: bool,
+                    stats: bool, config: dict) -> tuple[tuple, dict]:
+    """The grid and keyword arguments of ``norm_fwd_row_kernel``: all fixed by
+    the shapes, so a pre-bound launcher (``ops.norm``) computes them once."""
+    bc = triton.next_power_of_2(cols)
+    br = config.get("BLOCK_R", 1)
+    return (triton.cdiv(rows, br),), dict(
+        IS_RMS=is_rms, HAS_RES=has_res, HAS_W=has_w, HAS_B=has_b, STATS=stats,
+        COMPUTE=compute_dtype(dtype), BLOCK_R=br, BLOCK_C=bc,
+        INT64=needs_int64(rows, cols, br * bc), num_warps=config.get("num_warps", 4))
+
+
 def launch_fwd_row(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: dict, res=None, s=None) -> None:
     """``res``/``s`` (optional): residual to add and the new residual ``x + res`` to write."""
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return
     res_, s_ = _res_args(x, res, s)
-    bc = triton.next_power_of_2(cols)
-    br = config.get("BLOCK_R", 1)
     stats = rstd is not None
-    norm_fwd_row_kernel[(triton.cdiv(rows, br),)](
-        x, res_, s_, y, w if w is not None else x, b if b is not None else x,
-        mean if mean is not None else (rstd if stats else y), rstd if stats else y,
-        rows, cols, eps,
-        IS_RMS=is_rms, HAS_RES=res is not None, HAS_W=w is not None, HAS_B=b is not None, STATS=stats,
-        COMPUTE=compute_dtype(x.dtype), BLOCK_R=br, BLOCK_C=bc,
-        INT64=needs_int64(rows, cols, br * bc), num_warps=config.get("num_warps", 4),
-    )
+    grid, kw = fwd_row_options(rows, cols, x.dtype, is_rms, res is not None, w is not None, b is not None, stats,
+                               config)
+    launch(norm_fwd_row_kernel, grid,
+           x, res_, s_, y, w if w is not None else x, b if b is not None else x,
+           mean if mean is not None else (rstd if stats else y), rstd if stats else y,
+           rows, cols, eps, **kw)
 
 
 def launch_fwd_split(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: dict, res=None, s=None) -> None:
@@ -584,12 +594,12 @@ def launch_fwd_split(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: d
     int64 = needs_int64(rows, cols, chunk)
     warps = config.get("num_warps", 8)
     ct = compute_dtype(x.dtype)
-    norm_split_stats_kernel[(programs,)](
+    launch(norm_split_stats_kernel, (programs,),
         x, res_, s_, part, rows, cols, pieces,
         IS_RMS=is_rms, HAS_RES=res is not None, COMPUTE=ct, CHUNK=chunk, INT64=int64, num_warps=warps,
     )
     stats = rstd is not None
-    norm_split_apply_kernel[(programs,)](
+    launch(norm_split_apply_kernel, (programs,),
         s if s is not None else x, y, w if w is not None else x, b if b is not None else x, part,
         mean if mean is not None else (rstd if stats else y), rstd if stats else y,
         rows, cols, pieces, eps,
@@ -604,7 +614,7 @@ def launch_fwd_looped(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: 
         return
     bc = min(config.get("BLOCK_C", 4096), triton.next_power_of_2(cols))
     stats = rstd is not None
-    norm_fwd_looped_kernel[(rows,)](
+    launch(norm_fwd_looped_kernel, (rows,),
         x, y, w if w is not None else x, b if b is not None else x,
         mean if mean is not None else (rstd if stats else y), rstd if stats else y,
         rows, cols, eps,
@@ -634,7 +644,7 @@ def launch_bwd_row(dy, x, w, dx, dw_part, db_part, eps: float, is_rms: bool, has
     rows, cols = x.shape
     bc = triton.next_power_of_2(cols)
     br = config.get("BLOCK_R", 1)
-    norm_bwd_row_kernel[(programs,)](
+    launch(norm_bwd_row_kernel, (programs,),
         dy, x, w if w is not None else x, dres if dres is not None else dy, dx,
         dw_part if dw_part is not None else dx, db_part if db_part is not None else dx,
         rows, cols, eps,
@@ -649,7 +659,7 @@ def launch_bwd_looped(dy, x, w, dx, dw_part, db_part, eps: float, is_rms: bool, 
     """``dw_part``/``db_part`` must be zero-initialized: programs accumulate into them."""
     rows, cols = x.shape
     bc = min(config.get("BLOCK_C", 4096), triton.next_power_of_2(cols))
-    norm_bwd_looped_kernel[(programs,)](
+    launch(norm_bwd_looped_kernel, (programs,),
         dy, x, w if w is not None else x, dres if dres is not None else dy, dx,
         dw_part if dw_part is not None else dx, db_part if db_part is not None else dx,
         rows, cols, eps,

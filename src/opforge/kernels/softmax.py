@@ -48,6 +48,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.runtime.launch import launch
+
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
@@ -476,30 +478,31 @@ def online_configs(rows: int, cols: int) -> list[dict]:
             if b // (32 * w) >= 4]
 
 
+def row_options(rows: int, cols: int, row_strides, dtype, log: bool, config: dict) -> tuple[tuple, dict]:
+    """The grid and keyword arguments of the row kernels: all fixed by the
+    shapes and strides, so a pre-bound launcher (``ops.softmax``) computes them once."""
+    bc = triton.next_power_of_2(cols)
+    br = config.get("BLOCK_R", 1)
+    reach = max((rows - 1) * abs(s) for s in row_strides) + cols
+    return (triton.cdiv(rows, br),), dict(
+        LOG=log, COMPUTE=compute_dtype(dtype), BLOCK_R=br, BLOCK_C=bc,
+        INT64=reach + br * bc > _INT32_MAX, num_warps=config.get("num_warps", 4))
+
+
 def launch_row_forward(x, y, log: bool, config: dict) -> None:
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return
-    bc = triton.next_power_of_2(cols)
-    br = config.get("BLOCK_R", 1)
-    row_forward_kernel[(triton.cdiv(rows, br),)](
-        x, y, rows, cols, x.stride(0), y.stride(0),
-        LOG=log, COMPUTE=compute_dtype(y.dtype), BLOCK_R=br, BLOCK_C=bc,
-        INT64=_needs_int64(rows, cols, (x, y), br * bc), num_warps=config.get("num_warps", 4),
-    )
+    grid, kw = row_options(rows, cols, (x.stride(0), y.stride(0)), y.dtype, log, config)
+    launch(row_forward_kernel, grid, x, y, rows, cols, x.stride(0), y.stride(0), **kw)
 
 
 def launch_row_backward(g, y, dx, log: bool, config: dict) -> None:
     rows, cols = g.shape
     if rows == 0 or cols == 0:
         return
-    bc = triton.next_power_of_2(cols)
-    br = config.get("BLOCK_R", 1)
-    row_backward_kernel[(triton.cdiv(rows, br),)](
-        g, y, dx, rows, cols, g.stride(0), y.stride(0), dx.stride(0),
-        LOG=log, COMPUTE=compute_dtype(dx.dtype), BLOCK_R=br, BLOCK_C=bc,
-        INT64=_needs_int64(rows, cols, (g, y, dx), br * bc), num_warps=config.get("num_warps", 4),
-    )
+    grid, kw = row_options(rows, cols, (g.stride(0), y.stride(0), dx.stride(0)), dx.dtype, log, config)
+    launch(row_backward_kernel, grid, g, y, dx, rows, cols, g.stride(0), y.stride(0), dx.stride(0), **kw)
 
 
 def launch_online_forward(x, y, log: bool, config: dict) -> None:
@@ -507,7 +510,7 @@ def launch_online_forward(x, y, log: bool, config: dict) -> None:
     if rows == 0 or cols == 0:
         return
     block = config.get("BLOCK", 4096)
-    online_forward_kernel[(rows,)](
+    launch(online_forward_kernel, (rows,),
         x, y, cols, x.stride(0), y.stride(0),
         LOG=log, COMPUTE=compute_dtype(y.dtype), BLOCK=block,
         INT64=_needs_int64(rows, cols, (x, y), block), num_warps=config.get("num_warps", 8),
@@ -519,7 +522,7 @@ def launch_online_backward(g, y, dx, log: bool, config: dict) -> None:
     if rows == 0 or cols == 0:
         return
     block = config.get("BLOCK", 4096)
-    online_backward_kernel[(rows,)](
+    launch(online_backward_kernel, (rows,),
         g, y, dx, cols, g.stride(0), y.stride(0), dx.stride(0),
         LOG=log, COMPUTE=compute_dtype(dx.dtype), BLOCK=block,
         INT64=_needs_int64(rows, cols, (g, y, dx), block), num_warps=config.get("num_warps", 8),
@@ -580,7 +583,7 @@ def launch_split_forward(x, y, log: bool, config: dict) -> None:
     _check_parts(parts)
     (m, s), count = _split_workspace(rows * parts, rows, 2, torch.float64 if y.dtype == torch.float64 else torch.float32,
                                      x.device)
-    split_forward_kernel[(rows * parts,)](
+    launch(split_forward_kernel, (rows * parts,),
         x, y, m, s, count, cols, x.stride(0), y.stride(0), parts,
         LOG=log, COMPUTE=compute_dtype(y.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
         INT64=_needs_int64(rows, cols, (x, y), chunk), num_warps=config.get("num_warps", 16),
@@ -598,7 +601,7 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
     _check_parts(parts)
     (s,), count = _split_workspace(rows * parts, rows, 1, torch.float64 if dx.dtype == torch.float64 else torch.float32,
                                    g.device)
-    split_backward_kernel[(rows * parts,)](
+    launch(split_backward_kernel, (rows * parts,),
         g, y, dx, s, count, cols, g.stride(0), y.stride(0), dx.stride(0), parts,
         LOG=log, COMPUTE=compute_dtype(dx.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
         INT64=_needs_int64(rows, cols, (g, y, dx), chunk), num_warps=config.get("num_warps", 16),
@@ -626,7 +629,7 @@ def _col_launch(kernel, tensors, outer: int, R: int, inner: int, log: bool, conf
         return
     bi, br = config.get("BLOCK_I", 64), config.get("BLOCK_R", 32)
     n_tiles = triton.cdiv(inner, bi)
-    kernel[(outer * n_tiles,)](
+    launch(kernel, (outer * n_tiles,),
         *tensors, R, inner, n_tiles,
         LOG=log, COMPUTE=compute_dtype(tensors[-1].dtype), BLOCK_R=br, BLOCK_I=bi,
         INT64=outer * R * inner + br * bi > _INT32_MAX, num_warps=config.get("num_warps", 4),
@@ -685,7 +688,7 @@ def _col_split_launch(kernel, tensors, n_partials, outer, R, inner, log, config)
     wide = tensors[-1].dtype == torch.float64
     partials, count = _split_workspace(groups * parts * bi, groups, n_partials,
                                        torch.float64 if wide else torch.float32, tensors[0].device)
-    kernel[(groups * parts,)](
+    launch(kernel, (groups * parts,),
         *tensors, *partials, count, R, inner, n_tiles, parts,
         LOG=log, COMPUTE=compute_dtype(tensors[-1].dtype), CHUNK_R=chunk, BLOCK_I=bi,
         P_BLOCK=triton.next_power_of_2(parts), INT64=outer * R * inner + chunk * bi > _INT32_MAX,

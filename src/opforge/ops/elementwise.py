@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from opforge.kernels import elementwise as K
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
+from opforge.runtime.launch import Launcher
 from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size, sum_to
 
@@ -266,6 +267,39 @@ def flat_run(g: Facts, cfg, a, b=None):
     return out
 
 
+def _bind_flat(g: Facts, cfg, args):
+    """``flat_run`` for one decision: grid, constexprs and launcher fixed, and
+    the output allocated as ``_out`` does for dense operands."""
+    if g.numel == 0:
+        return None
+    b = args[1] if len(args) > 1 else None
+    mode = K.b_mode(b)
+    grid, kw = K.flat_options(g.name, mode, g.dtype, g.numel, cfg)
+    go, dtype, n, empty_like = Launcher(K.flat_kernel, **kw), g.dtype, g.numel, torch.empty_like
+
+    if mode == 1:
+        def run(a, b):
+            out = empty_like(a, dtype=dtype)
+            go(grid, a, b, 0, out, n)
+            return out
+    elif mode == 2:
+        scalar_arg = K.scalar_arg
+
+        def run(a, b):
+            out = empty_like(a, dtype=dtype)
+            go(grid, a, a, scalar_arg(b), out, n)
+            return out
+    else:
+        def run(a, b=None):
+            out = empty_like(a, dtype=dtype)
+            go(grid, a, a, 0, out, n)
+            return out
+    return run
+
+
+flat_run.bind = _bind_flat
+
+
 def flat_configs(g: Facts):
     return [{"BLOCK": blk, "num_warps": w} for blk in (1024, 2048, 4096, 8192) for w in (4, 8)
             if blk // (32 * w) >= 4]
@@ -324,6 +358,26 @@ def eager_run(g: Facts, cfg, a, b=None):
     out = _out(g, a, b)
     EAGER_OUT[g.name](a, b, out)
     return out
+
+
+# torch's functional form of an op whose result, for contiguous operands of one
+# shape, is the very tensor ``EAGER_OUT`` writes into ``_out``: same kernel,
+# same dtype, contiguous. The pre-bound vendor variant returns it directly.
+EAGER_DIRECT = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+                "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+                "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def _bind_eager(g: Facts, cfg, args):
+    fn = EAGER_DIRECT.get(g.name)
+    if fn is None or not g.dense or not args[0].is_contiguous():
+        return None
+    if len(args) > 1 and args[1] is not None:
+        return fn
+    return lambda a, b=None: fn(a)
+
+
+eager_run.bind = _bind_eager
 
 
 def reference_run(g: Facts, cfg, a, b=None):
@@ -471,9 +525,14 @@ def _tensors(a, b=None):
 
 
 def _memo_key(a, b=None):
-    if _is_tensor(b):
-        return (a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device)
-    return (a.dtype, a.shape, a.stride(), a.device, type(b))
+    # A CUDA device as its index: building and comparing torch.device objects costs more than the rest.
+    if type(b) is _Tensor or isinstance(b, torch.Tensor):
+        return (a.dtype, a.shape, a.stride(), a.get_device() if a.is_cuda else a.device,
+                b.dtype, b.shape, b.stride(), b.get_device() if b.is_cuda else b.device)
+    return (a.dtype, a.shape, a.stride(), a.get_device() if a.is_cuda else a.device, type(b))
+
+
+_Tensor = torch.Tensor
 
 
 def _dtype_key(a, b=None):

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from opforge.kernels import norm as K
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
+from opforge.runtime.launch import Launcher
 from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size, pow2
 
@@ -72,9 +73,12 @@ def _opmath(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+_EPS32, _EPS64 = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
+
+
 def default_rms_eps(dtype: torch.dtype) -> float:
     """torch's ``eps=None`` for rms_norm: the epsilon of the compute (opmath) dtype."""
-    return torch.finfo(_opmath(dtype)).eps
+    return _EPS64 if dtype == torch.float64 else _EPS32
 
 
 def layer_norm_reference(x, normalized_shape, eps, weight=None, bias=None):
@@ -195,7 +199,7 @@ def validate(name: str, x, normalized_shape, eps, weight=None, bias=None, grad=N
 # Variants
 # ---------------------------------------------------------------------------
 def _tkey(t):
-    return None if t is None else (t.dtype, tuple(t.shape), t.device, type(t))
+    return None if t is None else (t.dtype, t.shape, t.get_device() if t.is_cuda else t.device, type(t))
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +248,27 @@ class Forward:
             self.launch(xc, y.view(rows, cols), weight.contiguous() if weight is not None else None,
                         bias.contiguous() if bias is not None else None, None, None, float(eps), g.is_rms, cfg)
         return y
+
+    def bind(self, g: Geometry, cfg, args):
+        """The row kernel on a contiguous input, for one decision: ``x`` and a
+        new ``y`` are the ``[rows, cols]`` views themselves, so a call
+        allocates ``y`` and launches; grid and constexprs are fixed here."""
+        x = args[0]
+        if self.launch is not K.launch_fwd_row or not (g.rows and g.cols) or not x.is_contiguous():
+            return None
+        has_w = len(args) > 3 and args[3] is not None
+        has_b = len(args) > 4 and args[4] is not None
+        rows, cols = g.rows, g.cols
+        grid, kw = K.fwd_row_options(rows, cols, x.dtype, g.is_rms, False, has_w, has_b, False, cfg)
+        go, shape, dtype, device, empty = (Launcher(K.norm_fwd_row_kernel, **kw), x.shape, x.dtype, x.device,
+                                           torch.empty)
+
+        def run(x, shape_, eps, weight=None, bias=None):
+            y = empty(shape, dtype=dtype, device=device)
+            w = weight.contiguous() if weight is not None else x
+            go(grid, x, x, x, y, w, bias.contiguous() if bias is not None else x, y, y, rows, cols, float(eps))
+            return y
+        return run
 
 
 def backward_into(packed, grad, x, rows, cols, eps, weight, bias, is_rms: bool, strategy: str, cfg,
@@ -402,6 +427,19 @@ def eager_run(g: Geometry, cfg, *args):
     return torch.cat([t.reshape(-1) for t in (dx, dw, db) if t is not None])
 
 
+def _bind_eager(g: Geometry, cfg, args):
+    """aten's forward kernels called as ``F.layer_norm`` / ``F.rms_norm`` call them."""
+    if g.backward:
+        return None
+    if g.is_rms:
+        return lambda x, shape, eps, w=None: torch.rms_norm(x, shape, w, eps)
+    cudnn = torch.backends.cudnn.enabled
+    return lambda x, shape, eps, w=None, b=None: torch.layer_norm(x, shape, w, b, eps, cudnn)
+
+
+eager_run.bind = _bind_eager
+
+
 def reference_run(g: Geometry, cfg, *args):
     out = _reference(g)(*args)
     return out if g.backward else out.contiguous()
@@ -483,7 +521,9 @@ def _backward_tensors(grad, x, shape, eps, w=None, b=None):
 
 
 def _memo_key(x, shape, eps, w=None, b=None):
-    return (x.dtype, x.shape, x.stride(), x.device, tuple(shape), _tkey(w), _tkey(b), type(eps))
+    # A CUDA device as its index: building and comparing torch.device objects costs more than the rest.
+    return (x.dtype, x.shape, x.stride(), x.get_device() if x.is_cuda else x.device, tuple(shape), _tkey(w),
+            _tkey(b), type(eps))
 
 
 def _backward_memo_key(grad, x, shape, eps, w=None, b=None):
@@ -634,6 +674,7 @@ define("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, f
 # Public API
 # ---------------------------------------------------------------------------
 _Tensor = torch.Tensor
+_LAYER_NORM, _RMS_NORM = OPS["layer_norm"], OPS["rms_norm"]
 
 
 def _check_common(name, input, eps):
@@ -643,9 +684,23 @@ def _check_common(name, input, eps):
         raise TypeError(f"opforge.{name}: eps must be a real number, got {type(eps).__name__}")
 
 
+def _plain_shape(name: str, normalized_shape) -> tuple[int, ...]:
+    """``normalize_shape``, with the common one-int forms checked first."""
+    t = type(normalized_shape)
+    if t is int:
+        return (normalized_shape,)
+    if (t is tuple or t is list or t is torch.Size) and len(normalized_shape) == 1 \
+            and type(normalized_shape[0]) is int:
+        return (normalized_shape[0],)
+    return normalize_shape(name, normalized_shape)
+
+
 def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` run by opforge's dispatcher."""
+    if type(eps) is float and direct_ok(input, weight) and (bias is None or (
+            type(bias) is _Tensor and not (bias.requires_grad and torch.is_grad_enabled()))):
+        return dispatch.call(_LAYER_NORM, input, _plain_shape("layer_norm", normalized_shape), eps, weight, bias)
     _check_common("layer_norm", input, eps)
     shape = normalize_shape("layer_norm", normalized_shape)
     eps = float(eps)
@@ -661,6 +716,9 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` run by opforge's dispatcher (``eps=None``: torch's default)."""
+    if (eps is None or type(eps) is float) and direct_ok(input, weight):
+        return dispatch.call(_RMS_NORM, input, _plain_shape("rms_norm", normalized_shape),
+                             _resolve_eps(input, eps), weight)
     _check_common("rms_norm", input, eps)
     shape = normalize_shape("rms_norm", normalized_shape)
     eps = None if eps is None else float(eps)

@@ -40,6 +40,7 @@ from opforge.ops.checks import check_dim, check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.device import interpret_mode
+from opforge.runtime.launch import Launcher
 from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size, empty_moved, norm_dim, rows_view
 
@@ -218,6 +219,25 @@ class Rows:
         inputs = _inputs(g, args)
         return _run_rows(self.backward if g.backward else self.forward, _out(g, inputs[0]), g.dim, inputs, g.log, cfg)
 
+    def bind(self, g: Geometry, cfg, args):
+        """The row kernel's forward over the last dim of a contiguous input, for
+        one decision: the input and a new contiguous output are the ``[rows,
+        cols]`` views themselves (row stride ``cols``), so a call allocates the
+        output and launches; grid and constexprs are fixed here."""
+        x = args[0]
+        if (self.forward is not K.launch_row_forward or g.backward or g.out_column or not g.rows
+                or x.dim() == 0 or norm_dim(x, g.dim) != x.dim() - 1 or not x.is_contiguous()):
+            return None
+        rows, cols = g.rows, g.cols
+        grid, kw = K.row_options(rows, cols, (cols, cols), x.dtype, g.log, cfg)
+        go, shape, dtype, device, empty = Launcher(K.row_forward_kernel, **kw), x.shape, x.dtype, x.device, torch.empty
+
+        def run(x, dim=-1):
+            y = empty(shape, dtype=dtype, device=device)
+            go(grid, x, y, rows, cols, cols, cols)
+            return y
+        return run
+
 
 @dataclass(frozen=True)
 class Columns:
@@ -237,6 +257,15 @@ class Columns:
 def eager_run(g: Geometry, cfg, *args):
     name = ("log_softmax" if g.log else "softmax") + ("_backward" if g.backward else "")
     return EAGER[name](*args)
+
+
+def _bind_eager(g: Geometry, cfg, args):
+    if g.backward:
+        return EAGER[("log_softmax" if g.log else "softmax") + "_backward"]
+    return torch.log_softmax if g.log else torch.softmax  # what EAGER's forward lambdas call
+
+
+eager_run.bind = _bind_eager
 
 
 def reference_run(g: Geometry, cfg, *args):
@@ -388,7 +417,8 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
 # Registration: registry entry + torch.library op + autograd
 # ---------------------------------------------------------------------------
 def _memo_key(x, dim=-1):
-    return (x.dtype, x.shape, x.stride(), x.device, dim)
+    # A CUDA device as its index: building and comparing torch.device objects costs more than the rest.
+    return (x.dtype, x.shape, x.stride(), x.get_device() if x.is_cuda else x.device, dim)
 
 
 def _backward_memo_key(g, y, dim=-1):

@@ -20,8 +20,11 @@ thread (:mod:`opforge.runtime.background`).
 Decisions are memoized on the op's cheap key, so a repeated call costs
 one dict lookup before the kernel launch. A family's geometry (``Op.geometry``)
 depends only on what that key holds, so it is computed with the decision and
-kept in it: a memoized call passes it to the variant without recomputing it. ``explain`` says what would run and
-why each other variant was rejected.
+kept in it: a memoized call passes it to the variant without recomputing it. On its first call a decision
+binds its runner (``_bind``): config bound, and for the hot variants (``bind`` on their runner) grid,
+constexprs and a pre-bound Triton launcher (``runtime.launch``) fixed, so a memo hit is the key, one lookup
+and that runner. ``validated_path()`` turns all of it off (the fast path's test reference). ``explain`` says
+what would run and why each other variant was rejected.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 from opforge.runtime import autotune
 from opforge.runtime import hooks as _hooks
 from opforge.runtime import device as devmod
+from opforge.runtime import launch
 from opforge.runtime.registry import Op, Variant, get
 
 _MEMO_LIMIT = 8192
@@ -60,11 +64,23 @@ class Decision:
     near_bucket: str | None = None  # the bucket whose entry a "nearest" decision uses
     passed: dict[str, str] = field(default_factory=dict)  # why a supported variant was passed over
     run: Any = field(init=False, repr=False, compare=False)  # run(config, *args)
+    # fast(*args): the hot path's runner, config bound (see ``_bind``); bound on the first call
+    fast: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         spec = self.variant.spec
         self.run = functools.partial(spec.run, self.geom) if spec is not None and self.geom is not None \
             else self.variant.run
+        self.fast = self._bind_and_run
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        if name == "config" and "fast" in self.__dict__:  # a new config (a failed launch's default): rebind
+            object.__setattr__(self, "fast", self._bind_and_run)
+
+    def _bind_and_run(self, *args):
+        self.fast = _bind(self, args)
+        return self.fast(*args)
 
     def __str__(self) -> str:
         source = f"nearest bucket {self.near_bucket}" if self.source == "nearest" else self.source
@@ -85,15 +101,59 @@ class Decision:
         return "\n".join(lines)
 
 
+def _bind(d: Decision, args: tuple):
+    """The runner of ``d`` with its config bound. A family's variant whose
+    runner has ``bind(geom, config, args)`` pre-computes, from the first
+    call's arguments, what depends only on the memo key (shapes, strides,
+    dtypes, device): launch grids, constexprs, kernel launchers. ``bind``
+    returns None when it has no fast form for these arguments."""
+    spec = d.variant.spec
+    fast = None
+    if spec is not None and d.geom is not None:
+        bind = getattr(spec.run, "bind", None)
+        if bind is not None:
+            fast = bind(d.geom, d.config, args)
+        if fast is None:
+            fast = functools.partial(spec.run, d.geom, d.config)
+    else:
+        fast = functools.partial(d.variant.run, d.config)
+    if _MULTI_GPU and d.cuda_index is not None:
+        return functools.partial(_on_device, d.cuda_index, fast)
+    return fast
+
+
+def _on_device(index: int, fn, *args):
+    if index != torch.cuda.current_device():
+        with torch.cuda.device(index):
+            return fn(*args)
+    return fn(*args)
+
+
 _memo: dict[tuple, Decision] = {}
 _forced: dict[str, str] = {}
 _lock = threading.Lock()
 _MULTI_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 1
+_validated_only = False  # validated_path(): decide and validate every call, no pre-bound runners
 
 
 def reset() -> None:
     """Forget memoized decisions (after changing OPFORGE_* settings or the cache)."""
     _memo.clear()
+
+
+@contextlib.contextmanager
+def validated_path():
+    """Inside the block every call validates and decides afresh and runs its
+    variant's plain ``run`` (no memo, no pre-bound runner) and every kernel
+    launch goes through ``JITFunction.run``: the reference the fast path is
+    tested against."""
+    global _validated_only
+    old, _validated_only = _validated_only, True
+    try:
+        with launch.jit_run_only():
+            yield
+    finally:
+        _validated_only = old
 
 
 @contextlib.contextmanager
@@ -281,11 +341,15 @@ def _tune_in_background(d: Decision, args: tuple) -> None:
 
 
 def call(op: Op, *args):
-    """Run ``op`` on ``args`` through its memoized decision (the hot path)."""
+    """Run ``op`` on ``args`` through its memoized decision (the hot path):
+    the memo key, one dict lookup, the decision's pre-bound runner. Validation
+    and the decision happen once per memo key."""
     key = (op.name, op.memo_key(*args), _forced.get(op.name) if _forced else None)
     d = _memo.get(key)
-    if d is None:
+    if d is None or _validated_only:
         d = decide(op, args)
+        if _validated_only:
+            return _run(d, args)
         if autotune.can_benchmark(op.tensors(*args)) or autotune.mode() == "off":
             with _lock:
                 if len(_memo) >= _MEMO_LIMIT:
@@ -293,10 +357,14 @@ def call(op: Op, *args):
                 _memo[key] = d
     if _hooks.HOOKS:  # NVTX ranges, timeline(): only while someone listens
         return _hooks.run_hooked(d, _run, d, args)
-    return _run(d, args)
+    try:
+        return d.fast(*args)
+    except Exception as e:  # a cached config that fails at launch: dropped, and d runs the default from now on
+        return autotune.rerun_with_default(d, args, e, _run)
 
 
 def _run(d: Decision, args: tuple):
+    """The plain path: the variant's ``run`` with the decision's config."""
     try:
         if _MULTI_GPU and d.cuda_index is not None and d.cuda_index != torch.cuda.current_device():
             with torch.cuda.device(d.cuda_index):
