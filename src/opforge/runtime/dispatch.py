@@ -350,7 +350,9 @@ def call(op: Op, *args):
         d = decide(op, args)
         if _validated_only:
             return _run(d, args)
-        if autotune.can_benchmark(op.tensors(*args)) or autotune.mode() == "off":
+        # A decision made during CUDA-graph capture skipped the tuning that mode "on" would do later:
+        # kept only in the modes that never tune inside a call.
+        if autotune.mode() not in ("on", "exhaustive") or autotune.can_benchmark(op.tensors(*args)):
             with _lock:
                 if len(_memo) >= _MEMO_LIMIT:
                     _memo.clear()
