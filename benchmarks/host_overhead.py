@@ -54,7 +54,7 @@ DEVICE = "cuda"  # --device cpu: a smoke run of the script itself (OPFORGE_INTER
 
 def _sync() -> None:
     if DEVICE == "cuda":
-        _sync()
+        torch.cuda.synchronize()
 
 
 def per_call_us(fn: Callable[[], object], calls: int = CALLS, loops: int = 7) -> float:
