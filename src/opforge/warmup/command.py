@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,17 +97,18 @@ def warm(args, console: Console) -> int:
 # ---------------------------------------------------------------------------
 # recording
 # ---------------------------------------------------------------------------
-def _interpret_on_cpu() -> None:
-    """Without a GPU, record under the Triton interpreter (as the tests run): the
-    kernels must be decorated after this, so no kernel module may be loaded yet."""
-    if os.environ.get("OPFORGE_INTERPRET") == "1" and os.environ.get("TRITON_INTERPRET") == "1":
-        return
+def _as_tests_run() -> str:
+    """Without a GPU, record as the tests run (tests/conftest.py), so that the
+    coverage test sees the same launches: kernels under the Triton interpreter,
+    no tuning, an empty autotune cache. The kernels must be decorated after
+    this, so no kernel module may be loaded yet."""
     loaded = [m for m in sys.modules if m.startswith("opforge.kernels.")]
-    if loaded:
+    if loaded and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("opforge warmup --record on the CPU runs kernels under the Triton interpreter; "
                            f"set OPFORGE_INTERPRET=1 TRITON_INTERPRET=1 ({loaded[0]} is already loaded)")
-    os.environ["OPFORGE_INTERPRET"] = "1"
-    os.environ["TRITON_INTERPRET"] = "1"
+    cache = tempfile.mkdtemp(prefix="opforge-record-")
+    os.environ.update(OPFORGE_INTERPRET="1", TRITON_INTERPRET="1", OPFORGE_AUTOTUNE="off", OPFORGE_CACHE_DIR=cache)
+    return cache
 
 
 def record_engine(engine: str, device: str, *, scales=None, events=None, batch_size=None, on_step=None):
@@ -130,8 +133,18 @@ def record_engine(engine: str, device: str, *, scales=None, events=None, batch_s
 def record(args, console: Console) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        _interpret_on_cpu()
+    if torch.cuda.is_available():
+        return _record(args, console)
+    cache = _as_tests_run()
+    try:
+        return _record(args, console)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _record(args, console: Console) -> int:
+    import torch
+
     from opforge.runtime import device as devmod
     from opforge.warmup import manifest
 
