@@ -12,7 +12,7 @@ against the entry with Triton's binder before compiling, and then:
   arch, 32)`` -- the same LLVM and ``ptxas`` work, which checks that every
   entry compiles and lets CPU-only machines measure compile time.
 
-Workers are processes (``spawn``): a compile spends a good part of its time in
+Workers are processes (``python -m opforge.warmup.compile``): a compile spends a good part of its time in
 Python (the AST walk, MLIR pass set-up), so threads in one process serialize on
 the GIL (see ``benchmarks/warmup_first_run.py``, which measures both).
 Entries are handed out one at a time, so a slow kernel (GEMM, attention) does
@@ -21,10 +21,16 @@ not leave the other workers idle.
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 from opforge.warmup.launches import Specialization, binder_of, decode_constexpr, specialize
@@ -175,37 +181,95 @@ def _timed(entry: dict, source: dict[str, str], arch: int | None) -> CompileResu
     return CompileResult(spec.key(), spec.kernel, time.perf_counter() - t0, err)
 
 
-def _worker_init() -> None:
-    os.environ["TRITON_INTERPRET"] = "0"
-    os.environ["OPFORGE_INTERPRET"] = "0"
+RESULT_MARK = "@@opforge-warmup@@ "
+
+
+def _worker_main() -> None:
+    """``python -m opforge.warmup.compile``: compile the tasks read from stdin, one JSON line each,
+    answering each with one marked line on stdout (other output of a compile is ignored)."""
+    for line in sys.stdin:
+        r = _timed(*json.loads(line))
+        sys.stdout.write(RESULT_MARK + json.dumps(asdict(r)) + "\n")
+        sys.stdout.flush()
+
+
+def _worker_env() -> dict:
+    import opforge
+
+    src = str(Path(opforge.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, TRITON_INTERPRET="0", OPFORGE_INTERPRET="0", PYTHONPATH=path)
+
+
+def _in_processes(tasks: list[tuple], jobs: int, done: Callable[[CompileResult], None]) -> None:
+    """``jobs`` worker processes, each fed one task at a time from a shared queue. A plain
+    subprocess, not multiprocessing: nothing depends on the caller's ``__main__``, and a
+    worker that dies (a compiler crash) fails its task only; a new worker takes over."""
+    todo: queue.Queue = queue.Queue()
+    for t in tasks:
+        todo.put(t)
+    env = _worker_env()
+
+    def start():
+        return subprocess.Popen([sys.executable, "-m", "opforge.warmup.compile"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env)
+
+    def drive() -> None:
+        proc = start()
+        try:
+            while True:
+                try:
+                    task = todo.get_nowait()
+                except queue.Empty:
+                    return
+                proc.stdin.write(json.dumps(task) + "\n")
+                proc.stdin.flush()
+                for line in proc.stdout:
+                    if line.startswith(RESULT_MARK):
+                        done(CompileResult(**json.loads(line[len(RESULT_MARK):])))
+                        break
+                else:
+                    spec = Specialization.from_json(task[0])
+                    done(CompileResult(spec.key(), spec.kernel, 0.0, f"worker exited ({proc.wait()})"))
+                    proc = start()
+        finally:
+            proc.stdin.close()
+            proc.wait()
+
+    workers = [threading.Thread(target=drive, daemon=True) for _ in range(min(jobs, len(tasks)))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
 
 
 def compile_all(specs: list[Specialization], sources: dict[str, str], *, jobs: int, arch: int | None = None,
                 pool: str = "process", on_done: Callable[[CompileResult], None] | None = None) -> list[CompileResult]:
-    """Compile ``specs`` with ``jobs`` workers (``pool``: "process" or "thread"; jobs <= 1: here, serially)."""
+    """Compile ``specs`` with ``jobs`` workers (``pool``: "process" or "thread"; jobs <= 1: here, serially).
+    ``on_done`` is called once per entry as it finishes (from one thread at a time)."""
+    if pool not in ("process", "thread"):
+        raise ValueError(f"opforge warmup: pool must be 'process' or 'thread', got {pool!r}")
     tasks = [(s.to_json(), {s.module: sources[s.module]} if s.module in sources else {}, arch) for s in specs]
     results: list[CompileResult] = []
+    lock = threading.Lock()
 
     def done(r: CompileResult) -> None:
-        results.append(r)
-        if on_done:
-            on_done(r)
+        with lock:
+            results.append(r)
+            if on_done:
+                on_done(r)
 
     if jobs <= 1:
         for t in tasks:
             done(_timed(*t))
-        return results
-    if pool == "thread":
-        executor = ThreadPoolExecutor(max_workers=jobs)
-    elif pool == "process":
-        import multiprocessing
-
-        executor = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_worker_init)
+    elif pool == "thread":
+        with ThreadPoolExecutor(max_workers=jobs) as executor:
+            for f in as_completed([executor.submit(_timed, *t) for t in tasks]):
+                done(f.result())
     else:
-        raise ValueError(f"opforge warmup: pool must be 'process' or 'thread', got {pool!r}")
-    with executor:
-        futures: list[Future] = [executor.submit(_timed, *t) for t in tasks]
-        for f in as_completed(futures):
-            done(f.result())
+        _in_processes(tasks, jobs, done)
     return results
+
+
+if __name__ == "__main__":
+    _worker_main()
