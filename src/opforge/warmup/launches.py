@@ -196,7 +196,7 @@ class LaunchRecorder:
     def add(self, kernel, args: tuple, kwargs: dict) -> None:
         try:
             s = specialize(kernel, args, kwargs)
-            src = generated_source(kernel)
+            src = generated_source(kernel) if s.generated and s.module not in self.sources else None
         except Exception as e:  # recording never breaks the workload
             self.failures.append(f"{kernel_name(kernel)}: {type(e).__name__}: {e}")
             return
