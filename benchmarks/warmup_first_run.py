@@ -105,7 +105,9 @@ def _run_queries(args, env: dict, label: str) -> dict:
 def _fresh_env(base: Path, label: str) -> dict:
     (base / label / "triton").mkdir(parents=True)
     (base / label / "opforge").mkdir(parents=True)
-    return dict(os.environ, TRITON_CACHE_DIR=str(base / label / "triton"), OPFORGE_CACHE_DIR=str(base / label / "opforge"))
+    path = os.pathsep.join(p for p in (str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, TRITON_CACHE_DIR=str(base / label / "triton"), OPFORGE_CACHE_DIR=str(base / label / "opforge"),
+                PYTHONPATH=path)
 
 
 def _warmup(args, env: dict, pool: str) -> dict:

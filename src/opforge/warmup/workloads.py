@@ -21,6 +21,7 @@ so CPU recordings stay small.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable
 
 # CI's recordings: the coverage test runs these and checks the manifests hold what they launch.
@@ -71,19 +72,31 @@ def stream(device: str, events: int = CI_STREAM_EVENTS, batch_size: int = CI_STR
 
 
 def ops(device: str, on_step: Callable[[str], None] | None = None) -> list[str]:
-    """Each registered op's samples, through dispatch's choice (a sample an op rejects here is skipped)."""
+    """Each registered op's samples, through dispatch's choice (a sample an op rejects here is skipped).
+
+    Without tuning (``OPFORGE_AUTOTUNE=off`` for the run): the samples are small
+    shapes chosen to reach every variant, and tuning them would add every
+    candidate config of every op to the manifest."""
     import torch
 
     from opforge.runtime import dispatch, registry
 
     dev = torch.device(device)
-    for op in registry.all_ops():
-        for args in op.samples(dev):
-            with contextlib.suppress(Exception):  # selftest reports failures; here only launches matter
-                dispatch.call(op, *args)
-        if on_step:
-            on_step(op.qualname)
-    return [f"ops samples device={device}"]
+    saved = os.environ.get("OPFORGE_AUTOTUNE")
+    os.environ["OPFORGE_AUTOTUNE"] = "off"
+    try:
+        for op in registry.all_ops():
+            for args in op.samples(dev):
+                with contextlib.suppress(Exception):  # selftest reports failures; here only launches matter
+                    dispatch.call(op, *args)
+            if on_step:
+                on_step(op.qualname)
+    finally:
+        if saved is None:
+            os.environ.pop("OPFORGE_AUTOTUNE", None)
+        else:
+            os.environ["OPFORGE_AUTOTUNE"] = saved
+    return [f"ops samples autotune=off device={device}"]
 
 
 def _span(numbers) -> str:
