@@ -15,6 +15,11 @@
    holds (what ``opforge warmup --record sql`` would add).
 3. ``--baseline``: step 2 first on an empty Triton cache, for comparison.
 
+A CPU smoke run of the script itself (kernels under the interpreter, the
+manifests compiled for sm_90 without a GPU):
+``OPFORGE_INTERPRET=1 TRITON_INTERPRET=1 python benchmarks/warmup_first_run.py --device cpu --sf 0.001
+--queries 6 --warmup-args="--arch 90 --engine stream" --jobs 2 --out /tmp/smoke.json``.
+
 Goal (issue 23): warmup <= 90 s on 16 cores; every ``delta_ms`` <= 100.
 Prints a table and writes the JSON to ``--out``.
 """
@@ -60,7 +65,7 @@ def _child(args) -> None:
     known = set()
     for engine in manifest.ENGINES:
         known |= set(manifest.load(engine).entries)
-    con = sql.connect(device="cuda")
+    con = sql.connect(device=args.device)
     t0 = time.perf_counter()
     for name, p in data.generate(args.sf, args.data_dir).items():
         con.register(name, str(p))
@@ -71,7 +76,8 @@ def _child(args) -> None:
         text = queries.query(n)
         with LaunchRecorder() as rec:
             del compiles[:]
-            torch.cuda.synchronize()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             con.sql(text).to_arrow()
             first = (time.perf_counter() - t0) * 1e3
@@ -96,7 +102,7 @@ def _child(args) -> None:
 def _run_queries(args, env: dict, label: str) -> dict:
     out = Path(env["OPFORGE_CACHE_DIR"]) / f"first-run-{label}.json"
     cmd = [sys.executable, __file__, "--child", "--child-out", str(out), "--sf", str(args.sf),
-           "--repeats", str(args.repeats)] + (["--queries", args.queries] if args.queries else []) + \
+           "--repeats", str(args.repeats), "--device", args.device] + (["--queries", args.queries] if args.queries else []) + \
           (["--data-dir", args.data_dir] if args.data_dir else [])
     subprocess.run(cmd, env=env, check=True)
     return json.loads(out.read_text())
@@ -114,7 +120,7 @@ def _warmup(args, env: dict, pool: str) -> dict:
     report = Path(env["OPFORGE_CACHE_DIR"]) / "warmup.json"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "opforge", "warmup", "--jobs", str(args.jobs), "--pool", pool,
-                    "--json", str(report)], env=env, check=True)
+                    "--json", str(report)] + args.warmup_args.split(), env=env, check=True)
     doc = json.loads(report.read_text())
     doc["command_s"] = time.perf_counter() - t0
     doc.pop("entries")  # per-entry times are in the warmup JSON; keep the summary here
@@ -130,19 +136,23 @@ def main(argv=None) -> dict:
     p.add_argument("--pools", default="process", help="comma list of pool kinds to time warmup with")
     p.add_argument("--baseline", action="store_true", help="also run the queries on an empty Triton cache")
     p.add_argument("--data-dir", default=None, help="TPC-H root (default $OPFORGE_CACHE_DIR/tpch)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda", help="where the queries run (cpu: a smoke run, see above)")
+    p.add_argument("--warmup-args", default="", help="more arguments for opforge warmup")
+    p.add_argument("--out", help="the JSON report (required)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         _child(args)
         return {}
+    if not args.out:
+        p.error("--out is required")
     from opforge.sql.tpch import data
 
     data_root = args.data_dir or str(data.data_dir(args.sf).parent)
     data.generate(args.sf, data_root)  # once, outside every timing
     args.data_dir = data_root
-    doc = {"sf": args.sf, "jobs": args.jobs, "warmup": {}}
+    doc = {"sf": args.sf, "jobs": args.jobs, "autotune": os.environ.get("OPFORGE_AUTOTUNE", "on"), "warmup": {}}
     with tempfile.TemporaryDirectory(prefix="opforge-warmup-bench-") as tmp:
         base = Path(tmp)
         if args.baseline:
