@@ -12,9 +12,13 @@ against the entry with Triton's binder before compiling, and then:
   arch, 32)`` -- the same LLVM and ``ptxas`` work, which checks that every
   entry compiles and lets CPU-only machines measure compile time.
 
-Workers are processes (``python -m opforge.warmup.compile``): a compile spends a good part of its time in
-Python (the AST walk, MLIR pass set-up), so threads in one process serialize on
-the GIL (see ``benchmarks/warmup_first_run.py``, which measures both).
+Workers are processes (``python -m opforge.warmup.compile``) by default: part
+of a compile is Python holding the GIL (the AST walk to TTIR, pass set-up), so
+threads in one process can overlap only the LLVM and ``ptxas`` parts; a process
+costs its imports once (a few seconds). ``pool="thread"`` is there to measure
+the difference on a many-core host (``benchmarks/warmup_first_run.py --pools
+process,thread``); on the 2-core CI machine, under load, neither could be
+measured cleanly.
 Entries are handed out one at a time, so a slow kernel (GEMM, attention) does
 not leave the other workers idle.
 """
@@ -148,7 +152,7 @@ def stand_ins(kernel, spec: Specialization) -> tuple[list, dict]:
 # ---------------------------------------------------------------------------
 def compile_entry(spec: Specialization, sources: dict[str, str], arch: int | None = None) -> None:
     kernel = resolve_kernel(spec, sources)
-    if not hasattr(kernel, "warmup") or type(kernel).__name__ == "InterpretedFunction":
+    if type(kernel).__name__ == "InterpretedFunction":
         raise RuntimeError("kernels are interpreted here (TRITON_INTERPRET=1): nothing to compile")
     args, options = stand_ins(kernel, spec)
     if arch is None:
@@ -164,8 +168,8 @@ def compile_entry(spec: Specialization, sources: dict[str, str], arch: int | Non
     backend = make_backend(target)
     kw = dict(options, debug=kernel.debug or knobs.runtime.debug,
               instrumentation_mode=knobs.compilation.instrumentation_mode)
-    bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args,
-                                                                                                          **kw)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, opts = binder(*args, **kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, opts)
     triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
