@@ -26,8 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--record", choices=["sql", "stream", "ops", "all"],
                    help="run the engine's workload and merge the kernels it launches into its manifest")
     p.add_argument("--scale", type=float, action="append",
-                   help="with --record sql: TPC-H scale factor (repeatable; default: SF1 and SF10 on a GPU, "
-                        "SF0.001 on the CPU)")
+                   help="with --record sql: TPC-H scale factor (repeatable; default: SF1 on a GPU, SF0.001 "
+                        "on the CPU)")
     p.add_argument("--events", type=int, help="with --record stream: Nexmark events (default: 1M on a GPU, 10k on the CPU)")
     p.add_argument("--batch-size", type=int, help="with --record stream: events per micro-batch")
     p.add_argument("--fresh", action="store_true", help="with --record: replace the manifest instead of merging")
