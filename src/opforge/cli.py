@@ -1,4 +1,4 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream.
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream, warmup.
 
 A user error is one line on stderr (``opforge: error: ...``) and exit status
 1; ``--debug`` anywhere on the command line (or ``OPFORGE_DEBUG=1``) prints
@@ -87,6 +87,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--op", action="append", help="only these ops (repeatable; 'cumsum', 'cross_entropy*')")
 
     _add_heavy(sub, "profile", command)
+
+    from opforge.warmup import command as warmup_command
+
+    w = sub.add_parser("warmup", help="compile the kernels the SQL/stream engines and tensor ops use, ahead of time")
+    warmup_command.add_arguments(w)
 
     q = sub.add_parser("sql", help="run a SQL query on registered tables, or an interactive shell")
     q.add_argument("query", nargs="?", help="the query; none: an interactive shell")
@@ -204,6 +209,10 @@ def _run(args, console: Console, errors: Console) -> int:
         from opforge.stream import cli as stream_cli
 
         return stream_cli.run(args, console)
+    if args.command == "warmup":
+        from opforge.warmup import command as warmup_command
+
+        return warmup_command.run(args, console)
     if args.command == "selftest":
         from opforge import selftest
 

@@ -5,6 +5,10 @@ dtype, constexpr config, pointer alignment) and keeps the binary in its own
 on-disk cache (``TRITON_CACHE_DIR``), so a warm-up in one process also speeds
 up the next. Compiling happens in worker threads: most of a compile is spent
 in LLVM and ``ptxas`` (a subprocess), which run outside the GIL.
+
+This compiles for one call's arguments by running it; ``opforge warmup``
+(``opforge.warmup``) compiles, without launching, every specialization the
+engines and ops were recorded to launch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,188 @@
+"""Does ``opforge warmup`` make a TPC-H query's first run as fast as its warm run? (GPU)
+
+    python benchmarks/warmup_first_run.py --sf 1 --out /tmp/warmup.json [--jobs 16] [--queries 1,3,6]
+                                          [--baseline] [--pools process,thread] [--data-dir DIR]
+
+1. In a fresh ``TRITON_CACHE_DIR`` (and a fresh ``OPFORGE_CACHE_DIR``: a new
+   user's empty autotune cache; the TPC-H tables stay in ``--data-dir``), time
+   ``opforge warmup --jobs N`` as a command (process start included), once per
+   pool kind in ``--pools`` (each in its own fresh cache; the last one is kept).
+2. In a new process on that cache: register the tables, then per query one
+   first run and ``--repeats`` warm runs (median); ``delta_ms`` = first - warm.
+   Per first run also: the seconds spent in Triton's ``_do_compile`` (a disk
+   cache hit costs milliseconds, a compile seconds), how many compiles took
+   over 50 ms, and the kernel specializations it launched that no manifest
+   holds (what ``opforge warmup --record sql`` would add).
+3. ``--baseline``: step 2 first on an empty Triton cache, for comparison.
+
+A CPU smoke run of the script itself (kernels under the interpreter, the
+manifests compiled for sm_90 without a GPU):
+``OPFORGE_INTERPRET=1 TRITON_INTERPRET=1 python benchmarks/warmup_first_run.py --device cpu --sf 0.001
+--queries 6 --warmup-args="--arch 90 --engine stream" --jobs 2 --out /tmp/smoke.json``.
+
+Goal (issue 23): warmup <= 90 s on 16 cores; every ``delta_ms`` <= 100.
+Prints a table and writes the JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+SLOW_COMPILE_S = 0.05
+
+
+def _child(args) -> None:
+    """Step 2, in a fresh process: first and warm runs of each query."""
+    from triton.runtime.jit import JITFunction
+
+    from opforge import sql
+    from opforge.sql.tpch import data, queries
+    from opforge.warmup import manifest
+    from opforge.warmup.launches import LaunchRecorder
+
+    compiles: list[float] = []
+    original = JITFunction._do_compile
+
+    def timed(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return original(self, *a, **kw)
+        finally:
+            compiles.append(time.perf_counter() - t0)
+
+    JITFunction._do_compile = timed
+    known = set()
+    for engine in manifest.ENGINES:
+        known |= set(manifest.load(engine).entries)
+    con = sql.connect(device=args.device)
+    t0 = time.perf_counter()
+    for name, p in data.generate(args.sf, args.data_dir).items():
+        con.register(name, str(p))
+    out = {"load_s": time.perf_counter() - t0, "queries": []}
+    import torch
+
+    for n in [int(q) for q in args.queries.split(",")] if args.queries else queries.NUMBERS:
+        text = queries.query(n)
+        with LaunchRecorder() as rec:
+            del compiles[:]
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            con.sql(text).to_arrow()
+            first = (time.perf_counter() - t0) * 1e3
+            first_compiles = list(compiles)
+            warm = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                con.sql(text).to_arrow()
+                warm.append((time.perf_counter() - t0) * 1e3)
+        missing = [s.to_json() for k, s in sorted(rec.specializations.items()) if k not in known]
+        w = statistics.median(warm)
+        out["queries"].append({
+            "query": queries.name(n), "first_ms": first, "warm_ms": w, "delta_ms": first - w,
+            "triton_compile_s": sum(first_compiles), "slow_compiles": sum(c > SLOW_COMPILE_S for c in first_compiles),
+            "specializations": len(rec.specializations), "missing": missing,
+        })
+        print(f"{queries.name(n)}: first {first:.1f} ms, warm {w:.1f} ms, compile {sum(first_compiles):.2f} s, "
+              f"{len(missing)} not in the manifests", file=sys.stderr, flush=True)
+    Path(args.child_out).write_text(json.dumps(out))
+
+
+def _run_queries(args, env: dict, label: str) -> dict:
+    out = Path(env["OPFORGE_CACHE_DIR"]) / f"first-run-{label}.json"
+    cmd = [sys.executable, __file__, "--child", "--child-out", str(out), "--sf", str(args.sf),
+           "--repeats", str(args.repeats), "--device", args.device] + (["--queries", args.queries] if args.queries else []) + \
+          (["--data-dir", args.data_dir] if args.data_dir else [])
+    subprocess.run(cmd, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def _fresh_env(base: Path, label: str) -> dict:
+    (base / label / "triton").mkdir(parents=True)
+    (base / label / "opforge").mkdir(parents=True)
+    path = os.pathsep.join(p for p in (str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, TRITON_CACHE_DIR=str(base / label / "triton"), OPFORGE_CACHE_DIR=str(base / label / "opforge"),
+                PYTHONPATH=path)
+
+
+def _warmup(args, env: dict, pool: str) -> dict:
+    report = Path(env["OPFORGE_CACHE_DIR"]) / "warmup.json"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "opforge", "warmup", "--jobs", str(args.jobs), "--pool", pool,
+                    "--json", str(report)] + args.warmup_args.split(), env=env, check=True)
+    doc = json.loads(report.read_text())
+    doc["command_s"] = time.perf_counter() - t0
+    doc.pop("entries")  # per-entry times are in the warmup JSON; keep the summary here
+    return doc
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sf", type=float, default=1.0)
+    p.add_argument("--queries", default=None, help="comma list of query numbers (default all 22)")
+    p.add_argument("--repeats", type=int, default=3, help="warm runs per query (median)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count())
+    p.add_argument("--pools", default="process", help="comma list of pool kinds to time warmup with")
+    p.add_argument("--baseline", action="store_true", help="also run the queries on an empty Triton cache")
+    p.add_argument("--data-dir", default=None, help="TPC-H root (default $OPFORGE_CACHE_DIR/tpch)")
+    p.add_argument("--device", default="cuda", help="where the queries run (cpu: a smoke run, see above)")
+    p.add_argument("--warmup-args", default="", help="more arguments for opforge warmup")
+    p.add_argument("--out", help="the JSON report (required)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        _child(args)
+        return {}
+    if not args.out:
+        p.error("--out is required")
+    from opforge.sql.tpch import data
+
+    data_root = args.data_dir or str(data.data_dir(args.sf).parent)
+    data.generate(args.sf, data_root)  # once, outside every timing
+    args.data_dir = data_root
+    doc = {"sf": args.sf, "jobs": args.jobs, "autotune": os.environ.get("OPFORGE_AUTOTUNE", "on"), "warmup": {}}
+    with tempfile.TemporaryDirectory(prefix="opforge-warmup-bench-") as tmp:
+        base = Path(tmp)
+        if args.baseline:
+            doc["baseline"] = _run_queries(args, _fresh_env(base, "baseline"), "baseline")
+        for pool in args.pools.split(","):
+            env = _fresh_env(base, pool)
+            doc["warmup"][pool] = _warmup(args, env, pool)
+        doc.update(_run_queries(args, env, "after-warmup"))
+    import torch
+
+    doc["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    deltas = [q["delta_ms"] for q in doc["queries"]]
+    warm_s = min(w["command_s"] for w in doc["warmup"].values())
+    doc["goal"] = {"warmup_s": warm_s, "warmup_within_90s": warm_s <= 90, "max_delta_ms": max(deltas),
+                   "all_within_100ms": all(d <= 100 for d in deltas)}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    base_by = {q["query"]: q for q in doc.get("baseline", {}).get("queries", [])}
+    print(f"{'query':>6} {'first ms':>9} {'warm ms':>8} {'delta':>7} {'compile s':>9} {'missing':>7}"
+          + ("  baseline delta" if base_by else ""))
+    for q in doc["queries"]:
+        b = base_by.get(q["query"])
+        print(f"{q['query']:>6} {q['first_ms']:9.1f} {q['warm_ms']:8.1f} {q['delta_ms']:7.1f} "
+              f"{q['triton_compile_s']:9.2f} {len(q['missing']):7d}" + (f"  {b['delta_ms']:.1f}" if b else ""))
+    for pool, w in doc["warmup"].items():
+        print(f"warmup ({pool}, {w['jobs']} workers): {w['command_s']:.1f} s as a command, {w['wall_s']:.1f} s "
+              f"compiling, {w['compiled']} compiled, {w['failed']} failed")
+    print(f"goal: warmup {warm_s:.1f} s (<= 90: {doc['goal']['warmup_within_90s']}), max first-warm "
+          f"{max(deltas):.1f} ms (<= 100: {doc['goal']['all_within_100ms']}); wrote {args.out}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
