@@ -19,6 +19,7 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
+from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
@@ -145,6 +146,7 @@ class Connection:
         self._stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
+        self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
 
     def _context(self) -> ExecContext:
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
@@ -169,7 +171,14 @@ class Connection:
         self._stats[name] = table_stats(table)
         return self
 
+    def _put_table(self, name: str, data: pa.Table) -> None:
+        """(Re)places a table made by CREATE TABLE / INSERT (``sql/ddl.py``); any name DuckDB accepts."""
+        table = Table.from_arrow(data, self.device)
+        self._tables[name] = table
+        self._stats[name] = table_stats(table)
+
     def unregister(self, name: str) -> None:
+        self._memory.tables.pop(name.lower(), None)
         self._tables.pop(name, None)
         self._stats.pop(name, None)
         self.views.pop(name.lower(), None)
@@ -187,6 +196,11 @@ class Connection:
         tree = parse(text)
         if isinstance(tree, exp.Create):
             return self._create(tree)
+        if isinstance(tree, exp.Insert):
+            n = self._memory.insert(tree)
+            return Relation(self, None, f"inserted {n} rows")
+        if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
+            return Relation(self, None, self._memory.drop(tree))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "VIEW":
             target = tree.this if tree.this is not None else (tree.args.get("tables") or [None])[0]
             name = target.name.lower()
@@ -195,7 +209,8 @@ class Connection:
             self.views.pop(name, None)
             return Relation(self, None, f"dropped view {name}")
         if not isinstance(tree, (exp.Select, exp.Union, exp.Subquery, exp.Intersect, exp.Except)):
-            raise NotSupportedError(f"statement {type(tree).__name__} (only SELECT queries and CREATE VIEW)")
+            raise NotSupportedError(f"statement {type(tree).__name__} (only SELECT queries, CREATE TABLE / VIEW, "
+                                    "INSERT and DROP)")
         return Relation(self, self.plan(tree))
 
     def plan(self, tree: exp.Expression) -> P.Node:
@@ -219,8 +234,10 @@ class Connection:
 
     def _create(self, tree: exp.Create) -> Relation:
         kind = (tree.args.get("kind") or "").upper()
+        if kind == "TABLE":
+            return Relation(self, None, self._memory.create(tree))
         if kind != "VIEW":
-            raise NotSupportedError(f"CREATE {kind} (only CREATE VIEW)")
+            raise NotSupportedError(f"CREATE {kind} (only CREATE TABLE and CREATE VIEW)")
         name = tree.this.name.lower() if isinstance(tree.this, exp.Table) else tree.this.this.name.lower()
         if (name in self.views or name in {t.lower() for t in self._tables}) and not tree.args.get("replace"):
             raise SqlError(f"CREATE VIEW: {name!r} already exists")
