@@ -165,8 +165,9 @@ def _failure_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:200]
 
 
-def run_file(path: str, timeout: float) -> dict:
-    """Runs one file's records in order; returns {'total', 'passed', 'failures': [...]}."""
+def run_file(path: str, timeout: float | None) -> dict:
+    """Runs one file's records in order; returns {'total', 'passed', 'failures': [...]}. ``timeout``:
+    seconds (SIGALRM; None: no limit, for callers whose own alarm must stay, as under pytest-timeout)."""
     import opforge.sql as sql
     from opforge.sql.errors import SqlError
 
@@ -178,8 +179,9 @@ def run_file(path: str, timeout: float) -> dict:
     def alarm(*_):
         raise FileTimeout()
 
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    if timeout is not None:
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     i = 0
     try:
         for i, rec in enumerate(records):
@@ -192,8 +194,9 @@ def run_file(path: str, timeout: float) -> dict:
     except FileTimeout:
         failures.extend({"line": r.line, "reason": "timeout"} for r in records[i:])
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        if timeout is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
     return {"total": len(records), "passed": passed, "failures": failures}
 
 
