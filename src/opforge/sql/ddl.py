@@ -299,18 +299,105 @@ class MemoryCatalog:
         for t in [t for t in self.con._tables if t.lower() == name]:
             self.con.unregister(t)
 
+    def change(self, tree: exp.Expression) -> int:
+        """INSERT / UPDATE / DELETE; returns the rows changed (DuckDB's answer to them)."""
+        if isinstance(tree, exp.Insert):
+            return self.insert(tree)
+        if isinstance(tree, exp.Delete):
+            return self.delete(tree)
+        return self.update(tree)
+
+    def _target(self, target: exp.Expression, verb: str) -> tuple[str, MemoryTable]:
+        name = table_name(target)
+        table = self.tables.get(name)
+        if table is None:
+            if name in {t.lower() for t in self.con._tables}:
+                raise NotSupportedError(f"{verb} {name}: a registered table (only tables made by CREATE TABLE)")
+            raise SqlError(f"{verb}: unknown table {name!r}")
+        return name, table
+
+    def _store(self, name: str, table: MemoryTable, data: pa.Table) -> None:
+        table.check(data, name)
+        table.data = data
+        self.con._put_table(name, data)
+
+    def _query(self, query: exp.Expression, with_: exp.Expression | None) -> pa.Table:
+        if isinstance(query, exp.Subquery):
+            query = query.this
+        if with_ is not None:
+            query = query.copy()
+            query.set("with_", with_)
+        return self.con.sql(query.sql(dialect="duckdb")).to_arrow()
+
+    def _count(self, target: exp.Expression, where: exp.Expression | None, with_) -> int:
+        q = exp.select("count(*)").from_(target.copy())
+        if where is not None:
+            q = q.where(where.copy())
+        return self._query(q, with_).column(0)[0].as_py()
+
+    def delete(self, tree: exp.Delete) -> int:
+        if tree.args.get("using") or tree.args.get("returning"):
+            raise NotSupportedError("DELETE ... USING / RETURNING")
+        name, table = self._target(tree.this, "DELETE FROM")
+        with_ = tree.args.get("with_")
+        where = tree.args.get("where")
+        if where is None:
+            n = table.data.num_rows
+            self._store(name, table, table.data.schema.empty_table())
+            return n
+        n = self._count(tree.this, where.this, with_)
+        # the rows whose condition is false or NULL stay
+        cond = exp.Coalesce(this=exp.paren(where.this.copy()), expressions=[exp.false()])
+        keep = exp.select("*").from_(tree.this.copy()).where(exp.Not(this=cond))
+        self._store(name, table, self._typed(table, self._query(keep, with_)))
+        return n
+
+    def update(self, tree: exp.Update) -> int:
+        if tree.args.get("from") or tree.args.get("from_") or tree.args.get("returning"):
+            raise NotSupportedError("UPDATE ... FROM / RETURNING")
+        name, table = self._target(tree.this, "UPDATE")
+        with_ = tree.args.get("with_")
+        where = tree.args.get("where")
+        lower = {n.lower(): n for n in table.data.schema.names}
+        new: dict[str, exp.Expression] = {}
+        for eq in tree.expressions:
+            col = eq.this.name.lower()
+            if col not in lower:
+                raise SqlError(f"UPDATE {name}: table has no column {eq.this.name!r}")
+            value = eq.expression
+            if isinstance(value, (exp.Var, exp.Column)) and value.name.upper() == "DEFAULT":
+                value = table.defaults.get(lower[col], exp.null())
+            new[lower[col]] = value
+        items = []
+        for col in table.data.schema.names:
+            ref = exp.column(col, quoted=True)
+            value = new.get(col)
+            if value is None:
+                items.append(ref)
+                continue
+            if where is not None:
+                value = exp.Case(ifs=[exp.If(this=exp.paren(where.this.copy()), true=exp.paren(value.copy()))],
+                                 default=ref)
+            items.append(exp.alias_(value, col, quoted=True))
+        n = self._count(tree.this, where.this if where is not None else None, with_)
+        data = self._query(exp.select(*items).from_(tree.this.copy()), with_)
+        self._store(name, table, self._typed(table, data))
+        return n
+
+    @staticmethod
+    def _typed(table: MemoryTable, data: pa.Table) -> pa.Table:
+        schema = table.data.schema
+        arrays = [c if c.type == f.type else convert(c.to_pylist(), f.type, f.name)
+                  for c, f in zip(_plain(data).columns, schema)]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
     def insert(self, tree: exp.Insert) -> int:
         """Appends the rows; returns how many."""
         if tree.args.get("alternative") or tree.args.get("conflict") or tree.args.get("overwrite"):
             raise NotSupportedError("INSERT OR REPLACE / ON CONFLICT")
         if tree.args.get("returning"):
             raise NotSupportedError("INSERT ... RETURNING")
-        name = table_name(tree.this)
-        table = self.tables.get(name)
-        if table is None:
-            if name in {t.lower() for t in self.con._tables}:
-                raise NotSupportedError(f"INSERT INTO {name}: a registered table (only tables made by CREATE TABLE)")
-            raise SqlError(f"INSERT INTO: unknown table {name!r}")
+        name, table = self._target(tree.this, "INSERT INTO")
         schema = table.data.schema
         targets = schema.names
         if isinstance(tree.this, exp.Schema):
@@ -320,7 +407,7 @@ class MemoryCatalog:
                 if ident.name.lower() not in lower:
                     raise SqlError(f"INSERT INTO {name}: table has no column {ident.name!r}")
                 targets.append(lower[ident.name.lower()])
-        columns = self._source_columns(tree.expression, len(targets), name)
+        columns = self._source_columns(tree.expression, len(targets), name, tree.args.get("with_"))
         n = len(columns[0]) if columns else 0
         given = dict(zip(targets, columns))
         arrays = []
@@ -333,13 +420,10 @@ class MemoryCatalog:
                 values = [None] * n
             arrays.append(convert(values, f.type, f.name))
         new = pa.Table.from_arrays(arrays, schema=schema)
-        data = pa.concat_tables([table.data, new])
-        table.check(data, name)
-        table.data = data
-        self.con._put_table(name, data)
+        self._store(name, table, pa.concat_tables([table.data, new]))
         return n
 
-    def _source_columns(self, source: exp.Expression, width: int, name: str) -> list[list]:
+    def _source_columns(self, source: exp.Expression, width: int, name: str, with_) -> list[list]:
         """The inserted rows as Python columns: VALUES constants directly, anything else through a query."""
         if isinstance(source, exp.Values):
             rows = []
@@ -353,7 +437,7 @@ class MemoryCatalog:
                     select = "SELECT " + ", ".join(e.sql(dialect="duckdb") for e in items)
                     rows.append(list(self.con.sql(select).fetchall()[0]))
             return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(width)]
-        data = self.con.sql(source.sql(dialect="duckdb")).to_arrow()
+        data = self._query(source, with_)
         if data.num_columns != width:
             raise SqlError(f"INSERT INTO {name}: expected {width} columns, the query gives {data.num_columns}")
         return [c.to_pylist() for c in data.columns]
