@@ -444,6 +444,17 @@ class MemoryCatalog:
 
 
 def _plain(data: pa.Table) -> pa.Table:
-    """Query results as stored columns: dictionary-encoded strings decoded."""
-    cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in data.columns]
+    """Query results as stored columns: dictionary-encoded strings decoded, and the 38-digit decimals
+    of SUM (DuckDB's HUGEINT) narrowed to the 18 digits a column holds, when their values fit."""
+    cols = []
+    for name, c in zip(data.column_names, data.columns):
+        if pa.types.is_dictionary(c.type):
+            c = c.cast(c.type.value_type)
+        if pa.types.is_decimal(c.type) and c.type.precision > 18:
+            try:
+                c = c.cast(pa.decimal128(18, c.type.scale))
+            except pa.ArrowInvalid:
+                raise NotSupportedError(f"column {name}: a value wider than 18 digits (decimals are stored as "
+                                        "scaled int64)") from None
+        cols.append(c)
     return pa.Table.from_arrays(cols, names=data.column_names)
