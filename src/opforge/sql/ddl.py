@@ -312,7 +312,9 @@ class MemoryCatalog:
         table = self.tables.get(name)
         if table is None:
             if name in {t.lower() for t in self.con._tables}:
-                raise NotSupportedError(f"{verb} {name}: a registered table (only tables made by CREATE TABLE)")
+                statement = verb.split()[0].capitalize()  # the construct's name, as other NotSupportedErrors give it
+                raise NotSupportedError(f"statement {statement} on the registered table {name!r} "
+                                        "(only tables made by CREATE TABLE change)")
             raise SqlError(f"{verb}: unknown table {name!r}")
         return name, table
 
