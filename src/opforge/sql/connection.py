@@ -19,6 +19,7 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
+from opforge.sql import table_functions
 from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
@@ -213,7 +214,7 @@ class Connection:
         return self._statement(trees[-1], text)
 
     def _statement(self, tree: exp.Expression, text: str) -> Relation:
-        tree = self._settings.apply(tree, text)
+        tree = table_functions.materialize(self, self._settings.apply(tree, text))
         if isinstance(tree, exp.Set):
             return Relation(self, None, self._settings.set(tree))
         if isinstance(tree, (exp.Insert, exp.Delete, exp.Update)):

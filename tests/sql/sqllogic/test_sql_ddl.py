@@ -94,3 +94,11 @@ def test_default_null_order_setting():
         duck.execute(s)
     for q in ["SELECT i FROM n ORDER BY i", "SELECT i FROM n ORDER BY i DESC", "SELECT i FROM n ORDER BY i NULLS LAST"]:
         assert _rows(con.sql(q)) == duck.sql(q).fetchall(), q
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT i FROM range(0, 11, 3) t1(i)", "SELECT range FROM range(4)", "SELECT a FROM generate_series(9, 0, -2) t(a)",
+    "SELECT count(*), sum(a) FROM generate_series(1, 3) t(a), range(2)",
+])
+def test_series_in_from_match_duckdb(q):
+    assert [tuple(int(v) for v in r) for r in sql.connect("cpu").sql(q).fetchall()] == duckdb.sql(q).fetchall()
