@@ -50,7 +50,7 @@ HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe")
 _VERIFICATION = re.compile(r"^\s*pragma\s+(enable|disable)_verification\s*;?\s*$", re.IGNORECASE)
 
 
-class FileTimeout(Exception):
+class FileTimeout(BaseException):  # not Exception: the engine's own handlers must not catch it
     pass
 
 
