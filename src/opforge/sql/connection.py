@@ -19,10 +19,12 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
+from opforge.sql import table_functions
+from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
-from opforge.sql.frontend.parser import parse
+from opforge.sql.frontend.parser import parse_all
 from opforge.sql.optimizer import optimize
 from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD, ExecContext, check_options
 from opforge.sql.physical.joins.base import Hardware
@@ -30,6 +32,7 @@ from opforge.sql.planner.cardinality import Estimator
 from opforge.sql.planner.join_order import SKEW_THRESHOLD, JoinOrderOptimizer, check_mode
 from opforge.sql.planner.statistics import TableStats, table_stats
 from opforge.sql.profile import Profiler
+from opforge.sql.settings import Settings
 from opforge.sql.table import Table
 
 _EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+|analyse\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
@@ -43,8 +46,11 @@ class Relation:
     """A planned query; executed on each call to to_arrow / to_pandas / fetchall.
     ``mode`` "explain" / "analyze": the relation is the EXPLAIN [ANALYZE] of the query instead."""
 
-    def __init__(self, con: "Connection", node: P.Node | None, message: str = "", mode: str = "query"):
+    def __init__(self, con: "Connection", node: P.Node | None, message: str = "", mode: str = "query",
+                 result: pa.Table | None = None):
+        """``result``: the answer of a statement already run (INSERT's row count)."""
         self._con, self._node, self._message, self._mode = con, node, message, mode
+        self._result = result
         self._estimator: Estimator | None = None
 
     @property
@@ -58,12 +64,16 @@ class Relation:
         if self._mode == "analyze":
             from opforge.sql.profile import SCHEMA
             return SCHEMA.names
+        if self._result is not None:
+            return self._result.column_names
         return [] if self._node is None else [o.name for o in self._node.outputs]
 
     def _executor(self, profiler: Profiler | None = None) -> Executor:
         return Executor(self._con._tables, self._con.device, self._con._context(), profiler)
 
     def to_arrow(self) -> pa.Table:
+        if self._result is not None:
+            return self._result
         if self._node is None:
             return pa.table({})
         if self._mode == "explain":
@@ -145,6 +155,8 @@ class Connection:
         self._stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
+        self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
+        self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
 
     def _context(self) -> ExecContext:
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
@@ -169,7 +181,14 @@ class Connection:
         self._stats[name] = table_stats(table)
         return self
 
+    def _put_table(self, name: str, data: pa.Table) -> None:
+        """(Re)places a table made by CREATE TABLE / INSERT (``sql/ddl.py``); any name DuckDB accepts."""
+        table = Table.from_arrow(data, self.device)
+        self._tables[name] = table
+        self._stats[name] = table_stats(table)
+
     def unregister(self, name: str) -> None:
+        self._memory.tables.pop(name.lower(), None)
         self._tables.pop(name, None)
         self._stats.pop(name, None)
         self.views.pop(name.lower(), None)
@@ -184,9 +203,27 @@ class Connection:
             if inner.plan is None:
                 raise SqlError("EXPLAIN: expected a query (SELECT ...)")
             return Relation(self, inner.plan, mode="analyze" if m.group(1) else "explain")
-        tree = parse(text)
+        message = self._settings.reset(text)
+        if message is not None:
+            return Relation(self, None, message)
+        trees = parse_all(text)
+        if not trees:
+            raise SqlError("expected a SQL statement, got none")
+        for tree in trees[:-1]:  # several statements: each runs, the last one's answer is returned
+            self._statement(tree, text).fetchall()
+        return self._statement(trees[-1], text)
+
+    def _statement(self, tree: exp.Expression, text: str) -> Relation:
+        tree = table_functions.materialize(self, self._settings.apply(tree, text))
+        if isinstance(tree, exp.Set):
+            return Relation(self, None, self._settings.set(tree))
+        if isinstance(tree, (exp.Insert, exp.Delete, exp.Update)):
+            n = self._memory.change(tree)
+            return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Create):
             return self._create(tree)
+        if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
+            return Relation(self, None, self._memory.drop(tree))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "VIEW":
             target = tree.this if tree.this is not None else (tree.args.get("tables") or [None])[0]
             name = target.name.lower()
@@ -195,7 +232,8 @@ class Connection:
             self.views.pop(name, None)
             return Relation(self, None, f"dropped view {name}")
         if not isinstance(tree, (exp.Select, exp.Union, exp.Subquery, exp.Intersect, exp.Except)):
-            raise NotSupportedError(f"statement {type(tree).__name__} (only SELECT queries and CREATE VIEW)")
+            raise NotSupportedError(f"statement {type(tree).__name__} (only SELECT queries, CREATE TABLE / VIEW, "
+                                    "INSERT, UPDATE, DELETE, DROP and SET)")
         return Relation(self, self.plan(tree))
 
     def plan(self, tree: exp.Expression) -> P.Node:
@@ -219,8 +257,10 @@ class Connection:
 
     def _create(self, tree: exp.Create) -> Relation:
         kind = (tree.args.get("kind") or "").upper()
+        if kind == "TABLE":
+            return Relation(self, None, self._memory.create(tree))
         if kind != "VIEW":
-            raise NotSupportedError(f"CREATE {kind} (only CREATE VIEW)")
+            raise NotSupportedError(f"CREATE {kind} (only CREATE TABLE and CREATE VIEW)")
         name = tree.this.name.lower() if isinstance(tree.this, exp.Table) else tree.this.this.name.lower()
         if (name in self.views or name in {t.lower() for t in self._tables}) and not tree.args.get("replace"):
             raise SqlError(f"CREATE VIEW: {name!r} already exists")

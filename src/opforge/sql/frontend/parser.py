@@ -9,6 +9,14 @@ from opforge.sql.errors import SqlError
 
 
 def parse(text: str) -> exp.Expression:
+    trees = parse_all(text)
+    if len(trees) != 1:
+        raise SqlError(f"expected exactly one SQL statement, got {len(trees)}")
+    return trees[0]
+
+
+def parse_all(text: str) -> list[exp.Expression]:
+    """Every statement of ``text`` (separated by semicolons)."""
     try:
         trees = [t for t in sqlglot.parse(text, read="duckdb") if t is not None]
     except ParseError as e:
@@ -17,6 +25,4 @@ def parse(text: str) -> exp.Expression:
         raise SqlError(f"syntax error{where}: {info.get('description', str(e))}") from None
     except TokenError as e:
         raise SqlError(f"syntax error: {e}") from None
-    if len(trees) != 1:
-        raise SqlError(f"expected exactly one SQL statement, got {len(trees)}")
-    return trees[0]
+    return trees
