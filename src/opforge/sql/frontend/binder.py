@@ -11,7 +11,7 @@ from sqlglot.dialects.dialect import Dialect
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.physical.aggregate import result_type
@@ -304,8 +304,6 @@ class Binder:
         subquery grouped by k; the subquery's value becomes a column."""
         if not isinstance(q, exp.Select) or q.args.get("group") or len(q.expressions) != 1:
             raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
-        if any(isinstance(a, exp.Count) for a in q.expressions[0].find_all(exp.Count)):
-            raise NotSupportedError("correlated scalar subquery with COUNT")
         inner, inner_scope, correlated = self._bind_correlated(q, scope)
         lk, rk, residual = split_equi(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
         if residual or not lk:
@@ -314,7 +312,14 @@ class Binder:
         agg_node, proj = self._aggregate_project(q, inner, inner_scope, extra_keys=keys)
         value = proj.outputs[-1]
         joined = P.Join(node, proj, "left", lk, [Ref(o.cid, o.type, o.name) for o, _ in keys])
-        return joined, Ref(value.cid, value.type, value.name)
+        ref = Ref(value.cid, value.type, value.name)
+        empty = _value_over_no_rows(proj)
+        if empty.value is None:
+            return joined, ref
+        # an outer row whose key no subquery row has: the left join pads it with NULL (its key
+        # too), the subquery's value is that of no rows (count(*) 0, coalesce(sum(x), 0) 0)
+        k0 = keys[0][0]
+        return joined, Func("case", [Func("is_null", [Ref(k0.cid, k0.type, k0.name)], T.BOOL), empty, ref], value.type)
 
     # --------------------------------------------------------------------------------------- SELECT
     _SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "group", "having", "order", "limit",
@@ -520,3 +525,28 @@ def _split_and(e: exp.Expression) -> list[exp.Expression]:
 
 def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
+
+
+def _value_over_no_rows(proj: P.Project) -> Lit:
+    """The value a decorrelated scalar subquery (``proj``: its keys, then its value, over its
+    aggregate and HAVING) takes for an outer row no subquery row matches: that of the aggregate
+    without keys over no rows (count 0, every other aggregate NULL) through the HAVING and the
+    select expression."""
+    node, having = proj.child, []
+    while isinstance(node, (P.Sort, P.Filter)):
+        if isinstance(node, P.Filter):
+            having.append(node.predicate)
+        node = node.child
+    if not isinstance(node, P.Aggregate):
+        raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
+    values = {o.cid: Lit(0, o.type) for o, a in node.aggs if a.func in ("count", "count_star")}
+    for pred in having:
+        kept = value_with(pred, values)
+        if kept is None:
+            raise NotSupportedError("correlated scalar subquery whose HAVING is not known over no rows")
+        if kept.value is not True:
+            return Lit(None, proj.outputs[-1].type)
+    out = value_with(proj.exprs[-1][1], values)
+    if out is None:
+        raise NotSupportedError("correlated scalar subquery whose value is not known over no rows")
+    return out

@@ -10,9 +10,7 @@ summed per order before the joins, as DuckDB plans them."""
 from __future__ import annotations
 
 from opforge.sql import plan as P
-import torch
-
-from opforge.sql.expr import Func, Lit, Ref, fold_constants, substitute
+from opforge.sql.expr import Func, Lit, Ref, value_with
 from opforge.sql.planner.join_order import _with_inputs, replace_subtree
 
 _cids, _refs = P.output_cids, P.expr_cids
@@ -107,18 +105,8 @@ def _null_on_padding(a: P.AggCall) -> bool:
     adds its 0 (issue 24: NULL instead of 0 for a nation without suppliers)."""
     if a.arg is None:
         return False
-    padded = substitute(a.arg, {r.cid: Lit(None, r.type) for r in _ref_nodes(a.arg)})
-    try:
-        out = fold_constants(padded, torch.device("cpu"))
-    except Exception:  # noqa: BLE001 -- a function that cannot fold here: keep the one-step aggregate
-        return False
-    return isinstance(out, Lit) and out.value is None
-
-
-def _ref_nodes(e) -> list[Ref]:
-    if isinstance(e, Ref):
-        return [e]
-    return [r for x in getattr(e, "args", []) for r in _ref_nodes(x)]
+    out = value_with(a.arg, {})
+    return out is not None and out.value is None
 
 
 def is_unique(node: P.Node, keys, tables) -> bool:
