@@ -11,7 +11,7 @@ from sqlglot.dialects.dialect import Dialect
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi, value_with
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.physical.aggregate import result_type
@@ -163,29 +163,37 @@ class Binder:
         for j in q.args.get("joins") or []:
             side = (j.side or "").lower()
             kind = (j.kind or "").lower()
-            if j.args.get("using"):
-                raise NotSupportedError("JOIN ... USING")
-            if j.args.get("method"):
+            if j.args.get("method") and str(j.args["method"]).upper() != "NATURAL":
                 raise NotSupportedError(f"{j.args['method']} JOIN")
             if kind in ("semi", "anti") or side in ("left", "right", "full"):
                 left = self._plan_group(group, pending, scope)
                 pending = []
                 rnode, rcols = self._relation(j.this, scope.parent)
+                using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 on = j.args.get("on")
                 cond = ExprBinder(self, scope).bind(on) if on is not None else None
                 jk = kind if kind in ("semi", "anti") else side
-                node = self._join(left, rnode, jk, conjuncts(cond), {c.cid for c in rcols})
+                conds = conjuncts(cond) + [_equal(lc, rc) for lc, rc in using]
+                node = self._join(left, rnode, jk, conds, {c.cid for c in rcols})
                 if jk in ("semi", "anti"):
                     scope.cols = [c for c in scope.cols if c not in rcols]
+                elif jk in ("right", "full") and using:
+                    node = self._merge_using(node, using, scope)
+                for _, rc in using:
+                    rc.hidden = True
                 group = [(node, {c for c in scope.cids()})]
             elif kind in ("", "inner", "cross"):
                 rnode, rcols = self._relation(j.this, scope.parent)
+                using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 group.append((rnode, {c.cid for c in rcols}))
                 on = j.args.get("on")
                 if on is not None:
                     pending += conjuncts(ExprBinder(self, scope).bind(on))
+                pending += [_equal(lc, rc) for lc, rc in using]
+                for _, rc in using:  # equal on every row: the left one stands for both
+                    rc.hidden = True
             else:
                 raise NotSupportedError(f"{kind.upper()} JOIN")
         # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later
@@ -203,6 +211,18 @@ class Binder:
         pending = [e for e in pending if e.cids() <= local]
         node = self._plan_group(group, pending, scope)
         return node, rest, correlated
+
+    def _merge_using(self, node: P.Node, using, scope: Scope) -> P.Node:
+        """A RIGHT / FULL JOIN ... USING column is COALESCE(left, right) (DuckDB's): a row only the
+        right side has keeps its key. It takes the left column's place in * and its bare name."""
+        exprs = [(o, Ref(o.cid, o.type, o.name)) for o in node.outputs]
+        for lc, rc in using:
+            t = _common([lc.type, rc.type], "USING")
+            merged = self.new_col(lc.name, t)
+            exprs.append((merged, Func("coalesce", [Ref(lc.cid, lc.type, lc.name), Ref(rc.cid, rc.type, rc.name)], t)))
+            scope.cols.insert(scope.cols.index(lc), ScopeCol("", lc.name, merged.cid, t))
+            lc.hidden = True
+        return P.Project(node, exprs)
 
     def _join(self, left: P.Node, right: P.Node, kind: str, conds: list[Expr], right_cids: set[int]) -> P.Join:
         lk, rk, residual = split_equi(conds, {o.cid for o in left.outputs}, right_cids)
@@ -350,7 +370,7 @@ class Binder:
         items = []
         for e in q.expressions:
             if isinstance(e, exp.Star):
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols]
+                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols if not c.hidden]
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
@@ -525,6 +545,31 @@ def _split_and(e: exp.Expression) -> list[exp.Expression]:
 
 def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
+
+
+def _using_pairs(j: exp.Join, scope: Scope, rcols: list[ScopeCol]) -> list[tuple[ScopeCol, ScopeCol]]:
+    """(left column, right column) of each name in ``j``'s USING list, or, for a NATURAL join,
+    of each name both sides show; the left one is found by its bare name among the columns so far."""
+    if str(j.args.get("method") or "").upper() == "NATURAL":
+        right_names = {c.name_key for c in rcols}
+        names = list(dict.fromkeys(c.name for c in scope.cols if not c.hidden and c.name_key in right_names))
+    else:
+        names = [u.name for u in j.args.get("using") or []]
+    pairs = []
+    for name in names:
+        left = [c for c in scope.cols if c.name_key == name.lower() and not c.hidden]
+        right = [c for c in rcols if c.name_key == name.lower()]
+        if len(left) != 1 or len(right) != 1:
+            side = "left" if len(left) != 1 else "right"
+            what = "is ambiguous" if (left if side == "left" else right) else "is not a column"
+            raise SqlError(f"JOIN ... USING: {name!r} {what} on the {side} side")
+        pairs.append((left[0], right[0]))
+    return pairs
+
+
+def _equal(a: ScopeCol, b: ScopeCol) -> Expr:
+    _common([a.type, b.type], "USING")
+    return cmp("=", Ref(a.cid, a.type, a.name), Ref(b.cid, b.type, b.name))
 
 
 def _value_over_no_rows(proj: P.Project) -> Lit:
