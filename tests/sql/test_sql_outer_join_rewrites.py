@@ -79,6 +79,11 @@ TPCH = [
     "and not exists (select * from orders where o_custkey = c_custkey and o_orderstatus = 'F')",
     "select c_custkey, o_orderkey from customer left join (select * from orders where o_orderkey in "
     "(select l_orderkey from lineitem where l_quantity > 49)) o on c_custkey = o_custkey where c_custkey < 60",
+    "select c_name from customer join nation on c_nationkey = n_nationkey where n_name = 'BRAZIL' and c_custkey "
+    "not in (select case when o_orderkey % 1000 = 0 then null else o_custkey end from orders)",  # a NULL: none
+    "select n_name, count(*) from customer join nation on c_nationkey = n_nationkey where c_custkey "
+    "not in (select case when o_orderkey % 1000 = 0 then null else o_custkey end from orders "
+    "where o_totalprice > 400000 and o_orderkey % 1000 <> 0) group by n_name",
     # filters through outer joins, WHERE vs ON
     "select c_custkey, o_orderkey from customer left join orders on c_custkey = o_custkey "
     "and o_totalprice > 400000 where c_custkey < 100",
@@ -118,6 +123,12 @@ TINY = [
     "select c, count(*) from (select uk, count(bv) c from u left join b on uk = bk group by uk) group by c",
     "select ug, count(*) from u left join b on uk = bk where bv is null group by ug",
     "select ug, count(av), sum(bv) from u left join b on uk = bk left join a on bk = ak group by ug",
+    "select ug, count(bk), sum(bv) from u left join b on uk = bk where bv is null or bv > 2 group by ug",
+    "select ug, count(bk), max(bs) from u left join b on uk = bk and bs <> 'q' join a on uk = ak group by ug",
+    # join reordering around outer joins
+    "select ak, bk, ug from a left join b on ak = bk join u on bk = uk",
+    "select ak, bk, ug from u join a on uk = ak left join b on ak = bk and bv > 0 where ug <> 'z'",
+    "select ak, bk, nk from a left join b on ak = bk left join n on bk = nk",
     # NOT IN / NOT EXISTS with NULLs
     "select ak from a where ak not in (select nk from n)",
     "select ak from a where ak not in (select nk from n where nk is not null)",
@@ -125,6 +136,9 @@ TINY = [
     "select ak from a where ak not in (select bk from b)",
     "select ak from a where not exists (select 1 from b where bk = ak)",
     "select ak from a where ak in (select bk from b)",
+    "select ak from a where ak in (select nk from n)",
+    "select ak from a where ak not in (select bk from b where bk > 100)",  # empty: every row, a NULL too
+    "select ak from a where ak not in (select nk from n where nk is null)",  # only NULLs: none
     "select ak, ug from a join u on ak = uk where not exists (select * from b where bk = ak and bv > 0)",
     "select ak, ug from a left join u on ak = uk where ak not in (select nk from n where nk is not null)",
     "select ug, count(*) from a join u on ak = uk where ak not in "
