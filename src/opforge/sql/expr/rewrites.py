@@ -6,7 +6,7 @@ import torch
 from opforge.sql import types as T
 from opforge.sql.expr.batch import Batch
 from opforge.sql.expr.evaluation import evaluate
-from opforge.sql.expr.tree import Expr, Func, Lit, Ref, and_, conjuncts, disjuncts
+from opforge.sql.expr.tree import Expr, Func, Lit, Ref, and_, conjuncts, disjuncts, is_const
 
 
 def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
@@ -43,6 +43,9 @@ def value_with(e: Expr, values: dict[int, Lit]) -> Lit | None:
     mapping = {r.cid: values.get(r.cid, Lit(None, r.type)) for r in _refs(e)}
     try:
         out = fold_constants(substitute(e, mapping), torch.device("cpu"))
+        if isinstance(out, Func) and out.type.kind == "STRING" and is_const(out):  # not folded: run it
+            col = evaluate(out, Batch({}, 1, torch.device("cpu")))
+            out = Lit(col.to_arrow().to_pylist()[0], out.type)
     except Exception:  # noqa: BLE001 -- a function that cannot run on a constant: not known
         return None
     return out if isinstance(out, Lit) else None

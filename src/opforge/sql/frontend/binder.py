@@ -574,9 +574,8 @@ def _equal(a: ScopeCol, b: ScopeCol) -> Expr:
 
 def _value_over_no_rows(proj: P.Project) -> Lit:
     """The value a decorrelated scalar subquery (``proj``: its keys, then its value, over its
-    aggregate and HAVING) takes for an outer row no subquery row matches: that of the aggregate
-    without keys over no rows (count 0, every other aggregate NULL) through the HAVING and the
-    select expression."""
+    aggregate and HAVING) takes for an outer row no subquery row matches: its select expression
+    over the aggregates of no rows (a count 0, every other aggregate NULL)."""
     node, having = proj.child, []
     while isinstance(node, (P.Sort, P.Filter)):
         if isinstance(node, P.Filter):
@@ -584,14 +583,14 @@ def _value_over_no_rows(proj: P.Project) -> Lit:
         node = node.child
     if not isinstance(node, P.Aggregate):
         raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
-    values = {o.cid: Lit(0, o.type) for o, a in node.aggs if a.func in ("count", "count_star")}
-    for pred in having:
-        kept = value_with(pred, values)
-        if kept is None:
-            raise NotSupportedError("correlated scalar subquery whose HAVING is not known over no rows")
-        if kept.value is not True:
-            return Lit(None, proj.outputs[-1].type)
+    values = {o.cid: Lit(0, o.type) for o, a in node.aggs if a.func in ("count", "count_star", "count_distinct")}
     out = value_with(proj.exprs[-1][1], values)
     if out is None:
         raise NotSupportedError("correlated scalar subquery whose value is not known over no rows")
+    for pred in having if out.value is not None else []:
+        kept = value_with(pred, values)
+        if kept is None or kept.value is True:
+            # a group its HAVING drops is NULL, no group is ``out``: the left join pads both alike
+            raise NotSupportedError("correlated scalar subquery with HAVING whose value over no rows is not NULL")
+        return Lit(None, out.type)  # HAVING drops the one row of no rows: NULL as well
     return out
