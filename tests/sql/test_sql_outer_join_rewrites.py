@@ -72,6 +72,9 @@ TPCH = [
     "on r_regionkey = n_regionkey and n_name like 'A%' group by r_name",
     "select n_name, r_name, count(s_suppkey) from nation left join supplier on n_nationkey = s_nationkey "
     "and s_acctbal > 9000 join region on n_regionkey = r_regionkey group by n_name, r_name",
+    "select c_custkey, c_name, o_orderkey, count(l_linenumber) from customer left join orders on c_custkey = "
+    "o_custkey and o_totalprice > 450000 left join lineitem on o_orderkey = l_orderkey and l_quantity > 45 "
+    "where c_custkey < 200 group by c_custkey, c_name, o_orderkey",
     # semi / anti joins sunk through joins
     "select c_name from customer join nation on c_nationkey = n_nationkey where n_name = 'BRAZIL' "
     "and c_custkey not in (select o_custkey from orders where o_totalprice > 100000)",
@@ -125,6 +128,9 @@ TINY = [
     "select ug, count(av), sum(bv) from u left join b on uk = bk left join a on bk = ak group by ug",
     "select ug, count(bk), sum(bv) from u left join b on uk = bk where bv is null or bv > 2 group by ug",
     "select ug, count(bk), max(bs) from u left join b on uk = bk and bs <> 'q' join a on uk = ak group by ug",
+    # grouping on determinants: the NULL-supplying side's key determines nothing of unmatched rows
+    "select bk, uk, ug, count(*) from u left join b on uk = bk group by bk, uk, ug",
+    "select uk, ug, bk, count(bv) from u full join b on uk = bk group by uk, ug, bk",
     # join reordering around outer joins
     "select ak, bk, ug from a left join b on ak = bk join u on bk = uk",
     "select ak, bk, ug from u join a on uk = ak left join b on ak = bk and bv > 0 where ug <> 'z'",
