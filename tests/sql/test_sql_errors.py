@@ -58,6 +58,8 @@ def test_not_supported_names_the_construct(con, q, construct):
 def test_using_names_a_missing_column(con):
     with pytest.raises(sql.SqlError, match="USING: 'x' is not a column on the left side"):
         con.sql("SELECT * FROM lineitem JOIN lineitem b USING (x)")
+    with pytest.raises(sql.SqlError, match="NATURAL JOIN: the two sides have no column name in common"):
+        con.sql("SELECT * FROM lineitem NATURAL JOIN (SELECT 1 AS x) b")
 
 
 def test_type_errors(con):

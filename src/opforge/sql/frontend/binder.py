@@ -553,6 +553,8 @@ def _using_pairs(j: exp.Join, scope: Scope, rcols: list[ScopeCol]) -> list[tuple
     if str(j.args.get("method") or "").upper() == "NATURAL":
         right_names = {c.name_key for c in rcols}
         names = list(dict.fromkeys(c.name for c in scope.cols if not c.hidden and c.name_key in right_names))
+        if not names:  # DuckDB's error too: a cross product is written CROSS JOIN
+            raise SqlError("NATURAL JOIN: the two sides have no column name in common")
     else:
         names = [u.name for u in j.args.get("using") or []]
     pairs = []
