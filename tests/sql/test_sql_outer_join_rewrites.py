@@ -123,6 +123,7 @@ TINY = [
     "select ug, max(coalesce(bs, 'none')), min(coalesce(bv, 100)) from u left join b on uk = bk group by ug",
     "select ug, count(bk) from b right join u on bk = uk group by ug",
     "select ug, bs, count(bv), sum(bv) from u full join b on uk = bk group by ug, bs",
+    "select ug, count(bk), sum(bv) from u left join b on uk = bk and ug <> 'x' group by ug",
     "select c, count(*) from (select uk, count(bv) c from u left join b on uk = bk group by uk) group by c",
     "select ug, count(*) from u left join b on uk = bk where bv is null group by ug",
     "select ug, count(av), sum(bv) from u left join b on uk = bk left join a on bk = ak group by ug",
