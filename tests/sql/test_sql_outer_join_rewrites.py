@@ -201,6 +201,10 @@ TINY = [
     "select * from a natural left join (select bk as ak, bs as ag, bv from b) t",
     "select * from (select bk as ak, bv from b) t join a using (ak) join a a2 using (ak)",
     "select ak, ug from a join u on ak = uk join (select bk as ak, bs from b) t using (ak) where bs is null",
+    "select ak, bv from a join (select bk as ak, bv from b) t using (ak) where bv >= (select avg(bv) from b where bk = ak)",
+    "select ak, bv from a full join (select bk as ak, bv from b) t using (ak) "
+    "where ak not in (select bk from b where bk is not null and bv > 2)",
+    "with t as (select bk as ak, bv from b) select * from a join t using (ak) join t t2 using (ak, bv)",
 ]
 
 
