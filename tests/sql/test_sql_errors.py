@@ -41,8 +41,6 @@ def test_ambiguous_column(con):
     ("SELECT l_comment ILIKE 'a' FROM lineitem", "ILike"),
     ("SELECT CAST(l_comment AS INTEGER) FROM lineitem", "CAST"),
     ("INSERT INTO lineitem VALUES (1, 2, 'c')", "Insert"),
-    ("SELECT * FROM lineitem JOIN lineitem b USING (l_quantity)", "USING"),
-    ("SELECT * FROM lineitem NATURAL JOIN lineitem b", "NATURAL"),
     ("SELECT * FROM lineitem POSITIONAL JOIN lineitem b", "POSITIONAL"),
     ("SELECT l_comment FROM lineitem GROUP BY ROLLUP (l_comment)", "Rollup"),
     ("SELECT l_comment FROM lineitem GROUP BY ALL", "ALL"),
@@ -55,6 +53,13 @@ def test_ambiguous_column(con):
 def test_not_supported_names_the_construct(con, q, construct):
     with pytest.raises(sql.NotSupportedError, match=construct):
         con.sql(q).to_arrow()
+
+
+def test_using_names_a_missing_column(con):
+    with pytest.raises(sql.SqlError, match="USING: 'x' is not a column on the left side"):
+        con.sql("SELECT * FROM lineitem JOIN lineitem b USING (x)")
+    with pytest.raises(sql.SqlError, match="NATURAL JOIN: the two sides have no column name in common"):
+        con.sql("SELECT * FROM lineitem NATURAL JOIN (SELECT 1 AS x) b")
 
 
 def test_type_errors(con):

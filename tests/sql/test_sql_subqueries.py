@@ -59,7 +59,8 @@ def test_views():
     assert "v" not in con.tables()
 
 
-def test_correlated_count_subquery_is_not_supported(check):
-    # COUNT over an empty correlated group is 0, not NULL: the left-join rewrite would be wrong
-    with pytest.raises(sql.NotSupportedError, match="COUNT"):
-        check.con.sql("SELECT k FROM t WHERE i > (SELECT count(*) FROM u WHERE u.k = t.k)")
+def test_correlated_count_subquery_is_zero_without_rows(check):
+    # COUNT over an empty correlated group is 0, not the NULL the left join pads with
+    check("SELECT k FROM t WHERE i > (SELECT count(*) FROM u WHERE u.k = t.k)")
+    check("SELECT k, i FROM t WHERE (SELECT count(u.i) FROM u WHERE u.k = t.k AND u.i > 40) = 0")
+    check("SELECT k, i FROM t WHERE i > (SELECT count(*) FROM t t2 WHERE t2.k = t.k) - 30")  # as a window

@@ -20,10 +20,10 @@ from opforge.sql.expr.casts import cast_values
 from opforge.sql.expr import arithmetic, date_functions, logic  # noqa: F401  (register their evaluators)
 from opforge.sql.expr.compare import comparable
 from opforge.sql.expr.string_functions import device_like, like_regex
-from opforge.sql.expr.rewrites import factor_or, fold_constants, substitute
+from opforge.sql.expr.rewrites import factor_or, fold_constants, substitute, value_with
 
 __all__ = [
     "Batch", "Expr", "Func", "Lit", "Ref", "and_", "arith_type", "cast_values", "cmp", "comparable", "conjuncts",
     "device_like", "disjuncts", "equi_pair", "evaluate", "factor_or", "fold_constants", "is_const", "like_regex",
-    "split_equi", "substitute",
+    "split_equi", "substitute", "value_with",
 ]

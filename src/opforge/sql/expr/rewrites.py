@@ -1,10 +1,12 @@
 """Rewrites of expression trees used by the optimizer: substitution, constant folding, factoring ORs."""
 from __future__ import annotations
 
+import torch
+
 from opforge.sql import types as T
 from opforge.sql.expr.batch import Batch
 from opforge.sql.expr.evaluation import evaluate
-from opforge.sql.expr.tree import Expr, Func, Lit, Ref, and_, conjuncts, disjuncts
+from opforge.sql.expr.tree import Expr, Func, Lit, Ref, and_, conjuncts, disjuncts, is_const
 
 
 def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
@@ -31,6 +33,28 @@ def fold_constants(e: Expr, device) -> Expr:
                 return Lit(Decimal(v).scaleb(-e.type.scale), e.type)
             return Lit(v, e.type) if e.type.kind != "DATE" else Lit(int(v), e.type)
     return e
+
+
+def value_with(e: Expr, values: dict[int, Lit]) -> Lit | None:
+    """The constant ``e`` takes when its columns hold ``values`` (cid -> literal; a column not in
+    ``values`` is NULL), folded on the CPU; None when it does not fold to a literal (a string
+    function). The planner asks what an expression gives on a row an outer join pads with NULLs,
+    or on the one row an aggregate without keys returns for no input."""
+    mapping = {r.cid: values.get(r.cid, Lit(None, r.type)) for r in _refs(e)}
+    try:
+        out = fold_constants(substitute(e, mapping), torch.device("cpu"))
+        if isinstance(out, Func) and out.type.kind == "STRING" and is_const(out):  # not folded: run it
+            col = evaluate(out, Batch({}, 1, torch.device("cpu")))
+            out = Lit(col.to_arrow().to_pylist()[0], out.type)
+    except Exception:  # noqa: BLE001 -- a function that cannot run on a constant: not known
+        return None
+    return out if isinstance(out, Lit) else None
+
+
+def _refs(e: Expr) -> list[Ref]:
+    if isinstance(e, Ref):
+        return [e]
+    return [r for a in (e.args if isinstance(e, Func) else []) for r in _refs(a)]
 
 
 def factor_or(e: Expr) -> list[Expr]:

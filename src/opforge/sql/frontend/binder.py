@@ -11,7 +11,7 @@ from sqlglot.dialects.dialect import Dialect
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi
+from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.physical.aggregate import result_type
@@ -163,29 +163,37 @@ class Binder:
         for j in q.args.get("joins") or []:
             side = (j.side or "").lower()
             kind = (j.kind or "").lower()
-            if j.args.get("using"):
-                raise NotSupportedError("JOIN ... USING")
-            if j.args.get("method"):
+            if j.args.get("method") and str(j.args["method"]).upper() != "NATURAL":
                 raise NotSupportedError(f"{j.args['method']} JOIN")
             if kind in ("semi", "anti") or side in ("left", "right", "full"):
                 left = self._plan_group(group, pending, scope)
                 pending = []
                 rnode, rcols = self._relation(j.this, scope.parent)
+                using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 on = j.args.get("on")
                 cond = ExprBinder(self, scope).bind(on) if on is not None else None
                 jk = kind if kind in ("semi", "anti") else side
-                node = self._join(left, rnode, jk, conjuncts(cond), {c.cid for c in rcols})
+                conds = conjuncts(cond) + [_equal(lc, rc) for lc, rc in using]
+                node = self._join(left, rnode, jk, conds, {c.cid for c in rcols})
                 if jk in ("semi", "anti"):
                     scope.cols = [c for c in scope.cols if c not in rcols]
+                elif jk in ("right", "full") and using:
+                    node = self._merge_using(node, using, scope)
+                for _, rc in using:
+                    rc.hidden = True
                 group = [(node, {c for c in scope.cids()})]
             elif kind in ("", "inner", "cross"):
                 rnode, rcols = self._relation(j.this, scope.parent)
+                using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 group.append((rnode, {c.cid for c in rcols}))
                 on = j.args.get("on")
                 if on is not None:
                     pending += conjuncts(ExprBinder(self, scope).bind(on))
+                pending += [_equal(lc, rc) for lc, rc in using]
+                for _, rc in using:  # equal on every row: the left one stands for both
+                    rc.hidden = True
             else:
                 raise NotSupportedError(f"{kind.upper()} JOIN")
         # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later
@@ -203,6 +211,18 @@ class Binder:
         pending = [e for e in pending if e.cids() <= local]
         node = self._plan_group(group, pending, scope)
         return node, rest, correlated
+
+    def _merge_using(self, node: P.Node, using, scope: Scope) -> P.Node:
+        """A RIGHT / FULL JOIN ... USING column is COALESCE(left, right) (DuckDB's): a row only the
+        right side has keeps its key. It takes the left column's place in * and its bare name."""
+        exprs = [(o, Ref(o.cid, o.type, o.name)) for o in node.outputs]
+        for lc, rc in using:
+            t = _common([lc.type, rc.type], "USING")
+            merged = self.new_col(lc.name, t)
+            exprs.append((merged, Func("coalesce", [Ref(lc.cid, lc.type, lc.name), Ref(rc.cid, rc.type, rc.name)], t)))
+            scope.cols.insert(scope.cols.index(lc), ScopeCol("", lc.name, merged.cid, t))
+            lc.hidden = True
+        return P.Project(node, exprs)
 
     def _join(self, left: P.Node, right: P.Node, kind: str, conds: list[Expr], right_cids: set[int]) -> P.Join:
         lk, rk, residual = split_equi(conds, {o.cid for o in left.outputs}, right_cids)
@@ -304,8 +324,6 @@ class Binder:
         subquery grouped by k; the subquery's value becomes a column."""
         if not isinstance(q, exp.Select) or q.args.get("group") or len(q.expressions) != 1:
             raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
-        if any(isinstance(a, exp.Count) for a in q.expressions[0].find_all(exp.Count)):
-            raise NotSupportedError("correlated scalar subquery with COUNT")
         inner, inner_scope, correlated = self._bind_correlated(q, scope)
         lk, rk, residual = split_equi(correlated, {o.cid for o in node.outputs}, inner_scope.cids())
         if residual or not lk:
@@ -314,7 +332,14 @@ class Binder:
         agg_node, proj = self._aggregate_project(q, inner, inner_scope, extra_keys=keys)
         value = proj.outputs[-1]
         joined = P.Join(node, proj, "left", lk, [Ref(o.cid, o.type, o.name) for o, _ in keys])
-        return joined, Ref(value.cid, value.type, value.name)
+        ref = Ref(value.cid, value.type, value.name)
+        empty = _value_over_no_rows(proj)
+        if empty.value is None:
+            return joined, ref
+        # an outer row whose key no subquery row has: the left join pads it with NULL (its key
+        # too), the subquery's value is that of no rows (count(*) 0, coalesce(sum(x), 0) 0)
+        k0 = keys[0][0]
+        return joined, Func("case", [Func("is_null", [Ref(k0.cid, k0.type, k0.name)], T.BOOL), empty, ref], value.type)
 
     # --------------------------------------------------------------------------------------- SELECT
     _SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "group", "having", "order", "limit",
@@ -345,7 +370,7 @@ class Binder:
         items = []
         for e in q.expressions:
             if isinstance(e, exp.Star):
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols]
+                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols if not c.hidden]
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
@@ -520,3 +545,54 @@ def _split_and(e: exp.Expression) -> list[exp.Expression]:
 
 def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
+
+
+def _using_pairs(j: exp.Join, scope: Scope, rcols: list[ScopeCol]) -> list[tuple[ScopeCol, ScopeCol]]:
+    """(left column, right column) of each name in ``j``'s USING list, or, for a NATURAL join,
+    of each name both sides show; the left one is found by its bare name among the columns so far."""
+    if str(j.args.get("method") or "").upper() == "NATURAL":
+        right_names = {c.name_key for c in rcols}
+        names = list(dict.fromkeys(c.name for c in scope.cols if not c.hidden and c.name_key in right_names))
+        if not names:  # DuckDB's error too: a cross product is written CROSS JOIN
+            raise SqlError("NATURAL JOIN: the two sides have no column name in common")
+    else:
+        names = [u.name for u in j.args.get("using") or []]
+    pairs = []
+    for name in names:
+        left = [c for c in scope.cols if c.name_key == name.lower() and not c.hidden]
+        right = [c for c in rcols if c.name_key == name.lower()]
+        if len(left) != 1 or len(right) != 1:
+            side = "left" if len(left) != 1 else "right"
+            what = "is ambiguous" if (left if side == "left" else right) else "is not a column"
+            raise SqlError(f"JOIN ... USING: {name!r} {what} on the {side} side")
+        pairs.append((left[0], right[0]))
+    return pairs
+
+
+def _equal(a: ScopeCol, b: ScopeCol) -> Expr:
+    _common([a.type, b.type], "USING")
+    return cmp("=", Ref(a.cid, a.type, a.name), Ref(b.cid, b.type, b.name))
+
+
+def _value_over_no_rows(proj: P.Project) -> Lit:
+    """The value a decorrelated scalar subquery (``proj``: its keys, then its value, over its
+    aggregate and HAVING) takes for an outer row no subquery row matches: its select expression
+    over the aggregates of no rows (a count 0, every other aggregate NULL)."""
+    node, having = proj.child, []
+    while isinstance(node, (P.Sort, P.Filter)):
+        if isinstance(node, P.Filter):
+            having.append(node.predicate)
+        node = node.child
+    if not isinstance(node, P.Aggregate):
+        raise NotSupportedError("correlated scalar subquery that is not a single aggregate")
+    values = {o.cid: Lit(0, o.type) for o, a in node.aggs if a.func in ("count", "count_star", "count_distinct")}
+    out = value_with(proj.exprs[-1][1], values)
+    if out is None:
+        raise NotSupportedError("correlated scalar subquery whose value is not known over no rows")
+    for pred in having if out.value is not None else []:
+        kept = value_with(pred, values)
+        if kept is None or kept.value is True:
+            # a group its HAVING drops is NULL, no group is ``out``: the left join pads both alike
+            raise NotSupportedError("correlated scalar subquery with HAVING whose value over no rows is not NULL")
+        return Lit(None, out.type)  # HAVING drops the one row of no rows: NULL as well
+    return out

@@ -203,6 +203,21 @@ class ExprBinder:
             raise NotSupportedError(f"IS {node.expression.sql()}")
         return Func("is_null", [self.bind(node.this)], T.BOOL)
 
+    def _NullSafeEQ(self, node):
+        return self._not_distinct(self.bind(node.this), self.bind(node.expression))
+
+    def _NullSafeNEQ(self, node):
+        return Func("not", [self._not_distinct(self.bind(node.this), self.bind(node.expression))], T.BOOL)
+
+    def _not_distinct(self, a: Expr, b: Expr) -> Expr:
+        """a IS NOT DISTINCT FROM b: never NULL; two NULLs are equal, a NULL and a value are not."""
+        if _is_null_lit(a) and _is_null_lit(b):
+            return Lit(True, T.BOOL)
+        if _is_null_lit(a) or _is_null_lit(b):
+            return Func("is_null", [b if _is_null_lit(a) else a], T.BOOL)
+        a_null, b_null = Func("is_null", [a], T.BOOL), Func("is_null", [b], T.BOOL)
+        return Func("case", [a_null, b_null, b_null, Lit(False, T.BOOL), self._compare("=", a, b)], T.BOOL)
+
     def _Between(self, node):
         x = self.bind(node.this)
         return and_([self._compare(">=", x, self.bind(node.args["low"])), self._compare("<=", x, self.bind(node.args["high"]))])

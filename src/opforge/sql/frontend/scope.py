@@ -15,6 +15,9 @@ class ScopeCol:
     name: str
     cid: int
     type: T.SqlType
+    # merged into another column by JOIN ... USING / NATURAL JOIN: found by its qualified name and
+    # by rel.*, not by its bare name or by *
+    hidden: bool = field(default=False, compare=False)
     # lowercased relation and name, the keys of case-insensitive lookups (every column reference
     # scans the scope's columns)
     relation_key: str = field(init=False, repr=False, compare=False)
@@ -36,7 +39,7 @@ class Scope:
     def _find(self, name: str, relation: str | None) -> list[ScopeCol]:
         name = name.lower()
         if relation is None:
-            return [c for c in self.cols if c.name_key == name]
+            return [c for c in self.cols if c.name_key == name and not c.hidden]
         relation = relation.lower()
         return [c for c in self.cols if c.name_key == name and c.relation_key == relation]
 

@@ -10,7 +10,7 @@ summed per order before the joins, as DuckDB plans them."""
 from __future__ import annotations
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Func, Lit, Ref
+from opforge.sql.expr import Func, Lit, Ref, value_with
 from opforge.sql.planner.join_order import _with_inputs, replace_subtree
 
 _cids, _refs = P.output_cids, P.expr_cids
@@ -92,10 +92,21 @@ def _below(node: P.Node, args: set[int], aggs, tables):
     if args <= _cids(node.left) and is_unique(node.right, node.right_keys, tables):
         return node.left, reads, False
     if args <= _cids(node.right) and is_unique(node.left, node.left_keys, tables):
-        if node.kind == "left" and any(a.func == "count_star" for _, a in aggs):
-            return None  # an unmatched row counts 1 under the outer join, 0 in a partial count
+        if node.kind == "left" and not all(_null_on_padding(a) for _, a in aggs):
+            return None  # the padded row of an unmatched left row would count, its partial is NULL
         return node.right, reads, node.kind == "left"
     return None
+
+
+def _null_on_padding(a: P.AggCall) -> bool:
+    """Whether the aggregate ignores the row the outer join pads with NULLs: its argument is NULL
+    when every column it reads is. Then the final aggregate, which sees a NULL partial for that
+    row, agrees (a count's NULL becomes 0). count(*) counts the padded row; sum(coalesce(x, 0))
+    adds its 0 (issue 24: NULL instead of 0 for a nation without suppliers)."""
+    if a.arg is None:
+        return False
+    out = value_with(a.arg, {})
+    return out is not None and out.value is None
 
 
 def is_unique(node: P.Node, keys, tables) -> bool:

@@ -5,13 +5,15 @@ the key through a unique column of theirs, reads the same rows per key as the ou
 aggregate becomes ``agg(x) OVER (PARTITION BY key)`` over the outer rows and the subquery's joins
 are not run at all. TPC-H q2: the minimum supply cost per part over the outer query's European
 suppliers, as DuckDB evaluates it; q17: the average quantity per part. Each outer row is itself one
-of its key's subquery rows (the same predicates hold), so the left join always found its group; a
+of its key's subquery rows (the same predicates hold), so the left join always found its group
+(a NULL key found none: its values are NULL, not the window's over the NULL partition); a
 relation joined only on the key keeps or drops a key's rows together, so the window sees all of
 them or none."""
 from __future__ import annotations
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Ref, substitute
+from opforge.sql import types as T
+from opforge.sql.expr import Func, Lit, Ref, substitute
 from opforge.sql.planner.eager_aggregation import unique_columns
 from opforge.sql.planner.join_order import _with_inputs
 
@@ -48,10 +50,16 @@ def windowed_subqueries(node: P.Node, tables) -> P.Node:
             for o, c in agg.aggs]
     window = P.Window(node.left, [key_ref], aggs)
     if proj is None:  # the join's right columns, in order: the key, then the aggregates
-        right = [(k_out, key_ref)] + [(o, Ref(o.cid, o.type, o.name)) for o, _ in aggs]
+        right = [(k_out, key_ref)] + [(o, _unless_null(key_ref, Ref(o.cid, o.type, o.name))) for o, _ in aggs]
     else:
-        right = [(o, key_ref if o.cid == k_out.cid else e) for o, e in proj.exprs]
+        right = [(o, key_ref if o.cid == k_out.cid else _unless_null(key_ref, e)) for o, e in proj.exprs]
     return P.Project(window, [(o, Ref(o.cid, o.type, o.name)) for o in node.left.outputs] + right)
+
+
+def _unless_null(key: Ref, e):
+    """``e``, but NULL where ``key`` is NULL: the left join found no group for a NULL key (NULL =
+    NULL is not true), so it padded the subquery's columns; the window's NULL partition holds rows."""
+    return Func("case", [Func("is_null", [key], T.BOOL), Lit(None, e.type), e], e.type)
 
 
 def _flat_joins(node: P.Node):
