@@ -14,6 +14,7 @@ from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, equi_pair, factor_or, split_equi
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend.star import expand_star
 from opforge.sql.physical.aggregate import result_type
 
 
@@ -345,19 +346,21 @@ class Binder:
         items = []
         for e in q.expressions:
             if isinstance(e, exp.Star):
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols]
+                items += expand_star(e, scope.cols, "FROM clause")
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
                 if not cols:
                     raise SqlError(f"unknown table {e.table!r} in {e.sql()}")
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in cols]
+                items += expand_star(e.this, cols, e.table)
             elif isinstance(e, exp.Alias):
                 items.append((e.alias, e.this))
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
             else:
                 items.append((self.sql_text(e), e))
+        if not items:
+            raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
     def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):

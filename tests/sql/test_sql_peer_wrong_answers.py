@@ -1,0 +1,60 @@
+"""Wrong answers DuckDB's sqllogictest files exposed (issue 24): each case is checked against DuckDB,
+and where DuckDB raises an error opforge must raise one too instead of returning a result."""
+import duckdb
+import pyarrow as pa
+import pytest
+
+import opforge.sql as sql
+from sql_reference import SqlCheck
+
+TABLES = {
+    "integers": pa.table({"i": pa.array([1, 4], pa.int32()), "j": pa.array([2, 5], pa.int32()),
+                          "k": pa.array([3, None], pa.int32())}),
+    "words": pa.table({"s": pa.array(["  both  ", "xxaxx", None, "", "yxy"]),
+                       "n": pa.array([1, None, 3, 4, 5], pa.int64())}),
+    "ten": pa.table({"x": pa.array(list(range(10)), pa.int64())}),
+}
+
+
+@pytest.fixture(scope="module")
+def check():
+    return SqlCheck(TABLES)
+
+
+def assert_both_fail(check, query):
+    with pytest.raises(duckdb.Error):
+        check.reference(query)
+    with pytest.raises(sql.SqlError):
+        check.con.sql(query).to_arrow()
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT * EXCLUDE i FROM integers",
+    "SELECT * EXCLUDE (i, k) FROM integers",
+    "SELECT * EXCLUDE (\"J\") FROM integers",
+    "SELECT integers.* EXCLUDE ('i') FROM integers",
+    "SELECT * EXCLUDE (integers.i, integers.j) FROM integers",
+    "SELECT * EXCEPT (j) FROM integers",
+    "SELECT i1.* EXCLUDE (i, j), i2.* EXCLUDE (i, j, k) FROM integers i1, integers i2",
+    "SELECT * EXCLUDE (i1.i) FROM integers i1, integers i2",
+    "SELECT * REPLACE (i + 100 AS i) FROM integers",
+    "SELECT * EXCLUDE (k) REPLACE (i * 2 AS i, j + 1 AS \"J\") FROM integers",
+    "SELECT integers.* EXCLUDE (k) RENAME (j AS jj) FROM integers",
+])
+def test_star_modifiers(check, q):
+    check(q)
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT * EXCLUDE (i, j, k) FROM integers",
+    "SELECT * EXCLUDE (blabla) FROM integers",
+    "SELECT integers.* EXCLUDE (blabla) FROM integers",
+    "SELECT * EXCLUDE (integers2.i) FROM integers",
+    "SELECT * EXCLUDE (i, i) FROM integers",
+    "SELECT * EXCLUDE (integers.i, i) FROM integers",
+    "SELECT * REPLACE (i + 100 AS blabla) FROM integers",
+    "SELECT * REPLACE (i + 1 AS i, i + 2 AS i) FROM integers",
+    "SELECT * EXCLUDE (i) REPLACE (i + 100 AS i) FROM integers",
+])
+def test_star_modifier_errors(check, q):
+    assert_both_fail(check, q)
