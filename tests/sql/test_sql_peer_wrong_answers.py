@@ -58,3 +58,28 @@ def test_star_modifiers(check, q):
 ])
 def test_star_modifier_errors(check, q):
     assert_both_fail(check, q)
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT LTRIM(s), RTRIM(s), TRIM(s) FROM words",
+    "SELECT LTRIM(s, 'xy'), RTRIM(s, 'xy'), TRIM(s, 'xy'), TRIM(s, ''), TRIM(s, NULL) FROM words",
+    "SELECT TRIM(LEADING 'x' FROM s), TRIM(TRAILING 'x' FROM s) FROM words",
+    "SELECT LTRIM('hello', 'ho'), RTRIM('hello', 'ho'), TRIM('papapapa', 'pa'), TRIM(NULL, 'x')",
+    "SELECT TRIM(' x' || s || ' ') FROM words",
+])
+def test_trim_sides_and_characters(check, q):
+    check(q)
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT CONCAT('hello', 33, NULL, 22, NULL)",
+    "SELECT CONCAT(s, n), CONCAT(n, NULL, s), CONCAT(NULL, NULL) FROM words",
+    "SELECT CONCAT(i, k, true, 1.5::DOUBLE) FROM integers",
+    "SELECT s || n, n || true FROM words",
+])
+def test_concat_nulls(check, q):
+    check(q)
+
+
+def test_pipe_with_null_literal_is_null(check):
+    check("SELECT s || NULL, 'a' || NULL FROM words", types=False)  # DuckDB types it NULL, opforge VARCHAR
