@@ -83,3 +83,22 @@ def test_concat_nulls(check, q):
 
 def test_pipe_with_null_literal_is_null(check):
     check("SELECT s || NULL, 'a' || NULL FROM words", types=False)  # DuckDB types it NULL, opforge VARCHAR
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT x FROM ten LIMIT 20 %",
+    "SELECT x FROM ten LIMIT 35 PERCENT",
+    "SELECT x FROM ten LIMIT 79.9%",
+    "SELECT x FROM ten LIMIT (30 - 10) %",
+    "SELECT x FROM ten LIMIT 50% OFFSET 7",
+    "SELECT x FROM ten ORDER BY x DESC LIMIT 45%",
+    "SELECT x FROM ten LIMIT NULL %",
+    "SELECT x FROM ten WHERE x > 3 LIMIT 100 PERCENT",
+])
+def test_limit_percent(check, q):
+    check(q, ordered=True)
+
+
+@pytest.mark.parametrize("q", ["SELECT x FROM ten LIMIT 101%", "SELECT x FROM ten LIMIT x%"])
+def test_limit_percent_errors(check, q):
+    assert_both_fail(check, q)

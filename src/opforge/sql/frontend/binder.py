@@ -94,16 +94,40 @@ class Binder:
                     ref = ExprBinder(self, scope).bind(e)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
-        node = self._limit(q, node)
+        node = self._limit(q, node, scope)
         return node, scope
 
-    def _limit(self, q, node):
+    def _limit(self, q, node, scope):
         lim, off = q.args.get("limit"), q.args.get("offset")
         if lim is None and off is None:
             return node
-        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
         o = 0 if off is None else self._const_int(off.expression, "OFFSET")
+        options = lim.args.get("limit_options") if lim is not None else None
+        if options is not None and options.args.get("with_ties"):
+            raise NotSupportedError("FETCH ... WITH TIES")
+        if options is not None and options.args.get("percent"):
+            return P.Limit(node, self._percent_rows(lim.expression, node, scope), o)
+        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
         return P.Limit(node, n, o)
+
+    def _percent_rows(self, e, node, scope) -> int | None:
+        """LIMIT p PERCENT keeps floor(p / 100 * rows) rows, counting the rows before OFFSET (DuckDB).
+        The rows are counted here, by running the query below once, so that the plan's Limit
+        keeps a plain row count."""
+        if scope.outer_refs:
+            raise NotSupportedError("LIMIT ... PERCENT in a correlated subquery")
+        pct = ExprBinder(self, Scope()).bind(e)
+        if not isinstance(pct, Lit):
+            pct = Lit(self.run_scalar(P.Project(P.OneRow(), [(self.new_col("pct", pct.type), pct)])), pct.type)
+        if pct.value is None:
+            return None  # LIMIT NULL PERCENT: no limit, as LIMIT NULL
+        if not pct.type.is_numeric or pct.type.kind == "BOOL":
+            raise SqlError(f"LIMIT PERCENT: expected a number, got {pct}")
+        value = float(pct.value)
+        if not 0 <= value <= 100:
+            raise SqlError(f"LIMIT percent {value} out of range: it must be between 0 and 100")
+        count = P.Aggregate(node, [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])
+        return int(value / 100 * self.run_scalar(count))
 
     def _const_int(self, e, what):
         if isinstance(e, exp.Literal) and not e.is_string:
@@ -340,7 +364,7 @@ class Binder:
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
         _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
-        return self._limit(q, proj), scope
+        return self._limit(q, proj, scope), scope
 
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
