@@ -102,3 +102,37 @@ def test_limit_percent(check, q):
 @pytest.mark.parametrize("q", ["SELECT x FROM ten LIMIT 101%", "SELECT x FROM ten LIMIT x%"])
 def test_limit_percent_errors(check, q):
     assert_both_fail(check, q)
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT a.i, a.j, b.i, b.k FROM integers a FULL OUTER JOIN words w ON a.i = w.n"
+    " FULL OUTER JOIN integers b ON b.j = w.n UNION ALL SELECT i, j, k, i FROM integers",
+    "SELECT i, j, n FROM integers FULL OUTER JOIN words ON i = n"
+    " UNION SELECT i + 1, j, n FROM integers FULL OUTER JOIN words ON i = n",
+])
+def test_full_outer_join_under_union(check, q):
+    check(q)
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT i, j FROM integers ORDER BY 2 DESC",
+    "SELECT i FROM integers UNION ALL SELECT j FROM integers ORDER BY 1",
+    "SELECT i FROM integers ORDER BY -i",
+])
+def test_order_by_positions(check, q):
+    check(q, ordered=True)
+
+
+@pytest.mark.parametrize("q", [
+    "WITH c AS (SELECT 1), c AS (SELECT 2) SELECT * FROM c",
+    "WITH b AS (SELECT x + 1 FROM a), a AS (SELECT 1 AS x) SELECT * FROM b",
+    "SELECT i FROM integers ORDER BY 'hello', i",
+    "SELECT i FROM integers ORDER BY 0",
+    "SELECT i, j FROM integers ORDER BY -1",
+    "SELECT i FROM integers ORDER BY 1.5",
+    "SELECT i FROM integers UNION SELECT j FROM integers ORDER BY -1",
+    "SELECT i FROM integers UNION SELECT j FROM integers ORDER BY 2",
+    "SELECT FROM integers",
+])
+def test_statement_errors(check, q):
+    assert_both_fail(check, q)

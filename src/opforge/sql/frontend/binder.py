@@ -54,11 +54,22 @@ class Binder:
                 for cte in with_.expressions:
                     ta = cte.args.get("alias")
                     cols = [c.name for c in ta.columns] if ta is not None and ta.columns else []
-                    frame[cte.alias_or_name.lower()] = (cte.this, cols)
+                    name = cte.alias_or_name.lower()
+                    if name in frame:
+                        raise SqlError(f"Duplicate CTE name {cte.alias_or_name!r}")
+                    frame[name] = (cte.this, cols)
                 return self._bind_body(q, parent)
             finally:
                 self.ctes.pop()
         return self._bind_body(q, parent)
+
+    def _with_ctes(self, ctes, fn, *args):
+        """``fn(*args)`` with only ``ctes`` in view (a CTE's or a view's body)."""
+        saved, self.ctes = self.ctes, ctes
+        try:
+            return fn(*args)
+        finally:
+            self.ctes = saved
 
     def _bind_body(self, q: exp.Expression, parent: Scope | None) -> tuple[P.Node, Scope]:
         """``bind_query`` below the WITH clause, whose CTEs are in ``self.ctes``: the query is
@@ -87,8 +98,9 @@ class Binder:
             keys = []
             for o in order.expressions:
                 e = o.this
-                if isinstance(e, exp.Literal) and not e.is_string:
-                    r = outs[int(e.this) - 1]
+                idx = _order_position(e, len(outs))
+                if idx is not None:
+                    r = outs[idx]
                     ref = Ref(r.cid, r.type, r.name)
                 else:
                     ref = ExprBinder(self, scope).bind(e)
@@ -141,11 +153,14 @@ class Binder:
             if t.args.get("db") is not None:
                 raise NotSupportedError(f"qualified table name {t.sql()}")
             name = t.name.lower()
-            for frame in reversed(self.ctes):
+            for depth in range(len(self.ctes) - 1, -1, -1):
+                frame = self.ctes[depth]
                 if name in frame:
-                    return self._derived(frame[name][0], alias, t, frame[name][1])
+                    # a CTE sees the WITH clauses around it and the CTEs before it, not those after
+                    earlier = dict(itertools.takewhile(lambda kv: kv[0] != name, frame.items()))
+                    return self._with_ctes(self.ctes[:depth] + [earlier], self._derived, frame[name][0], alias, t, frame[name][1])
             if name in self.catalog.views:
-                return self._derived(self.catalog.views[name], alias, t, [])
+                return self._with_ctes([], self._derived, self.catalog.views[name], alias, t, [])
             tables = {k.lower(): k for k in self.catalog.tables}
             if name not in tables:
                 raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
@@ -383,6 +398,8 @@ class Binder:
                 items.append((e.name, e))
             else:
                 items.append((self.sql_text(e), e))
+        if not q.expressions:
+            raise SqlError("SELECT clause without selection list")
         if not items:
             raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
@@ -464,10 +481,8 @@ class Binder:
         if order is not None:
             for o in order.expressions:
                 e = o.this
-                if isinstance(e, exp.Literal) and not e.is_string:
-                    idx = int(e.this) - 1
-                    if not 0 <= idx < len(bound_items):
-                        raise SqlError(f"ORDER BY position {idx + 1} is not in the select list")
+                idx = _order_position(e, len(bound_items))
+                if idx is not None:
                     k = bound_items[idx][1]
                     pos = idx
                 elif isinstance(e, exp.Column) and not e.table and e.name.lower() in [n.lower() for n, _ in items]:
@@ -547,3 +562,18 @@ def _split_and(e: exp.Expression) -> list[exp.Expression]:
 
 def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
+
+
+def _order_position(e: exp.Expression, n: int) -> int | None:
+    """The 0-based select-list position of an ORDER BY term that is an integer literal (None for
+    another expression). As DuckDB, a position outside 1..n, and a literal that is no integer
+    (a string, a decimal, NULL, a boolean), is an error: ordering by a constant has no effect."""
+    if isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal) and not e.this.is_string:
+        raise SqlError(f"ORDER term out of range - should be between 1 and {n}")
+    if isinstance(e, (exp.Null, exp.Boolean)) or (isinstance(e, exp.Literal) and (e.is_string or not e.this.isdigit())):
+        raise SqlError(f"ORDER BY non-integer literal {e.sql()} has no effect")
+    if not isinstance(e, exp.Literal):
+        return None
+    if not 1 <= int(e.this) <= n:
+        raise SqlError(f"ORDER term out of range - should be between 1 and {n}")
+    return int(e.this) - 1
