@@ -136,3 +136,14 @@ def test_order_by_positions(check, q):
 ])
 def test_statement_errors(check, q):
     assert_both_fail(check, q)
+
+
+def test_order_by_literal_allowed_by_setting():
+    tables = {"integers": TABLES["integers"]}
+    check = SqlCheck(tables)
+    for con in (check.con, check.duck):
+        con.sql("SET order_by_non_integer_literal = true")
+    check("SELECT i FROM integers ORDER BY 'hello', i DESC", ordered=True)
+    check.con.sql("RESET order_by_non_integer_literal")
+    with pytest.raises(sql.SqlError, match="non-integer literal"):
+        check.con.sql("SELECT i FROM integers ORDER BY 'hello', i").to_arrow()

@@ -19,10 +19,12 @@ from opforge.sql.physical.aggregate import result_type
 
 
 class Binder:
-    def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None):
+    def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None,
+                 order_by_literals: bool = False):
         """catalog: object with .tables (name -> Table) and .views (name -> sqlglot query);
         run_scalar: callable(plan) -> Python value of a one-row, one-column plan (uncorrelated subqueries)."""
         self.catalog, self.run_scalar = catalog, run_scalar
+        self.order_by_literals = order_by_literals  # SET order_by_non_integer_literal (DuckDB)
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
@@ -98,7 +100,7 @@ class Binder:
             keys = []
             for o in order.expressions:
                 e = o.this
-                idx = _order_position(e, len(outs))
+                idx = _order_position(e, len(outs), self.order_by_literals)
                 if idx is not None:
                     r = outs[idx]
                     ref = Ref(r.cid, r.type, r.name)
@@ -481,7 +483,7 @@ class Binder:
         if order is not None:
             for o in order.expressions:
                 e = o.this
-                idx = _order_position(e, len(bound_items))
+                idx = _order_position(e, len(bound_items), self.order_by_literals)
                 if idx is not None:
                     k = bound_items[idx][1]
                     pos = idx
@@ -564,14 +566,18 @@ def _has_subquery(e: exp.Expression) -> bool:
     return any(True for _ in e.find_all(exp.Subquery, exp.Exists, exp.Select))
 
 
-def _order_position(e: exp.Expression, n: int) -> int | None:
+def _order_position(e: exp.Expression, n: int, literals_allowed: bool) -> int | None:
     """The 0-based select-list position of an ORDER BY term that is an integer literal (None for
     another expression). As DuckDB, a position outside 1..n, and a literal that is no integer
-    (a string, a decimal, NULL, a boolean), is an error: ordering by a constant has no effect."""
+    (a string, a decimal, NULL, a boolean), is an error: ordering by a constant has no effect
+    (unless ``SET order_by_non_integer_literal=true``)."""
     if isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal) and not e.this.is_string:
         raise SqlError(f"ORDER term out of range - should be between 1 and {n}")
     if isinstance(e, (exp.Null, exp.Boolean)) or (isinstance(e, exp.Literal) and (e.is_string or not e.this.isdigit())):
-        raise SqlError(f"ORDER BY non-integer literal {e.sql()} has no effect")
+        if literals_allowed:
+            return None
+        raise SqlError(f"ORDER BY non-integer literal has no effect: {e.sql()} "
+                       "(SET order_by_non_integer_literal=true to allow it)")
     if not isinstance(e, exp.Literal):
         return None
     if not 1 <= int(e.this) <= n:
