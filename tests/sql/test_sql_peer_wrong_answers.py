@@ -76,6 +76,7 @@ def test_trim_sides_and_characters(check, q):
     "SELECT CONCAT(s, n), CONCAT(n, NULL, s), CONCAT(NULL, NULL) FROM words",
     "SELECT CONCAT(i, k, true, 1.5::DOUBLE) FROM integers",
     "SELECT s || n, n || true FROM words",
+    "SELECT CONCAT(0.1::FLOAT, 'x'), 0.1::FLOAT || 'y', CAST(-2.5e7::FLOAT AS VARCHAR), CAST(1e-5::FLOAT AS VARCHAR)",
 ])
 def test_concat_nulls(check, q):
     check(q)

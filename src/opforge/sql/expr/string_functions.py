@@ -124,6 +124,8 @@ def to_string(col: Column) -> Column:
         words = [str(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py()) for i in range(len(uniq))]
     elif col.type.kind == "DATE":
         words = [str(x) for x in Column(uniq, None, col.type).to_arrow().to_pylist()]
+    elif col.type.kind == "FLOAT32":  # shortest text that reads back as the float32 (DuckDB's 0.1, not 0.100000001...)
+        words = [str(x) for x in uniq.cpu().numpy()]
     elif col.type.kind == "BOOL":
         words = ["true" if x else "false" for x in uniq.cpu().tolist()]
     else:
