@@ -119,6 +119,7 @@ def test_full_outer_join_under_union(check, q):
     "SELECT i, j FROM integers ORDER BY 2 DESC",
     "SELECT i FROM integers UNION ALL SELECT j FROM integers ORDER BY 1",
     "SELECT i FROM integers ORDER BY -i",
+    "SELECT '1e-32768'::DECIMAL, '1e-5'::DECIMAL(10, 4), '1.5e1'::DECIMAL(10, 4)",
 ])
 def test_order_by_positions(check, q):
     check(q, ordered=True)
@@ -134,6 +135,8 @@ def test_order_by_positions(check, q):
     "SELECT i FROM integers UNION SELECT j FROM integers ORDER BY -1",
     "SELECT i FROM integers UNION SELECT j FROM integers ORDER BY 2",
     "SELECT FROM integers",
+    "SELECT '1e-9999999999'::DECIMAL",
+    "SELECT '1e-32769'::DECIMAL",
 ])
 def test_statement_errors(check, q):
     assert_both_fail(check, q)

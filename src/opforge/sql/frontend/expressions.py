@@ -46,6 +46,7 @@ def number_literal(text: str) -> Lit:
     return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
 
 
+_DECIMAL_MAX_EXPONENT = 32768
 _FLOAT_WORDS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 
 
@@ -56,7 +57,11 @@ def _string_number(text: str, to: T.SqlType) -> Lit:
     if word.lower() in _FLOAT_WORDS:
         return Lit(float(word), T.FLOAT64)
     try:
-        return number_literal(word)
+        lit = number_literal(word)
+        # DuckDB's decimal parser refuses an exponent beyond +-32768 (1e-99999 is no DECIMAL 0)
+        if to.kind == "DECIMAL" and "e" in word.lower() and abs(int(word.lower().split("e")[1])) > _DECIMAL_MAX_EXPONENT:
+            raise ValueError(word)
+        return lit
     except (ValueError, ArithmeticError):
         raise ConversionError(f"Could not convert string '{text}' to {to}") from None
 
