@@ -237,7 +237,8 @@ class Connection:
         return Relation(self, self.plan(tree))
 
     def plan(self, tree: exp.Expression) -> P.Node:
-        node, _ = Binder(_Catalog(self), self._run_scalar, self._cids).bind_query(tree)
+        node, _ = Binder(_Catalog(self), self._run_scalar, self._cids,
+                         self._settings.order_by_non_integer_literal).bind_query(tree)
         return optimize(node, self.device, self._join_order())
 
     def _join_order(self) -> JoinOrderOptimizer:

@@ -22,6 +22,7 @@ _NULLS_WORD = re.compile(r"\bnulls\s+(first|last)\b", re.IGNORECASE)
 class Settings:
     def __init__(self):
         self.default_null_order = "nulls_last"
+        self.order_by_non_integer_literal = False  # ORDER BY 'literal' is an error unless set
 
     def set(self, tree: exp.Set) -> str:
         for item in tree.expressions:
@@ -35,6 +36,8 @@ class Settings:
                 if text not in NULL_ORDERS:
                     raise SqlError(f"SET default_null_order: expected one of {', '.join(NULL_ORDERS)}, got {text!r}")
                 self.default_null_order = text
+            elif name == "order_by_non_integer_literal":
+                self.order_by_non_integer_literal = _bool_setting(name, value)
             elif name not in NO_EFFECT:
                 raise NotSupportedError(f"SET {name}")
         return "set"
@@ -47,6 +50,8 @@ class Settings:
         name = m.group(2).lower()
         if name == "default_null_order":
             self.default_null_order = "nulls_last"
+        elif name == "order_by_non_integer_literal":
+            self.order_by_non_integer_literal = False
         elif name not in NO_EFFECT:
             raise NotSupportedError(f"RESET {name}")
         return "reset"
@@ -63,3 +68,10 @@ class Settings:
                      "nulls_last_on_asc_first_on_desc": desc}[self.default_null_order]
             o.set("nulls_first", first)
         return tree
+
+
+def _bool_setting(name: str, value: exp.Expression) -> bool:
+    text = value.sql(dialect="duckdb").strip("'").lower()
+    if text not in ("true", "false", "1", "0"):
+        raise SqlError(f"SET {name}: expected true or false, got {value.sql()}")
+    return text in ("true", "1")

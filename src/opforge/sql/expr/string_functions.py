@@ -95,17 +95,27 @@ def _substring(s: str, extra) -> str:
 
 
 def _concat(e, args, batch):
-    """a || b: strings are built once per distinct (code, code) pair present, then dictionary-encoded."""
+    """a || b: strings are built once per distinct (code, code) pair present, then dictionary-encoded.
+    CONCAT (``extra == "skip_nulls"``) reads a NULL operand as the empty string (code -1)."""
     cols = [a if a.type.kind == "STRING" else to_string(a) for a in args]
-    codes = torch.stack([c.values.long() for c in cols], dim=1)
+    skip_nulls = e.extra == "skip_nulls"
+    codes = torch.stack([c.values.long() if not skip_nulls or c.valid is None
+                         else torch.where(c.valid, c.values.long(), -1) for c in cols], dim=1)
     uniq, inv = torch.unique(codes, dim=0, return_inverse=True)
     host = uniq.cpu().tolist()
-    words = ["".join(c.dictionary[k] if c.dictionary else "" for c, k in zip(cols, row)) for row in host]
+    words = ["".join(c.dictionary[k] if c.dictionary and k >= 0 else "" for c, k in zip(cols, row)) for row in host]
     merged = tuple(sorted(set(words)))
     pos = {w: i for i, w in enumerate(merged)}
     table = torch.tensor([pos[w] for w in words] or [0], dtype=torch.int32, device=batch.device)
     return Column(table[inv] if batch.n else torch.zeros(0, dtype=torch.int32, device=batch.device),
-                  and_valid(*cols), T.STRING, merged)
+                  None if skip_nulls else and_valid(*cols), T.STRING, merged)
+
+
+def _trim(s: str, extra) -> str:
+    side, chars = extra
+    if side == "LEADING":
+        return s.lstrip(chars)
+    return s.rstrip(chars) if side == "TRAILING" else s.strip(chars)
 
 
 def to_string(col: Column) -> Column:
@@ -114,6 +124,10 @@ def to_string(col: Column) -> Column:
         words = [str(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py()) for i in range(len(uniq))]
     elif col.type.kind == "DATE":
         words = [str(x) for x in Column(uniq, None, col.type).to_arrow().to_pylist()]
+    elif col.type.kind == "FLOAT32":  # shortest text that reads back as the float32 (DuckDB's 0.1, not 0.100000001...)
+        words = [str(x) for x in uniq.cpu().numpy()]
+    elif col.type.kind == "BOOL":
+        words = ["true" if x else "false" for x in uniq.cpu().tolist()]
     else:
         words = [str(x) for x in uniq.cpu().tolist()]
     merged = tuple(sorted(set(words)))
@@ -131,6 +145,6 @@ _substring_words = _string_fn(_substring, _arrow_substring)
 
 FUNCS.update({
     "like": _like, "upper": _string_fn(lambda s, _: s.upper()), "lower": _string_fn(lambda s, _: s.lower()),
-    "length": _string_fn(lambda s, _: len(s)), "substring": _substring_run, "trim": _string_fn(lambda s, _: s.strip()),
+    "length": _string_fn(lambda s, _: len(s)), "substring": _substring_run, "trim": _string_fn(_trim),
     "concat": _concat, "to_string": _cast_string,
 })

@@ -14,14 +14,17 @@ from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend.star import expand_star
 from opforge.sql.physical.aggregate import result_type
 
 
 class Binder:
-    def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None):
+    def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None,
+                 order_by_literals: bool = False):
         """catalog: object with .tables (name -> Table) and .views (name -> sqlglot query);
         run_scalar: callable(plan) -> Python value of a one-row, one-column plan (uncorrelated subqueries)."""
         self.catalog, self.run_scalar = catalog, run_scalar
+        self.order_by_literals = order_by_literals  # SET order_by_non_integer_literal (DuckDB)
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
@@ -53,11 +56,22 @@ class Binder:
                 for cte in with_.expressions:
                     ta = cte.args.get("alias")
                     cols = [c.name for c in ta.columns] if ta is not None and ta.columns else []
-                    frame[cte.alias_or_name.lower()] = (cte.this, cols)
+                    name = cte.alias_or_name.lower()
+                    if name in frame:
+                        raise SqlError(f"Duplicate CTE name {cte.alias_or_name!r}")
+                    frame[name] = (cte.this, cols)
                 return self._bind_body(q, parent)
             finally:
                 self.ctes.pop()
         return self._bind_body(q, parent)
+
+    def _with_ctes(self, ctes, fn, *args):
+        """``fn(*args)`` with only ``ctes`` in view (a CTE's or a view's body)."""
+        saved, self.ctes = self.ctes, ctes
+        try:
+            return fn(*args)
+        finally:
+            self.ctes = saved
 
     def _bind_body(self, q: exp.Expression, parent: Scope | None) -> tuple[P.Node, Scope]:
         """``bind_query`` below the WITH clause, whose CTEs are in ``self.ctes``: the query is
@@ -86,23 +100,48 @@ class Binder:
             keys = []
             for o in order.expressions:
                 e = o.this
-                if isinstance(e, exp.Literal) and not e.is_string:
-                    r = outs[int(e.this) - 1]
+                idx = _order_position(e, len(outs), self.order_by_literals)
+                if idx is not None:
+                    r = outs[idx]
                     ref = Ref(r.cid, r.type, r.name)
                 else:
                     ref = ExprBinder(self, scope).bind(e)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
-        node = self._limit(q, node)
+        node = self._limit(q, node, scope)
         return node, scope
 
-    def _limit(self, q, node):
+    def _limit(self, q, node, scope):
         lim, off = q.args.get("limit"), q.args.get("offset")
         if lim is None and off is None:
             return node
-        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
         o = 0 if off is None else self._const_int(off.expression, "OFFSET")
+        options = lim.args.get("limit_options") if lim is not None else None
+        if options is not None and options.args.get("with_ties"):
+            raise NotSupportedError("FETCH ... WITH TIES")
+        if options is not None and options.args.get("percent"):
+            return P.Limit(node, self._percent_rows(lim.expression, node, scope), o)
+        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
         return P.Limit(node, n, o)
+
+    def _percent_rows(self, e, node, scope) -> int | None:
+        """LIMIT p PERCENT keeps floor(p / 100 * rows) rows, counting the rows before OFFSET (DuckDB).
+        The rows are counted here, by running the query below once, so that the plan's Limit
+        keeps a plain row count."""
+        if scope.outer_refs:
+            raise NotSupportedError("LIMIT ... PERCENT in a correlated subquery")
+        pct = ExprBinder(self, Scope()).bind(e)
+        if not isinstance(pct, Lit):
+            pct = Lit(self.run_scalar(P.Project(P.OneRow(), [(self.new_col("pct", pct.type), pct)])), pct.type)
+        if pct.value is None:
+            return None  # LIMIT NULL PERCENT: no limit, as LIMIT NULL
+        if not pct.type.is_numeric or pct.type.kind == "BOOL":
+            raise SqlError(f"LIMIT PERCENT: expected a number, got {pct}")
+        value = float(pct.value)
+        if not 0 <= value <= 100:
+            raise SqlError(f"LIMIT percent {value} out of range: it must be between 0 and 100")
+        count = P.Aggregate(node, [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])
+        return int(value / 100 * self.run_scalar(count))
 
     def _const_int(self, e, what):
         if isinstance(e, exp.Literal) and not e.is_string:
@@ -116,11 +155,14 @@ class Binder:
             if t.args.get("db") is not None:
                 raise NotSupportedError(f"qualified table name {t.sql()}")
             name = t.name.lower()
-            for frame in reversed(self.ctes):
+            for depth in range(len(self.ctes) - 1, -1, -1):
+                frame = self.ctes[depth]
                 if name in frame:
-                    return self._derived(frame[name][0], alias, t, frame[name][1])
+                    # a CTE sees the WITH clauses around it and the CTEs before it, not those after
+                    earlier = dict(itertools.takewhile(lambda kv: kv[0] != name, frame.items()))
+                    return self._with_ctes(self.ctes[:depth] + [earlier], self._derived, frame[name][0], alias, t, frame[name][1])
             if name in self.catalog.views:
-                return self._derived(self.catalog.views[name], alias, t, [])
+                return self._with_ctes([], self._derived, self.catalog.views[name], alias, t, [])
             tables = {k.lower(): k for k in self.catalog.tables}
             if name not in tables:
                 raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
@@ -364,25 +406,29 @@ class Binder:
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
         _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
-        return self._limit(q, proj), scope
+        return self._limit(q, proj, scope), scope
 
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
         for e in q.expressions:
             if isinstance(e, exp.Star):
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in scope.cols if not c.hidden]
+                items += expand_star(e, [c for c in scope.cols if not c.hidden], "FROM clause")
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
                 if not cols:
                     raise SqlError(f"unknown table {e.table!r} in {e.sql()}")
-                items += [(c.name, Ref(c.cid, c.type, c.name)) for c in cols]
+                items += expand_star(e.this, cols, e.table)
             elif isinstance(e, exp.Alias):
                 items.append((e.alias, e.this))
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
             else:
                 items.append((self.sql_text(e), e))
+        if not q.expressions:
+            raise SqlError("SELECT clause without selection list")
+        if not items:
+            raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
     def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
@@ -462,10 +508,8 @@ class Binder:
         if order is not None:
             for o in order.expressions:
                 e = o.this
-                if isinstance(e, exp.Literal) and not e.is_string:
-                    idx = int(e.this) - 1
-                    if not 0 <= idx < len(bound_items):
-                        raise SqlError(f"ORDER BY position {idx + 1} is not in the select list")
+                idx = _order_position(e, len(bound_items), self.order_by_literals)
+                if idx is not None:
                     k = bound_items[idx][1]
                     pos = idx
                 elif isinstance(e, exp.Column) and not e.table and e.name.lower() in [n.lower() for n, _ in items]:
@@ -596,3 +640,22 @@ def _value_over_no_rows(proj: P.Project) -> Lit:
             raise NotSupportedError("correlated scalar subquery with HAVING whose value over no rows is not NULL")
         return Lit(None, out.type)  # HAVING drops the one row of no rows: NULL as well
     return out
+
+
+def _order_position(e: exp.Expression, n: int, literals_allowed: bool) -> int | None:
+    """The 0-based select-list position of an ORDER BY term that is an integer literal (None for
+    another expression). As DuckDB, a position outside 1..n, and a literal that is no integer
+    (a string, a decimal, NULL, a boolean), is an error: ordering by a constant has no effect
+    (unless ``SET order_by_non_integer_literal=true``)."""
+    if isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal) and not e.this.is_string:
+        raise SqlError(f"ORDER term out of range - should be between 1 and {n}")
+    if isinstance(e, (exp.Null, exp.Boolean)) or (isinstance(e, exp.Literal) and (e.is_string or not e.this.isdigit())):
+        if literals_allowed:
+            return None
+        raise SqlError(f"ORDER BY non-integer literal has no effect: {e.sql()} "
+                       "(SET order_by_non_integer_literal=true to allow it)")
+    if not isinstance(e, exp.Literal):
+        return None
+    if not 1 <= int(e.this) <= n:
+        raise SqlError(f"ORDER term out of range - should be between 1 and {n}")
+    return int(e.this) - 1

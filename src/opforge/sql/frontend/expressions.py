@@ -46,6 +46,7 @@ def number_literal(text: str) -> Lit:
     return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
 
 
+_DECIMAL_MAX_EXPONENT = 32768
 _FLOAT_WORDS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 
 
@@ -56,7 +57,11 @@ def _string_number(text: str, to: T.SqlType) -> Lit:
     if word.lower() in _FLOAT_WORDS:
         return Lit(float(word), T.FLOAT64)
     try:
-        return number_literal(word)
+        lit = number_literal(word)
+        # DuckDB's decimal parser refuses an exponent beyond +-32768 (1e-99999 is no DECIMAL 0)
+        if to.kind == "DECIMAL" and "e" in word.lower() and abs(int(word.lower().split("e")[1])) > _DECIMAL_MAX_EXPONENT:
+            raise ValueError(word)
+        return lit
     except (ValueError, ArithmeticError):
         raise ConversionError(f"Could not convert string '{text}' to {to}") from None
 
@@ -325,13 +330,35 @@ class ExprBinder:
         return self._string_unary(node, "length", T.INT64)
 
     def _Trim(self, node):
-        return self._string_unary(node, "trim", T.STRING)
+        """TRIM / LTRIM / RTRIM: DuckDB strips spaces only (not tabs or newlines), or the characters
+        of a constant second argument; a NULL argument makes the result NULL."""
+        side = str(node.args.get("position") or "BOTH").upper()
+        chars = " "
+        if node.args.get("expression") is not None:
+            c = self.bind(node.args["expression"])
+            if not isinstance(c, Lit):
+                raise NotSupportedError("TRIM with non-constant characters to strip")
+            if c.value is None:
+                return Lit(None, T.STRING)
+            if c.type.kind != "STRING":
+                raise SqlError(f"TRIM: expected string characters to strip, got {c.type}")
+            chars = c.value
+        x = self.bind(node.this)
+        if isinstance(x, Lit) and x.value is None:
+            return Lit(None, T.STRING)
+        if x.type.kind != "STRING":
+            raise SqlError(f"TRIM: expected a string, got {x.type}")
+        return Func("trim", [x], T.STRING, (side, chars))
 
     def _DPipe(self, node):
         return Func("concat", [self.bind(node.this), self.bind(node.expression)], T.STRING)
 
     def _Concat(self, node):
-        return Func("concat", [self.bind(e) for e in node.expressions], T.STRING)
+        """CONCAT(...) skips NULL arguments (DuckDB), unlike ``||`` whose NULL operand makes NULL."""
+        args = [a for a in (self.bind(e) for e in node.expressions) if not (isinstance(a, Lit) and a.value is None)]
+        if not args:
+            return Lit("", T.STRING)
+        return Func("concat", args, T.STRING, "skip_nulls")
 
     def _Extract(self, node):
         part = node.this.name.lower()
