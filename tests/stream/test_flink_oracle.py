@@ -239,15 +239,20 @@ def assert_same(name, got, want):
                 f"only Flink ({len(only_flink)}): {only_flink[:20]}", pytrace=False)
 
 
+BATCH_SIZES = (1, 37, 1024, 8192)
+
+
 def _params():
-    """(case, impl, batch_size, parallelism): every case one record per batch
-    (Flink's watermark positions); cases without late records also in
-    batches of 64 on 2 subtasks; windows both as ``Aggregations`` (the
-    columnar operator for tumbling/sliding) and as a ProcessWindowFunction."""
+    """(case, impl, batch_size, parallelism): every case at batch sizes 1,
+    37, 1,024 and 8,192 on one subtask (records see the watermark of the
+    records before them, Flink's watermark after every record, whatever the
+    batching: issue 26); cases without late records also in batches of 64 on
+    2 subtasks; windows both as ``Aggregations`` (the columnar operator for
+    tumbling/sliding) and as a ProcessWindowFunction."""
     out = []
     for name, c in CASES.items():
         impls = ["aggregate", "process"] if c["job"] == "window" else ["process"]
-        shapes = [(1, 1)] if c["late"] else [(1, 1), (64, 2)]
+        shapes = [(bs, 1) for bs in BATCH_SIZES] + ([] if c["late"] else [(64, 2)])
         for impl in impls:
             for bs, p in shapes:
                 out.append(pytest.param(name, impl, bs, p, id=f"{name}-{impl}-bs{bs}-p{p}"))

@@ -388,10 +388,42 @@ class ColumnarWindows(ExactSums, Operator):
                 out[name] = accs[name]
         return Batch(out, starts + size - 1, RecordSchema("dict", tuple(out)))
 
+    # -- event time ---------------------------------------------------------------------
+    def process_batch(self, batch):
+        """A batch with per-record watermarks runs as segments that each see
+        no window end pass: the batch is cut where a record's watermark
+        reaches a window's last timestamp (those of the assigner's grid,
+        ``start + size - 1``, where the event-time trigger fires), and
+        before each segment event time moves to its first record's
+        watermark (firing those windows). Inside a segment each record's own
+        watermark decides its lateness. One host read-back gives the cuts;
+        their number is bounded by the window ends the batch's watermarks
+        pass."""
+        wms = batch.watermarks
+        if wms is None or len(batch) == 0:
+            self._process_run(batch, self.watermark)
+            return
+        a = self.assigner
+        last = (a.offset + a.size - 1) % a.slide  # window ends lie at last + m * slide
+        ends_reached = torch.div(wms.clamp(min=-(2**62)) - last, a.slide, rounding_mode="floor")
+        cuts = torch.nonzero(ends_reached[1:] != ends_reached[:-1]).flatten() + 1
+        starts = torch.cat([cuts.new_zeros(1), cuts])
+        host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
+        bounds = [s for s, _ in host[1:]] + [len(batch)]
+        for (lo, first_wm), hi in zip(host, bounds):
+            if first_wm > self.watermark:
+                self._advance(first_wm)
+            run = batch if (lo, hi) == (0, len(batch)) else \
+                batch.select(torch.arange(lo, hi, dtype=torch.int64, device=batch.device))
+            self._process_run(run, run.watermarks)
+
+    def on_watermark(self, watermark):
+        self._advance(watermark)
+        self.out.emit_watermark(watermark)
+
     def _forget(self, gone, n_gone: int, watermark: int) -> None:
         """After a watermark fired its windows: drop the rows past the
-        lateness (``gone``; device and cold tiers), fit the budget, pass the
-        watermark on."""
+        lateness (``gone``; device and cold tiers), fit the budget."""
         T = self.t_key.shape[0]
         if n_gone:
             self._purge(nonzero_known(~gone, T - n_gone))
@@ -400,7 +432,6 @@ class ColumnarWindows(ExactSums, Operator):
             self.cold.drop(lambda r: r["start"] <= horizon, lambda f: f["smax"] <= horizon,
                            lambda f: f["smin"] <= horizon)
         self._enforce_budget()
-        self.out.emit_watermark(watermark)
 
     def _purge(self, idx: torch.Tensor) -> None:
         """Keep rows ``idx`` (ascending: rows keep their order)."""
