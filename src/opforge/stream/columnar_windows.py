@@ -390,13 +390,16 @@ class ColumnarWindows(ExactSums, Operator):
 
     # -- event time ---------------------------------------------------------------------
     def process_batch(self, batch):
-        """A batch with per-record watermarks runs as segments that each see
-        no window end pass: the batch is cut where a record's watermark
-        reaches a window's last timestamp (those of the assigner's grid,
-        ``start + size - 1``, where the event-time trigger fires), and
-        before each segment event time moves to its first record's
-        watermark (firing those windows). Inside a segment each record's own
-        watermark decides its lateness. One host read-back gives the cuts;
+        """A batch with per-record watermarks runs as segments in which no
+        window changes state: the batch is cut where a record's watermark
+        reaches a window's last timestamp (on the assigner's grid, ``start +
+        size - 1``, where the event-time trigger fires it) or that plus the
+        allowed lateness (where the window goes), and before each segment
+        event time moves to its first record's watermark (firing those
+        windows). Inside a segment each record's own watermark decides its
+        lateness, and every window is open, fired within the lateness or
+        gone for all its records alike (so on-time records still fold as one
+        group before the late firings). One host read-back gives the cuts;
         their number is bounded by the window ends the batch's watermarks
         pass."""
         wms = batch.watermarks
@@ -405,8 +408,10 @@ class ColumnarWindows(ExactSums, Operator):
             return
         a = self.assigner
         last = (a.offset + a.size - 1) % a.slide  # window ends lie at last + m * slide
-        ends_reached = torch.div(wms.clamp(min=-(2**62)) - last, a.slide, rounding_mode="floor")
-        cuts = torch.nonzero(ends_reached[1:] != ends_reached[:-1]).flatten() + 1
+        low = -(2**62)
+        fired = torch.div(wms.clamp(min=low) - last, a.slide, rounding_mode="floor")
+        gone = torch.div(wms.clamp(min=low) - self.lateness - last, a.slide, rounding_mode="floor")
+        cuts = torch.nonzero((fired[1:] != fired[:-1]) | (gone[1:] != gone[:-1])).flatten() + 1
         starts = torch.cat([cuts.new_zeros(1), cuts])
         host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
         bounds = [s for s, _ in host[1:]] + [len(batch)]
