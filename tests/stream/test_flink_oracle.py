@@ -8,8 +8,9 @@ event, empty windows, empty micro-batches, a union with an empty and with an
 idle source) run on PyFlink's local mini-cluster and on opforge; the window
 results, late side outputs and process-function outputs must be equal (as
 multisets), window results with their timestamps. How Flink's watermarks are
-made deterministic (one after every record, as opforge emits with one record
-per micro-batch): see ``flink_oracle/flink_jobs.py``. One known difference of
+made deterministic (one after every record; opforge's records see the same
+ones at every batch size, ``watermark_granularity="record"``, issue 26):
+see ``flink_oracle/flink_jobs.py``. One known difference of
 the oracle itself: PyFlink's Python window operator stamps a late firing with
 the late element's timestamp, Java Flink (and opforge) with the window's max
 timestamp; ``java_window_timestamp`` maps it.
