@@ -302,9 +302,11 @@ class ProcessOperator(Operator):
         self.collector.flush(self)
 
     def _advance(self, watermark):
-        """Event time moves to ``watermark``: due event-time timers fire."""
+        """Event time moves to ``watermark``: due event-time timers fire (their
+        outputs a batch of their own: they need not look like the elements')."""
         self.watermark = self.timers.watermark = watermark
         if self.event_timers:
+            self.collector.flush(self)
             self._fire(self.event_timers, watermark, "event_time")
 
     def on_watermark(self, watermark):
