@@ -57,6 +57,7 @@ class ColumnarWindows(ExactSums, Operator):
     at the first watermark reaching them, late ones as they come), so the
     watermark is the firing state: no per-row flag."""
 
+    record_watermarks = True
     layout: str  # what a row is: "windows" or "panes" (a checkpoint restores into its own layout only)
 
     def __init__(self, name, assigner, agg: Aggregations, key_selector, allowed_lateness=0, late_tag=None,

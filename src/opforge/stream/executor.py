@@ -177,12 +177,34 @@ class _Runner:
         self._wake(ch)
         self.metrics.records_in += len(batch)
         self.metrics.batches_in += 1
-        if batch.watermarks is not None:
-            batch = batch.with_watermarks(self._record_watermarks(batch.watermarks, ch))
         t0 = _time.perf_counter()
         with _attributed(self.op):
-            self.op.process_input(batch, input_index)
+            if batch.watermarks is None:
+                self.op.process_input(batch, input_index)
+            elif getattr(self.op, "record_watermarks", False):
+                self.op.process_input(batch.with_watermarks(self._record_watermarks(batch.watermarks, ch)),
+                                      input_index)
+            else:
+                self._by_watermark_runs(batch, ch, input_index)
         self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
+
+    def _by_watermark_runs(self, batch: Batch, ch, input_index: int) -> None:
+        """An operator that reads one watermark per batch gets the batch's
+        runs of records that saw the same one, event time moving (timers
+        firing, the watermark passed on) between them."""
+        wms = self._record_watermarks(batch.watermarks, ch)
+        cuts = torch.nonzero(wms[1:] != wms[:-1]).flatten() + 1
+        starts = torch.cat([cuts.new_zeros(1), cuts])
+        host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
+        ends = [s for s, _ in host[1:]] + [len(batch)]
+        batch = batch.with_watermarks(None)
+        for (lo, wm), hi in zip(host, ends):
+            if wm > self.current:
+                self.current = wm
+                self.op.on_watermark(wm)
+            run = batch if (lo, hi) == (0, len(batch)) else \
+                batch.select(torch.arange(lo, hi, dtype=torch.int64, device=batch.device))
+            self.op.process_input(run, input_index)
 
     def _record_watermarks(self, seen: torch.Tensor, ch) -> torch.Tensor:
         """The event time each record of a batch from ``ch`` sees here: what

@@ -26,6 +26,10 @@ from opforge.stream.timers import InternalTimers, TimerService
 
 
 class Operator:
+    # whether ``process_batch`` honours per-record watermarks (``Batch.watermarks``);
+    # the engine feeds any other operator runs of one watermark, moving event time between them
+    record_watermarks = False
+
     def __init__(self, name: str):
         self.name = name
         self.out = None
@@ -87,12 +91,16 @@ def records_batch(records: list, timestamps, device, where: str) -> Batch:
 
 class PassThrough(Operator):
     """Union and side-output selection: batches go on unchanged."""
+    record_watermarks = True
+
 
     def process_batch(self, batch):
         self.out.emit(batch.with_keys(None))
 
 
 class MapOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, fn, output=None):
         super().__init__(name)
         self.fn_obj = fn
@@ -111,6 +119,8 @@ class MapOperator(Operator):
 
 
 class FilterOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, fn):
         super().__init__(name)
         self.fn_obj = fn
@@ -239,6 +249,8 @@ class ProcessOperator(Operator):
     """A ``ProcessFunction`` (non-keyed) or ``KeyedProcessFunction`` (keyed:
     state and timers per key). One Python call per record."""
 
+    record_watermarks = True
+
     def __init__(self, name, fn, key_selector=None):
         super().__init__(name)
         self.fn = fn
@@ -339,6 +351,8 @@ class CoProcessOperator(ProcessOperator):
 
 
 class SinkOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, sink):
         super().__init__(name)
         self.sink = sink

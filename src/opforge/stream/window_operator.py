@@ -90,6 +90,8 @@ class WindowOperator(Operator):
     ``Evictor`` (the window then keeps its records, as Flink's
     ``EvictingWindowOperator``)."""
 
+    record_watermarks = True
+
     def __init__(self, name, assigner, trigger, function, key_selector, allowed_lateness=0, late_tag=None,
                  evictor=None):
         super().__init__(name)
