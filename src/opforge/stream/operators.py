@@ -93,7 +93,6 @@ class PassThrough(Operator):
     """Union and side-output selection: batches go on unchanged."""
     record_watermarks = True
 
-
     def process_batch(self, batch):
         self.out.emit(batch.with_keys(None))
 
