@@ -8,8 +8,9 @@ event, empty windows, empty micro-batches, a union with an empty and with an
 idle source) run on PyFlink's local mini-cluster and on opforge; the window
 results, late side outputs and process-function outputs must be equal (as
 multisets), window results with their timestamps. How Flink's watermarks are
-made deterministic (one after every record, as opforge emits with one record
-per micro-batch): see ``flink_oracle/flink_jobs.py``. One known difference of
+made deterministic (one after every record; opforge's records see the same
+ones at every batch size, ``watermark_granularity="record"``, issue 26):
+see ``flink_oracle/flink_jobs.py``. One known difference of
 the oracle itself: PyFlink's Python window operator stamps a late firing with
 the late element's timestamp, Java Flink (and opforge) with the window's max
 timestamp; ``java_window_timestamp`` maps it.
@@ -239,15 +240,20 @@ def assert_same(name, got, want):
                 f"only Flink ({len(only_flink)}): {only_flink[:20]}", pytrace=False)
 
 
+BATCH_SIZES = (1, 37, 1024, 8192)
+
+
 def _params():
-    """(case, impl, batch_size, parallelism): every case one record per batch
-    (Flink's watermark positions); cases without late records also in
-    batches of 64 on 2 subtasks; windows both as ``Aggregations`` (the
-    columnar operator for tumbling/sliding) and as a ProcessWindowFunction."""
+    """(case, impl, batch_size, parallelism): every case at batch sizes 1,
+    37, 1,024 and 8,192 on one subtask (records see the watermark of the
+    records before them, Flink's watermark after every record, whatever the
+    batching: issue 26); cases without late records also in batches of 64 on
+    2 subtasks; windows both as ``Aggregations`` (the columnar operator for
+    tumbling/sliding) and as a ProcessWindowFunction."""
     out = []
     for name, c in CASES.items():
         impls = ["aggregate", "process"] if c["job"] == "window" else ["process"]
-        shapes = [(1, 1)] if c["late"] else [(1, 1), (64, 2)]
+        shapes = [(bs, 1) for bs in BATCH_SIZES] + ([] if c["late"] else [(64, 2)])
         for impl in impls:
             for bs, p in shapes:
                 out.append(pytest.param(name, impl, bs, p, id=f"{name}-{impl}-bs{bs}-p{p}"))

@@ -19,13 +19,24 @@ class KeyedSee(KeyedProcessFunction):
         yield (value, ctx.timer_service().current_watermark())
 
 
-def test_bounded_out_of_orderness_watermark_follows_each_batch():
-    env = StreamExecutionEnvironment(batch_size=2)
+def _seen_watermarks(granularity, batch_size=2):
+    env = StreamExecutionEnvironment(batch_size=batch_size, watermark_granularity=granularity)
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(10).with_timestamp_assigner(lambda r, _: r)
     sink = env.from_collection([100, 90, 130, 120, 125], strategy).key_by(lambda r: 0).process(KeyedSee()).collect()
     env.execute()
+    return sink.records()
+
+
+def test_bounded_out_of_orderness_watermark_follows_each_batch():
     # the first batch sees no watermark; then max_ts - 10 - 1 after each batch of 2
-    assert sink.records() == [(100, -(2**63)), (90, -(2**63)), (130, 89), (120, 89), (125, 119)]
+    assert _seen_watermarks("batch") == [(100, -(2**63)), (90, -(2**63)), (130, 89), (120, 89), (125, 119)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_bounded_out_of_orderness_watermark_follows_each_record(batch_size):
+    # the first record sees no watermark; then max_ts - 10 - 1 of the records before it, in any batching
+    assert _seen_watermarks("record", batch_size) == [(100, -(2**63)), (90, 89), (130, 89), (120, 119),
+                                                      (125, 119)]
 
 
 def test_monotonous_rejects_time_going_back():

@@ -21,7 +21,9 @@ class ColumnarWindowOperator(ColumnarWindows):
 
     layout = "windows"
 
-    def process_batch(self, batch):
+    def _process_run(self, batch, wm):
+        """Records that see the watermark ``wm`` (an int, or one per record
+        when no window end passes among them: ``ColumnarWindows.process_batch``)."""
         n = len(batch)
         if n == 0:
             return
@@ -29,11 +31,11 @@ class ColumnarWindowOperator(ColumnarWindows):
         ts = batch.timestamps
         rows, starts, ends = self.assigner.assign(ts)
         keys = batch.keys.index_select(0, rows)
-        wm = self.watermark
+        wm_pair = wm.index_select(0, rows) if isinstance(wm, torch.Tensor) else wm
         max_ts = ends - 1
-        kept = max_ts + self.lateness > wm
+        kept = max_ts + self.lateness > wm_pair
         # the trigger's on_element over the pairs: one that fires goes in and fires its window alone
-        fires = fire_mask(self.trigger.on_element_batch(max_ts, wm))
+        fires = fire_mask(self.trigger.on_element_batch(max_ts, wm_pair))
         on_time = kept & ~fires
         # Flink: a record is late when none of its windows took it and it is
         # past the lateness (its side output), not merely when one window is late
@@ -81,7 +83,7 @@ class ColumnarWindowOperator(ColumnarWindows):
         return self._window_batch(self.t_key[slots], self.t_start[slots], self.t_count[slots],
                                   {n: a[slots] for n, a in self.t_acc.items()})
 
-    def on_watermark(self, watermark):
+    def _advance(self, watermark):
         before, self.watermark = self.watermark, watermark
         last = self.assigner.size - 1  # a window's last timestamp: start + size - 1
         # rows whose window's timers are due fire now (ends in (before, watermark]); cold ones come back first

@@ -57,6 +57,7 @@ class ColumnarWindows(ExactSums, Operator):
     at the first watermark reaching them, late ones as they come), so the
     watermark is the firing state: no per-row flag."""
 
+    record_watermarks = True
     layout: str  # what a row is: "windows" or "panes" (a checkpoint restores into its own layout only)
 
     def __init__(self, name, assigner, agg: Aggregations, key_selector, allowed_lateness=0, late_tag=None,
@@ -388,10 +389,47 @@ class ColumnarWindows(ExactSums, Operator):
                 out[name] = accs[name]
         return Batch(out, starts + size - 1, RecordSchema("dict", tuple(out)))
 
+    # -- event time ---------------------------------------------------------------------
+    def process_batch(self, batch):
+        """A batch with per-record watermarks runs as segments in which no
+        window changes state: the batch is cut where a record's watermark
+        reaches a window's last timestamp (on the assigner's grid, ``start +
+        size - 1``, where the event-time trigger fires it) or that plus the
+        allowed lateness (where the window goes), and before each segment
+        event time moves to its first record's watermark (firing those
+        windows). Inside a segment each record's own watermark decides its
+        lateness, and every window is open, fired within the lateness or
+        gone for all its records alike (so on-time records still fold as one
+        group before the late firings). One host read-back gives the cuts;
+        their number is bounded by the window ends the batch's watermarks
+        pass."""
+        wms = batch.watermarks
+        if wms is None or len(batch) == 0:
+            self._process_run(batch, self.watermark)
+            return
+        a = self.assigner
+        last = (a.offset + a.size - 1) % a.slide  # window ends lie at last + m * slide
+        low = -(2**62)
+        fired = torch.div(wms.clamp(min=low) - last, a.slide, rounding_mode="floor")
+        gone = torch.div(wms.clamp(min=low) - self.lateness - last, a.slide, rounding_mode="floor")
+        cuts = torch.nonzero((fired[1:] != fired[:-1]) | (gone[1:] != gone[:-1])).flatten() + 1
+        starts = torch.cat([cuts.new_zeros(1), cuts])
+        host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
+        bounds = [s for s, _ in host[1:]] + [len(batch)]
+        for (lo, first_wm), hi in zip(host, bounds):
+            if first_wm > self.watermark:
+                self._advance(first_wm)
+            run = batch if (lo, hi) == (0, len(batch)) else \
+                batch.select(torch.arange(lo, hi, dtype=torch.int64, device=batch.device))
+            self._process_run(run, run.watermarks)
+
+    def on_watermark(self, watermark):
+        self._advance(watermark)
+        self.out.emit_watermark(watermark)
+
     def _forget(self, gone, n_gone: int, watermark: int) -> None:
         """After a watermark fired its windows: drop the rows past the
-        lateness (``gone``; device and cold tiers), fit the budget, pass the
-        watermark on."""
+        lateness (``gone``; device and cold tiers), fit the budget."""
         T = self.t_key.shape[0]
         if n_gone:
             self._purge(nonzero_known(~gone, T - n_gone))
@@ -400,7 +438,6 @@ class ColumnarWindows(ExactSums, Operator):
             self.cold.drop(lambda r: r["start"] <= horizon, lambda f: f["smax"] <= horizon,
                            lambda f: f["smin"] <= horizon)
         self._enforce_budget()
-        self.out.emit_watermark(watermark)
 
     def _purge(self, idx: torch.Tensor) -> None:
         """Keep rows ``idx`` (ascending: rows keep their order)."""

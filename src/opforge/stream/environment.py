@@ -3,6 +3,12 @@
 ``device`` holds the micro-batches' columns (CPU or a GPU), ``parallelism``
 is the default number of subtasks per operator, ``batch_size`` the records a
 source subtask polls at a time, ``clock`` the source of processing time.
+``watermark_granularity``: ``"record"`` (the default) — inside a
+micro-batch each record sees the watermark the records before it produced,
+so lateness, window firings and timers give the same output at every batch
+size (Flink with a watermark after every record); ``"batch"`` — the
+watermark advances only between micro-batches (fewer, larger steps; the
+output then depends on where the input's batches end).
 ``enable_checkpointing`` makes the job fault tolerant (``checkpoint.py``);
 ``execute(restore_from=...)`` resumes one; ``execute_async`` runs it in the
 background behind a ``JobClient``. ``set_state_budget`` bounds the device
@@ -21,18 +27,23 @@ from opforge.stream.datastream import DataStream
 from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
 from opforge.stream.sources import ArrowSource, CollectionSource, IteratorSource, Source
-from opforge.stream.time import SystemClock, WatermarkStrategy
+from opforge.stream.time import WATERMARK_GRANULARITIES, SystemClock, WatermarkStrategy
 
 
 class StreamExecutionEnvironment:
-    def __init__(self, device=None, parallelism: int = 1, batch_size: int = 1024, clock=None):
+    def __init__(self, device=None, parallelism: int = 1, batch_size: int = 1024, clock=None,
+                 watermark_granularity: str = "record"):
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise ValueError(f"StreamExecutionEnvironment: parallelism must be a positive int, got {parallelism!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"StreamExecutionEnvironment: batch_size must be a positive int, got {batch_size!r}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.parallelism = parallelism
+        if watermark_granularity not in WATERMARK_GRANULARITIES:
+            raise ValueError("StreamExecutionEnvironment: watermark_granularity must be one of "
+                             f"{WATERMARK_GRANULARITIES}, got {watermark_granularity!r}")
         self.batch_size = batch_size
+        self.watermark_granularity = watermark_granularity
         self.clock = clock or SystemClock()
         self.transformations: list[Transformation] = []
         self._next_id = 0

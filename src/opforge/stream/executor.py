@@ -5,7 +5,10 @@ rounds (one micro-batch per source subtask per round); each batch is pushed
 through the graph at once, split between downstream subtasks by the edge's
 partitioner (two-input operators learn which input a batch came from).
 Watermarks follow each source batch; a subtask's event time is the minimum
-over its non-idle input channels and never goes back (Flink).
+over its non-idle input channels and never goes back (Flink). With record
+granularity (``env.watermark_granularity``, the default) a batch's records
+also carry the watermark each saw (``Batch.watermarks``), held back here by
+the other channels, so operators move event time record by record.
 Each round first advances processing time (the job's clock) and fires
 processing-time timers; a source subtask whose watermark runs ahead of its
 alignment group by more than the allowed drift
@@ -176,8 +179,41 @@ class _Runner:
         self.metrics.batches_in += 1
         t0 = _time.perf_counter()
         with _attributed(self.op):
-            self.op.process_input(batch, input_index)
+            if batch.watermarks is None:
+                self.op.process_input(batch, input_index)
+            elif getattr(self.op, "record_watermarks", False):
+                self.op.process_input(batch.with_watermarks(self._record_watermarks(batch.watermarks, ch)),
+                                      input_index)
+            else:
+                self._by_watermark_runs(batch, ch, input_index)
         self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
+
+    def _by_watermark_runs(self, batch: Batch, ch, input_index: int) -> None:
+        """An operator that reads one watermark per batch gets the batch's
+        runs of records that saw the same one, event time moving (timers
+        firing, the watermark passed on) between them."""
+        wms = self._record_watermarks(batch.watermarks, ch)
+        cuts = torch.nonzero(wms[1:] != wms[:-1]).flatten() + 1
+        starts = torch.cat([cuts.new_zeros(1), cuts])
+        host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
+        ends = [s for s, _ in host[1:]] + [len(batch)]
+        batch = batch.with_watermarks(None)
+        for (lo, wm), hi in zip(host, ends):
+            if wm > self.current:
+                self.current = wm
+                self.op.on_watermark(wm)
+            run = batch if (lo, hi) == (0, len(batch)) else \
+                batch.select(torch.arange(lo, hi, dtype=torch.int64, device=batch.device))
+            self.op.process_input(run, input_index)
+
+    def _record_watermarks(self, seen: torch.Tensor, ch) -> torch.Tensor:
+        """The event time each record of a batch from ``ch`` sees here: what
+        it saw upstream, held back by the other active channels' watermarks,
+        never behind this subtask's."""
+        others = [w for c, w in self.wms.items() if c != ch and not self.idle[c]]
+        if others:
+            seen = seen.clamp(max=min(others))
+        return seen.clamp(min=self.current)
 
     def receive_watermark(self, wm: int, ch) -> None:
         self._wake(ch)
@@ -291,6 +327,8 @@ class _SourceRunner:
         if self.idle:
             self.idle = False
             self.out.emit_idle(False)
+        if self.env.watermark_granularity == "record":
+            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps))
         self.wmgen.on_batch(batch.timestamps)
         self.out.emit(batch)
         wm = self.wmgen.current()

@@ -4,7 +4,10 @@ tensor code on the batch; unmarked functions are called once per record.
 
 An operator emits through ``self.out`` (``emit``, ``emit_side``,
 ``emit_watermark``). ``on_watermark`` fires due event-time timers before the
-watermark moves on, as Flink does.
+watermark moves on, as Flink does. A batch with per-record watermarks
+(``Batch.watermarks``) moves event time record by record: a process
+function's timers fire before the first record whose watermark makes them
+due; map, filter and pass-through operators keep the rows' watermarks.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from opforge.stream.timers import InternalTimers, TimerService
 
 
 class Operator:
+    # whether ``process_batch`` honours per-record watermarks (``Batch.watermarks``);
+    # the engine feeds any other operator runs of one watermark, moving event time between them
+    record_watermarks = False
+
     def __init__(self, name: str):
         self.name = name
         self.out = None
@@ -84,12 +91,15 @@ def records_batch(records: list, timestamps, device, where: str) -> Batch:
 
 class PassThrough(Operator):
     """Union and side-output selection: batches go on unchanged."""
+    record_watermarks = True
 
     def process_batch(self, batch):
         self.out.emit(batch.with_keys(None))
 
 
 class MapOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, fn, output=None):
         super().__init__(name)
         self.fn_obj = fn
@@ -104,10 +114,12 @@ class MapOperator(Operator):
             out = batch_result(self.fn(batch), batch, self.name, same_length=True)
         else:
             out = records_batch(call_per_record(self.fn, batch.records()), batch.timestamps, self.device, self.name)
-        self.out.emit(with_output_type(out, self.output).with_keys(None))
+        self.out.emit(with_output_type(out, self.output).with_keys(None).with_watermarks(batch.watermarks))
 
 
 class FilterOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, fn):
         super().__init__(name)
         self.fn_obj = fn
@@ -236,6 +248,8 @@ class ProcessOperator(Operator):
     """A ``ProcessFunction`` (non-keyed) or ``KeyedProcessFunction`` (keyed:
     state and timers per key). One Python call per record."""
 
+    record_watermarks = True
+
     def __init__(self, name, fn, key_selector=None):
         super().__init__(name)
         self.fn = fn
@@ -270,9 +284,13 @@ class ProcessOperator(Operator):
         keys = (self.key_selector.decode_many(batch.keys) if self.key_selector is not None else None)
         keys = keys.tolist() if isinstance(keys, torch.Tensor) else keys
         self.ctx._domain = None
+        wms = None if batch.watermarks is None else batch.watermarks.tolist()
         i = 0
         try:
             for i, r in enumerate(recs):
+                if wms is not None and wms[i] > self.watermark:
+                    self._advance(wms[i])  # the timers this record's watermark makes due fire first
+                    self.ctx._domain = None
                 self.ctx._ts = ts[i]
                 if keys is not None:
                     self._set_key(keys[i])
@@ -294,10 +312,16 @@ class ProcessOperator(Operator):
                     raise at_record(e, f"<{domain} timer {t}>", key)
         self.collector.flush(self)
 
-    def on_watermark(self, watermark):
-        self.timers.watermark = watermark
+    def _advance(self, watermark):
+        """Event time moves to ``watermark``: due event-time timers fire (their
+        outputs a batch of their own: they need not look like the elements')."""
+        self.watermark = self.timers.watermark = watermark
         if self.event_timers:
+            self.collector.flush(self)
             self._fire(self.event_timers, watermark, "event_time")
+
+    def on_watermark(self, watermark):
+        self._advance(watermark)
         super().on_watermark(watermark)
 
     def on_processing_time(self, now):
@@ -326,6 +350,8 @@ class CoProcessOperator(ProcessOperator):
 
 
 class SinkOperator(Operator):
+    record_watermarks = True
+
     def __init__(self, name, sink):
         super().__init__(name)
         self.sink = sink

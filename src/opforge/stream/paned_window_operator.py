@@ -52,7 +52,9 @@ class PanedWindowOperator(ColumnarWindows):
         super().__init__(*args, **kwargs)
         self.panes_per_window = self.assigner.size // self.assigner.slide
 
-    def process_batch(self, batch):
+    def _process_run(self, batch, wm):
+        """Records that see the watermark ``wm`` (an int, or one per record
+        when no window end passes among them: ``ColumnarWindows.process_batch``)."""
         n = len(batch)
         if n == 0:
             return
@@ -60,13 +62,14 @@ class PanedWindowOperator(ColumnarWindows):
         a, lateness, k = self.assigner, self.lateness, self.panes_per_window
         ts, keys = batch.timestamps, batch.keys
         panes = ts - torch.remainder(ts - a.offset, a.slide)
-        wm = self.watermark
         # a record's windows end (last timestamp) at first_end + j * slide, j < k
         first_end = panes + (a.slide - 1)
         placed = first_end + ((k - 1) * a.slide + lateness) > wm  # its last window is within the lateness
         row_late = ~placed & (ts + lateness <= wm)  # none of its windows takes it: side output
         # late: its first window within the lateness (end > wm - L) has fired (end <= wm)
-        floor = max(wm - lateness, -(2**62))  # no int64 overflow at the minimal watermark
+        # (no int64 overflow at the minimal watermark)
+        floor = wm.clamp(min=-(2**62) + lateness) - lateness if isinstance(wm, torch.Tensor) \
+            else max(wm - lateness, -(2**62))
         j = (torch.div(floor - first_end, a.slide, rounding_mode="floor") + 1).clamp_(0, k)
         late = placed & (j < k) & fire_mask(self.trigger.on_element_batch(first_end + j * a.slide, wm))
         stats = self._stats([(ts == NO_TIMESTAMP).sum(), row_late.sum(), placed.sum(), late.sum(),
@@ -91,18 +94,21 @@ class PanedWindowOperator(ColumnarWindows):
                 k_p, p_p, late_p = keys.index_select(0, idx), panes.index_select(0, idx), late.index_select(0, idx)
             self._fold_batch(k_p, p_p, cols, dtypes, bounds, None if n_late == 0 else ~late_p)
             if n_late:
-                self._late_firings(nonzero_known(late_p, n_late), k_p, p_p, cols, dtypes, bounds)
+                wm_p = wm if not isinstance(wm, torch.Tensor) or n_placed == n else wm.index_select(0, idx)
+                self._late_firings(nonzero_known(late_p, n_late), k_p, p_p, cols, dtypes, bounds, wm_p)
         self._enforce_budget()
 
-    def _late_firings(self, idx, keys, panes, cols, dtypes, bounds):
+    def _late_firings(self, idx, keys, panes, cols, dtypes, bounds, wm):
         """Each late record, in order: into its pane, then its fired windows
-        still within the lateness fire again, latest start first (the order
-        of the per-window path)."""
+        still within the lateness (at the watermark it saw: ``wm``, one or
+        per record) fire again, latest start first (the order of the
+        per-window path)."""
         a, k = self.assigner, self.panes_per_window
-        wm, dev = self.watermark, self.device
+        dev = self.device
         fired = []
-        host = torch.stack([keys.index_select(0, idx), panes.index_select(0, idx)], 1).tolist()
-        for i, (key, pane) in zip(idx.tolist(), host):
+        wm_of = wm.index_select(0, idx) if isinstance(wm, torch.Tensor) else torch.full_like(idx, wm)
+        host = torch.stack([keys.index_select(0, idx), panes.index_select(0, idx), wm_of], 1).tolist()
+        for i, (key, pane, wm) in zip(idx.tolist(), host):
             one = slice(i, i + 1)
             self._fold(self._slots(keys[one], panes[one], dtypes, bounds),
                        torch.ones(1, dtype=torch.int64, device=dev), {n: c[one] for n, c in cols.items()})
@@ -217,7 +223,7 @@ class PanedWindowOperator(ColumnarWindows):
         order = torch.argsort(first)
         return order[torch.argsort(starts.index_select(0, order), stable=True)]
 
-    def on_watermark(self, watermark):
+    def _advance(self, watermark):
         before, self.watermark = self.watermark, watermark
         a = self.assigner
         # panes of the windows ending in (before, watermark]: their first

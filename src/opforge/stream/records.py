@@ -126,13 +126,18 @@ def concat_columns(cols: list):
 @dataclass
 class Batch:
     """A run of records as columns. ``timestamps``: int64 ms, one per row;
-    ``keys``: int64 key ids on keyed edges (None elsewhere)."""
+    ``keys``: int64 key ids on keyed edges (None elsewhere); ``watermarks``:
+    the event time each row saw when it arrived (int64, non-decreasing), set
+    when watermarks have record granularity (``time.py``) and kept by the
+    operators that pass rows on, so that lateness, firings and timers do not
+    depend on how the input was batched (None: the batch saw one watermark)."""
 
     columns: dict[str, torch.Tensor | list]
     timestamps: torch.Tensor
     schema: RecordSchema | None
     keys: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
+    watermarks: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.timestamps.shape[0]
@@ -189,13 +194,17 @@ class Batch:
         index = index.to(self.device)
         return Batch({n: take(c, index) for n, c in self.columns.items()},
                      self.timestamps.index_select(0, index), self.schema,
-                     None if self.keys is None else self.keys.index_select(0, index), dict(self.meta))
+                     None if self.keys is None else self.keys.index_select(0, index), dict(self.meta),
+                     None if self.watermarks is None else self.watermarks.index_select(0, index))
 
     def with_keys(self, keys: torch.Tensor | None) -> "Batch":
-        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta))
+        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta), self.watermarks)
 
     def with_timestamps(self, ts: torch.Tensor) -> "Batch":
-        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta))
+        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta), self.watermarks)
+
+    def with_watermarks(self, watermarks: torch.Tensor | None) -> "Batch":
+        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), watermarks)
 
     def records(self) -> list:
         """The rows as records shaped like the source's."""
@@ -223,7 +232,8 @@ class Batch:
         first = batches[0]
         cols = {n: concat_columns([b.columns[n] for b in batches]) for n in first.columns}
         keys = None if first.keys is None else torch.cat([b.keys for b in batches])
-        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys)
+        wms = None if any(b.watermarks is None for b in batches) else torch.cat([b.watermarks for b in batches])
+        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys, watermarks=wms)
 
 
 def _arrow_column(arr, device):

@@ -4,7 +4,8 @@ It reads the same job graph as the micro-batch engine but shares none of its
 operators: each record is pushed alone through the graph, keyed state is a
 dict per key, timers are a list scanned in order, and a window keeps its
 records and folds them only when it fires. Semantics are Flink's; the
-watermark follows each source batch (``env.batch_size`` records), as in the
+watermark follows each record (``env.watermark_granularity="record"``) or
+each source batch of ``env.batch_size`` records (``"batch"``), as in the
 engine, so late data is decided at the same points of the stream.
 
 Scope: one source subtask (parallelism of other operators is irrelevant to
@@ -426,6 +427,7 @@ def run_reference(env) -> dict:
     strategy = src.params["watermark_strategy"]
     (split,) = src.params["source"].splits(1, env.batch_size, env.device)
     max_ts, emitted, prev = MIN_WATERMARK, MIN_WATERMARK, NO_TIMESTAMP
+    per_record = getattr(env, "watermark_granularity", "record") == "record"
     for item in split:
         batch = as_batch(item, env.device, src.name)
         a = strategy.timestamp_assigner
@@ -439,10 +441,18 @@ def run_reference(env) -> dict:
                 raise ValueError(f"{src.name}: for_monotonous_timestamps got {ts} after {max_ts}")
             max_ts = max(max_ts, ts)
             source_node.emit(rec, ts)
-        if strategy.out_of_orderness_ms is not None and max_ts != MIN_WATERMARK:
-            wm = max_ts - strategy.out_of_orderness_ms - 1
-            if wm > emitted:
-                emitted = wm
-                source_node.emit_wm(wm)
+            if per_record:
+                emitted = _watermark(source_node, strategy, max_ts, emitted)
+        emitted = _watermark(source_node, strategy, max_ts, emitted)
     source_node.emit_wm(MAX_WATERMARK)
     return results
+
+
+def _watermark(source_node, strategy, max_ts: int, emitted: int) -> int:
+    """Emit the source's watermark if it advanced; the last one emitted."""
+    if strategy.out_of_orderness_ms is not None and max_ts != MIN_WATERMARK:
+        wm = max_ts - strategy.out_of_orderness_ms - 1
+        if wm > emitted:
+            source_node.emit_wm(wm)
+            return wm
+    return emitted

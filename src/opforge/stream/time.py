@@ -5,8 +5,12 @@ A watermark ``W`` promises that no more records with timestamp ``<= W``
 follow. ``for_bounded_out_of_orderness(B)`` emits ``max_ts - B - 1`` (Flink's
 formula), ``for_monotonous_timestamps()`` is the case ``B = 0`` and rejects a
 timestamp that goes back. Watermarks are emitted after each micro-batch a
-source subtask polls, so their positions in the stream are the batch
-boundaries (Flink's periodic emission, made deterministic).
+source subtask polls. With record granularity (the environment's default,
+``watermark_granularity="record"``) each record of a batch also carries the
+watermark the records before it produced (``record_watermarks``: a running
+maximum on the device), as if a watermark followed every record (Flink's
+emission made deterministic); with ``"batch"`` a batch's records all see
+the watermark from before the batch.
 
 ``with_idleness(ms)``: a source subtask that polls no record for ``ms`` of
 processing time is marked idle; downstream operators then ignore it when they
@@ -30,6 +34,7 @@ import torch
 
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
+WATERMARK_GRANULARITIES = ("record", "batch")
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,21 @@ class WatermarkGenerator:
                 raise ValueError(f"{self.where}: for_monotonous_timestamps got timestamp "
                                  f"{int(timestamps[bad])} after {int(prev[bad])}")
         self.max_ts = max(self.max_ts, int(timestamps.max()))
+
+    def record_watermarks(self, timestamps: torch.Tensor) -> torch.Tensor:
+        """Before ``on_batch``: the watermark each record sees, the one the
+        records before it (this batch's and earlier) produced — the emitted
+        watermark, raised by the running maximum of the earlier timestamps
+        (an exclusive ``cummax``, on the batch's device)."""
+        floor = timestamps.new_full(timestamps.shape, self.emitted)
+        if self.strategy.out_of_orderness_ms is None or timestamps.numel() == 0:
+            return floor
+        prev = torch.cat([timestamps.new_tensor([self.max_ts]), timestamps[:-1]])
+        running = torch.cummax(prev, 0).values
+        bound = self.strategy.out_of_orderness_ms + 1
+        # no int64 wrap below the minimum: a running maximum of MIN means no timestamp yet
+        wm = torch.where(running == MIN_WATERMARK, floor, running.clamp(min=MIN_WATERMARK + bound) - bound)
+        return torch.maximum(wm, floor)
 
     def current(self) -> int | None:
         """The watermark to emit now, or None if it did not advance."""

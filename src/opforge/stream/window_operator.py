@@ -9,7 +9,10 @@ ones, ``merge_into``); the trigger's result for each (``on_element``, and
 ``on_event_time`` / ``on_processing_time`` for the timers it registered)
 fires the window's function and / or purges its contents. A window's state
 goes at its cleanup time: its end plus the allowed lateness (event time) or
-its end (processing time); global windows never end.
+its end (processing time); global windows never end. With per-record
+watermarks (``Batch.watermarks``) event time moves before each record that
+saw a later one: what is late and when windows fire do not depend on the
+batch size.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class WindowOperator(Operator):
     ("reduce", fn) or ("process", ProcessWindowFunction); ``evictor``: an
     ``Evictor`` (the window then keeps its records, as Flink's
     ``EvictingWindowOperator``)."""
+
+    record_watermarks = True
 
     def __init__(self, name, assigner, trigger, function, key_selector, allowed_lateness=0, late_tag=None,
                  evictor=None):
@@ -174,12 +179,15 @@ class WindowOperator(Operator):
             require_timestamps(batch, self.name)
         keys = batch.keys.tolist()
         times = batch.timestamps.tolist()
+        wms = None if batch.watermarks is None or not event_time else batch.watermarks.tolist()
         recs = batch.records()
         late_rows = []
         now = self.clock.now()
         i = 0
         try:
             for i, rec in enumerate(recs):
+                if wms is not None and wms[i] > self.watermark:
+                    self._advance(wms[i])  # windows and timers due at this record's watermark fire first
                 ts = times[i]
                 if not self._element(keys[i], rec, ts, ts if event_time else now) and event_time \
                         and ts + self.lateness <= self.watermark:
@@ -275,7 +283,9 @@ class WindowOperator(Operator):
             self.out.emit(records_batch(self.out_recs, self.out_ts, self.device, self.name))
             self.out_recs, self.out_ts = [], []
 
-    def on_watermark(self, watermark):
+    def _advance(self, watermark):
+        """Event time moves to ``watermark``: due trigger timers fire, windows
+        past their cleanup time go."""
         self.watermark = watermark
         for t, key, w in self.event_timers.pop_due(watermark):
             self._act(key, w, self.trigger.on_event_time(t, w, self.ctx.at(key, w)))
@@ -283,6 +293,9 @@ class WindowOperator(Operator):
             for _, key, w in self.cleanup_timers.pop_due(watermark):
                 self._clear(key, w)
         self._flush()
+
+    def on_watermark(self, watermark):
+        self._advance(watermark)
         self.out.emit_watermark(watermark)
 
     def on_processing_time(self, now):

@@ -12,9 +12,10 @@ A case is ``{"name", "job", "bound", "idle_ms", "sources", ...}``:
   ``lateness``, ``side_output``) or ``"process"`` (``timer_gap``: the
   KeyedProcessFunction below).
 * ``late``: whether some records come after the watermark passed them; such
-  a case is run by opforge with one record per micro-batch only (the
-  watermark positions must be Flink's), the others also with larger batches
-  and parallelism 2 (their answer does not depend on watermark positions).
+  a case is run by opforge on one subtask (at batch sizes 1 to 8,192: each
+  record sees the watermark after the record before it, Flink's positions),
+  the others also with parallelism 2 (their answer does not depend on
+  watermark positions).
 
 Outputs, on both sides (lists, compared as multisets):
 ``["win", key, window_start, window_end, count, sum_v, max_v, timestamp]`` per
