@@ -296,6 +296,7 @@ def _materialize(a):
 def _child_op(job: dict) -> list[dict]:
     from triton.runtime.jit import JITFunction
 
+    from opforge.runtime.launch import jit_run_only
     from opforge.runtime.registry import get
 
     op = get(job["op"])
@@ -310,7 +311,8 @@ def _child_op(job: dict) -> list[dict]:
     JITFunction.run = capture
     note = ""
     try:
-        v.run(job["config"], *args)
+        with jit_run_only():  # pre-bound launchers (runtime/launch.py) would bypass the capture
+            v.run(job["config"], *args)
     except Exception as e:
         # host code that reads what an earlier (captured, never run) kernel
         # wrote stops here; the kernels launched so far are still reported

@@ -30,6 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from opforge.runtime import launch
+
 GENERATED_PREFIX = "opforge_fused_"
 
 
@@ -207,6 +209,10 @@ class LaunchRecorder:
                 self.sources[s.module] = src
 
     def __enter__(self) -> "LaunchRecorder":
+        # every launch through JITFunction.run, where it is recorded: a pre-bound
+        # launcher (runtime/launch.py) calls a compiled kernel it has seen directly
+        self._jit_only = launch.jit_run_only()
+        self._jit_only.__enter__()
         with _lock:
             if not _active:
                 _install()
@@ -218,6 +224,7 @@ class LaunchRecorder:
             _active.remove(self)
             if not _active:
                 _uninstall()
+        self._jit_only.__exit__(None, None, None)
 
 
 _lock = threading.RLock()
