@@ -19,6 +19,7 @@ def test_quick_cases_of_each_family_are_correct(family):
 
 
 def test_case_filter_keeps_only_matching_cases():
-    result = harness.run(quick=True, families=["scan", "reduce"], crossover=False, host=False,
-                         console=Console(quiet=True), cases=["compact", "argmax"])
-    assert sorted(e["op"] for e in result["entries"]) == ["opforge::argmax", "opforge::compact"]
+    # two cheap families (scan and reduce took a minute under the interpreter for the same check)
+    result = harness.run(quick=True, families=["transpose", "elementwise"], crossover=False, host=False,
+                         console=Console(quiet=True), cases=["transpose 64x96", "gelu 64x256"])
+    assert sorted(e["op"] for e in result["entries"]) == ["opforge::gelu", "opforge::transpose"]
