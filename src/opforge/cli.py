@@ -85,6 +85,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("selftest", help="compile and check every variant on this device")
     s.add_argument("--sanitize", action="store_true", help="rerun under compute-sanitizer memcheck")
     s.add_argument("--op", action="append", help="only these ops (repeatable; 'cumsum', 'cross_entropy*')")
+    s.add_argument("--jobs", type=int, default=1, help="check the variants in this many processes at once")
+    s.add_argument("--shard", default="0/1", help="K/N: check every N-th variant from the K-th")
+    s.add_argument("--json", dest="json_path", help="write the results as JSON here")
 
     _add_heavy(sub, "profile", command)
 
@@ -218,7 +221,11 @@ def _run(args, console: Console, errors: Console) -> int:
 
         if args.sanitize:
             return selftest.run_sanitized(console, args.op)
-        results = selftest.run(console=console, ops=args.op)
+        k, _, n = args.shard.partition("/")
+        if not (k.isdigit() and n.isdigit()):
+            raise SystemExit(f"opforge selftest: --shard wants K/N (e.g. 0/4), got {args.shard!r}")
+        results = selftest.run(console=console, ops=args.op, shard=(int(k), int(n)), jobs=args.jobs,
+                               json_path=args.json_path)
         return 1 if any(r.failed for r in results) else 0
     return 2
 

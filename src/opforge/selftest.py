@@ -4,16 +4,20 @@ The Triton interpreter compiles nothing, so CPU tests cannot prove that a
 kernel compiles for sm_90 or runs without faults. This command does, on the
 GPU: every variant of every op, on random inputs that reach it, against the
 float64 reference. ``--sanitize`` reruns the whole check under
-compute-sanitizer's memcheck.
+compute-sanitizer's memcheck. ``--jobs N`` splits the variants into N shards
+checked by N processes at once: a cold run is bound by Triton's compiles on
+the host's CPUs, which one process uses one at a time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field
 
 import torch
 from rich.console import Console
@@ -91,21 +95,65 @@ def _describe(args) -> str:
 
 
 def run(device: torch.device | None = None, console: Console | None = None,
-        ops: list[str] | None = None) -> list[VariantResult]:
+        ops: list[str] | None = None, shard: tuple[int, int] = (0, 1), jobs: int = 1,
+        json_path: str | None = None) -> list[VariantResult]:
     """Check every non-reference variant of ``ops`` (default: all registered ops;
-    a name ending in ``*`` selects every op with that prefix)."""
+    a name ending in ``*`` selects every op with that prefix). ``shard=(k, n)``
+    checks every n-th variant from the k-th; ``jobs`` > 1 runs that many shards
+    in subprocesses and merges their results."""
     console = console or Console()
-    device = device or devmod.default_device()
-    results = []
-    for op in select(ops):
-        for v in op.variants:
-            if v.kind == "reference":
-                continue
-            r = check_variant(op, v, device)
-            results.append(r)
-            # a line as each variant finishes: a run cut short by a time limit still says what it checked
-            console.print(f"{r.op} {r.variant}: {r.passed} passed, {r.failed} failed, {r.skipped} skipped, "
-                          f"worst rel err {r.worst_err:.1e}", markup=False, highlight=False)
+    if jobs > 1:
+        results = _run_shards(console, ops, jobs)
+    else:
+        device = device or devmod.default_device()
+        results = [_checked(check_variant(op, v, device), console) for op, v in variants(ops, shard)]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([asdict(r) for r in results], f)
+    if shard[1] == 1:  # a shard's lines stream to its parent, which prints the one table
+        _report(results, console, device or devmod.default_device())
+    return results
+
+
+def variants(ops: list[str] | None, shard: tuple[int, int] = (0, 1)) -> list:
+    """The (op, variant) pairs to check, every ``n``-th from the ``k``-th."""
+    k, n = shard
+    if not 0 <= k < n:
+        raise ValueError(f"opforge selftest: shard {k}/{n} is outside 0..{n - 1}")
+    pairs = [(op, v) for op in select(ops) for v in op.variants if v.kind != "reference"]
+    return pairs[k::n]
+
+
+def _checked(r: VariantResult, console: Console) -> VariantResult:
+    # a line as each variant finishes: a run cut short by a time limit still says what it checked
+    console.print(f"{r.op} {r.variant}: {r.passed} passed, {r.failed} failed, {r.skipped} skipped, "
+                  f"worst rel err {r.worst_err:.1e}", markup=False, highlight=False)
+    return r
+
+
+def _run_shards(console: Console, ops: list[str] | None, jobs: int) -> list[VariantResult]:
+    """Each shard in its own ``opforge selftest --shard k/jobs`` process; their
+    per-variant lines stream through as they come, the results come back as JSON."""
+    with tempfile.TemporaryDirectory(prefix="opforge-selftest-") as tmp:
+        procs = []
+        for k in range(jobs):
+            cmd = [sys.executable, "-m", "opforge", "selftest", "--shard", f"{k}/{jobs}",
+                   "--json", os.path.join(tmp, f"{k}.json")]
+            cmd += [arg for name in ops or [] for arg in ("--op", name)]
+            procs.append(subprocess.Popen(cmd))
+        codes = [p.wait() for p in procs]
+        results = []
+        for k, code in enumerate(codes):
+            path = os.path.join(tmp, f"{k}.json")
+            if not os.path.exists(path):
+                raise RuntimeError(f"opforge selftest: shard {k}/{jobs} exited with code {code} "
+                                   f"and wrote no results")
+            with open(path) as f:
+                results += [VariantResult(**r) for r in json.load(f)]
+    return results
+
+
+def _report(results: list[VariantResult], console: Console, device: torch.device) -> None:
     table = Table(title=f"opforge selftest on {devmod.device_info(device).name} ({devmod.device_info(device).arch})")
     for col in ("op", "variant", "passed", "failed", "skipped", "worst rel err", "status"):
         table.add_column(col)
@@ -120,7 +168,6 @@ def run(device: torch.device | None = None, console: Console | None = None,
     total_fail = sum(r.failed for r in results)
     ran = sum(r.passed + r.failed for r in results)
     console.print(f"{ran - total_fail} passed, {total_fail} failed")
-    return results
 
 
 def select(names: list[str] | None) -> list:

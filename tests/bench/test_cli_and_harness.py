@@ -122,6 +122,21 @@ def test_selftest_selects_ops_by_name_and_prefix(capsys):
     assert "opforge::neg" in out and "opforge::exp" not in out and " 0 failed" in out
 
 
+def test_selftest_shards_partition_the_variants_and_jobs_merge_them(tmp_path, capsys):
+    from opforge import selftest
+
+    every = [(op.name, v.name) for op, v in selftest.variants(["cumsum", "neg"])]
+    shards = [[(op.name, v.name) for op, v in selftest.variants(["cumsum", "neg"], (k, 3))] for k in range(3)]
+    assert sorted(sum(shards, [])) == sorted(every) and all(shards)
+    with pytest.raises(ValueError, match="shard 3/3"):
+        selftest.variants(None, (3, 3))
+    out = tmp_path / "r.json"
+    assert cli.main(["selftest", "--op", "neg", "--jobs", "2", "--json", str(out)]) == 0
+    merged = {(r["op"], r["variant"]) for r in json.loads(out.read_text())}
+    assert merged == {("opforge::" + op, v) for op, v in every if op == "neg"}
+    assert " 0 failed" in capsys.readouterr().out
+
+
 def test_profile_cli_reports_compiled_resources(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert cli.main(["profile", "softmax", "--shape", "64x256", "--dtype", "fp32", "--arg", "-1",
