@@ -92,6 +92,19 @@ def test_selftest_passes_real_variants_and_catches_a_wrong_one():
     assert bad.failed == good.passed and bad.passed == 0
 
 
+def test_selftest_bound_allows_for_tf32_and_fp8_tensor_cores_only():
+    from opforge import selftest
+    from opforge.ops.matmul import Epilogue
+
+    x32 = torch.ones(2, 2)
+    assert selftest.bound(torch.float32, (x32, x32)) == 1e-5
+    assert selftest.bound(torch.float32, (x32, x32, Epilogue(tf32=False))) == 1e-5
+    assert selftest.bound(torch.float32, (x32, x32, Epilogue(tf32=True))) == selftest.TF32_REL_ERR_BOUND
+    f8 = x32.to(torch.float8_e4m3fn)
+    assert selftest.bound(torch.float32, (f8, f8)) == selftest.FP8_REL_ERR_BOUND
+    assert selftest.bound(torch.bfloat16, (f8, f8)) == 1e-2  # the output's rounding dominates
+
+
 def test_tune_bench_preset_tunes_the_grid_of_a_family(tmp_path, monkeypatch):
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     from opforge.bench import softmax as softmax_bench
