@@ -51,7 +51,14 @@ def rows(out):
 
 @pytest.fixture(scope="module")
 def rescale_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("rescale")
+    """Module-scoped, so set up before conftest's per-test fold-by-reference: set it here too."""
+    from opforge.runtime import dispatch
+
+    with dispatch.force_variant("segment_reduce", "reference"):
+        yield _rescale_runs(tmp_path_factory.mktemp("rescale"))
+
+
+def _rescale_runs(tmp):
     evs = events(120, 9, 4, late=0.08)
     env = env_at(1, str(tmp / "ref-ckpt"))
     build(env, evs, tmp / "ref", None)
