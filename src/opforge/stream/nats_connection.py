@@ -29,6 +29,7 @@ class NatsConnection:
     def __init__(self, servers, where: str):
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.where = where
+        self.last_error: Exception | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"nats {where}", daemon=True)
         self.thread.start()
@@ -38,8 +39,11 @@ class NatsConnection:
     async def _connect(self):
         import nats
 
+        async def note(e):  # a failed call raises; this keeps reconnect noise out of the log
+            self.last_error = e
+
         return await nats.connect(servers=self.servers, connect_timeout=5, max_reconnect_attempts=3,
-                                  allow_reconnect=True)
+                                  allow_reconnect=True, error_cb=note)
 
     def call(self, coro, timeout: float | None = 60.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
