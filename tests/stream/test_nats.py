@@ -5,8 +5,7 @@ job in a child process SIGKILLed at random points and restarted from its last
 checkpoint, also across a rescale from 2 to 3 subtasks: the output subject
 holds exactly the failure-free output.
 
-CI runs a few kills (``OPFORGE_NATS_KILL_TRIALS``, default 4; the goal of 50
-runs with the variable set)."""
+CI runs 3 kills (``OPFORGE_NATS_KILL_TRIALS=50`` runs the issue's 50)."""
 
 import json
 import os
@@ -28,7 +27,7 @@ from opforge.stream.nats_source import NatsSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-EVENTS = job.events(1200, 9, 5)
+EVENTS = job.events(600, 9, 5)
 EXPECTED = sorted(json.dumps(r, sort_keys=True) for r in job.expected(EVENTS))
 
 
@@ -71,7 +70,7 @@ def run_in_process(url, ckpt, subject, fail_at=None, parallelism=2):
 def test_source_to_sink_then_failure_and_replay_from_the_stream_sequence(server, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     with pytest.raises(Boom):
-        run_in_process(server, ckpt, "out.inproc", fail_at=700)
+        run_in_process(server, ckpt, "out.inproc", fail_at=400)
     (_, path), = completed_checkpoints(ckpt)
     _, tree = read_checkpoint(path, "cpu")
     positions = [s["position"] for s in next(iter(tree["sources"].values()))]
@@ -164,12 +163,12 @@ def kill_and_restart(fork_server, url, ckpt, subject, trials, rng, parallelisms)
 
 
 def test_sigkill_at_random_points_then_restore_is_exactly_once(server, fork_server, tmp_path):
-    trials = int(os.environ.get("OPFORGE_NATS_KILL_TRIALS", "4"))
+    trials = int(os.environ.get("OPFORGE_NATS_KILL_TRIALS", "3"))
     rng = random.Random(26)
     landed = 0
-    for t in range(max(1, trials // 4)):  # kills spread over several jobs: early and late kill points
+    for t in range(-(-trials // 4)):  # at most 4 kills a job: kill points early and late in a job
         kills, run_s = kill_and_restart(fork_server, server, str(tmp_path / f"ckpt{t}"), f"out.kill{t}",
-                                        min(4, trials - 4 * t) if trials >= 4 else trials, rng, [2])
+                                        min(4, trials - 4 * t), rng, [2])
         landed += kills
         assert output(server, f"out.kill{t}") == EXPECTED
     print(f"kill trials: {landed} kills landed, a failure-free run takes {run_s:.2f} s")

@@ -17,6 +17,7 @@ import json
 import threading
 
 FORMATS = ("json", "arrow")
+MAX_MESSAGE_BYTES = 512 * 1024  # half the server's default max_payload (1 MiB)
 
 
 def check_format(fmt: str, where: str) -> str:
@@ -66,10 +67,14 @@ def encode_batch(batch, fmt: str) -> list[bytes]:
     import pyarrow as pa
 
     table = batch.to_arrow()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return [sink.getvalue().to_pybytes()]
+    rows = max(1, table.num_rows * MAX_MESSAGE_BYTES // max(table.nbytes, 1))  # under the server's max_payload
+    out = []
+    for lo in range(0, table.num_rows, rows):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table.slice(lo, rows))
+        out.append(sink.getvalue().to_pybytes())
+    return out
 
 
 def decode_payloads(payloads: list[bytes], fmt: str):

@@ -12,7 +12,8 @@ may read with another parallelism (``rescale_positions``: subjects dealt anew).
 and then ends the split (a batch job over a stream, and the tests); otherwise
 the split stays open and an empty poll means "nothing now" (idle).
 A record is a JSON message (``format="json"``) or an Arrow IPC stream of many
-records (``"arrow"``); see ``nats_connection.py``.
+records (``"arrow"``, one message per poll: it is a micro-batch already); see
+``nats_connection.py``.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ class NatsSplit(SourceSplit):
             self._open(subject)
             if self.remaining.get(subject) == 0:
                 return []
-        want = self.batch_size if not self.source.bounded else min(self.batch_size, self.remaining[subject])
+        want = self.batch_size if self.source.format == "json" else 1  # an Arrow message is a micro-batch
+        if self.source.bounded:
+            want = min(want, self.remaining[subject])
         try:
             msgs = self.conn.call(self.subs[subject].fetch(want, timeout=self.source.fetch_timeout_s))
         except nats.errors.TimeoutError:
