@@ -13,6 +13,8 @@ from opforge.stream.functions import (AggregateFunction, Aggregations, CoGroupFu
                                       ProcessFunction, ProcessJoinFunction, ProcessWindowFunction,
                                       ReduceFunction, RuntimeContext, TimestampedValue, vectorized)
 from opforge.stream.file_sink import FileSink, read_committed
+from opforge.stream.nats_sink import NatsSink
+from opforge.stream.nats_source import NatsSource
 from opforge.stream.file_source import FileSource
 from opforge.stream.graph import OutputTag
 from opforge.stream.job_client import JobCancellationException, JobClient, JobStatus
@@ -38,7 +40,7 @@ __all__ = [
     "CheckpointConfig", "CheckpointRestoreError", "CheckpointSerializationError", "CoGroupFunction",
     "CoGroupedStreams", "CoProcessFunction", "CollectSink", "CollectionSource", "ConnectedStreams",
     "CountEvictor", "CountTrigger", "DataStream", "EventTimeSessionWindows", "EventTimeTrigger", "Evictor",
-    "FileSink", "FileSource", "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows",
+    "FileSink", "FileSource", "NatsSink", "NatsSource", "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows",
     "IntervalJoin", "IntervalJoined", "IteratorSource", "JobCancellationException", "JobClient",
     "JobExecutionResult", "JobStatus", "JoinFunction", "JoinedStreams", "KeyedCoProcessFunction",
     "KeyedProcessFunction", "KeyedStream", "ListStateDescriptor", "MAX_WATERMARK", "MIN_WATERMARK",

@@ -7,7 +7,8 @@ name, which a restored job must match), every subtask's input-channel
 watermarks and operator state; per source subtask its split position and
 watermark generator; the key codecs; and a ``SimulatedClock``'s time (so a
 restored simulated job sees the same processing time; a system clock is not
-restored). A checkpoint completes when its ``_metadata`` is written; then
+restored). Each keyed subtask's state is that of its key-group range (stored
+beside it), so a job may restore at another parallelism (``rescale.py``). A checkpoint completes when its ``_metadata`` is written; then
 every operator is notified (sinks commit their pending files).
 """
 
@@ -18,6 +19,8 @@ import os
 from opforge.stream.checkpoint import (CheckpointRestoreError, StateEncoder, completed_checkpoints,
                                        read_checkpoint, retain, sweep_incomplete, write_checkpoint)
 from opforge.stream.operator_state import notify_checkpoint_complete, restore_operator, snapshot_operator
+from opforge.stream.partitioning import MAX_PARALLELISM
+from opforge.stream.rescale import key_group_range, rescale_source, rescale_subtasks
 from opforge.stream.time import SimulatedClock
 
 
@@ -62,13 +65,15 @@ class CheckpointCoordinator:
                 state = {k: ({n: enc.encode(v, f"{where}, state {n!r}") for n, v in s.items()}
                              if k == "keyed_state" else enc.encode(s, f"{where}, {k.replace('_', ' ')}"))
                          for k, s in snapshot_operator(r.op, checkpoint_id).items()}
-                subtasks.append({"channels": enc.encode([[e, u, w, r.idle[(e, u)]] for (e, u), w in r.wms.items()],
+                subtasks.append({"key_groups": key_group_range(r.index, len(node.runners)),
+                                 "channels": enc.encode([[e, u, w, r.idle[(e, u)]] for (e, u), w in r.wms.items()],
                                                         where),
                                  "current": r.current, "out_idle": r.out_idle, "operator": state})
             ops[uid] = subtasks
         spaces = [enc.encode([s.identity, s.codec.values], "the key codec of a key_by") for s in self._key_spaces()]
         clock = self.env.clock
-        tree = {"checkpoint_id": checkpoint_id, "operators": ops, "sources": sources, "key_spaces": spaces,
+        tree = {"checkpoint_id": checkpoint_id, "max_parallelism": MAX_PARALLELISM, "operators": ops,
+                "sources": sources, "key_spaces": spaces,
                 "clock": clock.now() if isinstance(clock, SimulatedClock) else None}
         return tree, enc.tensors
 
@@ -108,6 +113,9 @@ class CheckpointCoordinator:
                         f"{len(saved)} operators in the checkpoint, {len(self.uids)} in the job")
             raise CheckpointRestoreError(f"restore_from {path}: the job graph differs from the checkpoint's "
                                          f"({diff})")
+        if tree.get("max_parallelism", MAX_PARALLELISM) != MAX_PARALLELISM:
+            raise CheckpointRestoreError(f"restore_from {path}: the checkpoint has {tree['max_parallelism']} key "
+                                         f"groups, this engine {MAX_PARALLELISM}")
         self.next_id = max(self.next_id, meta["checkpoint_id"] + 1)
         for space, (identity, values) in zip(self._key_spaces(), tree["key_spaces"]):
             space.identity = identity
@@ -118,9 +126,9 @@ class CheckpointCoordinator:
         for uid, t in zip(self.uids, self.transformations):
             runners = self.nodes[t.id].runners
             states = tree["sources"][uid] if t.kind == "source" else tree["operators"][uid]
-            if len(states) != len(runners):
-                raise CheckpointRestoreError(f"restore_from {path}: operator {t.name!r} had parallelism "
-                                             f"{len(states)}, the job gives it {len(runners)}")
+            if len(states) != len(runners):  # rescaling: key groups move between subtasks
+                states = rescale_source(t.params["source"], t.name, states, len(runners)) if t.kind == "source" \
+                    else rescale_subtasks(t.name, [r.op for r in runners], states, [list(r.wms) for r in runners])
             for r, s in zip(runners, states):
                 if t.kind == "source":
                     _restore_source(r, s, self.env.clock)

@@ -169,6 +169,14 @@ class FileSink(Sink):
                 os.remove(os.path.join(self.path, n))
         _fsync_dir(self.path)
 
+    def restore_rescaled(self, subtask: int, states: list) -> None:
+        """At another parallelism (``rescale.py``): commit the pending files of the
+        old subtasks ``j`` handed to this one (``[(j, state), ...]``) under their
+        own names, and discard their uncommitted files."""
+        for j, state in states:
+            self.restore_state(j, state)
+        self.pending[subtask] = []
+
     def finish(self) -> None:
         """End of input without checkpointing: commit every open file."""
         for subtask in sorted(self.writers):

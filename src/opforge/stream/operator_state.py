@@ -70,9 +70,13 @@ def restore_operator(op: Operator, s: dict) -> None:
         if op.key_selector is not None:
             op.state.restore(s["keyed_state"])
     elif isinstance(op, SinkOperator):
-        restore = getattr(op.sink, "restore_state", None)
-        if s["sink"] is not None and callable(restore):
-            restore(op.index, s["sink"])
+        sink, state = op.sink, s["sink"]
+        if isinstance(state, dict) and "rescaled" in state and len(state) == 1:  # rescale.py
+            _restore_rescaled_sink(op, state["rescaled"])
+            return
+        restore = getattr(sink, "restore_state", None)
+        if state is not None and callable(restore):
+            restore(op.index, state)
     elif isinstance(op, WindowOperator):
         op.contents, op.sessions = s["window_contents"], s["sessions"]
         # a checkpoint from before triggers were classes holds count triggers' counts only
@@ -91,6 +95,20 @@ def restore_operator(op: Operator, s: dict) -> None:
         op.restored()
         if r["schema"] is not None:
             op.schema = schema_from_state(r["schema"])
+
+
+def _restore_rescaled_sink(op, states: list) -> None:
+    """A sink subtask of a rescaled job takes over the states of old subtasks ``j``
+    (``[[j, state], ...]``, ``j % parallelism == index``)."""
+    if not states:
+        return
+    restore = getattr(op.sink, "restore_rescaled", None)
+    if not callable(restore):
+        from opforge.stream.checkpoint import CheckpointRestoreError
+
+        raise CheckpointRestoreError(f"restore_from: sink {op.name!r} ({type(op.sink).__name__}) cannot be restored "
+                                     "at another parallelism; keep its parallelism (set_parallelism)")
+    restore(op.index, [(j, st) for j, st in states])
 
 
 def notify_checkpoint_complete(op: Operator, checkpoint_id: int) -> None:
