@@ -195,3 +195,52 @@ def launch(fn, grid, *args, **kw) -> None:
             _launchers.clear()
         launcher = _launchers[key] = Launcher(fn, **kw)
     launcher(grid, *args)
+
+
+class Prepared:
+    """One launch site of a ``Launcher`` with its grid and trailing arguments
+    (the scalars: sizes, strides) fixed, for a runner bound to one dispatch
+    decision: ``prepared(*tensors)`` passes only the leading tensor arguments.
+
+    A kernel of forty arguments pays for forty signature entries in
+    ``Launcher``; here the fixed part's signature is computed once and a call
+    keys on its tensors alone (dtype and 16-byte alignment, as ``signature``).
+    The first call of a key goes through the ``Launcher`` (so through
+    ``JITFunction.run``), and every case ``Launcher`` leaves to
+    ``JITFunction.run`` (interpreter, hooks, ``jit_run_only``) is left to it here."""
+
+    __slots__ = ("launcher", "grid", "fixed", "fixed_sig", "hits", "gx", "gy", "gz")
+
+    def __init__(self, launcher: Launcher, grid: tuple, fixed: tuple) -> None:
+        self.launcher, self.grid, self.fixed = launcher, tuple(grid), tuple(fixed)
+        self.fixed_sig = signature(self.fixed)
+        self.gx, self.gy, self.gz = (self.grid + (1, 1))[:3]
+        self.hits: dict[tuple, tuple] = {}
+
+    def __call__(self, *tensors) -> None:
+        go = self.launcher
+        if go.direct and _direct and self.fixed_sig is not None:
+            sig = signature(tensors)
+            if sig is not None:
+                device = _current_device()
+                hit = self.hits.get((device, sig))
+                if hit is not None and not go.fn.pre_run_hooks and go.knobs.quiet():
+                    run, function, metadata, rest = hit
+                    run(self.gx, self.gy, self.gz, _current_stream(device), function, metadata, None, None, None,
+                        *tensors, *rest)
+                    return
+                args = tensors + self.fixed
+                go(self.grid, *args)
+                entry = go.compiled.get((device, sig + self.fixed_sig))
+                if entry is not None:
+                    if len(self.hits) >= _LIMIT:
+                        self.hits.clear()
+                    run, function, metadata, tail = entry
+                    self.hits[(device, sig)] = (run, function, metadata, self.fixed + tail)
+                return
+        go(self.grid, *tensors, *self.fixed)
+
+
+def prepare(fn, grid, fixed: tuple, **kw) -> Prepared:
+    """``fn[grid](*tensors, *fixed, **kw)`` as a ``Prepared`` launch (its own ``Launcher``)."""
+    return Prepared(Launcher(fn, **kw), grid, fixed)
