@@ -187,3 +187,29 @@ def test_jit_run_only_turns_the_direct_call_off(on_device):
     assert len(fn.slow_calls) == 2 and fn.compiled.calls == []
     go((1,), x, 64)
     assert len(fn.compiled.calls) == 1
+
+
+def test_a_prepared_launch_keys_on_its_tensors_and_appends_the_fixed_scalars(on_device):
+    fn = FakeJIT()
+    go = launch.prepare(fn, (3, 2), (64,), BLOCK=128)
+    x = torch.zeros(64)
+    go(x)  # compiles through JITFunction.run
+    go(x)
+    go(x)
+    assert [c[1] for c in fn.slow_calls] == [(x, 64)] and fn.slow_calls[0][0] == (3, 2)
+    assert fn.compiled.calls == [(3, 2, 1, 1234, "cufunction", ("meta",), None, None, None, x, 64, 128, True)] * 2
+    go(x[1:])  # misaligned: a new key, through JITFunction.run once
+    go(x[1:])
+    assert len(fn.slow_calls) == 2 and len(fn.compiled.calls) == 3
+    with launch.jit_run_only():
+        go(x)
+    assert len(fn.slow_calls) == 3
+
+
+def test_a_prepared_launch_with_odd_fixed_arguments_always_goes_through_jit_run(on_device):
+    fn = FakeJIT()
+    go = launch.prepare(fn, (1,), (True,), BLOCK=128)
+    x = torch.zeros(64)
+    for _ in range(3):
+        go(x)
+    assert len(fn.slow_calls) == 3 and fn.compiled.calls == []
