@@ -542,7 +542,8 @@ def epilogue_dtype_key(a, epi: Epilogue) -> str:
 
 
 def _meta(t):
-    return None if t is None else (t.dtype, t.shape, t.stride())
+    # The device too: a memo hit skips validation, which is what rejects a bias on another device.
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
 
 
 def _tensors(a, b, bias=None, residual=None, epi=None):
@@ -550,13 +551,16 @@ def _tensors(a, b, bias=None, residual=None, epi=None):
 
 
 def memo_key(a, b, bias=None, residual=None, epi=Epilogue()) -> tuple:
-    # Alignment decides whether TMA can take the operands. The plain call
+    # Alignment decides whether TMA can take the operands. A CUDA device as its
+    # index (a torch.device costs more to build and hash), and the plain call
     # (no bias, no residual) skips the two ``_meta`` calls.
+    da = a.get_device() if a.is_cuda else a.device
+    db = b.get_device() if b.is_cuda else b.device
     if bias is None and residual is None:
-        return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15, b.dtype, b.shape, b.stride(),
-                b.device, b.data_ptr() & 15, epi)
-    return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15, b.dtype, b.shape, b.stride(),
-            b.device, b.data_ptr() & 15, _meta(bias), _meta(residual), epi)
+        return (a.dtype, a.shape, a.stride(), da, a.data_ptr() & 15, b.dtype, b.shape, b.stride(), db,
+                b.data_ptr() & 15, epi)
+    return (a.dtype, a.shape, a.stride(), da, a.data_ptr() & 15, b.dtype, b.shape, b.stride(), db,
+            b.data_ptr() & 15, _meta(bias), _meta(residual), epi)
 
 
 # ---------------------------------------------------------------------------
