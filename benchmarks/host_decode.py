@@ -32,7 +32,6 @@ on tiny shapes, not a measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -210,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             result["gemm"] = gemm(a.quick)
         if "tiny" in parts and DEVICE == "cuda":
             result["tiny"] = tiny()
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        print(f"wrote {a.out}")
+    HO.write_json(a.out, result)
     return 0
 
 
