@@ -115,15 +115,18 @@ def test_gemm_bad_input_on_a_new_signature_raises_as_the_validated_path(gen):
         lambda: opforge.matmul(x, w, bias=_rand(gen, 23)),  # bias shape
         lambda: opforge.matmul(x, w.double()),  # dtypes differ
         lambda: opforge.matmul(x, w, activation="tanh"),
+        lambda: opforge.matmul(x, w, bias=torch.empty(24, device="meta")),  # a memo hit's key holds the device
     ]
     expected = []
     for fn in bad:
         with dispatch.validated_path(), pytest.raises((TypeError, ValueError)) as info:
             fn()
         expected.append((type(info.value), str(info.value)))
+    bias = _rand(gen, 24)
     with dispatch.force_variant("matmul", "triton_splitk"):
-        opforge.matmul(x, w)
-        opforge.matmul(x, w)  # memoized and bound
+        for _ in range(2):  # memoized and bound, with and without a bias
+            opforge.matmul(x, w)
+            opforge.matmul(x, w, bias=bias)
         for fn, (kind, message) in zip(bad, expected):
             with pytest.raises(kind) as info:
                 fn()
