@@ -90,7 +90,7 @@ def _gemm_cases(gen):
         r(24, dtype=torch.bfloat16), r(24, dtype=torch.bfloat16)
     s, t, sb, sr = r(32, 32), r(32, 32), r(32), r(32, 32)
     return [
-        ("triton_tiled", lambda: opforge.matmul(a3, w, bias=bias, activation="gelu", residual=res)),
+        ("triton_tiled", lambda: opforge.matmul(a3, w, bias=bias, activation="relu", residual=res)),
         ("triton_splitk", lambda: opforge.matmul(x, wk)),
         ("triton_splitk", lambda: opforge.matmul(xb, wb, bias=bb, activation="silu", residual=rb)),
         ("triton_tma_persistent", lambda: opforge.matmul(s, t)),

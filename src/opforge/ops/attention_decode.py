@@ -448,17 +448,16 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # Registration: registry entry + torch.library op (inference only)
 # ---------------------------------------------------------------------------
-def _device(t):
-    # A CUDA device as its index: a torch.device costs more to build and hash.
-    return t.get_device() if t.is_cuda else t.device
-
-
 def _memo_key(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-    table = None if block_table is None else (block_table.dtype, block_table.shape, block_table.stride(),
-                                              _device(block_table))
-    return (q.dtype, q.shape, q.stride(), _device(q), k_cache.dtype, k_cache.shape, k_cache.stride(),
-            _device(k_cache), v_cache.dtype, v_cache.shape, v_cache.stride(), _device(v_cache),
-            seqlens.dtype, seqlens.shape, seqlens.stride(), _device(seqlens), table, scale, return_lse)
+    # A CUDA device as its index: a torch.device costs more to build and hash (inline: a call a tensor shows).
+    table = None if block_table is None else (
+        block_table.dtype, block_table.shape, block_table.stride(),
+        block_table.get_device() if block_table.is_cuda else block_table.device)
+    return (q.dtype, q.shape, q.stride(), q.get_device() if q.is_cuda else q.device,
+            k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.get_device() if k_cache.is_cuda else k_cache.device,
+            v_cache.dtype, v_cache.shape, v_cache.stride(), v_cache.get_device() if v_cache.is_cuda else v_cache.device,
+            seqlens.dtype, seqlens.shape, seqlens.stride(), seqlens.get_device() if seqlens.is_cuda else seqlens.device,
+            table, scale, return_lse)
 
 
 def _tensors(q, k_cache, v_cache, *rest):
