@@ -377,7 +377,6 @@ class Gemm:
             K.launch_tiled(A, B, C, bias, R, _act_code(epi), epi.tf32, cfg)
         return C.view(shape)
 
-
     def bind(self, g: Geometry, cfg, args):
         """The run for one decision: the problem's views, the plan of the
         launches (``K.tiled_plan`` / ``K.tma_plan``: grids, scalars,
