@@ -242,6 +242,13 @@ def _meta() -> dict:
             "method": f"wall time of a loop of calls (up to {CALLS}), CUDA synced at the end, median of loops"}
 
 
+def write_json(path: str | None, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=["host", "crossover"])
@@ -272,10 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 for e in sorted(entries, key=lambda e: e.key.text()):
                     f.write(e.to_json() + "\n")
             print(f"wrote {len(entries)} tuned entries to {a.tuned_out}")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        print(f"wrote {a.out}")
+    write_json(a.out, result)
     return 0
 
 

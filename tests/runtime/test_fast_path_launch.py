@@ -187,3 +187,68 @@ def test_jit_run_only_turns_the_direct_call_off(on_device):
     assert len(fn.slow_calls) == 2 and fn.compiled.calls == []
     go((1,), x, 64)
     assert len(fn.compiled.calls) == 1
+
+
+def test_a_prepared_launch_keys_on_its_tensors_and_appends_the_fixed_scalars(on_device):
+    fn = FakeJIT()
+    go = launch.prepare(fn, (3, 2), (64,), BLOCK=128)
+    x = torch.zeros(64)
+    go(x)  # compiles through JITFunction.run
+    go(x)
+    go(x)
+    assert [c[1] for c in fn.slow_calls] == [(x, 64)] and fn.slow_calls[0][0] == (3, 2)
+    assert fn.compiled.calls == [(3, 2, 1, 1234, "cufunction", ("meta",), None, None, None, x, 64, 128, True)] * 2
+    go(x[1:])  # misaligned: a new key, through JITFunction.run once
+    go(x[1:])
+    assert len(fn.slow_calls) == 2 and len(fn.compiled.calls) == 3
+    with launch.jit_run_only():
+        go(x)
+    assert len(fn.slow_calls) == 3
+
+
+def test_a_prepared_launch_with_odd_fixed_arguments_always_goes_through_jit_run(on_device):
+    fn = FakeJIT()
+    go = launch.prepare(fn, (1,), (True,), BLOCK=128)
+    x = torch.zeros(64)
+    for _ in range(3):
+        go(x)
+    assert len(fn.slow_calls) == 3 and fn.compiled.calls == []
+
+
+def _cuda_launcher(global_scratch: int):
+    """triton 3.6's CudaLauncher without its compiled module: ``launch`` records its arguments."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    launcher = object.__new__(CudaLauncher)
+    launcher.calls = []
+    launcher.launch = lambda *a: launcher.calls.append(a)
+    launcher.num_ctas, launcher.global_scratch_size, launcher.global_scratch_align = 1, global_scratch, 16
+    launcher.profile_scratch_size, launcher.profile_scratch_align = 0, 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+    return launcher
+
+
+@pytest.mark.parametrize("scratch", [0, 128])
+def test_the_direct_call_passes_what_the_cuda_launcher_would(scratch, on_device, monkeypatch):
+    """With no scratch to allocate, the C launch is called as ``CudaLauncher.__call__`` calls it;
+    a kernel that needs scratch (device-side TMA descriptors) keeps ``__call__``."""
+    from triton.runtime import _allocation
+
+    fn = FakeJIT()
+    launcher = _cuda_launcher(scratch)
+    fn.compiled = SimpleNamespace(run=launcher, function="cufunction", packed_metadata=("meta",))
+    token = _allocation._allocator.set(lambda size, align, stream: SimpleNamespace(size=size))
+    try:
+        x = torch.zeros(64)
+        go = launch.Launcher(fn, BLOCK=128)
+        go((3, 2), x, 64)  # through JITFunction.run (the fake records nothing there)
+        go((3, 2), x, 64)
+        launcher.__call__(3, 2, 1, 1234, "cufunction", ("meta",), None, None, None, x, 64, 128, True)
+    finally:
+        _allocation._allocator.reset(token)
+    direct, expected = launcher.calls
+    assert len(fn.slow_calls) == 1
+    if scratch:  # a fresh scratch buffer a launch: compare all but that
+        assert direct[7].size == expected[7].size == 6 * 128
+        direct, expected = direct[:7] + direct[8:], expected[:7] + expected[8:]
+    assert direct == expected

@@ -56,6 +56,7 @@ store. Offsets are 64-bit when any tensor reaches 2^31 elements.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -295,10 +296,24 @@ def _reach(t) -> int:
     return sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0) + 1
 
 
-def launch_decode(q, k, v, seqlens, block_table, out, lse, scale: float, config: dict) -> None:
-    """``out[B, Sq, Hq, D]`` (dense) and, unless ``lse`` is None, ``lse[B, Hq, Sq]``
-    (dense fp32) for a contiguous (``block_table`` None) or paged cache.
-    Empty shapes and empty caches are the caller's business."""
+class DecodePlan(NamedTuple):
+    """Everything a decode launch needs that depends only on the shapes,
+    strides and dtypes of its arguments (what the op's memo key holds), so a
+    runner bound to one dispatch decision computes it once: the two grids,
+    the scalar arguments after the tensor ones, the constexprs and options
+    of each kernel, and the size of the split partials (0: one split)."""
+
+    split_grid: tuple
+    split_scalars: tuple
+    split_kw: dict
+    combine_grid: tuple
+    combine_scalars: tuple
+    combine_kw: dict
+    partials: int  # rows * splits (the partial LSEs; the outputs are D times as many)
+
+
+def decode_plan(q, k, v, seqlens, block_table, store_lse: bool, scale: float, config: dict) -> DecodePlan:
+    """The launches of ``launch_decode`` for these arguments (see ``DecodePlan``)."""
     import torch
 
     B, Sq, Hq, D = q.shape
@@ -315,36 +330,45 @@ def launch_decode(q, k, v, seqlens, block_table, out, lse, scale: float, config:
     splits = max(1, min(config.get("SPLITS", 1), triton.cdiv(max(capacity, 1), bn), MAX_SPLITS))
     rows = B * Sq * Hq
     split = splits > 1
-    if split:
-        po = torch.empty(rows * splits * D, dtype=torch.float32, device=q.device)
-        plse = torch.empty(rows * splits, dtype=torch.float32, device=q.device)
-    else:
-        po = plse = out
     bt = block_table if paged else seqlens  # any pointer: never read unpaged
     int64 = max(_reach(q), _reach(k) + bn * abs(k.stride(1)), _reach(v) + bn * abs(v.stride(1)),
                 rows * max(splits, 1) * bd) > _INT32_MAX
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    split_kv_kernel[(B * H_kv * n_mblk * splits,)](
-        q, k, v, seqlens, bt, out, lse if lse is not None else out, po, plse,
-        scale * _LOG2E,
-        Sq, G, Hq, H_kv, D, n_mblk, splits, capacity, num_blocks,
-        seqlens.stride(0), bt.stride(0), bt.stride(-1),
-        *q.stride(), *k.stride(), *v.stride(),
-        PAGED=paged, PAGE=page if paged else 1,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, EVEN_D=bd == D,
-        SPLIT=split, STORE_LSE=lse is not None, DOT_PRECISION=precision, INT64=int64,
-        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3),
-    )
-    if split:
-        # Enough programs to cover the SMs when rows are few: cut D in chunks.
-        dc = bd if rows >= COMBINE_MIN_ROWS else max(16, bd // 4)
-        # At most 4096 partial values a program (32 a thread).
-        dc = min(dc, max(16, 4096 // triton.next_power_of_2(splits)))
-        combine_kernel[(rows, triton.cdiv(D, dc))](
-            po, plse, out, lse if lse is not None else out, splits, Sq, Hq, D,
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=dc, STORE_LSE=lse is not None,
-            INT64=rows * splits * D > _INT32_MAX, num_warps=4,
-        )
+    split_scalars = (scale * _LOG2E, Sq, G, Hq, H_kv, D, n_mblk, splits, capacity, num_blocks,
+                     seqlens.stride(0), bt.stride(0), bt.stride(-1), *q.stride(), *k.stride(), *v.stride())
+    split_kw = dict(PAGED=paged, PAGE=page if paged else 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, EVEN_D=bd == D,
+                    SPLIT=split, STORE_LSE=store_lse, DOT_PRECISION=precision, INT64=int64,
+                    num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3))
+    # Enough programs to cover the SMs when rows are few: cut D in chunks.
+    dc = bd if rows >= COMBINE_MIN_ROWS else max(16, bd // 4)
+    # At most 4096 partial values a program (32 a thread).
+    dc = min(dc, max(16, 4096 // triton.next_power_of_2(splits)))
+    combine_kw = dict(BLOCK_S=triton.next_power_of_2(splits), BLOCK_DC=dc, STORE_LSE=store_lse,
+                      INT64=rows * splits * D > _INT32_MAX, num_warps=4)
+    return DecodePlan((B * H_kv * n_mblk * splits,), split_scalars, split_kw, (rows, triton.cdiv(D, dc)),
+                      (splits, Sq, Hq, D), combine_kw, rows * splits if split else 0)
+
+
+def partial_buffers(plan: DecodePlan, D: int, device):
+    """The fp32 split partials (outputs, LSEs) of one call."""
+    import torch
+
+    return (torch.empty(plan.partials * D, dtype=torch.float32, device=device),
+            torch.empty(plan.partials, dtype=torch.float32, device=device))
+
+
+def launch_decode(q, k, v, seqlens, block_table, out, lse, scale: float, config: dict) -> None:
+    """``out[B, Sq, Hq, D]`` (dense) and, unless ``lse`` is None, ``lse[B, Hq, Sq]``
+    (dense fp32) for a contiguous (``block_table`` None) or paged cache.
+    Empty shapes and empty caches are the caller's business."""
+    plan = decode_plan(q, k, v, seqlens, block_table, lse is not None, scale, config)
+    lse_t = lse if lse is not None else out
+    po, plse = partial_buffers(plan, q.shape[3], q.device) if plan.partials else (out, out)
+    bt = block_table if block_table is not None else seqlens
+    split_kv_kernel[plan.split_grid](q, k, v, seqlens, bt, out, lse_t, po, plse, *plan.split_scalars,
+                                     **plan.split_kw)
+    if plan.partials:
+        combine_kernel[plan.combine_grid](po, plse, out, lse_t, *plan.combine_scalars, **plan.combine_kw)
 
 
 def split_programs(B: int, Hq: int, H_kv: int, Sq: int, D: int, splits: int) -> int:

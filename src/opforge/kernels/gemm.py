@@ -52,6 +52,8 @@ Offsets are 64-bit (``INT64``) when any tensor spans 2^31 elements.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -505,9 +507,65 @@ def _upcast(dtype) -> bool:
 
 def _epilogue_args(C, bias, R):
     # Unused pointers point at C (never dereferenced: the constexpr flags are off).
-    return (bias if bias is not None else C, R if R is not None else C,
-            bias.stride(0) if bias is not None else 0,
-            *(R.stride() if R is not None else (0, 0, 0)))
+    return (bias if bias is not None else C, R if R is not None else C, *_epilogue_strides(bias, R))
+
+
+class GemmPlan(NamedTuple):
+    """One GEMM launch (or the split-K pair) as far as the shapes, strides and
+    dtypes of its operands decide it, so a runner bound to one dispatch
+    decision computes it once. Each launch takes its tensors first (``main``:
+    A, B, C, bias, residual, then the workspace for the tiled kernel; the
+    reduce: workspace, C, bias, residual), then ``*_scalars``, with ``*_kw``.
+    ``workspace``: the split-K partials' shape (None: no second pass)."""
+
+    kernel: Any
+    main_grid: tuple
+    main_scalars: tuple
+    main_kw: dict
+    workspace: tuple | None = None
+    ws_dtype: Any = None
+    reduce_grid: tuple = ()
+    reduce_scalars: tuple = ()
+    reduce_kw: dict | None = None
+
+
+def _epilogue_strides(bias, R) -> tuple:
+    return (bias.stride(0) if bias is not None else 0, *(R.stride() if R is not None else (0, 0, 0)))
+
+
+def _ws_dtype(compute):
+    import torch
+
+    return torch.float64 if compute == tl.float64 else torch.float32
+
+
+def tiled_plan(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> GemmPlan:
+    """``launch_tiled``'s launches; A, B, C, R non-empty [Bt, M, N]-shaped (see ``launch_tiled``)."""
+    Bt, M, K = A.shape
+    N = B.shape[2]
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    splits, k_split = k_slices(K, bk, config)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    if Bt > MAX_GRID_YZ:
+        raise ValueError(f"opforge.matmul: a batch of {Bt} exceeds the {MAX_GRID_YZ} the tiled kernel launches")
+    s_bias, s_rb, s_rm, s_rn = _epilogue_strides(bias, R)
+    compute = _compute(A.dtype)
+    workspace = (splits, Bt, M, N) if splits > 1 else None
+    ws_span = splits * Bt * M * N if splits > 1 else 0
+    int64 = max(_span(A), _span(B), _span(C), _span(R), ws_span) + max(bm, bn) * max(bk, 1) > _INT32_MAX
+    flags = dict(HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None)
+    main_kw = dict(flags, SPLIT_K=splits, EVEN_K=K % bk == 0, PRECISION=precision(A.dtype, tf32),
+                   UPCAST=_upcast(A.dtype), COMPUTE=compute, INT64=int64, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                   GROUP_M=config.get("GROUP_M", 8), num_warps=config.get("num_warps", 4),
+                   num_stages=config.get("num_stages", 3))
+    main_scalars = (M, N, K, k_split, *A.stride(), *B.stride(), *C.stride(), s_bias, s_rb, s_rm, s_rn)
+    if workspace is None:
+        return GemmPlan(gemm_tiled_kernel, (tiles, Bt, splits), main_scalars, main_kw)
+    rbm, rbn = 32, 128
+    return GemmPlan(gemm_tiled_kernel, (tiles, Bt, splits), main_scalars, main_kw, workspace, _ws_dtype(compute),
+                    (triton.cdiv(M, rbm) * triton.cdiv(N, rbn), Bt),
+                    (M, N, splits, Bt * M * N, *C.stride(), s_bias, s_rb, s_rm, s_rn),
+                    dict(flags, COMPUTE=compute, INT64=int64, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4))
 
 
 def launch_tiled(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> None:
@@ -519,44 +577,34 @@ def launch_tiled(A, B, C, bias, R, act: int, tf32: bool, config: dict) -> None:
     N = B.shape[2]
     if Bt == 0 or M == 0 or N == 0:
         return
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    splits, k_split = k_slices(K, bk, config)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    if Bt > MAX_GRID_YZ:
-        raise ValueError(f"opforge.matmul: a batch of {Bt} exceeds the {MAX_GRID_YZ} the tiled kernel launches")
-    bias_t, res_t, s_bias, s_rb, s_rm, s_rn = _epilogue_args(C, bias, R)
-    compute = _compute(A.dtype)
-    ws = C
-    if splits > 1:
-        ws = torch.empty((splits, Bt, M, N), dtype=torch.float64 if compute == tl.float64 else torch.float32,
-                         device=C.device)
-    int64 = needs_int64(A, B, C, R, ws, extra=max(bm, bn) * max(bk, 1))
-    launch(gemm_tiled_kernel, (tiles, Bt, splits),
-        A, B, C, bias_t, res_t, ws, M, N, K, k_split,
-        *A.stride(), *B.stride(), *C.stride(), s_bias, s_rb, s_rm, s_rn,
-        HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None,
-        SPLIT_K=splits, EVEN_K=K % bk == 0, PRECISION=precision(A.dtype, tf32), UPCAST=_upcast(A.dtype),
-        COMPUTE=compute, INT64=int64, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.get("GROUP_M", 8),
-        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 3),
-    )
-    if splits > 1:
-        rbm, rbn = 32, 128
-        launch(splitk_reduce_kernel, (triton.cdiv(M, rbm) * triton.cdiv(N, rbn), Bt),
-            ws, C, bias_t, res_t, M, N, splits, Bt * M * N, *C.stride(), s_bias, s_rb, s_rm, s_rn,
-            HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None, COMPUTE=compute,
-            INT64=int64, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4,
-        )
+    plan = tiled_plan(A, B, C, bias, R, act, tf32, config)
+    bias_t, res_t = (bias if bias is not None else C), (R if R is not None else C)
+    ws = C if plan.workspace is None else torch.empty(plan.workspace, dtype=plan.ws_dtype, device=C.device)
+    launch(gemm_tiled_kernel, plan.main_grid, A, B, C, bias_t, res_t, ws, *plan.main_scalars, **plan.main_kw)
+    if plan.workspace is not None:
+        launch(splitk_reduce_kernel, plan.reduce_grid, ws, C, bias_t, res_t, *plan.reduce_scalars,
+               **plan.reduce_kw)
 
 
-def _set_allocator(device) -> None:
+_allocators: dict = {}
+
+
+def set_allocator(device) -> None:
     """Device-side TMA descriptors live in a small global-memory scratch that
-    Triton asks the allocator for at launch."""
-    import torch
+    Triton asks the allocator for at launch. One allocator a device, kept: no
+    new closure a call."""
+    alloc = _allocators.get(device)
+    if alloc is None:
+        import torch
 
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
+        def alloc(size: int, alignment: int, stream):
+            return torch.empty(size, dtype=torch.int8, device=device)
 
+        _allocators[device] = alloc
     triton.set_allocator(alloc)
+
+
+_set_allocator = set_allocator  # the name the scaled and grouped GEMMs import
 
 
 def tma_layout(A, B) -> tuple[bool, bool, int, int] | None:
@@ -591,23 +639,32 @@ def tma_layout(A, B) -> tuple[bool, bool, int, int] | None:
     return a_k, b_k, lda, ldb
 
 
+def tma_plan(A, B, C, bias, R, act: int, tf32: bool, config: dict, sms: int) -> GemmPlan:
+    """``launch_tma``'s launch; A [M, K], B [K, N], C and R [M, N], none empty."""
+    M, K = A.shape
+    N = B.shape[1]
+    a_k, b_k, lda, ldb = tma_layout(A, B)
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    programs = max(1, min(sms, tiles))
+    s_bias, _, s_rm, s_rn = _epilogue_strides(bias, R.unsqueeze(0) if R is not None else None)
+    return GemmPlan(
+        gemm_tma_persistent_kernel, (programs,),
+        (M, N, K, lda, ldb, *C.stride(), s_bias, s_rm, s_rn),
+        dict(HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None, A_KMAJOR=a_k, B_KMAJOR=b_k,
+             PRECISION=precision(A.dtype, tf32), UPCAST=_upcast(A.dtype),
+             INT64=needs_int64(C, R, extra=max(bm, bn)), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+             GROUP_M=config.get("GROUP_M", 8), FLATTEN=config.get("FLATTEN", False),
+             num_warps=config.get("num_warps", 8), num_stages=config.get("num_stages", 3)))
+
+
 def launch_tma(A, B, C, bias, R, act: int, tf32: bool, config: dict, sms: int) -> None:
     """A [M, K], B [K, N], C [M, N], R [M, N] or None; ``tma_layout(A, B)`` must hold."""
     M, K = A.shape
     N = B.shape[1]
     if M == 0 or N == 0:
         return
-    a_k, b_k, lda, ldb = tma_layout(A, B)
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    programs = max(1, min(sms, tiles))
-    bias_t, res_t, s_bias, *rs = _epilogue_args(C, bias, R.unsqueeze(0) if R is not None else None)
-    _set_allocator(A.device)
-    gemm_tma_persistent_kernel[(programs,)](
-        A, B, C, bias_t, res_t, M, N, K, lda, ldb, *C.stride(), s_bias, rs[1], rs[2],
-        HAS_BIAS=bias is not None, ACT=act, HAS_RES=R is not None, A_KMAJOR=a_k, B_KMAJOR=b_k,
-        PRECISION=precision(A.dtype, tf32), UPCAST=_upcast(A.dtype),
-        INT64=needs_int64(C, R, extra=max(bm, bn)), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=config.get("GROUP_M", 8), FLATTEN=config.get("FLATTEN", False),
-        num_warps=config.get("num_warps", 8), num_stages=config.get("num_stages", 3),
-    )
+    plan = tma_plan(A, B, C, bias, R, act, tf32, config, sms)
+    set_allocator(A.device)
+    gemm_tma_persistent_kernel[plan.main_grid](
+        A, B, C, bias if bias is not None else C, R if R is not None else C, *plan.main_scalars, **plan.main_kw)

@@ -60,7 +60,7 @@ from opforge.kernels import attention_decode as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import device as devmod
-from opforge.runtime import dispatch, registry
+from opforge.runtime import dispatch, launch, registry
 from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_size
 
@@ -287,6 +287,43 @@ def triton_run(g: Geometry, cfg, q, k_cache, v_cache, seqlens, scale, return_lse
     return out, (lse if return_lse else _no_lse(q))
 
 
+def _bind_triton(g: Geometry, cfg, args):
+    """``triton_run`` for one decision: the grids, scalar arguments and
+    constexprs of both kernels (``K.decode_plan``) and their pre-bound
+    launchers fixed, so a call allocates its outputs and partials and makes
+    two launches. The partials stay per call (a buffer kept across calls
+    would be shared by calls in flight on other streams or in a CUDA graph)."""
+    q, k_cache, v_cache, seqlens, scale, return_lse = args[:6]
+    block_table = args[6] if len(args) > 6 else None
+    if q.numel() == 0 or k_cache.numel() == 0 or capacity(k_cache, block_table) == 0:
+        return None
+    plan = K.decode_plan(q, k_cache, v_cache, seqlens, block_table, return_lse, float(scale), cfg)
+    split_go = launch.prepare(K.split_kv_kernel, plan.split_grid, plan.split_scalars, **plan.split_kw)
+    combine_go = launch.prepare(K.combine_kernel, plan.combine_grid, plan.combine_scalars, **plan.combine_kw)
+    shape, dtype, device = q.shape, q.dtype, q.device
+    lse_shape = (g.B, g.Hq, g.Sq)
+    n_po, n_plse = plan.partials * g.D, plan.partials
+    on_cpu, paged, empty, f32 = device.type == "cpu", block_table is not None, torch.empty, torch.float32
+
+    def run(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
+        if on_cpu:
+            check_values(k_cache, seqlens, block_table)
+        out = empty(shape, dtype=dtype, device=device)
+        lse = empty(lse_shape, dtype=f32, device=device) if return_lse else out
+        bt = block_table if paged else seqlens
+        if n_plse:
+            po, plse = empty(n_po, dtype=f32, device=device), empty(n_plse, dtype=f32, device=device)
+            split_go(q, k_cache, v_cache, seqlens, bt, out, lse, po, plse)
+            combine_go(po, plse, out, lse)
+        else:
+            split_go(q, k_cache, v_cache, seqlens, bt, out, lse, out, out)
+        return out, (lse if return_lse else empty(0, dtype=f32, device=device))
+    return run
+
+
+triton_run.bind = _bind_triton
+
+
 def sdpa_run(g: Geometry, cfg, q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
     check_values(k_cache, seqlens, block_table)
     B, Sq, Hq, D = q.shape
@@ -412,11 +449,15 @@ def sample_inputs(device: torch.device) -> list[tuple]:
 # Registration: registry entry + torch.library op (inference only)
 # ---------------------------------------------------------------------------
 def _memo_key(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
-    table = None if block_table is None else (block_table.dtype, block_table.shape, block_table.stride(),
-                                              block_table.device)
-    return (q.dtype, q.shape, q.stride(), q.device, k_cache.dtype, k_cache.shape, k_cache.stride(),
-            k_cache.device, v_cache.dtype, v_cache.shape, v_cache.stride(), v_cache.device,
-            seqlens.dtype, seqlens.shape, seqlens.stride(), seqlens.device, table, scale, return_lse)
+    # A CUDA device as its index: a torch.device costs more to build and hash (inline: a call a tensor shows).
+    table = None if block_table is None else (
+        block_table.dtype, block_table.shape, block_table.stride(),
+        block_table.get_device() if block_table.is_cuda else block_table.device)
+    return (q.dtype, q.shape, q.stride(), q.get_device() if q.is_cuda else q.device,
+            k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.get_device() if k_cache.is_cuda else k_cache.device,
+            v_cache.dtype, v_cache.shape, v_cache.stride(), v_cache.get_device() if v_cache.is_cuda else v_cache.device,
+            seqlens.dtype, seqlens.shape, seqlens.stride(), seqlens.get_device() if seqlens.is_cuda else seqlens.device,
+            table, scale, return_lse)
 
 
 def _tensors(q, k_cache, v_cache, *rest):

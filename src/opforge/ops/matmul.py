@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from opforge.kernels import gemm as K
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
-from opforge.runtime import dispatch, registry
+from opforge.runtime import dispatch, launch, registry
 from opforge.runtime import device as devmod
 from opforge.runtime.registry import Spec
 from opforge.runtime.shapes import bucket_dims, major
@@ -74,14 +74,24 @@ class Epilogue(NamedTuple):
     residual: bool = False
 
 
-def _tf32() -> bool:
+def _tf32_switch() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+# ``torch.backends.cuda.matmul.allow_tf32`` is a module ``__getattr__`` reached
+# after a failed attribute lookup (about 3 us a call); its C getter is what it returns.
+_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or _tf32_switch
+# The epilogue of a plain product, one per TF32 setting: the common call builds nothing.
+_PLAIN = (Epilogue(tf32=False), Epilogue(tf32=True))
 
 
 def make_epilogue(a, bias=None, residual=None, activation=None, out_dtype=None, tf32=None) -> Epilogue:
     if out_dtype is not None and isinstance(a, torch.Tensor) and out_dtype == a.dtype:
         out_dtype = None
-    return Epilogue(activation, out_dtype, _tf32() if tf32 is None else tf32, bias is not None, residual is not None)
+    tf32 = bool(_tf32()) if tf32 is None else tf32
+    if bias is None and residual is None and activation is None and out_dtype is None and type(tf32) is bool:
+        return _PLAIN[tf32]
+    return Epilogue(activation, out_dtype, tf32, bias is not None, residual is not None)
 
 
 # ---------------------------------------------------------------------------
@@ -367,9 +377,78 @@ class Gemm:
             K.launch_tiled(A, B, C, bias, R, _act_code(epi), epi.tf32, cfg)
         return C.view(shape)
 
+    def bind(self, g: Geometry, cfg, args):
+        """The run for one decision: the problem's views, the plan of the
+        launches (``K.tiled_plan`` / ``K.tma_plan``: grids, scalars,
+        constexprs) and pre-bound launchers computed once from the first
+        call. A call allocates the output (and split-K's workspace) and
+        launches with ``a``, ``b``, ``bias`` and ``residual`` themselves: the
+        views only move no pointer, and their strides are in the plan. None
+        (the plain run) for an empty problem, K = 0, or an operand the
+        problem must copy."""
+        a, b, bias, residual, epi = args
+        A, B, shape = problem(a, b)
+        Bt, M, KK = A.shape
+        N = B.shape[2]
+        R = _residual_3d(residual, shape, Bt, M, N)
+        if (Bt * M * N == 0 or KK == 0 or A.data_ptr() != a.data_ptr()
+                or (R is not None and R.data_ptr() != residual.data_ptr())):
+            return None
+        dtype, device = epi.out_dtype or a.dtype, a.device
+        C = torch.empty((Bt, M, N), dtype=dtype, device=device)
+        has_bias, has_res, empty = bias is not None, residual is not None, torch.empty
+        if self.tma:
+            plan = K.tma_plan(A[0], B[0], C[0], bias, R[0] if has_res else None, _act_code(epi), epi.tf32, cfg,
+                              g.sms)
+            go, set_allocator = launch.prepare(plan.kernel, plan.main_grid, plan.main_scalars, **plan.main_kw), \
+                K.set_allocator
+
+            def run(a, b, bias, residual, epi):
+                out = empty(shape, dtype=dtype, device=device)
+                set_allocator(device)
+                go(a, b, out, bias if has_bias else out, residual if has_res else out)
+                return out
+            return run
+        plan = K.tiled_plan(A, B, C, bias, R, _act_code(epi), epi.tf32, cfg)
+        go = launch.prepare(plan.kernel, plan.main_grid, plan.main_scalars, **plan.main_kw)
+        if plan.workspace is None:
+            def run(a, b, bias, residual, epi):
+                out = empty(shape, dtype=dtype, device=device)
+                go(a, b, out, bias if has_bias else out, residual if has_res else out, out)
+                return out
+            return run
+        reduce = launch.prepare(K.splitk_reduce_kernel, plan.reduce_grid, plan.reduce_scalars, **plan.reduce_kw)
+        workspace, ws_dtype = plan.workspace, plan.ws_dtype
+
+        def run(a, b, bias, residual, epi):
+            out = empty(shape, dtype=dtype, device=device)
+            ws = empty(workspace, dtype=ws_dtype, device=device)
+            bias_t, res_t = (bias if has_bias else out), (residual if has_res else out)
+            go(a, b, out, bias_t, res_t, ws)
+            reduce(ws, out, bias_t, res_t)
+            return out
+        return run
+
 
 def eager_run(g: Geometry, cfg, a, b, bias, residual, epi):
     return _eager(a, b, bias, residual, epi)
+
+
+def _bind_eager(g: Geometry, cfg, args):
+    """A plain product (no epilogue, the input dtype out) is ``torch.matmul``
+    itself, as ``_eager`` runs it (its cast and ``contiguous`` are no-ops then)."""
+    epi = args[4]
+    if epi.activation is not None or epi.out_dtype is not None or epi.bias or epi.residual:
+        return None
+    mm = torch.matmul
+
+    def run(a, b, bias, residual, epi):
+        z = mm(a, b)
+        return z if z.is_contiguous() else z.contiguous()
+    return run
+
+
+eager_run.bind = _bind_eager
 
 
 def reference_run(g: Geometry, cfg, a, b, bias, residual, epi):
@@ -462,7 +541,8 @@ def epilogue_dtype_key(a, epi: Epilogue) -> str:
 
 
 def _meta(t):
-    return None if t is None else (t.dtype, t.shape, t.stride())
+    # The device too: a memo hit skips validation, which is what rejects a bias on another device.
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
 
 
 def _tensors(a, b, bias=None, residual=None, epi=None):
@@ -470,9 +550,16 @@ def _tensors(a, b, bias=None, residual=None, epi=None):
 
 
 def memo_key(a, b, bias=None, residual=None, epi=Epilogue()) -> tuple:
-    # Alignment decides whether TMA can take the operands.
-    return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 16, b.dtype, b.shape, b.stride(),
-            b.device, b.data_ptr() % 16, _meta(bias), _meta(residual), epi)
+    # Alignment decides whether TMA can take the operands. A CUDA device as its
+    # index (a torch.device costs more to build and hash), and the plain call
+    # (no bias, no residual) skips the two ``_meta`` calls.
+    da = a.get_device() if a.is_cuda else a.device
+    db = b.get_device() if b.is_cuda else b.device
+    if bias is None and residual is None:
+        return (a.dtype, a.shape, a.stride(), da, a.data_ptr() & 15, b.dtype, b.shape, b.stride(), db,
+                b.data_ptr() & 15, epi)
+    return (a.dtype, a.shape, a.stride(), da, a.data_ptr() & 15, b.dtype, b.shape, b.stride(), db,
+            b.data_ptr() & 15, _meta(bias), _meta(residual), epi)
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,13 @@ made while Triton has launch hooks, pre-run hooks, debug or instrumentation
 on, takes ``JITFunction.run``; so does every call under the interpreter and
 every call on a Triton whose objects do not look as this module expects
 (checked on the first compiled call, not assumed).
+
+The direct call goes one step further when it can: the compiled kernel's
+launcher (triton 3.6's ``CudaLauncher.__call__``) only allocates the global
+and profile scratch a kernel asks for, then calls its C ``launch``; for a
+kernel that asks for none (every kernel but those building TMA descriptors
+on the device, and all of them without instrumentation) the entry calls
+``launch`` itself, with what ``__call__`` would pass.
 """
 
 from __future__ import annotations
@@ -84,6 +91,27 @@ def signature(args: tuple) -> tuple | None:
     return tuple(key)
 
 
+def c_launch(launcher):
+    """The C ``launch`` behind a compiled kernel's launcher when calling it
+    directly is the same launch: the launcher is triton 3.6's
+    ``CudaLauncher`` (its ``__call__`` allocates scratch, then calls
+    ``launch(grid, stream, function, cooperative, pdl, global scratch,
+    profile scratch, *args)``) and the kernel needs no scratch (both None
+    then). None otherwise: the launcher itself is called."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except Exception:
+        return None
+    if type(launcher) is not CudaLauncher:
+        return None
+    launch_c = getattr(launcher, "launch", None)
+    if (not callable(launch_c) or getattr(launcher, "global_scratch_size", 1) != 0
+            or getattr(launcher, "profile_scratch_size", 1) != 0
+            or not hasattr(launcher, "launch_cooperative_grid") or not hasattr(launcher, "launch_pdl")):
+        return None
+    return launch_c
+
+
 class _Knobs:
     """Triton's global switches that change how a launch must be made."""
 
@@ -135,9 +163,9 @@ class Launcher:
                 device = _current_device()
                 hit = self.compiled.get((device, sig))
                 if hit is not None and not self.fn.pre_run_hooks and self.knobs.quiet():
-                    run, function, metadata, tail = hit
+                    run, function, head, tail = hit
                     run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                        _current_stream(device), function, metadata, None, None, None, *args, *tail)
+                        _current_stream(device), function, *head, *args, *tail)
                     return
                 return self._compile_and_launch(grid, args, (device, sig))
         self.fn[grid](*args, **self.kw)
@@ -155,8 +183,9 @@ class Launcher:
         self.compiled[key] = entry
 
     def _entry(self, kernel, args: tuple, device: int) -> tuple | None:
-        """(launcher, function, packed metadata, trailing arguments) of ``kernel``,
-        or None when any part is not what ``JITFunction.run`` itself passes."""
+        """(launcher, function, head, trailing arguments) of ``kernel``: the
+        direct call is ``launcher(grid x, y, z, stream, function, *head, *args,
+        *trailing)``; None when any part is not what ``JITFunction.run`` itself passes."""
         try:
             if self.knobs is None:
                 self.knobs = _triton_knobs()
@@ -172,7 +201,11 @@ class Launcher:
             run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
             if function is None or not callable(run):
                 return None
-            return run, function, metadata, tuple(bound[n:])
+            head = (metadata, None, None, None)  # packed metadata, no launch metadata, no enter / exit hooks
+            launch_c = c_launch(run)
+            if launch_c is not None:
+                run, head = launch_c, (run.launch_cooperative_grid, run.launch_pdl, None, None) + head
+            return run, function, head, tuple(bound[n:])
         except Exception:
             return None
 
@@ -195,3 +228,51 @@ def launch(fn, grid, *args, **kw) -> None:
             _launchers.clear()
         launcher = _launchers[key] = Launcher(fn, **kw)
     launcher(grid, *args)
+
+
+class Prepared:
+    """One launch site of a ``Launcher`` with its grid and trailing arguments
+    (the scalars: sizes, strides) fixed, for a runner bound to one dispatch
+    decision: ``prepared(*tensors)`` passes only the leading tensor arguments.
+
+    A kernel of forty arguments pays for forty signature entries in
+    ``Launcher``; here the fixed part's signature is computed once and a call
+    keys on its tensors alone (dtype and 16-byte alignment, as ``signature``).
+    The first call of a key goes through the ``Launcher`` (so through
+    ``JITFunction.run``), and every case ``Launcher`` leaves to
+    ``JITFunction.run`` (interpreter, hooks, ``jit_run_only``) is left to it here."""
+
+    __slots__ = ("launcher", "grid", "fixed", "fixed_sig", "hits", "gx", "gy", "gz")
+
+    def __init__(self, launcher: Launcher, grid: tuple, fixed: tuple) -> None:
+        self.launcher, self.grid, self.fixed = launcher, tuple(grid), tuple(fixed)
+        self.fixed_sig = signature(self.fixed)
+        self.gx, self.gy, self.gz = (self.grid + (1, 1))[:3]
+        self.hits: dict[tuple, tuple] = {}
+
+    def __call__(self, *tensors) -> None:
+        go = self.launcher
+        if go.direct and _direct and self.fixed_sig is not None:
+            sig = signature(tensors)
+            if sig is not None:
+                device = _current_device()
+                hit = self.hits.get((device, sig))
+                if hit is not None and not go.fn.pre_run_hooks and go.knobs.quiet():
+                    run, function, head, rest = hit
+                    run(self.gx, self.gy, self.gz, _current_stream(device), function, *head, *tensors, *rest)
+                    return
+                args = tensors + self.fixed
+                go(self.grid, *args)
+                entry = go.compiled.get((device, sig + self.fixed_sig))
+                if entry is not None:
+                    if len(self.hits) >= _LIMIT:
+                        self.hits.clear()
+                    run, function, head, tail = entry
+                    self.hits[(device, sig)] = (run, function, head, self.fixed + tail)
+                return
+        go(self.grid, *tensors, *self.fixed)
+
+
+def prepare(fn, grid, fixed: tuple, **kw) -> Prepared:
+    """``fn[grid](*tensors, *fixed, **kw)`` as a ``Prepared`` launch (its own ``Launcher``)."""
+    return Prepared(Launcher(fn, **kw), grid, fixed)
