@@ -402,7 +402,17 @@ class ColumnarWindows(ExactSums, Operator):
         gone for all its records alike (so on-time records still fold as one
         group before the late firings). One host read-back gives the cuts;
         their number is bounded by the window ends the batch's watermarks
-        pass."""
+        pass.
+
+        Only the cuts before a record that some fired window holds are kept
+        (its earliest window ends at or before its watermark: it is late, or
+        a gone window's pane would take it). The segments between are merged:
+        their records belong to no window that fires inside the merged run,
+        so folding them before those firings changes no window's content, and
+        one advance fires the windows in the same (end, first appearance)
+        order as several would. In order data keeps one run per batch instead
+        of one per window end its watermarks pass (Nexmark q5 on the H200: a
+        run per 2 s slide made an 8 Mi batch cost 1.8 s on the host)."""
         wms = batch.watermarks
         if wms is None or len(batch) == 0:
             self._process_run(batch, self.watermark)
@@ -414,6 +424,13 @@ class ColumnarWindows(ExactSums, Operator):
         gone = torch.div(wms.clamp(min=low) - self.lateness - last, a.slide, rounding_mode="floor")
         cuts = torch.nonzero((fired[1:] != fired[:-1]) | (gone[1:] != gone[:-1])).flatten() + 1
         starts = torch.cat([cuts.new_zeros(1), cuts])
+        if starts.numel() > 1:
+            # a record's earliest window starts at the first grid point past ts - size
+            ts = batch.timestamps
+            first_start = -torch.div(a.offset + a.size - 1 - ts, a.slide, rounding_mode="floor") * a.slide + a.offset
+            touched = torch.nonzero(first_start + (a.size - 1) <= wms).flatten()
+            seg = torch.searchsorted(starts, touched, right=True) - 1
+            starts = torch.unique(torch.cat([starts[:1], starts.index_select(0, seg)]))
         host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
         bounds = [s for s, _ in host[1:]] + [len(batch)]
         for (lo, first_wm), hi in zip(host, bounds):
