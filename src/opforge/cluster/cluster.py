@@ -4,9 +4,10 @@ placement driver for where regions live.
 ``start(address=None, workers=N)`` embeds a local Ray instance (or attaches to ``address``), starts
 the placement-driver service in this process, and one long-lived ``Worker`` actor per GPU (per CPU
 process without GPUs). Ray restarts an actor that dies (``max_restarts``); the coordinator notices
-the new process, marks the old store offline, makes a surviving replica the leader of each region
-the dead store led (what a Raft election would do), re-forms the process group, and registers the
-new process as a new, empty store. The driver's rule checker then replaces the lost replicas; the
+the new process, marks the old store offline, drops its replicas from the regions (a surviving
+replica leads where the dead one led: what a Raft election would do), re-forms the process group,
+and registers the new process as a new, empty store. The driver's rule checker then adds the
+missing replicas; the
 operator steps it sends back in heartbeat answers are run here, between queries, by telling the
 leader to send a snapshot and the target to receive it over the group (``Worker.send_region``).
 
@@ -94,18 +95,21 @@ class Cluster:
         ray.get([w.form_group.remote(i, self.size, first["ip"], port, self.group_timeout)
                  for i, w in enumerate(self.workers)])
 
+    def held_by(self, i: int) -> dict[int, int]:
+        """Region id -> rows of the replicas worker ``i`` holds (asked of the worker)."""
+        return _ray().get(self.workers[i].held.remote())
+
     def worker_pids(self) -> list[int]:
         return list(self.pids)
 
     def kill_worker(self, i: int) -> int:
         """SIGKILL worker ``i``'s process (a crash, for tests and demos); Ray restarts it."""
-        os.kill(self.pids[i], signal.SIGKILL)
-        self._suspect = True
+        os.kill(self.pids[i], signal.SIGKILL)  # the coordinator learns of it as from a real crash
         return self.pids[i]
 
     def recover(self, timeout: float = 120.0) -> list[int]:
         """Bring the cluster back after workers died: wait for Ray's restarts, mark their old stores
-        offline, elect new leaders among the surviving replicas, re-form the group. Returns the
+        offline and drop their replicas (new leaders among the survivors), re-form the group. Returns the
         indexes of the restarted workers."""
         ray = _ray()
         deadline = time.monotonic() + timeout
@@ -125,22 +129,30 @@ class Cluster:
             old = self.store_of[i]
             self.dead_stores.add(old)
             self.pd.service.set_store_state(old, {"state": "offline"})
-            self._elect_leaders(old)
+            self._remove_failed_store(old)
             self._make_store(i, infos[i])
         self._form_group()
         self._suspect = False
         return restarted
 
-    def _elect_leaders(self, dead_store: int) -> None:
-        """Regions led by ``dead_store`` get a surviving voter as leader (the Raft election)."""
+    def _remove_failed_store(self, dead_store: int) -> None:
+        """Drop the dead store's peers from every region, a surviving voter leading where the dead
+        one led (the election Raft would hold). With 2 replicas a lost peer also loses the quorum,
+        so the driver will not replace it by a membership change; a table region is read-only and
+        its surviving copy is whole, so the coordinator removes the peer itself (PD's unsafe
+        recovery) and the rule checker then adds the missing replica elsewhere."""
         for meta in self.regions.values():
-            if meta.leader_store != dead_store:
+            gone = meta.peer_on(dead_store)
+            if gone is None:
                 continue
             alive = [p for p in meta.peers if p["store_id"] not in self.dead_stores and p["role"] == "voter"]
             if not alive:
                 raise ClusterError(f"opforge.cluster: region {meta.id} of table {meta.table!r} lost every "
                                    "replica (more workers died than it had replicas)")
-            meta.leader_peer_id = alive[0]["id"]
+            if meta.leader_peer_id == gone["id"]:
+                meta.leader_peer_id = alive[0]["id"]
+            meta.peers.remove(gone)
+            meta.conf_ver += 1
             self._push(meta)
 
     # -- tables -------------------------------------------------------------------------------------
@@ -301,19 +313,33 @@ class Cluster:
                 walk(c)
 
         walk(plan)
-        ray = _ray()
-        try:
-            futures = [w.run_query.remote(plan, lead, options) for w, lead in zip(self.workers, self.leaders(scans))]
-            answers = ray.get(futures, timeout=self.group_timeout * 4)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
-            self._suspect = True
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({type(e).__name__}: "
-                                 f"{first[:200]}); the cluster recovers before the next query: run it again") from e
+        futures = [w.run_query.remote(plan, lead, options) for w, lead in zip(self.workers, self.leaders(scans))]
+        answers = self._collect(futures)
         answers.sort(key=lambda a: a["rank"])
         self.last_query = {"workers": [{k: a[k] for k in ("rank", "rows", "ms", "exchanges")} for a in answers]}
         parts = [a["result"] for a in answers if a["result"] is not None]
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def _collect(self, futures: list) -> list:
+        """Every worker's answer; when one fails (its process died), wait for the others to leave
+        the collective they are in (the group fails them when a peer is gone), then raise."""
+        ray = _ray()
+        pending, answers, error = list(futures), {}, None
+        deadline = time.monotonic() + self.group_timeout * 4
+        while pending and time.monotonic() < deadline:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.01))
+            for ref in done:
+                try:
+                    answers[ref] = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    error = error or e
+        if error is None and not pending:
+            return [answers[f] for f in futures]
+        self._suspect = True
+        what = type(error).__name__ if error is not None else "no answer within the timeout"
+        first = str(error).strip().splitlines()[0][:200] if error is not None and str(error).strip() else ""
+        raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({what}: {first}); the "
+                             "cluster recovers before the next query: run it again") from error
 
     def _ensure_ready(self) -> None:
         if self._stopped:

@@ -18,12 +18,16 @@ from opforge.placement.driver import Driver
 
 SCHEDULERS = ("balance-leader", "balance-region")
 STORE_DOWN_S = 24 * 3600.0
+STORE_LIMIT_PER_MIN = 6000.0
 
 
 def make_driver(replicas: int) -> Driver:
     """A driver for table regions: ``replicas`` copies, balance schedulers, no merging (the
     regions of a table are its hash partitions; a merge would change the partitioning)."""
-    cfg = ScheduleConfig(max_store_down_time=STORE_DOWN_S)
+    # Table regions are small and a lost worker's replicas should come back within seconds: the
+    # per-store snapshot limits are far above PD's defaults (15 a minute).
+    cfg = ScheduleConfig(max_store_down_time=STORE_DOWN_S, store_limit_add_peer=STORE_LIMIT_PER_MIN,
+                         store_limit_remove_peer=STORE_LIMIT_PER_MIN)
     driver = Driver(cfg, schedulers=SCHEDULERS)
     driver.set_config("max_replicas", replicas)
     driver.checkers = [c for c in driver.checkers if not isinstance(c, MergeChecker)]
