@@ -81,6 +81,14 @@ def test_workers_are_the_drivers_stores(con, cluster):
     assert sum(s["keys_read"] for s in cluster.status()["stores"]) > 0  # scans reach the driver
 
 
+def test_cluster_status_command(con, cluster, capsys):
+    from opforge import cli
+
+    assert cli.main(["cluster", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "stores (3)" in out and "lineitem" in out and "operators in flight: 0" in out
+
+
 def test_operator_steps_move_region_data(con, tpch, cluster):
     _, root = tpch
     rid = cluster.tables["orders"]["regions"][0]

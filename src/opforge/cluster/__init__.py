@@ -9,7 +9,15 @@ data moves between them over a torch.distributed group (NCCL / Gloo), control go
     con.sql("SELECT ...").to_arrow()
     c.stop()
 """
-from opforge.cluster.cluster import Cluster, start
 from opforge.cluster.errors import ClusterError, RetryableError
 
 __all__ = ["start", "Cluster", "ClusterError", "RetryableError"]
+
+
+def __getattr__(name: str):
+    # torch and Ray load with the coordinator, not with the package: `opforge cluster status` stays light
+    if name in ("start", "Cluster"):
+        from opforge.cluster import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'opforge.cluster' has no attribute {name!r}")

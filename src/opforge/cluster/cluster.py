@@ -25,6 +25,7 @@ import time
 
 import pyarrow as pa
 
+from opforge.cluster import endpoint
 from opforge.cluster import regions as R
 from opforge.cluster.errors import ClusterError, RetryableError
 from opforge.cluster.pd_service import PDServer
@@ -73,6 +74,11 @@ class Cluster:
         for i, info in enumerate(infos):
             self._make_store(i, info)
         self._form_group()
+        self._publish()
+
+    def _publish(self) -> None:
+        """The endpoint file ``opforge cluster status`` reads (``endpoint.py``)."""
+        endpoint.write(self.pd.url, self.pd.token, {n: t["id"] for n, t in self.tables.items()})
 
     # -- membership ---------------------------------------------------------------------------------
     @property
@@ -178,6 +184,7 @@ class Cluster:
             loads += [self.workers[w].load_region.remote(meta.to_json(), part) for w in holders]
         _ray().get(loads)
         self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema}
+        self._publish()
         self.sync()
         return ids
 
@@ -368,6 +375,7 @@ class Cluster:
                 ray.kill(w, no_restart=True)
             except Exception:  # already gone
                 pass
+        endpoint.remove(self.pd.url)
         self.pd.stop()
         if self._owns_ray:
             ray.shutdown()
