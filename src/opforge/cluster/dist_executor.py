@@ -66,8 +66,9 @@ class DistributedExecutor(Executor):
         return self._exchange(node, "shuffle", batch, lambda b: X.shuffle_rows(b, dest, self.group))
 
     def _global_bytes(self, batch: Batch) -> int:
-        from opforge.distributed import all_gather
-        return int(all_gather(torch.tensor([X.batch_bytes(batch)], dtype=torch.int64), group=self.group).sum())
+        from opforge.distributed import all_gather, device
+        mine = torch.tensor([X.batch_bytes(batch)], dtype=torch.int64, device=device(self.group))
+        return int(all_gather(mine, group=self.group).sum())
 
     # -- the plan -----------------------------------------------------------------------------------
     def run_distributed(self, node: P.Node) -> tuple[Batch, str]:

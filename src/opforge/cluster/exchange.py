@@ -58,7 +58,7 @@ def _unify_dictionaries(batch: Batch, group) -> dict[int, Column]:
     if not strings:
         return cols
     prints = [zlib.crc32("\x1f".join(cols[c].dictionary or ()).encode()) for c in strings]
-    table = D.all_gather(torch.tensor([prints], dtype=torch.int64), group=group)
+    table = D.all_gather(torch.tensor([prints], dtype=torch.int64, device=D.device(group)), group=group).cpu()
     differ = [c for i, c in enumerate(strings) if bool((table[:, i] != table[0, i]).any())]
     if not differ:
         return cols
@@ -97,7 +97,8 @@ def shuffle_rows(batch: Batch, dest: torch.Tensor, group=None) -> Batch:
     cols = _unify_dictionaries(batch, group)
     if not cols:  # no columns (COUNT(*) over a projection of nothing): move row counts only
         order, counts = D.partition(dest, dist.get_world_size(group))
-        got, _ = D.shuffle_batch({"_": torch.zeros(batch.n, dtype=torch.uint8)}, counts, group=group)
+        got, _ = D.shuffle_batch({"_": torch.zeros(batch.n, dtype=torch.uint8, device=D.device(group))}, counts,
+                                 group=group)
         return Batch({}, int(got["_"].shape[0]), batch.device)
     got, recv = D.shuffle_by(_wire(cols), dest, group=group)
     return _unwire(got, cols, int(recv.sum()), batch.device)
@@ -107,7 +108,7 @@ def gather_rows(batch: Batch, group=None) -> Batch:
     """Every worker's rows, in worker order, on every worker. Collective."""
     cols = _unify_dictionaries(batch, group)
     if not cols:
-        sizes = D.all_gather(torch.tensor([batch.n], dtype=torch.int64), group=group)
+        sizes = D.all_gather(torch.tensor([batch.n], dtype=torch.int64, device=D.device(group)), group=group)
         return Batch({}, int(sizes.sum()), batch.device)
     wire = _wire(cols)
     got = {name: D.all_gather(t, group=group) for name, t in sorted(wire.items())}
