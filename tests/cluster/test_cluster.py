@@ -66,6 +66,9 @@ def test_tpch_on_three_workers_equals_duckdb(con, tpch, cluster):
         _check(con, root, n)
     per_worker = cluster.last_query["workers"]
     assert len(per_worker) == 3 and any(x["exchanges"] for x in per_worker)
+    _check(con, root, 12)  # orders JOIN lineitem on the key both are partitioned by: nothing moves
+    joins = [e for e in cluster.last_query["workers"][0]["exchanges"] if e["node"].startswith("Join")]
+    assert joins and all(e["exchange"] == "none (co-located)" for e in joins)
 
 
 def test_workers_are_the_drivers_stores(con, cluster):

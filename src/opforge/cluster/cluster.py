@@ -306,6 +306,13 @@ class Cluster:
                 out[w][t].append(rid)
         return out
 
+    def layout(self, table: str) -> tuple[str, str]:
+        """(partition key, signature): two tables of equal signature have the rows of each key hash
+        on the same worker (same region count, region i of both led by the same worker)."""
+        info = self.tables[table]
+        owners = [self.worker_of(self.regions[rid].leader_store) for rid in info["regions"]]
+        return info["partition_by"], f"regions/{len(owners)}/" + ",".join(map(str, owners))
+
     def execute(self, plan, options: dict) -> pa.Table:
         """Run a planned query on every worker over the regions it leads; the rows gathered here."""
         from opforge.sql import plan as P
@@ -320,7 +327,9 @@ class Cluster:
                 walk(c)
 
         walk(plan)
-        futures = [w.run_query.remote(plan, lead, options) for w, lead in zip(self.workers, self.leaders(scans))]
+        layouts = {t: self.layout(t) for t in scans if self.tables[t]["partition_by"] is not None}
+        futures = [w.run_query.remote(plan, lead, options, layouts)
+                   for w, lead in zip(self.workers, self.leaders(scans))]
         answers = self._collect(futures)
         answers.sort(key=lambda a: a["rank"])
         self.last_query = {"workers": [{k: a[k] for k in ("rank", "rows", "ms", "exchanges")} for a in answers]}

@@ -158,7 +158,7 @@ class Worker:
                 self._tables[key] = Table.from_arrow(self.schemas[name].empty_table(), self.device)
         return self._tables[key]
 
-    def run_query(self, plan, leaders: dict[str, list[int]], options: dict) -> dict:
+    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None) -> dict:
         """This worker's part of a query over the regions it leads (``leaders``: table -> region ids).
         Returns the rows it ends with (all of them on rank 0 when the result is replicated)."""
         from opforge.cluster.dist_executor import REPLICATED, DistributedExecutor
@@ -173,7 +173,7 @@ class Worker:
             self._flow["bytes_read"] += sum(R.table_bytes(self.data[r]) for r in rids)
             self._flow["keys_read"] += sum(self.data[r].num_rows for r in rids)
         self._flow["queries"] += 1
-        ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size())
+        ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size(), layouts=layouts)
         batch, spread = ex.run_distributed(plan)
         rank = D.rank()
         result = None
