@@ -69,6 +69,8 @@ def test_tpch_on_three_workers_equals_duckdb(con, tpch, cluster):
     _check(con, root, 12)  # orders JOIN lineitem on the key both are partitioned by: nothing moves
     joins = [e for e in cluster.last_query["workers"][0]["exchanges"] if e["node"].startswith("Join")]
     assert joins and all(e["exchange"] == "none (co-located)" for e in joins)
+    text = con.sql(queries.query(3)).explain(analyze=True)  # per worker: rows, time, each exchange
+    assert "distributed over 3 workers" in text and "worker 2:" in text and "shuffle" in text
 
 
 def test_workers_are_the_drivers_stores(con, cluster):

@@ -91,6 +91,8 @@ class Cluster:
     def _make_store(self, i: int, info: dict) -> None:
         sid = next(self._store_ids)
         labels = {"host": info["host"], "worker": str(i)}
+        if self.backend == "nccl":  # the GPUs of one host share its NVLink domain (HGX)
+            labels["nvlink"] = info["host"]
         _ray().get(self.workers[i].join.remote(sid, labels))
         self.store_of[i], self.pids[i] = sid, info["pid"]
 
@@ -211,7 +213,12 @@ class Cluster:
         ran = 0
         for _ in range(rounds):
             down = sorted(self.dead_stores)
-            answers = ray.get([w.heartbeat.remote(down) for w in self.workers])
+            try:
+                answers = ray.get([w.heartbeat.remote(down) for w in self.workers])
+            except ray.exceptions.RayError as e:
+                self._suspect = True
+                raise RetryableError(f"opforge.cluster: a worker was lost during a heartbeat round ({e!r:.200}); "
+                                     "the cluster recovers on the next call") from e
             for steps in answers:
                 for s in steps:
                     ran += self._run_step(s["region_id"], s["step"])
@@ -335,6 +342,17 @@ class Cluster:
         self.last_query = {"workers": [{k: a[k] for k in ("rank", "rows", "ms", "exchanges")} for a in answers]}
         parts = [a["result"] for a in answers if a["result"] is not None]
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def report(self) -> str:
+        """The last query per worker: rows it ended with, its time, and each exchange (EXPLAIN
+        ANALYZE's distributed part)."""
+        lines = []
+        for w in self.last_query.get("workers", []):
+            lines.append(f"worker {w['rank']}: {w['rows']} rows out, {w['ms']:.1f} ms")
+            for e in w["exchanges"]:
+                lines.append(f"  {e['exchange']:<18} {e['rows_in']:>9} -> {e['rows_out']:<9} rows  "
+                             f"{e['bytes_sent']:>11} B  {e['ms']:8.1f} ms  {e['node']}")
+        return "\n".join(lines)
 
     def _collect(self, futures: list) -> list:
         """Every worker's answer; when one fails (its process died), wait for the others to leave

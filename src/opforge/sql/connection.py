@@ -127,6 +127,12 @@ class Relation:
         GB/s (and % of the copy bandwidth on cuda) and the registry ops / kernels per operator."""
         if self._node is None:
             return self._message
+        if (analyze or self._mode == "analyze") and self._con.cluster is not None:
+            t0 = time.perf_counter()
+            self._con.cluster.execute(self._node, self._con._cluster_options())
+            ms = (time.perf_counter() - t0) * 1e3
+            return (P.explain(self._node, estimate=self._estimate) + f"\n\ndistributed over "
+                    f"{self._con.cluster.size} workers in {ms:.1f} ms\n" + self._con.cluster.report())
         if analyze or self._mode == "analyze":
             prof = self.analyze()
             return prof.render(prof.total_ms)
