@@ -1,6 +1,6 @@
 """TPC-H on an opforge cluster (Ray workers, data over NCCL / Gloo) against the single-process engine.
 
-    python benchmarks/cluster_tpch.py --sf 10 [--workers N] [--queries 1,3,6,12,14] [--repeats 3]
+    python benchmarks/cluster_tpch.py --sf 10 [--workers N] [--queries 1,3,6,12,14|all] [--repeats 3]
                                       [--device cuda|cpu] [--out PATH]
 
 Starts a local Ray instance and ``--workers`` worker actors (default: one per GPU; NCCL allows one
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     paths = data.generate(args.sf, args.root)
-    numbers = [int(q.strip().lstrip("q")) for q in args.queries.split(",") if q.strip()]
+    numbers = list(queries.NUMBERS) if args.queries == "all" else [
+        int(q.strip().lstrip("q")) for q in args.queries.split(",") if q.strip()]
     t0 = time.perf_counter()
     cluster = C.start(workers=args.workers, backend=None if device == "cuda" else "gloo")
     started_s = time.perf_counter() - t0
