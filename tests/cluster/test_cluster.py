@@ -3,7 +3,8 @@
 The workers are the placement driver's stores; TPC-H SF0.01 tables are regions on them (2
 replicas each); queries run over the leader regions with exchanges over the process group and
 equal DuckDB's answers; operator steps move real data; a SIGKILLed worker makes the query in
-flight fail with a retryable error, and the next one succeeds once the lost replicas are back.
+flight fail with a retryable error, and the next one succeeds once the lost replicas are back; a
+worker added later gets regions moved to it by the balance scheduler.
 """
 import os
 
@@ -29,7 +30,8 @@ def cluster(tmp_path_factory):
     import opforge.cluster as C
 
     # the workers run the SQL hash ops by their torch reference (as tests/sql/conftest.py does here)
-    c = C.start(workers=3, env={"OPFORGE_INTERPRET": "0"}, temp_dir=str(tmp_path_factory.mktemp("ray")))
+    c = C.start(workers=3, env={"OPFORGE_INTERPRET": "0"}, temp_dir=str(tmp_path_factory.mktemp("ray")),
+                num_cpus=4)  # room for the worker scale-out adds
     yield c
     c.stop()
 
@@ -94,6 +96,23 @@ def test_cluster_status_command(con, cluster, capsys):
     assert "stores (3)" in out and "lineitem" in out and "operators in flight: 0" in out
 
 
+def test_a_query_error_on_the_workers_is_the_querys_own(con, cluster):
+    from opforge.sql.errors import SqlError
+
+    with pytest.raises(SqlError, match="Overflow"):  # raised on every worker, not a lost worker
+        con.sql("SELECT o_orderkey * 9223372036854775807 AS x FROM orders").to_arrow()
+    assert con.sql("SELECT count(*) FROM orders").fetchall() == [(15000,)]  # the group re-formed
+
+
+def test_tables_made_and_dropped_by_sql_follow_on_the_cluster(con, cluster):
+    con.sql("CREATE TABLE prio AS SELECT o_orderpriority, count(*) AS n FROM orders GROUP BY o_orderpriority")
+    assert "prio" in cluster.tables
+    assert con.sql("SELECT sum(n) FROM prio").fetchall() == [(15000,)]  # SF0.01's orders
+    regions = set(cluster.tables["prio"]["regions"])
+    con.sql("DROP TABLE prio")
+    assert "prio" not in cluster.tables and not regions & set(cluster.pd.driver.cluster.regions)
+
+
 def test_operator_steps_move_region_data(con, tpch, cluster):
     _, root = tpch
     rid = cluster.tables["orders"]["regions"][0]
@@ -105,6 +124,18 @@ def test_operator_steps_move_region_data(con, tpch, cluster):
     assert meta.peer_on(dst) is not None and meta.peer_on(src) is None
     assert rid in cluster.held_by(cluster.worker_of(dst)) and rid not in cluster.held_by(cluster.worker_of(src))
     _check(con, root, 12)  # orders now read from the copy on its new store
+
+
+def test_scale_out_moves_regions_to_the_new_worker(con, tpch, cluster):
+    _, root = tpch
+    before = {s["store_id"]: s["region_count"] for s in cluster.status()["stores"]}
+    i = cluster.add_worker()
+    assert cluster.settle() > 0
+    after = {s["store_id"]: s["region_count"] for s in cluster.status()["stores"] if s["state"] == "up"}
+    new = cluster.store_of[i]
+    assert new not in before and after[new] > 0 and max(after.values()) < max(before.values())
+    _regions_replicated(cluster)
+    _check(con, root, 3)  # over 4 workers
 
 
 def test_killed_worker_fails_the_query_then_replicas_take_over(con, tpch, cluster):

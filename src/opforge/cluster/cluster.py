@@ -54,9 +54,9 @@ class Cluster:
         self.pd = PDServer(self.replicas, pd_host).start()
         gpus = ray.cluster_resources().get("GPU", 0) >= workers and backend != "gloo"
         opts = {"num_gpus": 1} if gpus else {"num_cpus": 1}
-        actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
+        self._actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
         self.backend = backend or ("nccl" if gpus else "gloo")
-        self.workers = [actor.remote(i, self.pd.url, self.pd.token, self.backend) for i in range(workers)]
+        self.workers = [self._new_worker(i) for i in range(workers)]
         self.store_of: list[int] = [0] * workers  # worker index -> its current store id
         self.pids: list[int] = [0] * workers
         self.dead_stores: set[int] = set()
@@ -84,6 +84,22 @@ class Cluster:
     @property
     def size(self) -> int:
         return len(self.workers)
+
+    def _new_worker(self, i: int):
+        return self._actor.remote(i, self.pd.url, self.pd.token, self.backend)
+
+    def add_worker(self) -> int:
+        """Scale out: one more worker, a new empty store; the group is re-formed with it, and the
+        balance schedulers move regions to it over the next heartbeat rounds (``settle()``).
+        Ray must have room for one more actor (a CPU, or a GPU). Returns its index."""
+        self._ensure_ready()
+        i = self.size
+        self.workers.append(self._new_worker(i))
+        self.store_of.append(0)
+        self.pids.append(0)
+        self._make_store(i, _ray().get(self.workers[i].info.remote()))
+        self._form_group()
+        return i
 
     def worker_of(self, store_id: int) -> int | None:
         return self.store_of.index(store_id) if store_id in self.store_of else None
@@ -193,9 +209,14 @@ class Cluster:
     def drop_table(self, name: str) -> None:
         info = self.tables.pop(name)
         ray = _ray()
+        driver = self.pd.driver
         for rid in info["regions"]:
             meta = self.regions.pop(rid)
             ray.get([self.workers[w].drop_region.remote(rid) for w in self._holders(meta)])
+            with self.pd.service.lock:  # the driver forgets the region (no heartbeat will say so)
+                if rid in driver.cluster.regions:
+                    driver.cluster.remove_region(rid)
+                    driver.controller.region_removed(rid, driver.clock())
 
     def _holders(self, meta: R.RegionMeta) -> list[int]:
         return [w for p in meta.peers if (w := self.worker_of(p["store_id"])) is not None]
@@ -358,7 +379,7 @@ class Cluster:
         """Every worker's answer; when one fails (its process died), wait for the others to leave
         the collective they are in (the group fails them when a peer is gone), then raise."""
         ray = _ray()
-        pending, answers, error = list(futures), {}, None
+        pending, answers, errors = list(futures), {}, []
         deadline = time.monotonic() + self.group_timeout * 4
         while pending and time.monotonic() < deadline:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.01))
@@ -366,10 +387,15 @@ class Cluster:
                 try:
                     answers[ref] = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    error = error or e
-        if error is None and not pending:
+                    errors.append(e)
+        if not errors and not pending:
             return [answers[f] for f in futures]
-        self._suspect = True
+        self._suspect = True  # the group is left behind broken: re-formed before the next call
+        for e in errors:
+            cause = getattr(e, "cause", None)
+            if cause is not None and not _lost_worker(cause):
+                raise cause  # the query's own error (raised alike on every worker), not a lost worker
+        error = errors[0] if errors else None
         what = type(error).__name__ if error is not None else "no answer within the timeout"
         first = str(error).strip().splitlines()[0][:200] if error is not None and str(error).strip() else ""
         raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({what}: {first}); the "
@@ -412,6 +438,12 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _lost_worker(error: BaseException) -> bool:
+    """A failure a dead peer explains (a broken collective, a restarted worker without its regions),
+    not the query's own error (a SqlError, a bad argument), which every worker raises alike."""
+    return not isinstance(error, (ValueError, TypeError, NotImplementedError))
 
 
 def start(address: str | None = None, workers: int | None = None, *, replicas: int = 2,

@@ -174,7 +174,14 @@ class Worker:
             self._flow["keys_read"] += sum(self.data[r].num_rows for r in rids)
         self._flow["queries"] += 1
         ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size(), layouts=layouts)
-        batch, spread = ex.run_distributed(plan)
+        try:
+            batch, spread = ex.run_distributed(plan)
+        except BaseException:
+            # Leave the group: peers waiting on this rank fail now, not at the group's timeout (a
+            # rank blocked on a survivor of a dead peer would otherwise wait it out). The
+            # coordinator re-forms the group before the next call.
+            D.destroy()
+            raise
         rank = D.rank()
         result = None
         if spread != REPLICATED or rank == 0:

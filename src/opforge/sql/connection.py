@@ -209,11 +209,15 @@ class Connection:
         table = Table.from_arrow(data, self.device)
         self._tables[name] = table
         self._stats[name] = table_stats(table)
+        if self.cluster is not None:
+            self.cluster.place_table(name, data)
 
     def unregister(self, name: str) -> None:
         self._memory.tables.pop(name.lower(), None)
         self._tables.pop(name, None)
         self._stats.pop(name, None)
+        if self.cluster is not None and name in self.cluster.tables:
+            self.cluster.drop_table(name)
         self.views.pop(name.lower(), None)
 
     def tables(self) -> list[str]:
