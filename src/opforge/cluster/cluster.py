@@ -396,10 +396,14 @@ class Cluster:
             if cause is not None and not _lost_worker(cause):
                 raise cause  # the query's own error (raised alike on every worker), not a lost worker
         error = errors[0] if errors else None
-        what = type(error).__name__ if error is not None else "no answer within the timeout"
-        first = str(error).strip().splitlines()[0][:200] if error is not None and str(error).strip() else ""
-        raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({what}: {first}); the "
-                             "cluster recovers before the next query: run it again") from error
+        if error is None:
+            why = "no answer within the timeout"
+        else:  # the worker's own exception, not Ray's coloured wrapper of it
+            inner = getattr(error, "cause", None) or error
+            text = str(inner).strip().splitlines()
+            why = f"{type(inner).__name__}: {text[0][:200] if text else ''}"
+        raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({why}); the cluster "
+                             "recovers before the next query: run it again") from error
 
     def _ensure_ready(self) -> None:
         if self._stopped:
@@ -459,8 +463,15 @@ def start(address: str | None = None, workers: int | None = None, *, replicas: i
         if address is None:
             n = workers or 2
             tmp = temp_dir or tempfile.mkdtemp(prefix="opf_ray_", dir="/tmp")
-            ray.init(num_cpus=num_cpus or n, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
-                     runtime_env={"env_vars": dict(env or {})}, configure_logging=False)
+            for attempt in (1, 2):  # Ray gives its raylet 30 s to start: a loaded host can miss that once
+                try:
+                    ray.init(num_cpus=num_cpus or n, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
+                             runtime_env={"env_vars": dict(env or {})}, configure_logging=False)
+                    break
+                except Exception as e:
+                    ray.shutdown()
+                    if attempt == 2 or "timed out during startup" not in str(e):
+                        raise
         else:
             ray.init(address=address, log_to_driver=False)
         owns = True
