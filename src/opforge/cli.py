@@ -1,4 +1,4 @@
-"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, stream, warmup.
+"""The ``opforge`` command: doctor, demo, bench, tune, selftest, profile, sql, pd, cluster, stream, warmup.
 
 A user error is one line on stderr (``opforge: error: ...``) and exit status
 1; ``--debug`` anywhere on the command line (or ``OPFORGE_DEBUG=1``) prints
@@ -105,6 +105,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     from opforge.placement import cli as pd_cli
 
     pd_cli.add_parser(sub)
+    from opforge.cluster import cli as cluster_cli
+
+    cluster_cli.add_parser(sub)
     _add_heavy(sub, "stream", command)
     return p
 
@@ -208,6 +211,10 @@ def _run(args, console: Console, errors: Console) -> int:
         from opforge.placement import cli as pd_cli
 
         return pd_cli.run(args, console)
+    if args.command == "cluster":
+        from opforge.cluster import cli as cluster_cli
+
+        return cluster_cli.run(args, console)
     if args.command == "stream":
         from opforge.stream import cli as stream_cli
 

@@ -80,6 +80,8 @@ class Relation:
             return self._estimates()
         if self._mode == "analyze":
             return self.analyze().to_arrow()
+        if self._con.cluster is not None:  # every worker runs it over the regions it leads
+            return self._con.cluster.execute(self._node, self._con._cluster_options())
         return self._executor().to_arrow(self._node)
 
     def to_pandas(self) -> pd.DataFrame:
@@ -125,6 +127,12 @@ class Relation:
         GB/s (and % of the copy bandwidth on cuda) and the registry ops / kernels per operator."""
         if self._node is None:
             return self._message
+        if (analyze or self._mode == "analyze") and self._con.cluster is not None:
+            t0 = time.perf_counter()
+            self._con.cluster.execute(self._node, self._con._cluster_options())
+            ms = (time.perf_counter() - t0) * 1e3
+            return (P.explain(self._node, estimate=self._estimate) + f"\n\ndistributed over "
+                    f"{self._con.cluster.size} workers in {ms:.1f} ms\n" + self._con.cluster.report())
         if analyze or self._mode == "analyze":
             prof = self.analyze()
             return prof.render(prof.total_ms)
@@ -140,7 +148,7 @@ class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
                  join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-                 join_distribution: str = "auto"):
+                 join_distribution: str = "auto", cluster=None):
         check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
         check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
@@ -151,6 +159,7 @@ class Connection:
         self.skew_threshold = skew_threshold
         self.workers = workers
         self.join_distribution = join_distribution
+        self.cluster = cluster  # opforge.cluster.Cluster: registered tables live on its workers
         self._tables: dict[str, Table] = {}
         self._stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
@@ -164,12 +173,24 @@ class Connection:
         return ExecContext(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
                            self.workers, self.join_distribution)
 
-    def register(self, name: str, obj, partition_key: str | None = None) -> "Connection":
+    def _cluster_options(self) -> dict:
+        """The ExecContext options a cluster's workers run with (runtime filters are theirs to drop)."""
+        return {"memory_budget": self.memory_budget, "join_algorithm": self.join_algorithm,
+                "skew_threshold": self.skew_threshold, "join_distribution": self.join_distribution}
+
+    def register(self, name: str, obj, partition_key: str | None = None, *,
+                 partition_by: str | None = None) -> "Connection":
         """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
         partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
         partitions) / .csv path under `name`; each column moves to the device when a query first
         reads it. ``partition_key``: the column whose hash places the rows on workers when
-        ``workers > 1`` (joins on it need no shuffle)."""
+        ``workers > 1`` (joins on it need no shuffle). With ``connect(cluster=c)`` the table is also
+        cut into regions placed on the cluster's workers, by a hash of ``partition_by`` (alias of
+        ``partition_key``) or by row ranges; this connection keeps it for planning (statistics)."""
+        if partition_by is not None:
+            if partition_key is not None and partition_key != partition_by:
+                raise ValueError("register: give partition_by or partition_key, not both")
+            partition_key = partition_by
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"register: name must be an identifier, got {name!r}")
         table = Table.load(obj, self.device)
@@ -179,6 +200,8 @@ class Connection:
             table.partition_key = partition_key
         self._tables[name] = table
         self._stats[name] = table_stats(table)
+        if self.cluster is not None:
+            self.cluster.place_table(name, table.to_arrow(), partition_key)
         return self
 
     def _put_table(self, name: str, data: pa.Table) -> None:
@@ -186,11 +209,15 @@ class Connection:
         table = Table.from_arrow(data, self.device)
         self._tables[name] = table
         self._stats[name] = table_stats(table)
+        if self.cluster is not None:
+            self.cluster.place_table(name, data)
 
     def unregister(self, name: str) -> None:
         self._memory.tables.pop(name.lower(), None)
         self._tables.pop(name, None)
         self._stats.pop(name, None)
+        if self.cluster is not None and name in self.cluster.tables:
+            self.cluster.drop_table(name)
         self.views.pop(name.lower(), None)
 
     def tables(self) -> list[str]:
@@ -280,7 +307,7 @@ class _Catalog:
 def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
             join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
             skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-            join_distribution: str = "auto") -> Connection:
+            join_distribution: str = "auto", cluster=None) -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
@@ -295,6 +322,7 @@ def connect(device: str | torch.device | None = None, memory_budget: int | None 
     ``skew_threshold``: a join key value above this share of the probe rows is split off in
     partitioned joins (``sql/physical/skew.py``); None turns skew handling off.
     ``workers`` / ``join_distribution`` ("auto", "broadcast", "partitioned"): the simulated
-    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``)."""
+    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``).
+    ``cluster``: an ``opforge.cluster.Cluster``; queries run on its workers (``cluster/dist_executor.py``)."""
     return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
-                      workers, join_distribution)
+                      workers, join_distribution, cluster)

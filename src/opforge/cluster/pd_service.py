@@ -1,0 +1,70 @@
+"""The placement-driver service a cluster runs in-process: uvicorn in a thread on a loopback port.
+
+The workers reach it over HTTP through ``placement/client.py`` like any store would. Ticks are
+run by the coordinator (``tick_interval=0``) after each heartbeat round, so a round's steps follow
+from the heartbeats just sent. Stores are marked offline by the coordinator when their worker
+dies, so the down timer is long (a worker between queries sends no heartbeats).
+"""
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+
+from opforge.placement.checkers.merge_checker import MergeChecker
+from opforge.placement.config import ScheduleConfig
+from opforge.placement.driver import Driver
+
+SCHEDULERS = ("balance-leader", "balance-region")
+STORE_DOWN_S = 24 * 3600.0
+STORE_LIMIT_PER_MIN = 6000.0
+
+
+def make_driver(replicas: int) -> Driver:
+    """A driver for table regions: ``replicas`` copies, balance schedulers, no merging (the
+    regions of a table are its hash partitions; a merge would change the partitioning)."""
+    # Table regions are small and a lost worker's replicas should come back within seconds: the
+    # per-store snapshot limits are far above PD's defaults (15 a minute).
+    cfg = ScheduleConfig(max_store_down_time=STORE_DOWN_S, store_limit_add_peer=STORE_LIMIT_PER_MIN,
+                         store_limit_remove_peer=STORE_LIMIT_PER_MIN)
+    driver = Driver(cfg, schedulers=SCHEDULERS)
+    driver.set_config("max_replicas", replicas)
+    driver.checkers = [c for c in driver.checkers if not isinstance(c, MergeChecker)]
+    return driver
+
+
+class PDServer:
+    def __init__(self, replicas: int, host: str = "127.0.0.1"):
+        import uvicorn
+
+        from opforge.placement.service import create_app
+
+        self.token = secrets.token_urlsafe(24)
+        self.driver = make_driver(replicas)
+        self.app = create_app(self.driver, None, token=self.token, tick_interval=0)
+        self.service = self.app.state.pd
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="opforge-pd")
+
+    def start(self, timeout: float = 20.0) -> "PDServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("opforge.cluster: the placement-driver service did not start")
+            time.sleep(0.01)
+        return self
+
+    def tick(self) -> list:
+        return self.service.tick_once()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()

@@ -1,0 +1,200 @@
+"""The long-lived worker: one per GPU (or per CPU process), run as a Ray actor by ``cluster.py``.
+
+A worker is one store of the placement driver. It holds region replicas (Arrow tables plus a copy
+of their metadata), sends the driver its store heartbeat and the region heartbeats of the regions it
+leads (``placement/client.py``), runs its part of distributed SQL queries over the leader regions
+(``dist_executor.py``), and sends or receives region snapshots when the coordinator runs an
+operator step. Data moves only over the torch.distributed group the workers form
+(``opforge.distributed``: NCCL on GPUs, Gloo on CPU); the calls that drive it are Ray's.
+
+The class is plain Python (Ray wraps it), so a test can also drive one in-process.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+import opforge.distributed as D
+from opforge.cluster import regions as R
+from opforge.placement.client import HeartbeatLoop, PDClient
+
+
+def _capacity(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+class Worker:
+    def __init__(self, index: int, pd_url: str, token: str, backend: str | None = None, threads: int = 1):
+        torch.set_num_threads(threads)
+        self.index = index
+        self.client = PDClient(pd_url, token, timeout=30)
+        self.backend = backend or D.group.default_backend()
+        self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
+        self.host = socket.gethostname()
+        self.store_id: int | None = None  # None until the coordinator makes this process a store
+        self.meta: dict[int, R.RegionMeta] = {}
+        self.data: dict[int, pa.Table] = {}
+        self.schemas: dict[str, pa.Schema] = {}
+        self._tables: dict[tuple, object] = {}  # (table, region ids) -> sql Table, per leader set
+        self._steps: list[dict] = []
+        self._flow = {"bytes_read": 0, "keys_read": 0, "bytes_written": 0, "keys_written": 0, "queries": 0}
+        self._last_hb = time.monotonic()
+
+    # -- membership -----------------------------------------------------------------------------
+    def info(self) -> dict:
+        return {"index": self.index, "pid": os.getpid(), "host": self.host, "store_id": self.store_id,
+                "ip": _node_ip(), "backend": self.backend}
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def join(self, store_id: int, labels: dict) -> dict:
+        """Become store ``store_id`` of the placement driver."""
+        self.store_id = store_id
+        cap = _capacity(self.device)
+        return self.client.register_store({"store_id": store_id, "address": f"{self.host}:{os.getpid()}",
+                                           "capacity": cap, "available": cap, "labels": labels})
+
+    def form_group(self, rank: int, world: int, addr: str, port: int, timeout: float) -> int:
+        """(Re)form the workers' process group; every worker calls it at once."""
+        D.destroy()
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=addr,
+                          MASTER_PORT=str(port))
+        return D.init(self.backend, timeout=timeout).rank
+
+    # -- regions --------------------------------------------------------------------------------
+    def load_region(self, meta: dict, data: pa.Table) -> int:
+        """Initial placement (the coordinator hands the rows over through Ray once)."""
+        self._hold(R.RegionMeta.from_json(meta), data)
+        return data.num_rows
+
+    def _hold(self, meta: R.RegionMeta, data: pa.Table) -> None:
+        self.meta[meta.id], self.data[meta.id] = meta, data
+        self.schemas.setdefault(meta.table, data.schema)
+        self._flow["bytes_written"] += R.table_bytes(data)
+        self._flow["keys_written"] += data.num_rows
+        self._tables.clear()
+
+    def update_region(self, meta: dict) -> None:
+        m = R.RegionMeta.from_json(meta)
+        if m.id in self.data:
+            self.meta[m.id] = m
+
+    def drop_region(self, region_id: int) -> None:
+        self.meta.pop(region_id, None)
+        self.data.pop(region_id, None)
+        self._tables.clear()
+
+    def send_region(self, region_id: int, dst: int) -> int:
+        """Send one region's snapshot to rank ``dst`` (which is in :meth:`recv_region`)."""
+        payload = torch.frombuffer(bytearray(R.to_ipc(self.data[region_id])), dtype=torch.uint8).to(self.device)
+        dist.send(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), dst)
+        dist.send(payload, dst)
+        return int(payload.numel())
+
+    def recv_region(self, meta: dict, src: int) -> int:
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.recv(size, src)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        dist.recv(payload, src)
+        self._hold(R.RegionMeta.from_json(meta), R.from_ipc(payload.cpu().numpy().tobytes()))
+        return int(size.item())
+
+    def held(self) -> dict[int, int]:
+        """Region id -> rows of every replica this worker holds."""
+        return {rid: t.num_rows for rid, t in self.data.items()}
+
+    # -- heartbeats -----------------------------------------------------------------------------
+    def store_heartbeat(self) -> dict:
+        now = time.monotonic()
+        span = max(now - self._last_hb, 1e-3)
+        self._last_hb = now
+        used = sum(R.table_bytes(t) for t in self.data.values())
+        cap = _capacity(self.device)
+        if self.device.type == "cuda":
+            used = max(used, int(torch.cuda.memory_allocated(self.device)))
+        flow = {k: int(v / span) for k, v in self._flow.items() if k != "queries"}  # per second
+        hb = {"store_id": self.store_id, "capacity": cap, "available": max(cap - used, 0), "used_size": used,
+              "region_count": len(self.data), "query_num": self._flow["queries"], **flow}
+        self._flow = dict.fromkeys(self._flow, 0)
+        return hb
+
+    def region_heartbeats(self, down_stores=()) -> list[dict]:
+        return [m.heartbeat(down_stores) for m in self.meta.values()
+                if m.leader_store == self.store_id and m.id in self.data]
+
+    def execute(self, region_id: int, operator_id, step: dict) -> None:
+        """``StepExecutor``: steps are collected and run by the coordinator between queries."""
+        self._steps.append({"region_id": region_id, "operator_id": operator_id, "step": step})
+
+    def heartbeat(self, down_stores=()) -> list[dict]:
+        """One round of heartbeats; returns the steps the driver answered with."""
+        down = set(down_stores)
+        loop = HeartbeatLoop(self.client, self.store_heartbeat, lambda: self.region_heartbeats(down), self,
+                             store_interval=0.0)
+        self._steps = []
+        loop.run_once()
+        return self._steps
+
+    # -- queries --------------------------------------------------------------------------------
+    def _local_table(self, name: str, region_ids: list[int]):
+        from opforge.sql.table import Table
+
+        key = (name, tuple(region_ids))
+        if key not in self._tables:
+            parts = [self.data[r] for r in region_ids if self.data[r].num_rows]
+            if parts:
+                self._tables[key] = Table.from_partitions(parts, self.device)
+            else:
+                self._tables[key] = Table.from_arrow(self.schemas[name].empty_table(), self.device)
+        return self._tables[key]
+
+    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None) -> dict:
+        """This worker's part of a query over the regions it leads (``leaders``: table -> region ids).
+        Returns the rows it ends with (all of them on rank 0 when the result is replicated)."""
+        from opforge.cluster.dist_executor import REPLICATED, DistributedExecutor
+        from opforge.sql.physical.context import ExecContext
+
+        missing = [r for rs in leaders.values() for r in rs if r not in self.data]
+        if missing:
+            raise RuntimeError(f"worker {self.index}: asked to lead regions {missing} it does not hold")
+        t0 = time.perf_counter()
+        tables = {name: self._local_table(name, rids) for name, rids in leaders.items()}
+        for name, rids in leaders.items():
+            self._flow["bytes_read"] += sum(R.table_bytes(self.data[r]) for r in rids)
+            self._flow["keys_read"] += sum(self.data[r].num_rows for r in rids)
+        self._flow["queries"] += 1
+        ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size(), layouts=layouts)
+        try:
+            batch, spread = ex.run_distributed(plan)
+        except BaseException:
+            # Leave the group: peers waiting on this rank fail now, not at the group's timeout (a
+            # rank blocked on a survivor of a dead peer would otherwise wait it out). The
+            # coordinator re-forms the group before the next call.
+            D.destroy()
+            raise
+        rank = D.rank()
+        result = None
+        if spread != REPLICATED or rank == 0:
+            result = pa.Table.from_arrays([batch.cols[o.cid].to_arrow() for o in plan.outputs],
+                                          names=[o.name for o in plan.outputs])
+        return {"rank": rank, "result": result, "rows": batch.n, "ms": (time.perf_counter() - t0) * 1e3,
+                "exchanges": ex.stats}
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (a test driving the class in-process)
+        return "127.0.0.1"
