@@ -15,6 +15,7 @@ from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pa
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend.star import expand_star
+from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import result_type
 
 
@@ -171,7 +172,31 @@ class Binder:
             return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
         if isinstance(t, exp.Subquery):
             return self._derived(t.this, alias, t, [])
+        if isinstance(t, exp.Values):
+            return self._values(t, alias or "valueslist")
         raise NotSupportedError(f"FROM item {type(t).__name__}: {t.sql(dialect='duckdb')}")
+
+    def _values(self, t: exp.Values, alias: str):
+        """``(VALUES (1, 'a'), (2, 'b')) v(x, y)``: one constant row per tuple, UNION ALL'ed; each
+        column of the values' common type, named by the alias list else col0, col1, ... (DuckDB)."""
+        binder = ExprBinder(self, Scope())
+        rows = [[binder.bind(v) for v in (r.expressions if isinstance(r, exp.Tuple) else [r])] for r in t.expressions]
+        width = len(rows[0])
+        if any(len(r) != width for r in rows):
+            raise SqlError("VALUES lists must all be the same length")
+        ta = t.args.get("alias")
+        names = [c.name for c in ta.columns] if ta is not None and ta.columns else []
+        if len(names) > width:
+            raise SqlError(f"{alias}: {len(names)} column names given for {width} columns")
+        names += [f"col{i}" for i in range(len(names), width)]
+        types = [_common([r[i].type for r in rows if not (isinstance(r[i], Lit) and r[i].value is None)], "VALUES")
+                 for i in range(width)]
+        children = []
+        for r in rows:
+            exprs = [Lit(None, typ) if isinstance(e, Lit) and e.value is None else e for e, typ in zip(r, types)]
+            children.append(P.Project(P.OneRow(), [(self.new_col(n, e.type), e) for n, e in zip(names, exprs)]))
+        outs = [self.new_col(n, typ) for n, typ in zip(names, types)]
+        return P.Union(children, outs, all=True), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
 
     def _derived(self, query, alias, t, column_names: list[str]):
         node, _ = self.bind_query(query, None)
@@ -196,7 +221,7 @@ class Binder:
             if q.args.get("joins"):
                 raise SqlError("JOIN without FROM")
             return P.OneRow(), where_parts, []
-        if isinstance(frm.this, exp.Values) or frm.expressions:
+        if frm.expressions:
             raise NotSupportedError(f"FROM {frm.sql()}")
         node, cols = self._relation(frm.this, scope.parent)
         scope.cols += cols
@@ -385,15 +410,15 @@ class Binder:
 
     # --------------------------------------------------------------------------------------- SELECT
     _SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "group", "having", "order", "limit",
-                    "offset", "distinct", "kind", "hint", "with_", "with"}
+                    "offset", "distinct", "kind", "hint", "with_", "with", "qualify", "windows"}
 
     def _select(self, q: exp.Select, parent):
         for key, value in q.args.items():
             if value not in (None, False, []) and key not in self._SELECT_ARGS:
                 raise NotSupportedError(f"SELECT clause {key.rstrip('_').upper()}")
         group = q.args.get("group")
-        if group is not None and any(v for k, v in group.args.items() if k != "expressions"):
-            raise NotSupportedError(f"GROUP BY {', '.join(k.upper() for k, v in group.args.items() if v and k != 'expressions')}")
+        if group is not None and any(v for k, v in group.args.items() if k not in ("expressions", "all")):
+            raise NotSupportedError(f"GROUP BY {', '.join(k.upper() for k, v in group.args.items() if v and k not in ('expressions', 'all'))}")
         scope = Scope(parent=parent)
         node, rest, correlated = self._from(q, scope)
         if correlated:
@@ -434,24 +459,23 @@ class Binder:
     def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
         items = self._select_items(q, scope)
         having = q.args.get("having")
-        order = q.args.get("order")
+        qualify = q.args.get("qualify")
+        order_terms = _order_terms(q.args.get("order"), len(items))
         group = q.args.get("group")
         alias_map = {name.lower(): e for name, e in items if isinstance(e, exp.Expression)}
-        agg_nodes = []
         sources = [e for _, e in items if isinstance(e, exp.Expression)]
         if having is not None:
             sources.append(_expand_aliases(having.this, alias_map, scope))
-        if order is not None:
-            sources += [o.this for o in order.expressions]
+        if qualify is not None:
+            qualify = _expand_aliases(qualify.this, alias_map, scope)
+            sources.append(qualify)
+        sources += [o.this for o in order_terms]
+        agg_nodes = []
         for s in sources:
-            for a in s.find_all(*AGG_FUNCS):
-                above = _ancestors(a, s)
-                if any(isinstance(p, (exp.Subquery, exp.Select, exp.Exists)) for p in above):
-                    continue  # belongs to a subquery's own block
-                if not any(a is b for b in agg_nodes) and not any(isinstance(p, AGG_FUNCS) for p in above):
-                    agg_nodes.append(a)
+            agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
         grouped = bool(agg_nodes) or group is not None or extra_keys
-        binder = ExprBinder(self, scope)
+        windows = WindowCollector(self, q.args.get("windows"))
+        binder = ExprBinder(self, scope, windows=windows)
         if grouped:
             keys = list(extra_keys)
             key_cids: dict[int, Ref] = {}
@@ -459,7 +483,7 @@ class Binder:
             for o, e in keys:
                 if isinstance(e, Ref):
                     key_cids[e.cid] = Ref(o.cid, o.type, o.name)
-            for g in (group.expressions if group is not None else []):
+            for g in _group_terms(group, items):
                 gexpr = g
                 if isinstance(g, exp.Literal) and not g.is_string:
                     gexpr = items[int(g.this) - 1][1]
@@ -491,7 +515,7 @@ class Binder:
                 aggs.append((o, call))
                 seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
             node = P.Aggregate(node, keys, aggs)
-            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True)
+            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True, windows=windows)
             if having is not None:
                 node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
         elif having is not None:
@@ -504,9 +528,10 @@ class Binder:
         outs = [self.new_col(name, e.type) for name, e in bound_items]
         # extra keys (decorrelation) are carried as leading outputs
         key_outs = [(o, Ref(o.cid, o.type, o.name)) for o, _ in extra_keys]
+        qualify = None if qualify is None else binder.bind(qualify)
         sort_keys = []
-        if order is not None:
-            for o in order.expressions:
+        if order_terms:
+            for o in order_terms:
                 e = o.this
                 idx = _order_position(e, len(bound_items), self.order_by_literals)
                 if idx is not None:
@@ -523,6 +548,11 @@ class Binder:
                             pos = i
                 sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        node = windows.plan(node)
+        if qualify is not None:
+            if qualify.type.kind != "BOOL":
+                raise SqlError(f"QUALIFY: expected a boolean, got {qualify.type}")
+            node = P.Filter(node, qualify)
         if distinct:
             proj = P.Distinct(P.Project(node, proj_exprs))
             if sort_keys:
@@ -556,6 +586,44 @@ class Binder:
         if name in ("sum", "avg") and e.type.kind == "BOOL":
             e = Func("cast", [e], T.INT32)
         return P.AggCall(name, e, result_type(name, e.type))
+
+
+def _group_aggregates(e: exp.Expression) -> list[exp.Expression]:
+    """The aggregates of ``e`` that belong to its block's GROUP BY: not in a subquery, not inside
+    another aggregate, and not the function of an OVER clause (``sum`` of ``sum(x) OVER ()``, whose
+    arguments may hold group aggregates: ``sum(sum(x)) OVER ()``)."""
+    out = []
+    for a in e.find_all(*AGG_FUNCS):
+        if is_window_function(a):
+            continue
+        above = _ancestors(a, e)
+        if any(isinstance(p, (exp.Subquery, exp.Select, exp.Exists)) for p in above):
+            continue  # belongs to a subquery's own block
+        if not any(isinstance(p, AGG_FUNCS) and not is_window_function(p) for p in above):
+            out.append(a)
+    return out
+
+
+def _group_terms(group, items) -> list:
+    """GROUP BY's terms; GROUP BY ALL: every select item without an aggregate or a window (DuckDB)."""
+    if group is None:
+        return []
+    if not group.args.get("all"):
+        return group.expressions
+    return [e for _, e in items
+            if not (isinstance(e, exp.Expression) and (_group_aggregates(e) or e.find(exp.Window)))]
+
+
+def _order_terms(order, n: int) -> list[exp.Ordered]:
+    """ORDER BY's terms; ORDER BY ALL [DESC]: every select item, left to right (DuckDB)."""
+    if order is None:
+        return []
+    terms = order.expressions
+    if len(terms) == 1 and isinstance(terms[0].this, exp.Var) and terms[0].this.name.upper() == "ALL":
+        t = terms[0]
+        return [exp.Ordered(this=exp.Literal.number(i + 1), desc=t.args.get("desc"),
+                            nulls_first=t.args.get("nulls_first")) for i in range(n)]
+    return terms
 
 
 def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], scope: Scope) -> exp.Expression:
