@@ -46,7 +46,7 @@ def _find_peer_dir() -> str | None:
 
 
 PEER_DIR = _find_peer_dir()
-HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe")
+HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe", "cumsum")
 _VERIFICATION = re.compile(r"^\s*pragma\s+(enable|disable)_verification\s*;?\s*$", re.IGNORECASE)
 
 

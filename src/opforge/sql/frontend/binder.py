@@ -79,27 +79,31 @@ class Binder:
         bound in place (no block below reads the clause), not deep-copied without it."""
         if isinstance(q, exp.Subquery):
             return self.bind_query(q.this, parent)
-        if isinstance(q, exp.Union):
-            return self._union(q, parent)
-        if isinstance(q, (exp.Intersect, exp.Except)):
-            raise NotSupportedError(type(q).__name__.upper())
+        if isinstance(q, (exp.Union, exp.Intersect, exp.Except)):
+            return self._set_operation(q, parent)
         if isinstance(q, exp.Select):
             return self._select(q, parent)
         raise NotSupportedError(f"statement {type(q).__name__}")
 
-    def _union(self, q: exp.Union, parent):
+    def _set_operation(self, q: exp.Expression, parent):
+        """UNION / INTERSECT / EXCEPT [ALL], then the ORDER BY and LIMIT that follow them."""
+        what = type(q).__name__.upper()
         left, ls = self.bind_query(q.this, parent)
         right, rs = self.bind_query(q.expression, parent)
         if len(left.outputs) != len(right.outputs):
-            raise SqlError(f"UNION: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
-        outs = [self.new_col(a.name, _common([a.type, b.type], "UNION")) for a, b in zip(left.outputs, right.outputs)]
-        node: P.Node = P.Union([left, right], outs, all=not q.args.get("distinct"))
+            raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
+        outs = [self.new_col(a.name, _common([a.type, b.type], what)) for a, b in zip(left.outputs, right.outputs)]
+        every = not q.args.get("distinct")
+        if isinstance(q, exp.Union):
+            node: P.Node = P.Union([left, right], outs, all=every)
+        else:
+            node = self._intersect_except(left, right, outs, isinstance(q, exp.Intersect), every)
         scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         order = q.args.get("order")
         if order is not None:
             keys = []
-            for o in order.expressions:
+            for o in _order_terms(order, len(outs)):
                 e = o.this
                 idx = _order_position(e, len(outs), self.order_by_literals)
                 if idx is not None:
@@ -111,6 +115,36 @@ class Binder:
             node = P.Sort(node, keys)
         node = self._limit(q, node, scope)
         return node, scope
+
+    def _intersect_except(self, left: P.Node, right: P.Node, outs: list[P.OutCol], intersect: bool,
+                          every: bool) -> P.Node:
+        """INTERSECT / EXCEPT as a grouping of both sides' rows, each tagged with its side (0 left,
+        1 right): a group (NULLs equal, as set operations compare) is kept when both sides have it
+        (INTERSECT) or only the left one (EXCEPT). With ALL, each row is numbered among its
+        duplicates on its side (row_number over the partition of all its columns) and the number is
+        part of the group: the k-th copy of a row pairs with the other side's k-th copy."""
+        sides = []
+        for tag, side in enumerate((left, right)):
+            refs = [Ref(o.cid, o.type, o.name) for o in side.outputs]
+            exprs = [(self.new_col(o.name, o.type), r) for o, r in zip(side.outputs, refs)]
+            if every:
+                rn = self.new_col("rn", T.INT64)
+                side = P.WindowFunctions(side, refs, [], [(rn, P.WindowCall("row_number", [], T.INT64))])
+                exprs.append((self.new_col("rn", T.INT64), Ref(rn.cid, rn.type, rn.name)))
+            exprs.append((self.new_col("side", T.INT32), Lit(tag, T.INT32)))
+            sides.append(P.Project(side, exprs))
+        both = P.Union(sides, [self.new_col(o.name, o.type) for o in sides[0].outputs], all=True)
+        cols = [Ref(o.cid, o.type, o.name) for o in both.outputs]
+        keys = [(self.new_col(r.name, r.type), r) for r in cols[:-1]]
+        lo, hi = self.new_col("lo", T.INT32), self.new_col("hi", T.INT32)
+        grouped = P.Aggregate(both, keys, [(lo, P.AggCall("min", cols[-1], T.INT32)),
+                                           (hi, P.AggCall("max", cols[-1], T.INT32))])
+        lo_ref, hi_ref = Ref(lo.cid, lo.type, lo.name), Ref(hi.cid, hi.type, hi.name)
+        if intersect:
+            keep = and_([cmp("=", lo_ref, Lit(0, T.INT32)), cmp("=", hi_ref, Lit(1, T.INT32))])
+        else:
+            keep = cmp("=", hi_ref, Lit(0, T.INT32))
+        return P.Project(P.Filter(grouped, keep), [(o, Ref(k.cid, k.type, k.name)) for o, (k, _) in zip(outs, keys)])
 
     def _limit(self, q, node, scope):
         lim, off = q.args.get("limit"), q.args.get("offset")
