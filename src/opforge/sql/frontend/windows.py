@@ -4,7 +4,7 @@ to ``plan.WindowCall``s, one ``plan.WindowFunctions`` node per distinct (PARTITI
 They are bound after GROUP BY / HAVING (their arguments may be aggregates: ``rank() OVER (ORDER
 BY sum(x))``) and run before QUALIFY, DISTINCT, ORDER BY and LIMIT, as in DuckDB. The default frame
 is DuckDB's: RANGE UNBOUNDED PRECEDING to CURRENT ROW with an ORDER BY, else the whole partition.
-What is refused (EXCLUDE, IGNORE NULLS, FILTER, DISTINCT over a frame, RANGE offsets
+What is refused (EXCLUDE, IGNORE NULLS, DISTINCT over a frame, RANGE offsets
 on non-numeric keys, other functions) raises ``NotSupportedError`` naming the construct."""
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Func, Lit, Ref
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
-from opforge.sql.frontend.scope import Scope
 
 RANKING = {exp.RowNumber: "row_number", exp.Rank: "rank", exp.DenseRank: "dense_rank",
            exp.PercentRank: "percent_rank", exp.CumeDist: "cume_dist", exp.Ntile: "ntile"}
@@ -26,8 +25,12 @@ RUNNING = P.Frame("range", P.FrameBound("unbounded_preceding"), P.FrameBound("cu
 
 
 def is_window_function(node: exp.Expression) -> bool:
-    """True for the function of an OVER clause (``sum`` in ``sum(x) OVER ()``): not a group aggregate."""
-    return isinstance(node.parent, exp.Window) and node.parent.this is node
+    """True for the function of an OVER clause (``sum`` in ``sum(x) OVER ()``, also under FILTER):
+    not a group aggregate."""
+    p = node.parent
+    if isinstance(p, exp.Filter) and p.this is node:
+        node, p = p, p.parent
+    return isinstance(p, exp.Window) and p.this is node
 
 
 class WindowCollector:
@@ -98,13 +101,21 @@ class WindowCollector:
             raise NotSupportedError(f"IGNORE NULLS in window function {fn.this.sql(dialect='duckdb')}")
         if isinstance(fn, exp.RespectNulls):
             fn = fn.this
+        where = None
         if isinstance(fn, exp.Filter):
-            raise NotSupportedError("FILTER (WHERE ...) on a window aggregate")
-        frame = self._frame(spec, keys)
+            fn, where = fn.this, fn.expression.this
+            if not isinstance(fn, AGG_FUNCS):
+                raise SqlError(f"FILTER (WHERE ...) on window function {fn.sql(dialect='duckdb')}: only on aggregates")
+        frame = self._frame(spec, keys, binder)
         for cls, name in RANKING.items():
             if isinstance(fn, cls):
+                given = [k for k, v in fn.args.items() if v]
                 if name != "ntile":
+                    if given:  # DuckDB's rank(ORDER BY ...): an order of its own, not the window's
+                        raise NotSupportedError(f"arguments to window function {name}: {fn.sql(dialect='duckdb')}")
                     return P.WindowCall(name, [], T.FLOAT64 if name in ("percent_rank", "cume_dist") else T.INT64)
+                if given != ["this"]:
+                    raise SqlError(f"ntile: expected one argument (the number of buckets): {fn.sql(dialect='duckdb')}")
                 k = binder.bind(fn.this)
                 if not k.type.is_integer:
                     raise SqlError(f"ntile: expected an integer argument, got {k.type}")
@@ -117,11 +128,24 @@ class WindowCollector:
             if agg.func == "count_distinct" and frame != WHOLE:
                 raise NotSupportedError("count(DISTINCT ...) OVER a window with ORDER BY or a frame "
                                         "(only over whole partitions)")
-            return P.WindowCall(agg.func, [] if agg.arg is None else [agg.arg], agg.type, frame)
+            func, arg = agg.func, agg.arg
+            if where is not None:  # agg(x) FILTER (WHERE c) is agg(CASE WHEN c THEN x END)
+                if func == "count_star":
+                    func, arg = "count", Lit(1, T.INT64)
+                cond = binder.bind(where)
+                if cond.type.kind != "BOOL":
+                    raise SqlError(f"FILTER: expected a boolean, got {cond.type}")
+                arg = Func("case", [cond, arg, Lit(None, arg.type)], arg.type)
+            return P.WindowCall(func, [] if arg is None else [arg], agg.type, frame)
         name = fn.sql_name() if hasattr(fn, "sql_name") else type(fn).__name__
         raise NotSupportedError(f"window function {name.lower()}: {fn.sql(dialect='duckdb')}")
 
     def _value_call(self, name: str, fn: exp.Expression, binder: ExprBinder, frame) -> P.WindowCall:
+        if isinstance(fn.this, exp.Order):
+            raise NotSupportedError(f"ORDER BY in the arguments of window function {name}: {fn.sql(dialect='duckdb')}")
+        extra = [k for k, v in fn.args.items() if v and k not in ("this", "offset", "default")]
+        if extra or fn.this is None or (name == "nth_value" and fn.args.get("offset") is None):
+            raise SqlError(f"{name}: unexpected arguments: {fn.sql(dialect='duckdb')}")
         x = binder.bind(fn.this)
         if name in ("first_value", "last_value"):
             return P.WindowCall(name, [x], x.type, frame)
@@ -140,7 +164,7 @@ class WindowCollector:
         x, default = (e if e.type == typ else Func("cast", [e], typ) for e in (x, default))
         return P.WindowCall(name, [x, off, default], typ)
 
-    def _frame(self, spec, keys) -> P.Frame:
+    def _frame(self, spec, keys, binder: ExprBinder) -> P.Frame:
         if spec is None:
             return RUNNING if keys else WHOLE
         if spec.args.get("exclude") is not None:
@@ -148,8 +172,8 @@ class WindowCollector:
         unit = str(spec.args.get("kind") or "").lower()
         if unit not in ("rows", "range", "groups"):
             raise NotSupportedError(f"window frame unit {unit.upper()}")
-        start = self._bound(spec.args.get("start"), spec.args.get("start_side"), unit, keys)
-        end = self._bound(spec.args.get("end") or "CURRENT ROW", spec.args.get("end_side"), unit, keys)
+        start = self._bound(spec.args.get("start"), spec.args.get("start_side"), unit, keys, binder)
+        end = self._bound(spec.args.get("end") or "CURRENT ROW", spec.args.get("end_side"), unit, keys, binder)
         if start.kind == "unbounded_following":
             raise SqlError("window frame cannot start at UNBOUNDED FOLLOWING")
         if end.kind == "unbounded_preceding":
@@ -162,14 +186,14 @@ class WindowCollector:
                 return P.Frame("range", start, end)  # every row is a peer of every other
         return P.Frame(unit, start, end)
 
-    def _bound(self, value, side, unit: str, keys) -> P.FrameBound:
+    def _bound(self, value, side, unit: str, keys, binder: ExprBinder) -> P.FrameBound:
         if isinstance(value, str):
             if value.upper() == "CURRENT ROW":
                 return P.FrameBound("current")
             if value.upper() == "UNBOUNDED":
                 return P.FrameBound(f"unbounded_{(side or 'preceding').lower()}")
             raise NotSupportedError(f"window frame bound {value}")
-        offset = ExprBinder(self.qb, Scope()).bind(value)
+        offset = binder.bind(value)
         if offset.cids():
             raise NotSupportedError(f"window frame offset that is not a constant: {value.sql(dialect='duckdb')}")
         if unit in ("rows", "groups") and not offset.type.is_integer:

@@ -166,11 +166,8 @@ def _frame_value(func: str, args: list[Column], start, end, L: Layout) -> Column
     elif func == "last_value":
         target = end - 1
     else:
-        nth = args[1]
-        k = nth.values.long()
-        if bool((nth.valid_mask() & (k <= 0)).any()):
-            raise SqlError("nth_value: the row number must be greater than zero")
-        target = start + k - 1
+        k = args[1].values.long()
+        target = torch.where(k > 0, start + k - 1, end)  # a row number below 1: NULL (DuckDB)
     inside = (target >= start) & (target < end)
     if func == "nth_value" and args[1].valid is not None:
         inside &= args[1].valid
