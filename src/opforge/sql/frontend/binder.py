@@ -100,6 +100,10 @@ class Binder:
             node = self._intersect_except(left, right, outs, isinstance(q, exp.Intersect), every)
         scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
         scope.outer_refs = ls.outer_refs + rs.outer_refs
+        return self._order_limit(q, node, outs, scope), scope
+
+    def _order_limit(self, q, node: P.Node, outs: list[P.OutCol], scope: Scope) -> P.Node:
+        """ORDER BY (output positions or expressions over the outputs) and LIMIT over ``node``."""
         order = q.args.get("order")
         if order is not None:
             keys = []
@@ -113,8 +117,7 @@ class Binder:
                     ref = ExprBinder(self, scope).bind(e)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
-        node = self._limit(q, node, scope)
-        return node, scope
+        return self._limit(q, node, scope)
 
     def _intersect_except(self, left: P.Node, right: P.Node, outs: list[P.OutCol], intersect: bool,
                           every: bool) -> P.Node:
@@ -464,8 +467,31 @@ class Binder:
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
+        sets = _grouping_sets(group)
+        if sets is not None:
+            return self._grouping_sets(q, node, scope, sets, distinct is not None), scope
         _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
         return self._limit(q, proj, scope), scope
+
+    def _grouping_sets(self, q, node, scope, sets: list[list[exp.Expression]], distinct: bool) -> P.Node:
+        """GROUP BY ROLLUP / CUBE / GROUPING SETS: the select block once per grouping set, the keys
+        outside the set NULL, UNION ALL'ed; then DISTINCT, ORDER BY (over the outputs) and LIMIT."""
+        terms = list({self.sql_text(t): t for s in sets for t in s}.values())
+        block = q.copy()
+        for clause in ("order", "limit", "offset", "distinct"):
+            block.set(clause, None)
+        projs = []
+        for s in sets:
+            inside = {self.sql_text(t) for t in s}
+            nulls = [t for t in terms if self.sql_text(t) not in inside]
+            projs.append(self._aggregate_project(block, node, scope, [], group_terms=s, null_terms=nulls)[1])
+        first = projs[0].outputs
+        outs = [self.new_col(o.name, _common([p.outputs[i].type for p in projs], "GROUPING SETS"))
+                for i, o in enumerate(first)]
+        out: P.Node = P.Union(projs, outs, all=True)
+        if distinct:
+            out = P.Distinct(out)
+        return self._order_limit(q, out, outs, Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent))
 
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
@@ -490,7 +516,9 @@ class Binder:
             raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
-    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
+    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=()):
+        """``group_terms``: the GROUP BY terms (default: the query's); ``null_terms``: grouping-set
+        keys left out of this set, NULL in its rows."""
         items = self._select_items(q, scope)
         having = q.args.get("having")
         qualify = q.args.get("qualify")
@@ -517,7 +545,8 @@ class Binder:
             for o, e in keys:
                 if isinstance(e, Ref):
                     key_cids[e.cid] = Ref(o.cid, o.type, o.name)
-            for g in _group_terms(group, items):
+            terms = _group_terms(group, items) if group_terms is None else group_terms
+            for g, null in [(g, False) for g in terms] + [(g, True) for g in null_terms]:
                 gexpr = g
                 if isinstance(g, exp.Literal) and not g.is_string:
                     gexpr = items[int(g.this) - 1][1]
@@ -529,9 +558,12 @@ class Binder:
                 else:
                     bound = binder.bind(gexpr)
                 name = gexpr.name if isinstance(gexpr, exp.Column) else (self.sql_text(gexpr) if isinstance(gexpr, exp.Expression) else gexpr.name)
-                o = self.new_col(name, bound.type)
-                keys.append((o, bound))
-                ref = Ref(o.cid, o.type, o.name)
+                if null:
+                    ref = Lit(None, bound.type)
+                else:
+                    o = self.new_col(name, bound.type)
+                    keys.append((o, bound))
+                    ref = Ref(o.cid, o.type, o.name)
                 if isinstance(bound, Ref):
                     key_cids[bound.cid] = ref
                 if isinstance(gexpr, exp.Expression):
@@ -636,6 +668,31 @@ def _group_aggregates(e: exp.Expression) -> list[exp.Expression]:
         if not any(isinstance(p, AGG_FUNCS) and not is_window_function(p) for p in above):
             out.append(a)
     return out
+
+
+def _grouping_sets(group) -> list[list[exp.Expression]] | None:
+    """The grouping sets of a GROUP BY with ROLLUP / CUBE / GROUPING SETS (None without them): the
+    cross product of its terms' sets, a plain term being a set of one."""
+    if group is None or not any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
+        return None
+    sets: list[list[exp.Expression]] = [[]]
+    for g in group.expressions:
+        if isinstance(g, exp.Rollup):
+            options = [g.expressions[:i] for i in range(len(g.expressions), -1, -1)]
+        elif isinstance(g, exp.Cube):
+            n = len(g.expressions)
+            options = [[e for i, e in enumerate(g.expressions) if mask >> i & 1] for mask in range((1 << n) - 1, -1, -1)]
+        elif isinstance(g, exp.GroupingSets):
+            options = []
+            for item in g.expressions:
+                if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
+                    raise NotSupportedError(f"GROUPING SETS nested in GROUPING SETS: {item.sql(dialect='duckdb')}")
+                options.append(list(item.expressions) if isinstance(item, exp.Tuple)
+                               else [item.this] if isinstance(item, exp.Paren) else [item])
+        else:
+            options = [[g]]
+        sets = [s + o for s in sets for o in options]
+    return sets
 
 
 def _group_terms(group, items) -> list:

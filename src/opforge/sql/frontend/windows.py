@@ -193,9 +193,7 @@ class WindowCollector:
             if value.upper() == "UNBOUNDED":
                 return P.FrameBound(f"unbounded_{(side or 'preceding').lower()}")
             raise NotSupportedError(f"window frame bound {value}")
-        offset = binder.bind(value)
-        if offset.cids():
-            raise NotSupportedError(f"window frame offset that is not a constant: {value.sql(dialect='duckdb')}")
+        offset = binder.bind(value)  # per row: it may read the row's columns
         if unit in ("rows", "groups") and not offset.type.is_integer:
             raise SqlError(f"{unit.upper()} frame offset must be an integer, got {offset.type}")
         if unit == "range":

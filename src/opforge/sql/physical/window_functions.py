@@ -42,7 +42,8 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     order = [(evaluate(e, batch), d, nf) for e, d, nf in node.order]
     keys = [(c.values, c.valid, False, False) for c in part] + [(c.values, c.valid, d, nf) for c, d, nf in order]
     perm = sort_permutation(keys, n, dev) if keys else torch.arange(n, device=dev)
-    layout = Layout(n, dev, [c.take(perm) for c in part], [(c.take(perm), d, nf) for c, d, nf in order])
+    layout = Layout(n, dev, [c.take(perm) for c in part], [(c.take(perm), d, nf) for c, d, nf in order],
+                    lambda e: evaluate(e, batch).take(perm))
     if ctx is not None:
         ctx.note(f"window functions: {n} rows in {layout.partitions} partitions, {len(node.calls)} call(s)")
     inverse = torch.empty_like(perm)
@@ -74,8 +75,9 @@ def _starts(cols: list[Column], n: int, dev) -> torch.Tensor:
 class Layout:
     """Sorted positions of the rows, each with its partition's and peer group's [begin, end)."""
 
-    def __init__(self, n: int, dev, part: list[Column], order: list[tuple[Column, bool, bool]]):
+    def __init__(self, n: int, dev, part: list[Column], order: list[tuple[Column, bool, bool]], evaluate_sorted):
         self.n, self.dev = n, dev
+        self.evaluate = evaluate_sorted  # an expression's column over the rows in sorted order (frame offsets)
         self.pos = torch.arange(n, device=dev)
         self.order = order
         part_flag = _starts(part, n, dev)
@@ -186,14 +188,18 @@ def frame_bounds(frame: Frame, L: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     return start, end
 
 
-def _offset(bound, L: Layout, dtype) -> torch.Tensor:
-    col = evaluate(bound.offset, Batch({}, L.n, L.dev))
-    if col.valid is not None and not bool(col.valid.all()):
-        raise SqlError("window frame offset must not be NULL")
+def _offset(bound, L: Layout, dtype, used: torch.Tensor | None = None) -> torch.Tensor:
+    """The bound's offset per sorted row; NULL or negative where ``used`` (default: every row) is
+    an error, as in DuckDB."""
+    col = L.evaluate(bound.offset)
     v = cast_values(col, T.FLOAT64) if dtype == torch.float64 else col.values.long()
-    if bool((v < 0).any()):
-        raise SqlError("window frame offset must not be negative")
-    return v
+    if used is None:
+        used = torch.ones(L.n, dtype=torch.bool, device=L.dev)
+    if col.valid is not None and bool((used & ~col.valid).any()):
+        raise SqlError(f"window frame offset {bound.offset} must not be NULL")
+    if bool((used & col.valid_mask() & (v < 0)).any()):
+        raise SqlError(f"window frame offset {bound.offset} must not be negative")
+    return torch.where(col.valid_mask(), v, torch.zeros_like(v))
 
 
 def _bound(frame: Frame, bound, L: Layout, is_start: bool) -> torch.Tensor:
@@ -234,7 +240,7 @@ def _range_bound(bound, L: Layout, is_start: bool) -> torch.Tensor:
     w = cast_values(col, T.FLOAT64).double()
     if desc:
         w = -w  # ascending in the partition's non-NULL stretch
-    off = _offset(bound, L, torch.float64)
+    off = _offset(bound, L, torch.float64, used=col.valid_mask())
     target = w - off if bound.kind == "preceding" else w + off
     nulls = _prefix((~col.valid_mask()).long())
     in_part = nulls[L.part_end] - nulls[L.part_begin]
