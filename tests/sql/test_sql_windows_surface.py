@@ -75,6 +75,9 @@ def check():
     "SELECT id, rank() OVER (ORDER BY x) FROM w WHERE id < 0",
     # GROUP BY ALL / ORDER BY ALL, VALUES, INTERSECT / EXCEPT [ALL]
     "SELECT g, s, count(*), sum(x) FROM w GROUP BY ALL",
+    "SELECT g, s, count(*), sum(x) FROM w GROUP BY ROLLUP (g, s)",
+    "SELECT g, s, max(f) FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1",
+    "SELECT g % 2 AS p, s, min(id) FROM w GROUP BY GROUPING SETS ((p), (p, s), ())",
     "SELECT * FROM (VALUES (1, 'a'), (2, NULL), (NULL, 'c'), (2, 'b')) v(k, t) JOIN w ON w.g = v.k",
     "SELECT g, x FROM w INTERSECT SELECT g, x FROM w WHERE id % 3 = 0",
     "SELECT g FROM w INTERSECT ALL SELECT g FROM w WHERE id % 2 = 0",
@@ -90,6 +93,7 @@ def test_matches_duckdb(check, q):
     "SELECT g, count(*) AS c FROM w GROUP BY ALL ORDER BY ALL DESC",
     "SELECT id, row_number() OVER (ORDER BY f DESC NULLS LAST, id) AS r FROM w ORDER BY r LIMIT 5",
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
+    "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
 ])
 def test_ordered_results_match_duckdb(check, q):
     check(q, ordered=True)
@@ -121,6 +125,8 @@ def test_refused_constructs_are_named(check, q, construct):
     "SELECT sum(x) OVER (ORDER BY s RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM w",
     "SELECT ntile(0) OVER (ORDER BY id) FROM w",
     "SELECT nth_value(x, 2, 3) OVER (ORDER BY id) FROM w",
+    "SELECT id FROM w QUALIFY id > 1",
+    "SELECT sum(x) OVER (ORDER BY id ROWS BETWEEN CURRENT ROW AND 1 PRECEDING) FROM w",
     "SELECT sum(x) OVER (ORDER BY id ROWS BETWEEN x PRECEDING AND CURRENT ROW) FROM w",
     "SELECT g FROM w INTERSECT SELECT g, x FROM w",
     "SELECT * FROM (VALUES (1, 2), (3)) v",

@@ -614,6 +614,8 @@ class Binder:
                             pos = i
                 sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        if qualify is not None and not windows:
+            raise SqlError("QUALIFY: at least one window function must appear in the SELECT list or QUALIFY clause")
         node = windows.plan(node)
         if qualify is not None:
             if qualify.type.kind != "BOOL":

@@ -178,6 +178,10 @@ class WindowCollector:
             raise SqlError("window frame cannot start at UNBOUNDED FOLLOWING")
         if end.kind == "unbounded_preceding":
             raise SqlError("window frame cannot end at UNBOUNDED PRECEDING")
+        if start.kind in ("current", "following") and end.kind == "preceding" or \
+                start.kind == "following" and end.kind == "current":
+            where = "current row" if start.kind == "current" else "following row"
+            raise SqlError(f"window frame starting from the {where} cannot have preceding rows")
         if start.kind == "unbounded_preceding" and end.kind == "unbounded_following":
             return WHOLE
         if unit == "range" and not keys and (start.kind == "current" or end.kind == "current"):
