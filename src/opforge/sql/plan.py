@@ -162,10 +162,12 @@ class WindowCall:
     args: list[Expr]
     type: T.SqlType
     frame: Frame | None = None
+    ignore_nulls: bool = False  # offset functions: skip rows whose value is NULL
 
     def __str__(self):
         f = f" {self.frame}" if self.frame is not None else ""
-        return f"{self.func}({', '.join(str(a) for a in self.args)}){f}"
+        nulls = " IGNORE NULLS" if self.ignore_nulls else ""
+        return f"{self.func}({', '.join(str(a) for a in self.args)}){nulls}{f}"
 
 
 @dataclass(eq=False)

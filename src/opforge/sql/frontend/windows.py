@@ -4,7 +4,7 @@ to ``plan.WindowCall``s, one ``plan.WindowFunctions`` node per distinct (PARTITI
 They are bound after GROUP BY / HAVING (their arguments may be aggregates: ``rank() OVER (ORDER
 BY sum(x))``) and run before QUALIFY, DISTINCT, ORDER BY and LIMIT, as in DuckDB. The default frame
 is DuckDB's: RANGE UNBOUNDED PRECEDING to CURRENT ROW with an ORDER BY, else the whole partition.
-What is refused (EXCLUDE, IGNORE NULLS, DISTINCT over a frame, RANGE offsets
+What is refused (EXCLUDE, DISTINCT over a frame, RANGE offsets
 on non-numeric keys, other functions) raises ``NotSupportedError`` naming the construct."""
 from __future__ import annotations
 
@@ -97,9 +97,11 @@ class WindowCollector:
         return partition, (order.expressions if order is not None else []), spec
 
     def _call(self, fn: exp.Expression, binder: ExprBinder, keys, spec) -> P.WindowCall:
-        if isinstance(fn, exp.IgnoreNulls):
-            raise NotSupportedError(f"IGNORE NULLS in window function {fn.this.sql(dialect='duckdb')}")
-        if isinstance(fn, exp.RespectNulls):
+        ignore_nulls = isinstance(fn, exp.IgnoreNulls)
+        if ignore_nulls and not isinstance(fn.this, tuple(VALUES)):
+            raise SqlError(f"IGNORE NULLS in window function {fn.this.sql(dialect='duckdb')}: "
+                           "only lag, lead, first_value, last_value and nth_value take it")
+        if isinstance(fn, (exp.IgnoreNulls, exp.RespectNulls)):
             fn = fn.this
         where = None
         if isinstance(fn, exp.Filter):
@@ -122,7 +124,9 @@ class WindowCollector:
                 return P.WindowCall(name, [k], T.INT64)
         for cls, name in VALUES.items():
             if isinstance(fn, cls):
-                return self._value_call(name, fn, binder, frame)
+                call = self._value_call(name, fn, binder, frame)
+                call.ignore_nulls = ignore_nulls
+                return call
         if isinstance(fn, AGG_FUNCS):
             agg = self.qb._agg_call(fn, binder)
             if agg.func == "count_distinct" and frame != WHOLE:

@@ -102,10 +102,10 @@ def _call(call: WindowCall, args: list[Column], L: Layout, typ: T.SqlType) -> Co
     if call.func in RANKING:
         return _ranking(call.func, args, L)
     if call.func in ("lag", "lead"):
-        return _lag_lead(call.func, args, L, typ)
+        return _lag_lead(call.func, args, L, typ, call.ignore_nulls)
     start, end = frame_bounds(call.frame, L)
     if call.func in VALUE:
-        return _frame_value(call.func, args, start, end, L)
+        return _frame_value(call.func, args, start, end, L, call.ignore_nulls)
     return _aggregate(call, args[0] if args else None, start, end, L, typ)
 
 
@@ -149,10 +149,23 @@ def _choose(take: torch.Tensor, a: Column, b: Column, typ: T.SqlType) -> Column:
                   a.dictionary if typ.kind == "STRING" else None)
 
 
-def _lag_lead(func: str, args: list[Column], L: Layout, typ: T.SqlType) -> Column:
+def _nth_valid(x: Column, j: torch.Tensor) -> torch.Tensor:
+    """The position of the j-th (1-based) non-NULL value of ``x`` in sorted order (n past the last):
+    a search in the running count of non-NULL values, which ascends."""
+    counts = _prefix(x.valid_mask().long())[1:]
+    return torch.searchsorted(counts, j.clamp(min=1))
+
+
+def _lag_lead(func: str, args: list[Column], L: Layout, typ: T.SqlType, ignore_nulls: bool = False) -> Column:
     x, offset, default = args[0], args[1], args[2]
     off = offset.values.long()
     target = L.pos - off if func == "lag" else L.pos + off
+    if ignore_nulls:  # the off-th non-NULL value before (after) the row; offset 0: the row itself
+        back = off if func == "lag" else -off  # rows to step back; negative: forward
+        before = _prefix(x.valid_mask().long())
+        j = torch.where(back > 0, before[L.pos] - back + 1, before[L.pos + 1] - back)
+        found = _nth_valid(x, j)
+        target = torch.where(back == 0, L.pos, torch.where(j >= 1, found, L.part_begin - 1))
     inside = (target >= L.part_begin) & (target < L.part_end)
     got = x.take(target.clamp(0, max(L.n - 1, 0)))
     out = _choose(inside, got, default, typ)
@@ -161,14 +174,19 @@ def _lag_lead(func: str, args: list[Column], L: Layout, typ: T.SqlType) -> Colum
     return out
 
 
-def _frame_value(func: str, args: list[Column], start, end, L: Layout) -> Column:
+def _frame_value(func: str, args: list[Column], start, end, L: Layout, ignore_nulls: bool = False) -> Column:
     x = args[0]
-    if func == "first_value":
+    k = args[1].values.long() if func == "nth_value" else None
+    if ignore_nulls:  # the first / last / k-th non-NULL value of the frame
+        counts = _prefix(x.valid_mask().long())
+        seen, upto = counts[start], counts[end]
+        j = seen + 1 if func == "first_value" else upto if func == "last_value" else seen + k
+        target = torch.where((j > seen) & (j <= upto), _nth_valid(x, j), end)
+    elif func == "first_value":
         target = start
     elif func == "last_value":
         target = end - 1
     else:
-        k = args[1].values.long()
         target = torch.where(k > 0, start + k - 1, end)  # a row number below 1: NULL (DuckDB)
     inside = (target >= start) & (target < end)
     if func == "nth_value" and args[1].valid is not None:
