@@ -87,6 +87,8 @@ def check():
     "SELECT g FROM w INTERSECT ALL SELECT g FROM w WHERE id % 2 = 0",
     "SELECT g, s FROM w EXCEPT SELECT g, s FROM w WHERE x > 2",
     "SELECT g FROM w EXCEPT ALL SELECT g FROM w WHERE id % 3 = 0",
+    "SELECT g FROM w UNION SELECT s FROM w",
+    "SELECT NULL UNION ALL SELECT 'x' UNION ALL SELECT 1.5",
 ])
 def test_matches_duckdb(check, q):
     check(q)
@@ -98,6 +100,7 @@ def test_matches_duckdb(check, q):
     "SELECT id, row_number() OVER (ORDER BY f DESC NULLS LAST, id) AS r FROM w ORDER BY r LIMIT 5",
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
     "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
+    "SELECT g AS a FROM w UNION SELECT x AS b FROM w ORDER BY b DESC",
 ])
 def test_ordered_results_match_duckdb(check, q):
     check(q, ordered=True)
@@ -134,6 +137,7 @@ def test_refused_constructs_are_named(check, q, construct):
     "SELECT sum(x) OVER (ORDER BY id ROWS BETWEEN x PRECEDING AND CURRENT ROW) FROM w",
     "SELECT g FROM w INTERSECT SELECT g, x FROM w",
     "SELECT * FROM (VALUES (1, 2), (3)) v",
+    "SELECT * FROM (VALUES (1), ('two'), (NULL)) v(a)",
 ])
 def test_errors_where_duckdb_errs(check, q):
     with pytest.raises(duckdb.Error):

@@ -92,15 +92,32 @@ class Binder:
         right, rs = self.bind_query(q.expression, parent)
         if len(left.outputs) != len(right.outputs):
             raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
-        outs = [self.new_col(a.name, _common([a.type, b.type], what)) for a, b in zip(left.outputs, right.outputs)]
+        types = [_set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
+        left, right = self._as_strings(left, types), self._as_strings(right, types)
+        outs = [self.new_col(a.name, t) for a, t in zip(left.outputs, types)]
         every = not q.args.get("distinct")
         if isinstance(q, exp.Union):
             node: P.Node = P.Union([left, right], outs, all=every)
         else:
             node = self._intersect_except(left, right, outs, isinstance(q, exp.Intersect), every)
         scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
+        left_names = {o.name.lower() for o in outs}
+        # ORDER BY may name a column by the right side's name too (DuckDB), the left's first
+        scope.cols += [ScopeCol("", r.name, o.cid, o.type) for o, r in zip(outs, right.outputs)
+                       if r.name.lower() not in left_names]
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         return self._order_limit(q, node, outs, scope), scope
+
+    def _as_strings(self, node: P.Node, types: list[T.SqlType]) -> P.Node:
+        """``node`` with the columns that are to be strings (``types``) but are not cast to VARCHAR."""
+        if all(o.type.kind == "STRING" or t.kind != "STRING" for o, t in zip(node.outputs, types)):
+            return node
+        exprs = []
+        for o, t in zip(node.outputs, types):
+            ref = Ref(o.cid, o.type, o.name)
+            cast = t.kind == "STRING" and o.type.kind != "STRING"
+            exprs.append((self.new_col(o.name, t if cast else o.type), Func("to_string", [ref], t) if cast else ref))
+        return P.Project(node, exprs)
 
     def _order_limit(self, q, node: P.Node, outs: list[P.OutCol], scope: Scope) -> P.Node:
         """ORDER BY (output positions or expressions over the outputs) and LIMIT over ``node``."""
@@ -670,6 +687,14 @@ def _group_aggregates(e: exp.Expression) -> list[exp.Expression]:
         if not any(isinstance(p, AGG_FUNCS) and not is_window_function(p) for p in above):
             out.append(a)
     return out
+
+
+def _set_type(a: T.SqlType, b: T.SqlType, what: str) -> T.SqlType:
+    """The type of a UNION / INTERSECT / EXCEPT column: as DuckDB, a string and a value of another
+    type meet as VARCHAR; otherwise their common type."""
+    if (a.kind == "STRING") != (b.kind == "STRING"):
+        return T.STRING
+    return _common([a, b], what)
 
 
 def _grouping_sets(group) -> list[list[exp.Expression]] | None:
