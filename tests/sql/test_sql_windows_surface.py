@@ -99,6 +99,7 @@ def test_matches_duckdb(check, q):
     "SELECT g, count(*) AS c FROM w GROUP BY ALL ORDER BY ALL DESC",
     "SELECT id, row_number() OVER (ORDER BY f DESC NULLS LAST, id) AS r FROM w ORDER BY r LIMIT 5",
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
+    "SELECT g % 2 AS m, id, rank() OVER (ORDER BY m DESC, id) FROM w ORDER BY id",
     "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
     "SELECT g AS a FROM w UNION SELECT x AS b FROM w ORDER BY b DESC",
 ])
@@ -144,3 +145,13 @@ def test_errors_where_duckdb_errs(check, q):
         check.reference(q)
     with pytest.raises(sql.SqlError):
         check.con.sql(q).to_arrow()
+
+
+def test_partition_key_filter_runs_below_the_window(check):
+    """A predicate over the partition keys keeps or drops whole partitions: it filters the scan;
+    one over a window's result stays above the window."""
+    q = "SELECT * FROM (SELECT g, id, rank() OVER (PARTITION BY g ORDER BY x) AS r FROM w) WHERE g = 1 AND r <= 2"
+    check(q)
+    plan = check.con.sql(q).explain()
+    assert "filter=[(g#" in plan and plan.index("WindowFunctions") < plan.index("Scan w")
+    assert "r#" not in plan.split("WindowFunctions")[1]  # r <= 2 is above the window

@@ -355,6 +355,13 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         return P.Distinct(_push(node.child, preds))
     if isinstance(node, P.Limit):
         return _wrap(P.Limit(_push(node.child, []), node.limit, node.offset), preds)
+    if isinstance(node, P.WindowFunctions):
+        # a predicate over partition keys only keeps or drops whole partitions: the windows of the
+        # partitions kept are the same, so it filters below them
+        keys = {e.cid for e in node.partition if isinstance(e, Ref)}
+        down = [p for p in preds if p.cids() and p.cids() <= keys]
+        stay = [p for p in preds if p not in down]
+        return _wrap(dataclasses.replace(node, child=_push(node.child, down)), stay)
     if isinstance(node, P.Union):
         return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
     return _wrap(node, preds)

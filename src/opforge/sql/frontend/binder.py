@@ -553,7 +553,7 @@ class Binder:
         for s in sources:
             agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
         grouped = bool(agg_nodes) or group is not None or extra_keys
-        windows = WindowCollector(self, q.args.get("windows"))
+        windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
         binder = ExprBinder(self, scope, windows=windows)
         if grouped:
             keys = list(extra_keys)

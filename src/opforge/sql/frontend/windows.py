@@ -36,8 +36,11 @@ def is_window_function(node: exp.Expression) -> bool:
 class WindowCollector:
     """Binds the windows an ``ExprBinder`` meets (``bind``) and stacks their nodes (``plan``)."""
 
-    def __init__(self, query_binder, named: list[exp.Window] | None = None):
+    def __init__(self, query_binder, named: list[exp.Window] | None = None, expand=None):
+        """``expand``: rewrites a PARTITION BY / ORDER BY expression's select-list aliases (DuckDB
+        binds an alias there when no input column has its name)."""
         self.qb = query_binder
+        self.expand = expand or (lambda e: e)
         self.named: dict[str, exp.Window] = {}
         for w in named or []:
             name = w.this.name.lower()
@@ -65,8 +68,9 @@ class WindowCollector:
         self.binding = True
         try:
             partition, order, spec = self._definition(node)
-            part = [binder.bind(e) for e in partition]
-            keys = [(binder.bind(o.this), bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order]
+            part = [binder.bind(self.expand(e)) for e in partition]
+            keys = [(binder.bind(self.expand(o.this)), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+                    for o in order]
             call = self._call(node.this, binder, keys, spec)
         finally:
             self.binding = False
