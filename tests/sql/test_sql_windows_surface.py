@@ -67,6 +67,9 @@ def check():
     "count(*) FILTER (WHERE s <> 'ant') OVER (ORDER BY id ROWS 3 PRECEDING) FROM w",
     "SELECT id, sum(x) OVER (ORDER BY id ROWS BETWEEN id % 4 PRECEDING AND (id * 7) % 3 FOLLOWING), "
     "max(id) OVER (ORDER BY f RANGE BETWEEN CURRENT ROW AND abs(f) FOLLOWING) FROM w",
+    "SELECT id, count(DISTINCT s) OVER (PARTITION BY g ORDER BY id), bool_and(x > 1) OVER (PARTITION BY g), "
+    "count(DISTINCT f) OVER (ORDER BY x, id ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING), "
+    "bool_or(s = 'cat') OVER (ORDER BY id ROWS 2 PRECEDING) FROM w",
     "SELECT id, count(DISTINCT x) OVER (PARTITION BY g), sum(x) OVER (ORDER BY id ROWS BETWEEN 2 FOLLOWING AND 1 FOLLOWING) FROM w",
     # windows over aggregates, several windows, QUALIFY, the WINDOW clause
     "SELECT g, sum(x), rank() OVER (ORDER BY sum(x) DESC NULLS LAST), sum(sum(x)) OVER (ORDER BY g) FROM w GROUP BY g",
@@ -115,7 +118,7 @@ def test_prefix_sums_run_the_triton_scan(check):
 
 @pytest.mark.parametrize("q, construct", [
     ("SELECT sum(x) OVER (ORDER BY id ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING EXCLUDE CURRENT ROW) FROM w", "EXCLUDE"),
-    ("SELECT count(DISTINCT x) OVER (ORDER BY id) FROM w", "DISTINCT"),
+    ("SELECT count(DISTINCT x) OVER (ORDER BY id ROWS BETWEEN 2 PRECEDING AND 2 FOLLOWING) FROM w", "DISTINCT"),
     ("SELECT cume_dist(ORDER BY x) OVER (ORDER BY id) FROM w", "arguments"),
     ("SELECT string_agg(s, ',') OVER () FROM w", "window function"),
 ])

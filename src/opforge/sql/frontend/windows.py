@@ -133,9 +133,10 @@ class WindowCollector:
                 return call
         if isinstance(fn, AGG_FUNCS):
             agg = self.qb._agg_call(fn, binder)
-            if agg.func == "count_distinct" and frame != WHOLE:
-                raise NotSupportedError("count(DISTINCT ...) OVER a window with ORDER BY or a frame "
-                                        "(only over whole partitions)")
+            if agg.func == "count_distinct" and frame.start.kind != "unbounded_preceding" \
+                    and frame.end.kind != "unbounded_following":
+                raise NotSupportedError("count(DISTINCT ...) OVER a frame bounded on both sides "
+                                        "(only frames from the partition's first row or to its last)")
             func, arg = agg.func, agg.arg
             if where is not None:  # agg(x) FILTER (WHERE c) is agg(CASE WHEN c THEN x END)
                 if func == "count_star":
@@ -145,6 +146,11 @@ class WindowCollector:
                     raise SqlError(f"FILTER: expected a boolean, got {cond.type}")
                 arg = Func("case", [cond, arg, Lit(None, arg.type)], arg.type)
             return P.WindowCall(func, [] if arg is None else [arg], agg.type, frame)
+        if isinstance(fn, (exp.LogicalAnd, exp.LogicalOr)):  # bool_and / bool_or: min / max of booleans
+            x = binder.bind(fn.this)
+            if x.type.kind != "BOOL":
+                raise SqlError(f"{fn.sql(dialect='duckdb')}: expected a boolean argument, got {x.type}")
+            return P.WindowCall("min" if isinstance(fn, exp.LogicalAnd) else "max", [x], T.BOOL, frame)
         name = fn.sql_name() if hasattr(fn, "sql_name") else type(fn).__name__
         raise NotSupportedError(f"window function {name.lower()}: {fn.sql(dialect='duckdb')}")
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops import scan
+from opforge.ops import hashing, scan
 from opforge.sql import types as T
 from opforge.sql.column import Column, unify_strings
 from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch, cast_values, evaluate
 from opforge.sql.physical.aggregate import _reduce
 from opforge.sql.physical.context import ExecContext
-from opforge.sql.physical.keys import key_tensor
+from opforge.sql.physical.keys import dense_ids, key_tensor
 from opforge.sql.physical.sort import sort_permutation
 from opforge.sql.plan import Frame, WindowCall, WindowFunctions
 
@@ -291,7 +291,7 @@ def _aggregate(call: WindowCall, x: Column | None, start, end, L: Layout, typ: T
     if whole:  # one reduction per partition, gathered onto its rows
         return _reduce(call.func, x, L.part_id, L.partitions, L.n, L.dev, typ, []).take(L.part_id)
     if call.func == "count_distinct":
-        raise SqlError("internal: count(DISTINCT) over a frame")  # the binder refuses it
+        return _running_distinct(x, start, end, L, from_start=f.start.kind == "unbounded_preceding")
     if call.func == "count_star":
         return Column(end - start, None, T.INT64)
     ok = x.valid_mask()
@@ -311,6 +311,19 @@ def _aggregate(call: WindowCall, x: Column | None, start, end, L: Layout, typ: T
         p = _prefix(v)
         return Column(p[end] - p[start], valid, typ)
     return _range_extreme(x, start, end, call.func, valid)
+
+
+def _running_distinct(x: Column, start, end, L: Layout, from_start: bool) -> Column:
+    """count(DISTINCT x) over frames that start at the partition's first row (``from_start``) or
+    end at its last: each value counts at its first (last) row in the partition, so the count is a
+    difference of prefix sums of those rows. The rows of one (partition, value) come from
+    ``group_by``; their first (last) position from ``segment_reduce``. NULLs never count."""
+    ok = x.valid_mask()
+    gid, groups = dense_ids([Column(L.part_id, None, T.INT64), Column(key_tensor(x), None, T.INT64)], L.n, L.dev)
+    pos = torch.where(ok, L.pos, torch.full_like(L.pos, L.n if from_start else -1))
+    edge = hashing.segment_reduce_dense(pos, gid, groups, "min" if from_start else "max")
+    counted = _prefix((ok & (edge[gid] == L.pos)).long())
+    return Column(counted[end] - counted[start], None, T.INT64)
 
 
 def _extreme(dtype: torch.dtype, for_min: bool):
