@@ -67,6 +67,7 @@ def check():
     "count(*) FILTER (WHERE s <> 'ant') OVER (ORDER BY id ROWS 3 PRECEDING) FROM w",
     "SELECT id, sum(x) OVER (ORDER BY id ROWS BETWEEN id % 4 PRECEDING AND (id * 7) % 3 FOLLOWING), "
     "max(id) OVER (ORDER BY f RANGE BETWEEN CURRENT ROW AND abs(f) FOLLOWING) FROM w",
+    "SELECT id, t FROM (SELECT id, sum(f) OVER (ORDER BY id ROWS coalesce(g, 0) PRECEDING) AS t FROM w)",
     "SELECT id, count(DISTINCT s) OVER (PARTITION BY g ORDER BY id), bool_and(x > 1) OVER (PARTITION BY g), "
     "count(DISTINCT f) OVER (ORDER BY x, id ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING), "
     "bool_or(s = 'cat') OVER (ORDER BY id ROWS 2 PRECEDING) FROM w",

@@ -391,7 +391,7 @@ def _prune(node: P.Node, need: set[int]) -> P.Node:
         if not calls:
             return _prune(node.child, need & _cids(node.child))
         child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(e for e, _, _ in node.order) \
-            | _refs(a for _, c in calls for a in c.args)
+            | _refs(a for _, c in calls for a in c.exprs())
         return dataclasses.replace(node, child=_prune(node.child, child_need), calls=calls)
     if isinstance(node, P.Join):
         n = need | _refs(node.left_keys) | _refs(node.right_keys) | _refs([node.residual])

@@ -164,6 +164,11 @@ class WindowCall:
     frame: Frame | None = None
     ignore_nulls: bool = False  # offset functions: skip rows whose value is NULL
 
+    def exprs(self) -> list[Expr]:
+        """Every expression the call reads: its arguments and its frame's offsets (per row)."""
+        bounds = [] if self.frame is None else [self.frame.start.offset, self.frame.end.offset]
+        return self.args + [e for e in bounds if e is not None]
+
     def __str__(self):
         f = f" {self.frame}" if self.frame is not None else ""
         nulls = " IGNORE NULLS" if self.ignore_nulls else ""

@@ -198,10 +198,6 @@ class WindowCollector:
             raise SqlError(f"window frame starting from the {where} cannot have preceding rows")
         if start.kind == "unbounded_preceding" and end.kind == "unbounded_following":
             return WHOLE
-        if unit == "range" and not keys and (start.kind == "current" or end.kind == "current"):
-            other = end if start.kind == "current" else start
-            if other.kind in ("unbounded_preceding", "unbounded_following", "current"):
-                return P.Frame("range", start, end)  # every row is a peer of every other
         return P.Frame(unit, start, end)
 
     def _bound(self, value, side, unit: str, keys, binder: ExprBinder) -> P.FrameBound:

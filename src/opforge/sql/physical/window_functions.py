@@ -116,7 +116,7 @@ def _ranking(func: str, args: list[Column], L: Layout) -> Column:
     if func == "rank":
         return Column(L.peer_begin - L.part_begin + 1, None, T.INT64)
     if func == "dense_rank":
-        return Column(L.peer_id - L.peer_id[L.part_begin] + 1, None, T.INT64) if L.n else Column(row, None, T.INT64)
+        return Column(L.peer_id - L.peer_id[L.part_begin] + 1, None, T.INT64)
     size = L.size.double()
     if func == "percent_rank":
         rank = (L.peer_begin - L.part_begin).double()
