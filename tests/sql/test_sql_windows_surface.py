@@ -122,6 +122,8 @@ def test_prefix_sums_run_the_triton_scan(check):
     ("SELECT count(DISTINCT x) OVER (ORDER BY id ROWS BETWEEN 2 PRECEDING AND 2 FOLLOWING) FROM w", "DISTINCT"),
     ("SELECT cume_dist(ORDER BY x) OVER (ORDER BY id) FROM w", "arguments"),
     ("SELECT string_agg(s, ',') OVER () FROM w", "window function"),
+    ("SELECT sum(x) OVER (ORDER BY x ROWS 1 PRECEDING) FROM (VALUES (4611686018427387904), (4611686018427387904)) v(x)",
+     "int64"),
 ])
 def test_refused_constructs_are_named(check, q, construct):
     check.reference(q)  # DuckDB answers: opforge must refuse, never answer wrongly

@@ -21,7 +21,7 @@ import torch
 from opforge.ops import hashing, scan
 from opforge.sql import types as T
 from opforge.sql.column import Column, unify_strings
-from opforge.sql.errors import SqlError
+from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Batch, cast_values, evaluate
 from opforge.sql.physical.aggregate import _reduce
 from opforge.sql.physical.context import ExecContext
@@ -308,6 +308,12 @@ def _aggregate(call: WindowCall, x: Column | None, start, end, L: Layout, typ: T
             s = p[end] - p[start]
             return Column(s / cnt.clamp(min=1) if call.func == "avg" else s, valid, T.FLOAT64)
         v = torch.where(ok, x.values.long(), torch.zeros((), dtype=torch.int64))
+        # the prefix sums may wrap around (two's complement: a difference is still exact) but a
+        # frame's own sum must fit int64 (DuckDB sums in 128 bits): refuse rather than wrap
+        lo, hi, longest = (int(t) for t in torch.stack([v.min(), v.max(), (end - start).max()]).tolist())
+        if max(-lo, hi) * longest >= 2 ** 63:
+            raise NotSupportedError(f"sum OVER a frame: the sums may not fit the int64 storage of {typ} "
+                                    "in this engine (DuckDB sums in 128 bits)")
         p = _prefix(v)
         return Column(p[end] - p[start], valid, typ)
     return _range_extreme(x, start, end, call.func, valid)
