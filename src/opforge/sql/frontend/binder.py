@@ -1,6 +1,8 @@
 """Query blocks -> logical plan: FROM/JOIN with a join order that avoids cross products, WHERE with
 subqueries (uncorrelated scalar subqueries evaluated first; EXISTS / IN / correlated scalar subqueries
-decorrelated into semi/anti/left joins on the correlation keys), GROUP BY/HAVING, ORDER BY, LIMIT, UNION, CTEs."""
+decorrelated into semi/anti/left joins on the correlation keys), GROUP BY (ALL, ROLLUP / CUBE / GROUPING SETS)
+/ HAVING, window functions (``windows.py``) and QUALIFY, ORDER BY [ALL], LIMIT, UNION / INTERSECT / EXCEPT
+(``set_operations.py``), VALUES in FROM, CTEs."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +15,9 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import result_type
@@ -92,14 +96,14 @@ class Binder:
         right, rs = self.bind_query(q.expression, parent)
         if len(left.outputs) != len(right.outputs):
             raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
-        types = [_set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
-        left, right = self._as_strings(left, types), self._as_strings(right, types)
+        types = [set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
+        left, right = as_strings(self, left, types), as_strings(self, right, types)
         outs = [self.new_col(a.name, t) for a, t in zip(left.outputs, types)]
         every = not q.args.get("distinct")
         if isinstance(q, exp.Union):
             node: P.Node = P.Union([left, right], outs, all=every)
         else:
-            node = self._intersect_except(left, right, outs, isinstance(q, exp.Intersect), every)
+            node = intersect_except(self, left, right, outs, isinstance(q, exp.Intersect), every)
         scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
         left_names = {o.name.lower() for o in outs}
         # ORDER BY may name a column by the right side's name too (DuckDB), the left's first
@@ -107,17 +111,6 @@ class Binder:
                        if r.name.lower() not in left_names]
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         return self._order_limit(q, node, outs, scope), scope
-
-    def _as_strings(self, node: P.Node, types: list[T.SqlType]) -> P.Node:
-        """``node`` with the columns that are to be strings (``types``) but are not cast to VARCHAR."""
-        if all(o.type.kind == "STRING" or t.kind != "STRING" for o, t in zip(node.outputs, types)):
-            return node
-        exprs = []
-        for o, t in zip(node.outputs, types):
-            ref = Ref(o.cid, o.type, o.name)
-            cast = t.kind == "STRING" and o.type.kind != "STRING"
-            exprs.append((self.new_col(o.name, t if cast else o.type), Func("to_string", [ref], t) if cast else ref))
-        return P.Project(node, exprs)
 
     def _order_limit(self, q, node: P.Node, outs: list[P.OutCol], scope: Scope) -> P.Node:
         """ORDER BY (output positions or expressions over the outputs) and LIMIT over ``node``."""
@@ -135,36 +128,6 @@ class Binder:
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
         return self._limit(q, node, scope)
-
-    def _intersect_except(self, left: P.Node, right: P.Node, outs: list[P.OutCol], intersect: bool,
-                          every: bool) -> P.Node:
-        """INTERSECT / EXCEPT as a grouping of both sides' rows, each tagged with its side (0 left,
-        1 right): a group (NULLs equal, as set operations compare) is kept when both sides have it
-        (INTERSECT) or only the left one (EXCEPT). With ALL, each row is numbered among its
-        duplicates on its side (row_number over the partition of all its columns) and the number is
-        part of the group: the k-th copy of a row pairs with the other side's k-th copy."""
-        sides = []
-        for tag, side in enumerate((left, right)):
-            refs = [Ref(o.cid, o.type, o.name) for o in side.outputs]
-            exprs = [(self.new_col(o.name, o.type), r) for o, r in zip(side.outputs, refs)]
-            if every:
-                rn = self.new_col("rn", T.INT64)
-                side = P.WindowFunctions(side, refs, [], [(rn, P.WindowCall("row_number", [], T.INT64))])
-                exprs.append((self.new_col("rn", T.INT64), Ref(rn.cid, rn.type, rn.name)))
-            exprs.append((self.new_col("side", T.INT32), Lit(tag, T.INT32)))
-            sides.append(P.Project(side, exprs))
-        both = P.Union(sides, [self.new_col(o.name, o.type) for o in sides[0].outputs], all=True)
-        cols = [Ref(o.cid, o.type, o.name) for o in both.outputs]
-        keys = [(self.new_col(r.name, r.type), r) for r in cols[:-1]]
-        lo, hi = self.new_col("lo", T.INT32), self.new_col("hi", T.INT32)
-        grouped = P.Aggregate(both, keys, [(lo, P.AggCall("min", cols[-1], T.INT32)),
-                                           (hi, P.AggCall("max", cols[-1], T.INT32))])
-        lo_ref, hi_ref = Ref(lo.cid, lo.type, lo.name), Ref(hi.cid, hi.type, hi.name)
-        if intersect:
-            keep = and_([cmp("=", lo_ref, Lit(0, T.INT32)), cmp("=", hi_ref, Lit(1, T.INT32))])
-        else:
-            keep = cmp("=", hi_ref, Lit(0, T.INT32))
-        return P.Project(P.Filter(grouped, keep), [(o, Ref(k.cid, k.type, k.name)) for o, (k, _) in zip(outs, keys)])
 
     def _limit(self, q, node, scope):
         lim, off = q.args.get("limit"), q.args.get("offset")
@@ -484,7 +447,7 @@ class Binder:
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
-        sets = _grouping_sets(group)
+        sets = grouping_sets(group)
         if sets is not None:
             return self._grouping_sets(q, node, scope, sets, distinct is not None), scope
         _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
@@ -687,39 +650,6 @@ def _group_aggregates(e: exp.Expression) -> list[exp.Expression]:
         if not any(isinstance(p, AGG_FUNCS) and not is_window_function(p) for p in above):
             out.append(a)
     return out
-
-
-def _set_type(a: T.SqlType, b: T.SqlType, what: str) -> T.SqlType:
-    """The type of a UNION / INTERSECT / EXCEPT column: as DuckDB, a string and a value of another
-    type meet as VARCHAR; otherwise their common type."""
-    if (a.kind == "STRING") != (b.kind == "STRING"):
-        return T.STRING
-    return _common([a, b], what)
-
-
-def _grouping_sets(group) -> list[list[exp.Expression]] | None:
-    """The grouping sets of a GROUP BY with ROLLUP / CUBE / GROUPING SETS (None without them): the
-    cross product of its terms' sets, a plain term being a set of one."""
-    if group is None or not any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
-        return None
-    sets: list[list[exp.Expression]] = [[]]
-    for g in group.expressions:
-        if isinstance(g, exp.Rollup):
-            options = [g.expressions[:i] for i in range(len(g.expressions), -1, -1)]
-        elif isinstance(g, exp.Cube):
-            n = len(g.expressions)
-            options = [[e for i, e in enumerate(g.expressions) if mask >> i & 1] for mask in range((1 << n) - 1, -1, -1)]
-        elif isinstance(g, exp.GroupingSets):
-            options = []
-            for item in g.expressions:
-                if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
-                    raise NotSupportedError(f"GROUPING SETS nested in GROUPING SETS: {item.sql(dialect='duckdb')}")
-                options.append(list(item.expressions) if isinstance(item, exp.Tuple)
-                               else [item.this] if isinstance(item, exp.Paren) else [item])
-        else:
-            options = [[g]]
-        sets = [s + o for s in sets for o in options]
-    return sets
 
 
 def _group_terms(group, items) -> list:
