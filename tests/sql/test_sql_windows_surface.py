@@ -134,6 +134,9 @@ def test_refused_constructs_are_named(check, q, construct):
 @pytest.mark.parametrize("q", [
     "SELECT id FROM w WHERE row_number() OVER () > 1",
     "SELECT sum(row_number() OVER ()) OVER () FROM w",
+    "SELECT g FROM w GROUP BY g HAVING rank() OVER (ORDER BY g) > 1",
+    "SELECT sum(rank() OVER ()) FROM w",
+    "SELECT g FROM w GROUP BY rank() OVER ()",
     "SELECT rank() OVER missing FROM w",
     "SELECT sum(x) OVER (ORDER BY s RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM w",
     "SELECT ntile(0) OVER (ORDER BY id) FROM w",

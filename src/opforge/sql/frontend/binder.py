@@ -517,7 +517,7 @@ class Binder:
             agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
         grouped = bool(agg_nodes) or group is not None or extra_keys
         windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
-        binder = ExprBinder(self, scope, windows=windows)
+        binder = ExprBinder(self, scope)  # windows only after GROUP BY and HAVING
         if grouped:
             keys = list(extra_keys)
             key_cids: dict[int, Ref] = {}
@@ -561,11 +561,12 @@ class Binder:
                 aggs.append((o, call))
                 seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
             node = P.Aggregate(node, keys, aggs)
-            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True, windows=windows)
+            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True)
             if having is not None:
                 node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
         elif having is not None:
             raise SqlError("HAVING without GROUP BY or aggregates")
+        binder.windows = windows
         bound_items = [(name, e if isinstance(e, Ref) else binder.bind(e)) for name, e in items]
         if grouped:
             for name, e in bound_items:
