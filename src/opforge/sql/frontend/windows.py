@@ -4,8 +4,9 @@ to ``plan.WindowCall``s, one ``plan.WindowFunctions`` node per distinct (PARTITI
 They are bound after GROUP BY / HAVING (their arguments may be aggregates: ``rank() OVER (ORDER
 BY sum(x))``) and run before QUALIFY, DISTINCT, ORDER BY and LIMIT, as in DuckDB. The default frame
 is DuckDB's: RANGE UNBOUNDED PRECEDING to CURRENT ROW with an ORDER BY, else the whole partition.
-What is refused (EXCLUDE, DISTINCT over a frame, RANGE offsets
-on non-numeric keys, other functions) raises ``NotSupportedError`` naming the construct."""
+What is refused (EXCLUDE, count(DISTINCT) over a frame bounded on both sides, RANGE offsets on
+non-numeric keys, DuckDB's ORDER BY inside a function's arguments, other functions) raises
+``NotSupportedError`` naming the construct; what DuckDB rejects raises ``SqlError``."""
 from __future__ import annotations
 
 from sqlglot import exp
