@@ -1,5 +1,5 @@
 """SQL tests run the hash ops (hash_join, group_by, segment_reduce, and the runtime filters'
-blocked_bloom_probe) through their plain-torch reference: the Triton interpreter takes seconds per
+blocked_bloom_probe) and the window functions' prefix sums (cumsum) through their plain-torch reference: the Triton interpreter takes seconds per
 call at TPC-H SF0.01 sizes. Tests marked ``triton_kernels`` keep dispatch's own choice, so under
 OPFORGE_INTERPRET=1 the SQL operators run the Triton hash kernels in the interpreter (on tiny
 tables)."""
@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe")
+HASH_OPS = ("hash_join", "group_by", "segment_reduce", "blocked_bloom_probe", "cumsum")
 
 
 def pytest_configure(config):

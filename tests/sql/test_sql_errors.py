@@ -35,16 +35,16 @@ def test_ambiguous_column(con):
 
 
 @pytest.mark.parametrize("q, construct", [
-    ("SELECT l_quantity FROM lineitem INTERSECT SELECT l_quantity FROM lineitem", "INTERSECT"),
-    ("SELECT sum(l_quantity) OVER () FROM lineitem", "Window"),
+    ("SELECT l_comment, grouping(l_comment) FROM lineitem GROUP BY ROLLUP (l_comment)", "Grouping"),
+    ("SELECT median(l_quantity) OVER () FROM lineitem", "window function median"),
     ("WITH RECURSIVE r AS (SELECT 1) SELECT * FROM r", "RECURSIVE"),
     ("SELECT l_comment ILIKE 'a' FROM lineitem", "ILike"),
     ("SELECT CAST(l_comment AS INTEGER) FROM lineitem", "CAST"),
     ("INSERT INTO lineitem VALUES (1, 2, 'c')", "Insert"),
     ("SELECT * FROM lineitem POSITIONAL JOIN lineitem b", "POSITIONAL"),
-    ("SELECT l_comment FROM lineitem GROUP BY ROLLUP (l_comment)", "Rollup"),
-    ("SELECT l_comment FROM lineitem GROUP BY ALL", "ALL"),
-    ("SELECT l_comment FROM lineitem QUALIFY l_quantity > 1", "QUALIFY"),
+    ("SELECT l_comment FROM lineitem GROUP BY GROUPING SETS (ROLLUP (l_comment))", "GROUPING SETS"),
+    ("SELECT cume_dist(ORDER BY l_quantity) OVER () FROM lineitem", "arguments to window function cume_dist"),
+    ("SELECT sum(l_quantity) OVER (ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING EXCLUDE TIES) FROM lineitem", "EXCLUDE"),
     ("SELECT l_comment FROM lineitem, LATERAL (SELECT 1)", "Lateral"),
     ("SELECT sum(DISTINCT l_quantity) FROM lineitem", "DISTINCT"),
     ("SELECT l_comment FROM lineitem a WHERE l_quantity > 0 OR EXISTS (SELECT 1 FROM lineitem b WHERE b.l_comment = a.l_comment)", "EXISTS"),

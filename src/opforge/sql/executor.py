@@ -30,6 +30,7 @@ from opforge.sql.physical.scan import run_scan
 from opforge.sql.physical.sort import run_sort
 from opforge.sql.physical.topk import run_topk
 from opforge.sql.physical.union import run_union
+from opforge.sql.physical.window_functions import run_window_functions
 from opforge.sql.profile import Profiler, batch_bytes
 
 
@@ -103,6 +104,8 @@ class Executor:
             return run_aggregate(node, inputs[0], ctx)
         if isinstance(node, P.Window):
             return run_window(node, inputs[0], ctx)
+        if isinstance(node, P.WindowFunctions):
+            return run_window_functions(node, inputs[0], ctx)
         if isinstance(node, P.Join):
             if is_keyless(node) and ctx.workers == 1:
                 return run_keyless_join(node, inputs[0], inputs[1], ctx)

@@ -227,6 +227,8 @@ def _topk(node: P.Node) -> P.Node:
         return P.Limit(_topk(node.child), node.limit, node.offset)
     if isinstance(node, P.Distinct):
         return P.Distinct(_topk(node.child))
+    if isinstance(node, P.WindowFunctions):
+        return dataclasses.replace(node, child=_topk(node.child))
     return node
 
 
@@ -293,6 +295,8 @@ def _fold(node, device):
         return P.Union([_fold(c, device) for c in node.children], node.outputs, node.all)
     if isinstance(node, P.Scan):
         return P.Scan(node.table, node.outputs, [f(e) for e in node.filters])
+    if isinstance(node, P.WindowFunctions):
+        return dataclasses.replace(node, child=_fold(node.child, device))
     return node
 
 
@@ -351,6 +355,13 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         return P.Distinct(_push(node.child, preds))
     if isinstance(node, P.Limit):
         return _wrap(P.Limit(_push(node.child, []), node.limit, node.offset), preds)
+    if isinstance(node, P.WindowFunctions):
+        # a predicate over partition keys only keeps or drops whole partitions: the windows of the
+        # partitions kept are the same, so it filters below them
+        keys = {e.cid for e in node.partition if isinstance(e, Ref)}
+        down = [p for p in preds if p.cids() and p.cids() <= keys]
+        stay = [p for p in preds if p not in down]
+        return _wrap(dataclasses.replace(node, child=_push(node.child, down)), stay)
     if isinstance(node, P.Union):
         return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
     return _wrap(node, preds)
@@ -375,6 +386,13 @@ def _prune(node: P.Node, need: set[int]) -> P.Node:
         aggs = [(o, c) for o, c in node.aggs if o.cid in need]
         child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(c.arg for _, c in aggs)
         return P.Window(_prune(node.child, child_need), node.partition, aggs)
+    if isinstance(node, P.WindowFunctions):
+        calls = [(o, c) for o, c in node.calls if o.cid in need]
+        if not calls:
+            return _prune(node.child, need & _cids(node.child))
+        child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(e for e, _, _ in node.order) \
+            | _refs(a for _, c in calls for a in c.exprs())
+        return dataclasses.replace(node, child=_prune(node.child, child_need), calls=calls)
     if isinstance(node, P.Join):
         n = need | _refs(node.left_keys) | _refs(node.right_keys) | _refs([node.residual])
         return P.Join(_prune(node.left, n & _cids(node.left)), _prune(node.right, n & _cids(node.right)),

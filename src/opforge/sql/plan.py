@@ -128,6 +128,73 @@ class Window(Unary):
         return f"Window partition=[{k}] aggs=[{a}]"
 
 
+@dataclass(frozen=True)
+class FrameBound:
+    """One end of a window frame: ``kind`` is unbounded_preceding, preceding, current, following or
+    unbounded_following; ``offset`` the n of n PRECEDING / FOLLOWING (an expression, per row)."""
+    kind: str
+    offset: Expr | None = None
+
+    def __str__(self):
+        words = {"unbounded_preceding": "UNBOUNDED PRECEDING", "current": "CURRENT ROW",
+                 "unbounded_following": "UNBOUNDED FOLLOWING"}
+        return words.get(self.kind) or f"{self.offset} {self.kind.upper()}"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A window frame (``unit``: rows, range or groups) between two bounds."""
+    unit: str
+    start: FrameBound
+    end: FrameBound
+
+    def __str__(self):
+        return f"{self.unit.upper()} BETWEEN {self.start} AND {self.end}"
+
+
+@dataclass(eq=False)
+class WindowCall:
+    """One window function: ``func`` is a ranking function (row_number rank dense_rank percent_rank
+    cume_dist ntile), an offset function (lag lead first_value last_value nth_value) or an
+    aggregate (count count_star count_distinct sum avg min max); ``frame`` None for the ranking and
+    lag / lead functions, which ignore it."""
+    func: str
+    args: list[Expr]
+    type: T.SqlType
+    frame: Frame | None = None
+    ignore_nulls: bool = False  # offset functions: skip rows whose value is NULL
+
+    def exprs(self) -> list[Expr]:
+        """Every expression the call reads: its arguments and its frame's offsets (per row)."""
+        bounds = [] if self.frame is None else [self.frame.start.offset, self.frame.end.offset]
+        return self.args + [e for e in bounds if e is not None]
+
+    def __str__(self):
+        f = f" {self.frame}" if self.frame is not None else ""
+        nulls = " IGNORE NULLS" if self.ignore_nulls else ""
+        return f"{self.func}({', '.join(str(a) for a in self.args)}){nulls}{f}"
+
+
+@dataclass(eq=False)
+class WindowFunctions(Unary):
+    """SQL's ``f(...) OVER (PARTITION BY ... ORDER BY ...)`` for calls sharing one partitioning and
+    order: the child's rows (in no particular order) with one more column per call."""
+    child: Node
+    partition: list[Expr]
+    order: list[tuple[Expr, bool, bool]]  # expr, descending, nulls_first
+    calls: list[tuple[OutCol, WindowCall]]
+
+    @property
+    def outputs(self):
+        return self.child.outputs + [o for o, _ in self.calls]
+
+    def describe(self):
+        k = ", ".join(str(e) for e in self.partition)
+        o = ", ".join(f"{e} {'DESC' if d else 'ASC'}{' NULLS FIRST' if nf else ''}" for e, d, nf in self.order)
+        c = ", ".join(f"{oc.name}#{oc.cid}={call}" for oc, call in self.calls)
+        return f"WindowFunctions partition=[{k}] order=[{o}] calls=[{c}]"
+
+
 @dataclass(eq=False)
 class Join(Node):
     left: Node

@@ -31,6 +31,7 @@ def test_values_compare_as_sqllogictest_does():
     assert runner.values_match("0.3333333333333333", "0.333333")
     assert not runner.values_match("0.34", "0.3")
     assert runner.values_match("true", "1") and not runner.values_match("false", "1")
+    assert runner.values_match("false", "False") and not runner.values_match("1", "abc")
     assert not runner.values_match("NULL", "0")
     assert runner.value_text("") == "(empty)" and runner.value_text(None) == "NULL"
 

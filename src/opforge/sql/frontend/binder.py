@@ -1,6 +1,8 @@
 """Query blocks -> logical plan: FROM/JOIN with a join order that avoids cross products, WHERE with
 subqueries (uncorrelated scalar subqueries evaluated first; EXISTS / IN / correlated scalar subqueries
-decorrelated into semi/anti/left joins on the correlation keys), GROUP BY/HAVING, ORDER BY, LIMIT, UNION, CTEs."""
+decorrelated into semi/anti/left joins on the correlation keys), GROUP BY (ALL, ROLLUP / CUBE / GROUPING SETS)
+/ HAVING, window functions (``windows.py``) and QUALIFY, ORDER BY [ALL], LIMIT, UNION / INTERSECT / EXCEPT
+(``set_operations.py``), VALUES in FROM, CTEs."""
 from __future__ import annotations
 
 import itertools
@@ -13,8 +15,11 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
+from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import result_type
 
 
@@ -78,27 +83,41 @@ class Binder:
         bound in place (no block below reads the clause), not deep-copied without it."""
         if isinstance(q, exp.Subquery):
             return self.bind_query(q.this, parent)
-        if isinstance(q, exp.Union):
-            return self._union(q, parent)
-        if isinstance(q, (exp.Intersect, exp.Except)):
-            raise NotSupportedError(type(q).__name__.upper())
+        if isinstance(q, (exp.Union, exp.Intersect, exp.Except)):
+            return self._set_operation(q, parent)
         if isinstance(q, exp.Select):
             return self._select(q, parent)
         raise NotSupportedError(f"statement {type(q).__name__}")
 
-    def _union(self, q: exp.Union, parent):
+    def _set_operation(self, q: exp.Expression, parent):
+        """UNION / INTERSECT / EXCEPT [ALL], then the ORDER BY and LIMIT that follow them."""
+        what = type(q).__name__.upper()
         left, ls = self.bind_query(q.this, parent)
         right, rs = self.bind_query(q.expression, parent)
         if len(left.outputs) != len(right.outputs):
-            raise SqlError(f"UNION: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
-        outs = [self.new_col(a.name, _common([a.type, b.type], "UNION")) for a, b in zip(left.outputs, right.outputs)]
-        node: P.Node = P.Union([left, right], outs, all=not q.args.get("distinct"))
+            raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
+        types = [set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
+        left, right = as_strings(self, left, types), as_strings(self, right, types)
+        outs = [self.new_col(a.name, t) for a, t in zip(left.outputs, types)]
+        every = not q.args.get("distinct")
+        if isinstance(q, exp.Union):
+            node: P.Node = P.Union([left, right], outs, all=every)
+        else:
+            node = intersect_except(self, left, right, outs, isinstance(q, exp.Intersect), every)
         scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], parent)
+        left_names = {o.name.lower() for o in outs}
+        # ORDER BY may name a column by the right side's name too (DuckDB), the left's first
+        scope.cols += [ScopeCol("", r.name, o.cid, o.type) for o, r in zip(outs, right.outputs)
+                       if r.name.lower() not in left_names]
         scope.outer_refs = ls.outer_refs + rs.outer_refs
+        return self._order_limit(q, node, outs, scope), scope
+
+    def _order_limit(self, q, node: P.Node, outs: list[P.OutCol], scope: Scope) -> P.Node:
+        """ORDER BY (output positions or expressions over the outputs) and LIMIT over ``node``."""
         order = q.args.get("order")
         if order is not None:
             keys = []
-            for o in order.expressions:
+            for o in _order_terms(order, len(outs)):
                 e = o.this
                 idx = _order_position(e, len(outs), self.order_by_literals)
                 if idx is not None:
@@ -108,8 +127,7 @@ class Binder:
                     ref = ExprBinder(self, scope).bind(e)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
-        node = self._limit(q, node, scope)
-        return node, scope
+        return self._limit(q, node, scope)
 
     def _limit(self, q, node, scope):
         lim, off = q.args.get("limit"), q.args.get("offset")
@@ -171,7 +189,31 @@ class Binder:
             return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
         if isinstance(t, exp.Subquery):
             return self._derived(t.this, alias, t, [])
+        if isinstance(t, exp.Values):
+            return self._values(t, alias or "valueslist")
         raise NotSupportedError(f"FROM item {type(t).__name__}: {t.sql(dialect='duckdb')}")
+
+    def _values(self, t: exp.Values, alias: str):
+        """``(VALUES (1, 'a'), (2, 'b')) v(x, y)``: one constant row per tuple, UNION ALL'ed; each
+        column of the values' common type, named by the alias list else col0, col1, ... (DuckDB)."""
+        binder = ExprBinder(self, Scope())
+        rows = [[binder.bind(v) for v in (r.expressions if isinstance(r, exp.Tuple) else [r])] for r in t.expressions]
+        width = len(rows[0])
+        if any(len(r) != width for r in rows):
+            raise SqlError("VALUES lists must all be the same length")
+        ta = t.args.get("alias")
+        names = [c.name for c in ta.columns] if ta is not None and ta.columns else []
+        if len(names) > width:
+            raise SqlError(f"{alias}: {len(names)} column names given for {width} columns")
+        names += [f"col{i}" for i in range(len(names), width)]
+        types = [_common([r[i].type for r in rows if not (isinstance(r[i], Lit) and r[i].value is None)], "VALUES")
+                 for i in range(width)]
+        children = []
+        for r in rows:
+            exprs = [Lit(None, typ) if isinstance(e, Lit) and e.value is None else e for e, typ in zip(r, types)]
+            children.append(P.Project(P.OneRow(), [(self.new_col(n, e.type), e) for n, e in zip(names, exprs)]))
+        outs = [self.new_col(n, typ) for n, typ in zip(names, types)]
+        return P.Union(children, outs, all=True), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
 
     def _derived(self, query, alias, t, column_names: list[str]):
         node, _ = self.bind_query(query, None)
@@ -196,7 +238,7 @@ class Binder:
             if q.args.get("joins"):
                 raise SqlError("JOIN without FROM")
             return P.OneRow(), where_parts, []
-        if isinstance(frm.this, exp.Values) or frm.expressions:
+        if frm.expressions:
             raise NotSupportedError(f"FROM {frm.sql()}")
         node, cols = self._relation(frm.this, scope.parent)
         scope.cols += cols
@@ -385,15 +427,15 @@ class Binder:
 
     # --------------------------------------------------------------------------------------- SELECT
     _SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "group", "having", "order", "limit",
-                    "offset", "distinct", "kind", "hint", "with_", "with"}
+                    "offset", "distinct", "kind", "hint", "with_", "with", "qualify", "windows"}
 
     def _select(self, q: exp.Select, parent):
         for key, value in q.args.items():
             if value not in (None, False, []) and key not in self._SELECT_ARGS:
                 raise NotSupportedError(f"SELECT clause {key.rstrip('_').upper()}")
         group = q.args.get("group")
-        if group is not None and any(v for k, v in group.args.items() if k != "expressions"):
-            raise NotSupportedError(f"GROUP BY {', '.join(k.upper() for k, v in group.args.items() if v and k != 'expressions')}")
+        if group is not None and any(v for k, v in group.args.items() if k not in ("expressions", "all")):
+            raise NotSupportedError(f"GROUP BY {', '.join(k.upper() for k, v in group.args.items() if v and k not in ('expressions', 'all'))}")
         scope = Scope(parent=parent)
         node, rest, correlated = self._from(q, scope)
         if correlated:
@@ -405,8 +447,31 @@ class Binder:
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
+        sets = grouping_sets(group)
+        if sets is not None:
+            return self._grouping_sets(q, node, scope, sets, distinct is not None), scope
         _, proj = self._aggregate_project(q, node, scope, extra_keys=[], distinct=distinct is not None)
         return self._limit(q, proj, scope), scope
+
+    def _grouping_sets(self, q, node, scope, sets: list[list[exp.Expression]], distinct: bool) -> P.Node:
+        """GROUP BY ROLLUP / CUBE / GROUPING SETS: the select block once per grouping set, the keys
+        outside the set NULL, UNION ALL'ed; then DISTINCT, ORDER BY (over the outputs) and LIMIT."""
+        terms = list({self.sql_text(t): t for s in sets for t in s}.values())
+        block = q.copy()
+        for clause in ("order", "limit", "offset", "distinct"):
+            block.set(clause, None)
+        projs = []
+        for s in sets:
+            inside = {self.sql_text(t) for t in s}
+            nulls = [t for t in terms if self.sql_text(t) not in inside]
+            projs.append(self._aggregate_project(block, node, scope, [], group_terms=s, null_terms=nulls)[1])
+        first = projs[0].outputs
+        outs = [self.new_col(o.name, _common([p.outputs[i].type for p in projs], "GROUPING SETS"))
+                for i, o in enumerate(first)]
+        out: P.Node = P.Union(projs, outs, all=True)
+        if distinct:
+            out = P.Distinct(out)
+        return self._order_limit(q, out, outs, Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent))
 
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
@@ -431,27 +496,28 @@ class Binder:
             raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
-    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False):
+    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=()):
+        """``group_terms``: the GROUP BY terms (default: the query's); ``null_terms``: grouping-set
+        keys left out of this set, NULL in its rows."""
         items = self._select_items(q, scope)
         having = q.args.get("having")
-        order = q.args.get("order")
+        qualify = q.args.get("qualify")
+        order_terms = _order_terms(q.args.get("order"), len(items))
         group = q.args.get("group")
         alias_map = {name.lower(): e for name, e in items if isinstance(e, exp.Expression)}
-        agg_nodes = []
         sources = [e for _, e in items if isinstance(e, exp.Expression)]
         if having is not None:
             sources.append(_expand_aliases(having.this, alias_map, scope))
-        if order is not None:
-            sources += [o.this for o in order.expressions]
+        if qualify is not None:
+            qualify = _expand_aliases(qualify.this, alias_map, scope)
+            sources.append(qualify)
+        sources += [o.this for o in order_terms]
+        agg_nodes = []
         for s in sources:
-            for a in s.find_all(*AGG_FUNCS):
-                above = _ancestors(a, s)
-                if any(isinstance(p, (exp.Subquery, exp.Select, exp.Exists)) for p in above):
-                    continue  # belongs to a subquery's own block
-                if not any(a is b for b in agg_nodes) and not any(isinstance(p, AGG_FUNCS) for p in above):
-                    agg_nodes.append(a)
+            agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
         grouped = bool(agg_nodes) or group is not None or extra_keys
-        binder = ExprBinder(self, scope)
+        windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
+        binder = ExprBinder(self, scope)  # windows only after GROUP BY and HAVING
         if grouped:
             keys = list(extra_keys)
             key_cids: dict[int, Ref] = {}
@@ -459,7 +525,8 @@ class Binder:
             for o, e in keys:
                 if isinstance(e, Ref):
                     key_cids[e.cid] = Ref(o.cid, o.type, o.name)
-            for g in (group.expressions if group is not None else []):
+            terms = _group_terms(group, items) if group_terms is None else group_terms
+            for g, null in [(g, False) for g in terms] + [(g, True) for g in null_terms]:
                 gexpr = g
                 if isinstance(g, exp.Literal) and not g.is_string:
                     gexpr = items[int(g.this) - 1][1]
@@ -471,9 +538,12 @@ class Binder:
                 else:
                     bound = binder.bind(gexpr)
                 name = gexpr.name if isinstance(gexpr, exp.Column) else (self.sql_text(gexpr) if isinstance(gexpr, exp.Expression) else gexpr.name)
-                o = self.new_col(name, bound.type)
-                keys.append((o, bound))
-                ref = Ref(o.cid, o.type, o.name)
+                if null:
+                    ref = Lit(None, bound.type)
+                else:
+                    o = self.new_col(name, bound.type)
+                    keys.append((o, bound))
+                    ref = Ref(o.cid, o.type, o.name)
                 if isinstance(bound, Ref):
                     key_cids[bound.cid] = ref
                 if isinstance(gexpr, exp.Expression):
@@ -496,6 +566,7 @@ class Binder:
                 node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
         elif having is not None:
             raise SqlError("HAVING without GROUP BY or aggregates")
+        binder.windows = windows
         bound_items = [(name, e if isinstance(e, Ref) else binder.bind(e)) for name, e in items]
         if grouped:
             for name, e in bound_items:
@@ -504,9 +575,10 @@ class Binder:
         outs = [self.new_col(name, e.type) for name, e in bound_items]
         # extra keys (decorrelation) are carried as leading outputs
         key_outs = [(o, Ref(o.cid, o.type, o.name)) for o, _ in extra_keys]
+        qualify = None if qualify is None else binder.bind(qualify)
         sort_keys = []
-        if order is not None:
-            for o in order.expressions:
+        if order_terms:
+            for o in order_terms:
                 e = o.this
                 idx = _order_position(e, len(bound_items), self.order_by_literals)
                 if idx is not None:
@@ -523,6 +595,13 @@ class Binder:
                             pos = i
                 sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        if qualify is not None and not windows:
+            raise SqlError("QUALIFY: at least one window function must appear in the SELECT list or QUALIFY clause")
+        node = windows.plan(node)
+        if qualify is not None:
+            if qualify.type.kind != "BOOL":
+                raise SqlError(f"QUALIFY: expected a boolean, got {qualify.type}")
+            node = P.Filter(node, qualify)
         if distinct:
             proj = P.Distinct(P.Project(node, proj_exprs))
             if sort_keys:
@@ -556,6 +635,44 @@ class Binder:
         if name in ("sum", "avg") and e.type.kind == "BOOL":
             e = Func("cast", [e], T.INT32)
         return P.AggCall(name, e, result_type(name, e.type))
+
+
+def _group_aggregates(e: exp.Expression) -> list[exp.Expression]:
+    """The aggregates of ``e`` that belong to its block's GROUP BY: not in a subquery, not inside
+    another aggregate, and not the function of an OVER clause (``sum`` of ``sum(x) OVER ()``, whose
+    arguments may hold group aggregates: ``sum(sum(x)) OVER ()``)."""
+    out = []
+    for a in e.find_all(*AGG_FUNCS):
+        if is_window_function(a):
+            continue
+        above = _ancestors(a, e)
+        if any(isinstance(p, (exp.Subquery, exp.Select, exp.Exists)) for p in above):
+            continue  # belongs to a subquery's own block
+        if not any(isinstance(p, AGG_FUNCS) and not is_window_function(p) for p in above):
+            out.append(a)
+    return out
+
+
+def _group_terms(group, items) -> list:
+    """GROUP BY's terms; GROUP BY ALL: every select item without an aggregate or a window (DuckDB)."""
+    if group is None:
+        return []
+    if not group.args.get("all"):
+        return group.expressions
+    return [e for _, e in items
+            if not (isinstance(e, exp.Expression) and (_group_aggregates(e) or e.find(exp.Window)))]
+
+
+def _order_terms(order, n: int) -> list[exp.Ordered]:
+    """ORDER BY's terms; ORDER BY ALL [DESC]: every select item, left to right (DuckDB)."""
+    if order is None:
+        return []
+    terms = order.expressions
+    if len(terms) == 1 and isinstance(terms[0].this, exp.Var) and terms[0].this.name.upper() == "ALL":
+        t = terms[0]
+        return [exp.Ordered(this=exp.Literal.number(i + 1), desc=t.args.get("desc"),
+                            nulls_first=t.args.get("nulls_first")) for i in range(n)]
+    return terms
 
 
 def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], scope: Scope) -> exp.Expression:

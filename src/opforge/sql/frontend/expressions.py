@@ -89,8 +89,10 @@ class ExprBinder:
     `key_cids` maps input cid -> group-key Ref; `agg_mode` rejects columns that are not group keys."""
 
     def __init__(self, query_binder, scope: Scope, replace: dict[str, Ref] | None = None,
-                 key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None):
+                 key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None,
+                 windows=None):
         self.qb, self.scope = query_binder, scope
+        self.windows = windows  # frontend.windows.WindowCollector where OVER is allowed (SELECT, QUALIFY, ORDER BY)
         self.replace = replace or {}
         self.key_cids = key_cids or {}
         self.agg_mode = agg_mode
@@ -113,6 +115,12 @@ class ExprBinder:
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
             raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
         return method(node)
+
+    def _Window(self, node):
+        if self.windows is None:
+            raise SqlError(f"window functions are not allowed here (only in SELECT, QUALIFY and ORDER BY): "
+                           f"{node.sql(dialect='duckdb')}")
+        return self.windows.bind(node, self)
 
     # -- leaves ------------------------------------------------------------------------------------------
     def _Column(self, node):
