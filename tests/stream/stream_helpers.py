@@ -53,7 +53,7 @@ class Avg(AggregateFunction):
         return (a[0] + b[0], a[1] + b[1])
 
 
-def reference_outputs(job, events, batch_size: int, watermark_granularity: str = "batch"):
+def reference_outputs(job, events, batch_size: int, watermark_granularity: str = "record"):
     """The (record, timestamp) multiset that the record-at-a-time reference
     executor gives for ``job(env, events)``'s sink. Batch granularity by
     default: the joins compared with it split one source batch into their

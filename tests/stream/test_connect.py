@@ -76,11 +76,11 @@ def test_connected_timers_match_the_reference(parallelism, batch_size):
         odds = src.filter(lambda r: r[1] % 2 != 0).set_parallelism(1)
         return evens.connect(odds).key_by(0, 0).process(Race()).collect()
 
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = job(env)
     env.execute()
     # two inputs from one source: batch granularity, see stream_helpers.reference_outputs
-    ref_env = StreamExecutionEnvironment(batch_size=batch_size, watermark_granularity="batch")
+    ref_env = StreamExecutionEnvironment(batch_size=batch_size)
     ref_sink = job(ref_env)
     want = multiset(run_reference(ref_env)[ref_sink])
     assert multiset(zip(sink.records(), sink.timestamps())) == want

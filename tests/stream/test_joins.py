@@ -29,7 +29,7 @@ def two_sides(env, events, bound=BOUND):
 def engine(job, events, parallelism, batch_size):
     # batch granularity: a source batch split into a join's two inputs reaches it input by input, while
     # the reference interleaves the records (record watermarks would tell the two orders apart)
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = job(env, events)
     env.execute()
     return multiset(zip(sink.records(), sink.timestamps()))

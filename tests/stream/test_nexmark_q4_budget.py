@@ -39,8 +39,7 @@ def of(tiers, kind):
 
 
 def engine(config, batch_size, budget=None, parallelism=2, source=None):
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size,
-                                     watermark_granularity="batch")  # as test_columnar_joins.nexmark
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     if budget is not None:
         env.set_state_budget(*budget)
     sink = (q4(env, config) if source is None else q4(env, config, source=source)).collect()

@@ -144,7 +144,7 @@ def test_process_function_and_rolling_outputs_match_reference(parallelism, batch
                 ks.max(1).collect(), ks.reduce(lambda a, b: (a[0], a[1] - b[1], b[2])).collect()]
 
     # batch granularity: on several subtasks record watermarks differ from the reference's here (open: issue 26)
-    granularity = "record" if parallelism == 1 else "batch"
+    granularity = "record"
     env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity=granularity)
     sinks = job(env)
     env.execute()

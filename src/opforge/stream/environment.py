@@ -28,6 +28,7 @@ from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
 from opforge.stream.sources import ArrowSource, CollectionSource, IteratorSource, Source
 from opforge.stream.time import WATERMARK_GRANULARITIES, SystemClock, WatermarkStrategy
+from opforge.stream.types import checked_type
 
 
 class StreamExecutionEnvironment:
@@ -67,7 +68,7 @@ class StreamExecutionEnvironment:
         return t
 
     def from_source(self, source: Source, watermark_strategy: WatermarkStrategy | None = None,
-                    source_name: str = "Source") -> DataStream:
+                    source_name: str = "Source", type_info=None) -> DataStream:
         if not isinstance(source, Source):
             raise TypeError(f"from_source: expected a Source, got {type(source).__name__}")
         strategy = watermark_strategy or WatermarkStrategy.no_watermarks()
@@ -76,14 +77,22 @@ class StreamExecutionEnvironment:
         p = self.parallelism if source.max_parallelism is None else min(self.parallelism, source.max_parallelism)
         t = self._add_transformation("source", source_name,
                                      {"source": source, "watermark_strategy": strategy,
-                                      "max_parallelism": source.max_parallelism}, [], p)
+                                      "max_parallelism": source.max_parallelism,
+                                      "output_type": checked_type(type_info, f"{source_name}(type_info=...)")},
+                                     [], p)
         return DataStream(self, t)
 
-    def from_collection(self, collection, watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
-        """A non-parallel source over a Python sequence (Flink's fromCollection)."""
-        src = CollectionSource(collection)
-        src.max_parallelism = 1
-        return self.from_source(src, watermark_strategy, "Collection Source")
+    def from_collection(self, collection, type_info=None,
+                        watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
+        """A source over a Python sequence (Flink's fromCollection): one subtask,
+        unless ``set_parallelism(n)`` deals its micro-batches round-robin to ``n``.
+        ``type_info``: a ``Types`` value the records are checked and shaped by
+        (a WatermarkStrategy in its place is taken as ``watermark_strategy``)."""
+        if isinstance(type_info, WatermarkStrategy):
+            type_info, watermark_strategy = None, type_info
+        stream = self.from_source(CollectionSource(collection), watermark_strategy, "Collection Source", type_info)
+        stream.transformation.parallelism = 1
+        return stream
 
     def from_iterator(self, factory, watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
         return self.from_source(IteratorSource(factory), watermark_strategy, "Iterator Source")

@@ -27,6 +27,45 @@ NO_TIMESTAMP = -(2**63)
 """The timestamp of a record that has none (Flink's ``Long.MIN_VALUE``)."""
 
 
+class Row(tuple):
+    """PyFlink's ``Row``: positional (``Row(1, "a")``, fields ``f0, f1, ...``)
+    or named (``Row(id=1, name="a")``: ``row.name``, ``row["name"]``, and the
+    names become the stream's column names). Equal to the tuple of its values."""
+
+    def __new__(cls, *values, **named):
+        if values and named:
+            raise TypeError("Row: give the values by position or by name, not both")
+        row = super().__new__(cls, tuple(named.values()) if named else values)
+        row._names = tuple(named) if named else None
+        return row
+
+    def __getnewargs_ex__(self):
+        return ((), dict(zip(self._names, self))) if self._names is not None else (tuple(self), {})
+
+    def __getattr__(self, name):
+        names = self.__dict__.get("_names")
+        if names is not None and name in names:
+            return tuple.__getitem__(self, names.index(name))
+        raise AttributeError(f"Row has no field {name!r} (fields: {list(names or ())})")
+
+    def __getitem__(self, item):
+        if isinstance(item, str):
+            if self._names is None or item not in self._names:
+                raise KeyError(f"Row has no field {item!r} (fields: {list(self._names or ())})")
+            item = self._names.index(item)
+        return tuple.__getitem__(self, item)
+
+    def as_dict(self) -> dict:
+        if self._names is None:
+            raise TypeError("Row.as_dict: the row's fields have no names (make it as Row(name=value, ...))")
+        return dict(zip(self._names, self))
+
+    def __repr__(self) -> str:
+        if self._names is None:
+            return f"Row({', '.join(map(repr, self))})"
+        return f"Row({', '.join(f'{n}={v!r}' for n, v in zip(self._names, self))})"
+
+
 @dataclass(frozen=True)
 class RecordSchema:
     """How records look: ``kind`` in tuple / dict / dataclass / value, the
@@ -42,6 +81,12 @@ class RecordSchema:
 
     @staticmethod
     def of(record: Any) -> "RecordSchema":
+        if isinstance(record, Row):
+            names = record._names
+            return RecordSchema("named_row", names) if names is not None else \
+                RecordSchema("row", tuple(f"f{i}" for i in range(len(record))))
+        if isinstance(record, list):
+            return RecordSchema("list", tuple(f"f{i}" for i in range(len(record))))
         if isinstance(record, tuple) and not hasattr(record, "_fields"):
             return RecordSchema("tuple", tuple(f"f{i}" for i in range(len(record))))
         if isinstance(record, tuple):  # namedtuple: fields by name
@@ -60,6 +105,12 @@ class RecordSchema:
                 if not isinstance(record, tuple) or len(record) != len(self.names):
                     raise ValueError
                 return record
+            if self.kind in ("list", "row", "named_row"):
+                want = {"list": list, "row": Row, "named_row": Row}[self.kind]
+                if not isinstance(record, want) or len(record) != len(self.names) or \
+                        (self.kind == "named_row" and record._names != self.names):
+                    raise ValueError
+                return tuple(record)
             if self.kind == "namedtuple":
                 if type(record) is not self.cls:
                     raise ValueError
@@ -80,6 +131,12 @@ class RecordSchema:
             return tuple(values)
         if self.kind == "dict":
             return dict(zip(self.names, values))
+        if self.kind == "list":
+            return list(values)
+        if self.kind == "row":
+            return Row(*values)
+        if self.kind == "named_row":
+            return Row(**dict(zip(self.names, values)))
         if self.kind in ("dataclass", "namedtuple"):
             return self.cls(*values)
         return values[0]

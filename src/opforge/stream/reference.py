@@ -50,6 +50,9 @@ class _Node:
         self.key = next((i.key for i in t.inputs if i.key is not None), None)
 
     def emit(self, record, ts, tag=None):
+        output_type = self.t.params.get("output_type")
+        if tag is None and output_type is not None:
+            record = output_type.conform(record, self.t.name)
         for node, t, input_index in self.outputs:
             if t == tag:
                 node.element_from(input_index, record, ts)
@@ -389,6 +392,33 @@ class _WinCtx:
         return self._wm
 
 
+class _Timestamps(_Node):
+    """``assign_timestamps_and_watermarks``: its own timestamps and watermarks;
+    upstream's are dropped but the end of input's."""
+
+    def open(self):
+        self.strategy = self.t.params["watermark_strategy"]
+        self.max_ts, self.emitted = MIN_WATERMARK, MIN_WATERMARK
+
+    def element(self, record, ts):
+        a = self.strategy.timestamp_assigner
+        if isinstance(a, str):
+            ts = int(field_of(record, a, self.t.name))
+        elif a is not None:
+            ts = int(getattr(a, "extract_timestamp", a)(record, ts))
+        self.max_ts = max(self.max_ts, ts)
+        self.emit(record, ts)
+        if self.t.params["per_record"]:
+            self.end_batch()
+
+    def end_batch(self):
+        self.emitted = _watermark(self, self.strategy, self.max_ts, self.emitted)
+
+    def watermark(self, wm):
+        if wm == MAX_WATERMARK:
+            self.emit_wm(wm)
+
+
 class _Sink(_Node):
     def __init__(self, t, env, results):
         super().__init__(t, env)
@@ -408,7 +438,7 @@ def run_reference(env) -> dict:
         raise ValueError("run_reference: one source with parallelism 1 is modeled")
     for t in ts_list:
         cls = {"process": _Process, "co_process": _Process, "rolling": _Rolling,
-               "window": _Window}.get(t.kind, _Stateless)
+               "window": _Window, "timestamps": _Timestamps}.get(t.kind, _Stateless)
         if t.kind == "sink":
             node = _Sink(t, env, results)
         elif t.kind == "source":
@@ -444,6 +474,9 @@ def run_reference(env) -> dict:
             if per_record:
                 emitted = _watermark(source_node, strategy, max_ts, emitted)
         emitted = _watermark(source_node, strategy, max_ts, emitted)
+        for n in nodes.values():
+            if isinstance(n, _Timestamps) and not n.t.params["per_record"]:
+                n.end_batch()
     source_node.emit_wm(MAX_WATERMARK)
     return results
 
