@@ -5,6 +5,7 @@ graph; nothing runs until ``env.execute()``.
 
 from __future__ import annotations
 
+from opforge.stream.broadcast_state import BroadcastConnectedStream, BroadcastStream, broadcast_descriptors
 from opforge.stream.evictors import Evictor
 from opforge.stream.functions import AggregateFunction, ProcessWindowFunction, is_vectorized
 from opforge.stream.graph import Input, OutputTag, Transformation
@@ -100,7 +101,11 @@ class DataStream:
         inputs = [self._input()] + [s._input() for s in streams]
         return self._add("union", "Union", {}, inputs)
 
-    def connect(self, other: "DataStream") -> "ConnectedStreams":
+    def connect(self, other: "DataStream"):
+        """Two streams into one co-process function; with a ``BroadcastStream``,
+        the broadcast state pattern (``broadcast_state.py``)."""
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other)
         if not isinstance(other, DataStream):
             raise TypeError(f"connect: expected a DataStream, got {type(other).__name__}")
         return ConnectedStreams(self, other)
@@ -138,8 +143,13 @@ class DataStream:
     def shuffle(self) -> "DataStream":
         return self._with(ShufflePartitioner())
 
-    def broadcast(self) -> "DataStream":
-        return self._with(BroadcastPartitioner())
+    def broadcast(self, *broadcast_state_descriptors):
+        """Every record to every downstream subtask; with ``MapStateDescriptor``s,
+        a ``BroadcastStream`` for ``connect`` (broadcast state)."""
+        stream = self._with(BroadcastPartitioner())
+        if not broadcast_state_descriptors:
+            return stream
+        return BroadcastStream(stream, broadcast_descriptors(broadcast_state_descriptors, "broadcast"))
 
     def partition_custom(self, partitioner, key_selector) -> "DataStream":
         if not callable(getattr(partitioner, "partition", partitioner)):

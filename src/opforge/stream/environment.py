@@ -26,6 +26,7 @@ from opforge.stream.state_budget import StateBudget
 from opforge.stream.datastream import DataStream
 from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
+from opforge.stream.restart import RestartStrategy, run_restarting
 from opforge.stream.sources import ArrowSource, CollectionSource, IteratorSource, Source
 from opforge.stream.time import WATERMARK_GRANULARITIES, SystemClock, WatermarkStrategy
 from opforge.stream.types import checked_type
@@ -50,6 +51,7 @@ class StreamExecutionEnvironment:
         self._next_id = 0
         self.checkpoint_config: CheckpointConfig | None = None
         self.state_budget: StateBudget | None = None
+        self.restart_strategy: RestartStrategy | None = None
 
     @staticmethod
     def get_execution_environment(**kwargs) -> "StreamExecutionEnvironment":
@@ -144,7 +146,19 @@ class StreamExecutionEnvironment:
         """Run the job to the end of its (bounded) input; the graph is then cleared.
         ``restore_from``: a checkpoint or savepoint directory, or a checkpoint
         directory (its latest completed checkpoint; a fresh start if none)."""
-        return run_job(self, self._take_graph(job_name), job_name, restore_from)
+        transformations = self._take_graph(job_name)
+        return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore), restore_from)
+
+    def set_restart_strategy(self, strategy: RestartStrategy) -> "StreamExecutionEnvironment":
+        """What a failure of ``execute`` does (``restart.py``): e.g.
+        ``RestartStrategies.fixed_delay_restart(3, 1000)``."""
+        if not isinstance(strategy, RestartStrategy):
+            raise TypeError(f"set_restart_strategy: expected a RestartStrategies value, got {strategy!r}")
+        self.restart_strategy = strategy
+        return self
+
+    def get_restart_strategy(self) -> RestartStrategy | None:
+        return self.restart_strategy
 
     def execute_async(self, job_name: str = "opforge stream job", restore_from=None):
         """Start the job in a background thread; a ``JobClient`` controls it."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from opforge.stream.broadcast_state import BroadcastProcessOperator
 from opforge.stream.coordinator import CheckpointCoordinator
 from opforge.stream.errors import StreamOperatorError, operator_error
 from opforge.stream.functions import Aggregations
@@ -75,6 +76,8 @@ class JobExecutionResult:
     source_records: int = 0
     checkpoints: list[str] = field(default_factory=list)
     restored_from: str | None = None
+    #: how many times a restart strategy restarted the job (``restart.py``)
+    restarts: int = 0
 
     def events_per_second(self) -> float:
         """Source records per second of wall time."""
@@ -221,7 +224,10 @@ class _Runner:
             wms = torch.cat([self._record_watermarks(b.watermarks, ch) for b, ch, _ in parts])
             part = torch.cat([torch.full((len(b),), i, dtype=torch.int64, device=wms.device)
                               for i, (b, _, _) in enumerate(parts)])
-            order = torch.sort(wms, stable=True).indices
+            order = torch.arange(len(wms), device=wms.device)
+            if all(b.arrival is not None for b, _, _ in parts):  # ties: the source's order
+                order = torch.sort(torch.cat([b.arrival for b, _, _ in parts]), stable=True).indices
+            order = order.index_select(0, torch.sort(wms.index_select(0, order), stable=True).indices)
             part, wms = part.index_select(0, order), wms.index_select(0, order)
             offsets = [0]
             for b, _, _ in parts:
@@ -367,7 +373,8 @@ class _SourceRunner:
             self.idle = False
             self.out.emit_idle(False)
         if self.env.watermark_granularity == "record":
-            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps))
+            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps),
+                                          torch.arange(len(batch), device=batch.device))
         self.wmgen.on_batch(batch.timestamps)
         self.out.emit(batch)
         wm = self.wmgen.current()
@@ -413,6 +420,8 @@ def build_operator(t: Transformation, key):
         return ProcessOperator(name, p["fn"], key)
     if k == "co_process":
         return CoProcessOperator(name, p["fn"], key)
+    if k == "broadcast_process":
+        return BroadcastProcessOperator(name, p["fn"], p["descriptors"], key)
     if k == "rolling":
         return RollingOperator(name, key, p.get("reduce"), p.get("op"), p.get("field"))
     if k == "sink":

@@ -187,7 +187,9 @@ class Batch:
     the event time each row saw when it arrived (int64, non-decreasing), set
     when watermarks have record granularity (``time.py``) and kept by the
     operators that pass rows on, so that lateness, firings and timers do not
-    depend on how the input was batched (None: the batch saw one watermark)."""
+    depend on how the input was batched (None: the batch saw one watermark);
+    ``arrival``: with them, each row's position in its source poll, so that a
+    two-input operator meets both inputs' rows in the source's order."""
 
     columns: dict[str, torch.Tensor | list]
     timestamps: torch.Tensor
@@ -195,6 +197,7 @@ class Batch:
     keys: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
     watermarks: torch.Tensor | None = None
+    arrival: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.timestamps.shape[0]
@@ -252,16 +255,24 @@ class Batch:
         return Batch({n: take(c, index) for n, c in self.columns.items()},
                      self.timestamps.index_select(0, index), self.schema,
                      None if self.keys is None else self.keys.index_select(0, index), dict(self.meta),
-                     None if self.watermarks is None else self.watermarks.index_select(0, index))
+                     None if self.watermarks is None else self.watermarks.index_select(0, index),
+                     None if self.arrival is None else self.arrival.index_select(0, index))
 
     def with_keys(self, keys: torch.Tensor | None) -> "Batch":
-        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta), self.watermarks)
+        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta), self.watermarks, self.arrival)
 
     def with_timestamps(self, ts: torch.Tensor) -> "Batch":
-        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta), self.watermarks)
+        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta), self.watermarks, self.arrival)
 
-    def with_watermarks(self, watermarks: torch.Tensor | None) -> "Batch":
-        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), watermarks)
+    def with_watermarks(self, watermarks: torch.Tensor | None, arrival: torch.Tensor | None = None) -> "Batch":
+        """Record watermarks (and arrival positions: kept when not given)."""
+        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), watermarks,
+                     self.arrival if arrival is None else arrival)
+
+    def marked_like(self, rows: "Batch") -> "Batch":
+        """This batch (made row for row from ``rows``) with its record watermarks and arrival positions."""
+        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), rows.watermarks,
+                     rows.arrival)
 
     def records(self) -> list:
         """The rows as records shaped like the source's."""
@@ -290,7 +301,9 @@ class Batch:
         cols = {n: concat_columns([b.columns[n] for b in batches]) for n in first.columns}
         keys = None if first.keys is None else torch.cat([b.keys for b in batches])
         wms = None if any(b.watermarks is None for b in batches) else torch.cat([b.watermarks for b in batches])
-        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys, watermarks=wms)
+        arrival = None if any(b.arrival is None for b in batches) else torch.cat([b.arrival for b in batches])
+        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys, watermarks=wms,
+                     arrival=arrival)
 
 
 def _arrow_column(arr, device):

@@ -123,6 +123,7 @@ class _Ctx:
         self.ts = None
         self.current_key = None
         self.domain = None
+        self.writing = False  # in process_broadcast_element
 
     def timestamp(self):
         return self.ts
@@ -132,6 +133,12 @@ class _Ctx:
 
     def get_current_key(self):
         return self.current_key
+
+    def get_broadcast_state(self, descriptor):
+        from opforge.stream.broadcast_state import BroadcastState, ReadOnlyBroadcastState
+
+        values = self.node.broadcast.setdefault(descriptor.name, {})
+        return (BroadcastState if self.writing else ReadOnlyBroadcastState)(values, descriptor.name)
 
     def timer_service(self):
         if self.node.key is None:
@@ -169,6 +176,7 @@ class _Process(_Node):
         self.state = KeyedStateBackend(_FixedClock(), self.t.name) if self.key is not None else None
         self.timers: list = []
         self.timer_set: set = set()
+        self.broadcast: dict = {}  # broadcast state: name -> map
         self.ctx = _Ctx(self)
         fn = self.t.params["fn"]
         if hasattr(fn, "open") and not callable(fn):
@@ -186,11 +194,16 @@ class _Process(_Node):
     def element_from(self, input_index, record, ts):
         self.ctx.ts = None if ts == NO_TIMESTAMP else ts
         self.ctx.domain = None
+        fn = self.t.params["fn"]
+        if self.t.kind == "broadcast_process" and input_index == 1:  # no key; may change the broadcast state
+            self.ctx.current_key, self.ctx.writing = None, True
+            self._run(fn.process_broadcast_element(record, self.ctx), ts)
+            self.ctx.writing = False
+            return
         if self.key is not None:
             k = self.key_of(record, self.t.inputs[input_index].key)
             self.ctx.current_key = k
             self.state.set_current_key(k)
-        fn = self.t.params["fn"]
         if self.t.kind == "co_process":
             process = fn.process_element1 if input_index == 0 else fn.process_element2
         else:
@@ -437,7 +450,7 @@ def run_reference(env) -> dict:
     if len(sources) != 1 or sources[0].parallelism != 1:
         raise ValueError("run_reference: one source with parallelism 1 is modeled")
     for t in ts_list:
-        cls = {"process": _Process, "co_process": _Process, "rolling": _Rolling,
+        cls = {"process": _Process, "co_process": _Process, "broadcast_process": _Process, "rolling": _Rolling,
                "window": _Window, "timestamps": _Timestamps}.get(t.kind, _Stateless)
         if t.kind == "sink":
             node = _Sink(t, env, results)

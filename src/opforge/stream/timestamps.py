@@ -51,7 +51,11 @@ class TimestampsOperator(Operator):
 
     def process_batch(self, batch):
         batch, self.prev_ts = stamp(self.strategy, batch.with_keys(None), self.prev_ts, self.name)
-        batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps) if self.per_record else None)
+        if self.per_record:
+            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps),
+                                          torch.arange(len(batch), device=batch.device))
+        else:
+            batch = Batch(batch.columns, batch.timestamps, batch.schema, meta=dict(batch.meta))
         self.wmgen.on_batch(batch.timestamps)
         self.out.emit(batch)
         wm = self.wmgen.current()

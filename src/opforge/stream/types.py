@@ -202,4 +202,4 @@ def conform_batch(batch: Batch, type_info: TypeInformation, where: str) -> Batch
         return batch
     records = [type_info.conform(r, where) for r in batch.records()]
     out = Batch.from_records(records, batch.device, timestamps=batch.timestamps, where=where)
-    return out.with_watermarks(batch.watermarks)
+    return out.marked_like(batch)
