@@ -80,7 +80,7 @@ def regular_join(fn):
 
 
 def engine(job, events, parallelism, batch_size):
-    """The sink's (record, timestamp) pairs in arrival order (batch granularity: see test_joins.engine)."""
+    """The sink's (record, timestamp) pairs in arrival order."""
     env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = job(env, events)
     env.execute()

@@ -5,6 +5,8 @@ graph; nothing runs until ``env.execute()``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from opforge.stream.broadcast_state import BroadcastConnectedStream, BroadcastStream, broadcast_descriptors
 from opforge.stream.evictors import Evictor
 from opforge.stream.functions import AggregateFunction, ProcessWindowFunction, is_vectorized
@@ -16,7 +18,7 @@ from opforge.stream.partitioning import (BroadcastPartitioner, CustomPartitioner
                                          RescalePartitioner, ShufflePartitioner)
 from opforge.stream.sinks import CollectIterator, CollectSink, PrintSink, Sink
 from opforge.stream.time import WatermarkStrategy
-from opforge.stream.types import TypeInformation, checked_type
+from opforge.stream.types import checked_type
 from opforge.stream.triggers import CountTrigger, NeverTrigger, PurgingTrigger, Trigger
 from opforge.stream.windows import GlobalWindows, WindowAssigner
 
@@ -62,9 +64,9 @@ class DataStream:
     def map(self, func, output_type=None) -> "DataStream":
         """``output_type``: a ``Types`` value (PyFlink's), or for a ``@vectorized``
         function the dataclass its columns make."""
-        if isinstance(output_type, TypeInformation) or output_type is None:
-            return self._add("map", "Map", {"fn": func, "output_type": output_type})
-        return self._add("map", "Map", {"fn": func, "output": output_type})
+        if isinstance(output_type, type) and dataclasses.is_dataclass(output_type):
+            return self._add("map", "Map", {"fn": func, "output": output_type})
+        return self._add("map", "Map", {"fn": func, "output_type": _typed(output_type, "map")})
 
     def filter(self, func) -> "DataStream":
         return self._add("filter", "Filter", {"fn": func})
