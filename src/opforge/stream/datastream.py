@@ -92,9 +92,9 @@ class DataStream:
         if not isinstance(watermark_strategy, WatermarkStrategy):
             raise TypeError(f"assign_timestamps_and_watermarks: expected a WatermarkStrategy, "
                             f"got {type(watermark_strategy).__name__}")
-        return self._add("timestamps", "Timestamps/Watermarks", {"watermark_strategy": watermark_strategy,
-                                                                  "per_record": self.env.watermark_granularity == "record"},
-                         parallelism=self.transformation.parallelism)
+        params = {"watermark_strategy": watermark_strategy,
+                  "per_record": self.env.watermark_granularity == "record"}
+        return self._add("timestamps", "Timestamps/Watermarks", params, parallelism=self.transformation.parallelism)
 
     def union(self, *streams: "DataStream") -> "DataStream":
         for s in streams:

@@ -8,7 +8,12 @@ Watermarks follow each source batch; a subtask's event time is the minimum
 over its non-idle input channels and never goes back (Flink). With record
 granularity (``env.watermark_granularity``, the default) a batch's records
 also carry the watermark each saw (``Batch.watermarks``), held back here by
-the other channels, so operators move event time record by record.
+the other channels, so operators move event time record by record. An
+operator with two or more inputs (joins, connect, broadcast state, union)
+holds such batches until the source poll that made them has gone through
+the graph, then runs both inputs' records in the order of the watermarks
+they saw (ties: the source's order, ``Batch.arrival``), as Flink would with
+a watermark after every record on every input (``_Runner.flush``).
 Each round first advances processing time (the job's clock) and fires
 processing-time timers; a source subtask whose watermark runs ahead of its
 alignment group by more than the allowed drift

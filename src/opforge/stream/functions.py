@@ -299,7 +299,8 @@ class Aggregations(AggregateFunction):
 def _field(record, name):
     if isinstance(record, Mapping):
         return record[name]
-    if isinstance(record, (tuple, list)) and name.startswith("f") and name[1:].isdigit() and not hasattr(record, "_fields"):
+    if isinstance(record, (tuple, list)) and name.startswith("f") and name[1:].isdigit() \
+            and not hasattr(record, "_fields"):
         return record[int(name[1:])]
     if name == "f0" and isinstance(record, (int, float, bool)):
         return record
