@@ -28,9 +28,9 @@ class BasicType(TypeInformation):
         self.name, self.accepts, self.convert = name, accepts, convert
 
     def conform(self, value, where):
-        if value is None or (type(value) is bool and bool not in self.accepts) or not isinstance(value, self.accepts):
-            if value is None:  # Flink's basic types are nullable
-                return value
+        if value is None:  # Flink's basic types are nullable
+            return value
+        if (type(value) is bool and bool not in self.accepts) or not isinstance(value, self.accepts):
             raise self._mismatch(value, where)
         return self.convert(value) if self.convert is not None else value
 
@@ -125,44 +125,22 @@ def _type(t, where: str) -> TypeInformation:
     return t
 
 
-def _int(v):
-    return int(v)
+def _basic(name: str, accepts: tuple, convert=None):
+    """``Types.NAME()`` for a basic type."""
+    return staticmethod(lambda: BasicType(name, accepts, convert))
 
 
 class Types:
     """PyFlink's ``pyflink.common.Types`` (the ones a DataStream job uses)."""
 
-    @staticmethod
-    def INT():
-        return BasicType("INT", (int,), _int)
-
-    @staticmethod
-    def LONG():
-        return BasicType("LONG", (int,), _int)
-
-    @staticmethod
-    def SHORT():
-        return BasicType("SHORT", (int,), _int)
-
-    @staticmethod
-    def BYTE():
-        return BasicType("BYTE", (int,), _int)
-
-    @staticmethod
-    def FLOAT():
-        return BasicType("FLOAT", (int, float), float)
-
-    @staticmethod
-    def DOUBLE():
-        return BasicType("DOUBLE", (int, float), float)
-
-    @staticmethod
-    def STRING():
-        return BasicType("STRING", (str,))
-
-    @staticmethod
-    def BOOLEAN():
-        return BasicType("BOOLEAN", (bool,))
+    INT = _basic("INT", (int,), int)
+    LONG = _basic("LONG", (int,), int)
+    SHORT = _basic("SHORT", (int,), int)
+    BYTE = _basic("BYTE", (int,), int)
+    FLOAT = _basic("FLOAT", (int, float), float)
+    DOUBLE = _basic("DOUBLE", (int, float), float)
+    STRING = _basic("STRING", (str,))
+    BOOLEAN = _basic("BOOLEAN", (bool,))
 
     @staticmethod
     def PICKLED_BYTE_ARRAY():
