@@ -377,8 +377,8 @@ class WindowJoinOperator(_TwoInputs):
 
     def fires_between(self, prev: torch.Tensor, wm: torch.Tensor) -> torch.Tensor:
         """Per pair of watermarks, whether moving from ``prev`` to ``wm`` fires
-        a window (the engine then needs the inputs' records in watermark order
-        there; in between, the buffers take them in any order)."""
+        a window (the engine moves event time there only: in between, nothing
+        fires and no row is late, so records need not wait for their watermark)."""
         a = self.assigner
         grid = a.offset + a.size - 1
         return wm - torch.remainder(wm - grid, a.slide) > prev

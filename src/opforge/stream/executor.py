@@ -234,17 +234,6 @@ class _Runner:
                 order = torch.sort(torch.cat([b.arrival for b, _, _ in parts]), stable=True).indices
             order = order.index_select(0, torch.sort(wms.index_select(0, order), stable=True).indices)
             part, wms = part.index_select(0, order), wms.index_select(0, order)
-            fires = getattr(self.op, "fires_between", None)
-            if fires is not None and len(wms) > 1:
-                # inputs that commute between firings (a window join's buffers): one run per input and
-                # stretch between the watermarks at which something fires, each at its stretch's first watermark
-                new = torch.ones_like(part, dtype=torch.bool)
-                new[1:] = (wms[1:] != wms[:-1]) & fires(wms[:-1], wms[1:])
-                stretch = torch.cumsum(new, 0) - 1
-                wms = wms.index_select(0, torch.nonzero(new).flatten()).index_select(0, stretch)
-                regroup = torch.sort(stretch * len(parts) + part, stable=True).indices
-                order, part, wms = order.index_select(0, regroup), part.index_select(0, regroup), \
-                    wms.index_select(0, regroup)
             offsets = [0]
             for b, _, _ in parts:
                 offsets.append(offsets[-1] + len(b))
@@ -263,9 +252,15 @@ class _Runner:
     def _by_watermark_runs(self, batch: Batch, input_index: int) -> None:
         """An operator that reads one watermark per batch gets the batch's
         runs of records that saw the same one, event time moving (timers
-        firing, the watermark passed on) between them."""
+        firing, the watermark passed on) between them. An operator that says
+        where moving event time fires something (``fires_between(prev, wm)``,
+        a window join) gets longer runs: cut only there."""
         wms = batch.watermarks
-        cuts = torch.nonzero(wms[1:] != wms[:-1]).flatten() + 1
+        change = wms[1:] != wms[:-1]
+        fires = getattr(self.op, "fires_between", None)
+        if fires is not None:
+            change &= fires(wms[:-1], wms[1:])
+        cuts = torch.nonzero(change).flatten() + 1
         starts = torch.cat([cuts.new_zeros(1), cuts])
         host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
         ends = [s for s, _ in host[1:]] + [len(batch)]
