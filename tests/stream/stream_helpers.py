@@ -53,12 +53,11 @@ class Avg(AggregateFunction):
         return (a[0] + b[0], a[1] + b[1])
 
 
-def reference_outputs(job, events, batch_size: int, watermark_granularity: str = "batch"):
+def reference_outputs(job, events, batch_size: int, watermark_granularity: str = "record"):
     """The (record, timestamp) multiset that the record-at-a-time reference
-    executor gives for ``job(env, events)``'s sink. Batch granularity by
-    default: the joins compared with it split one source batch into their
-    two inputs, which the engine feeds input by input and the reference
-    record by record — per-record watermarks would tell the two apart."""
+    executor gives for ``job(env, events)``'s sink (record granularity by
+    default, as the engine's: a two-input operator meets both inputs' records
+    in the source's order, as the reference does)."""
     env = StreamExecutionEnvironment(batch_size=batch_size, watermark_granularity=watermark_granularity)
     sink = job(env, events)
     return multiset(run_reference(env)[sink])

@@ -80,8 +80,8 @@ def regular_join(fn):
 
 
 def engine(job, events, parallelism, batch_size):
-    """The sink's (record, timestamp) pairs in arrival order (batch granularity: see test_joins.engine)."""
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
+    """The sink's (record, timestamp) pairs in arrival order."""
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = job(env, events)
     env.execute()
     return list(zip(sink.records(), sink.timestamps()))
@@ -274,7 +274,7 @@ def test_nexmark_join_state_survives_a_failure_and_restore(tmp_path, query):
 # -- Nexmark q3, q4, q8 ------------------------------------------------------------------
 
 def nexmark(query, config, columnar, parallelism=2, batch_size=1000, source=None):
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = (query(env, config) if source is None else query(env, config, source=source)).collect()
     kinds = set()
     for t in env.transformations:

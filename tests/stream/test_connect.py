@@ -64,27 +64,40 @@ class Race(KeyedCoProcessFunction):
         yield ("timer", ctx.get_current_key(), ts, self.left.value() or 0, self.right.value())
 
 
+EVENTS = out_of_order_events(200, keys=4, bound=15, seed=9, late=0.05)
+
+
+def race_job(env):
+    s = WatermarkStrategy.for_bounded_out_of_orderness(15).with_timestamp_assigner("f2")
+    src = env.from_collection(EVENTS, s)
+    # filters next to the source keep each key's order (a rebalance would not)
+    evens = src.filter(lambda r: r[1] % 2 == 0).set_parallelism(1)
+    odds = src.filter(lambda r: r[1] % 2 != 0).set_parallelism(1)
+    return evens.connect(odds).key_by(0, 0).process(Race()).collect()
+
+
+def race(parallelism, batch_size):
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
+    sink = race_job(env)
+    env.execute()
+    return multiset(zip(sink.records(), sink.timestamps()))
+
+
 @pytest.mark.parametrize("parallelism,batch_size", [(1, 3), (3, 16)])
 def test_connected_timers_match_the_reference(parallelism, batch_size):
-    events = out_of_order_events(200, keys=4, bound=15, seed=9, late=0.05)
-
-    def job(env):
-        s = WatermarkStrategy.for_bounded_out_of_orderness(15).with_timestamp_assigner("f2")
-        src = env.from_collection(events, s)
-        # filters next to the source keep each key's order (a rebalance would not)
-        evens = src.filter(lambda r: r[1] % 2 == 0).set_parallelism(1)
-        odds = src.filter(lambda r: r[1] % 2 != 0).set_parallelism(1)
-        return evens.connect(odds).key_by(0, 0).process(Race()).collect()
-
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
-    sink = job(env)
-    env.execute()
-    # two inputs from one source: batch granularity, see stream_helpers.reference_outputs
-    ref_env = StreamExecutionEnvironment(batch_size=batch_size, watermark_granularity="batch")
-    ref_sink = job(ref_env)
+    # record granularity: both inputs' records meet in the source's order, as in the reference
+    ref_env = StreamExecutionEnvironment(batch_size=batch_size)
+    ref_sink = race_job(ref_env)
     want = multiset(run_reference(ref_env)[ref_sink])
-    assert multiset(zip(sink.records(), sink.timestamps())) == want
+    assert race(parallelism, batch_size) == want
     assert any(r[0][0] == "timer" for r in want)
+
+
+def test_connected_timers_do_not_depend_on_the_batch_size():
+    """The timer reports counts of both inputs: with per-batch watermarks they
+    depend on where batches end; with record watermarks they do not."""
+    results = {repr(race(1, b)) for b in (1, 8, 200)}
+    assert len(results) == 1
 
 
 def test_unkeyed_connect_and_mixed_keying_is_an_error():

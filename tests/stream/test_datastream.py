@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from opforge.stream import (CollectSink, FlatMapFunction, MapFunction, NumberSequenceSource, OutputTag,
+from opforge.stream import (CollectionSource, CollectSink, FlatMapFunction, MapFunction, NumberSequenceSource, OutputTag,
                             ProcessFunction, StreamExecutionEnvironment, vectorized)
 from stream_helpers import multiset
 
@@ -212,8 +212,10 @@ def test_bad_arguments_raise_clear_errors():
     ds = env.from_collection([1])
     with pytest.raises(ValueError, match="set_parallelism"):
         ds.map(lambda x: x).set_parallelism(0)
+    single = CollectionSource([1])  # a source that cannot run in parallel
+    single.max_parallelism = 1
     with pytest.raises(ValueError, match="parallelism 1 at most"):
-        ds.set_parallelism(2)
+        env.from_source(single).set_parallelism(2)
     with pytest.raises(TypeError, match="sink_to"):
         ds.sink_to(print)
     with pytest.raises(TypeError, match="key_by"):

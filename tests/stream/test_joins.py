@@ -27,9 +27,8 @@ def two_sides(env, events, bound=BOUND):
 
 
 def engine(job, events, parallelism, batch_size):
-    # batch granularity: a source batch split into a join's two inputs reaches it input by input, while
-    # the reference interleaves the records (record watermarks would tell the two orders apart)
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size, watermark_granularity="batch")
+    # record granularity (the default): the join meets both inputs' records in the source's order
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
     sink = job(env, events)
     env.execute()
     return multiset(zip(sink.records(), sink.timestamps()))
@@ -83,6 +82,21 @@ def test_window_join_drops_late_records_like_the_reference():
     assert got == reference_outputs(job, events, 9)
     everything = window_pairs(events, 30, 30)
     assert len(got) < len(everything) and all(g in everything for g in got)
+
+
+def test_window_join_with_late_data_does_not_depend_on_the_batch_size():
+    """Record granularity: a join's two inputs, split from one source batch, meet in
+    the order of the watermarks they saw, so late records are the same at every batch size."""
+    events = out_of_order_events(300, keys=3, bound=BOUND, seed=31, late=0.1)
+
+    def job(env, events):
+        left, right = two_sides(env, events)
+        return left.join(right).where(0).equal_to(0).window(TumblingEventTimeWindows.of(30)).apply(Pair()).collect()
+
+    want = reference_outputs(job, events, 1)
+    assert 0 < len(want) < len(window_pairs(events, 30, 30))  # late records were dropped
+    for parallelism, batch_size in ((1, 1), (1, 13), (2, 300)):
+        assert engine(job, events, parallelism, batch_size) == want
 
 
 class Flat(FlatJoinFunction):

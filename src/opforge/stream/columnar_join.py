@@ -375,6 +375,14 @@ class WindowJoinOperator(_TwoInputs):
             self._fire(prev, watermark)
         self.out.emit_watermark(watermark)
 
+    def fires_between(self, prev: torch.Tensor, wm: torch.Tensor) -> torch.Tensor:
+        """Per pair of watermarks, whether moving from ``prev`` to ``wm`` fires
+        a window (the engine moves event time there only: in between, nothing
+        fires and no row is late, so records need not wait for their watermark)."""
+        a = self.assigner
+        grid = a.offset + a.size - 1
+        return wm - torch.remainder(wm - grid, a.slide) > prev
+
     def _window_end_within(self, prev: int, wm: int) -> bool:
         """Whether some window's ``max_timestamp`` lies in ``(prev, wm]`` (host
         arithmetic: ends sit on the slide grid); else nothing fires or expires."""

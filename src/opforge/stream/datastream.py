@@ -5,15 +5,20 @@ graph; nothing runs until ``env.execute()``.
 
 from __future__ import annotations
 
+import dataclasses
+
+from opforge.stream.broadcast_state import BroadcastConnectedStream, BroadcastStream, broadcast_descriptors
 from opforge.stream.evictors import Evictor
-from opforge.stream.functions import AggregateFunction, ProcessWindowFunction
+from opforge.stream.functions import AggregateFunction, ProcessWindowFunction, is_vectorized
 from opforge.stream.graph import Input, OutputTag, Transformation
 from opforge.stream.joins import CoGroupedStreams, IntervalJoin, JoinedStreams
 from opforge.stream.keys import KeySelector, KeySpace
 from opforge.stream.partitioning import (BroadcastPartitioner, CustomPartitioner, ForwardPartitioner,
                                          KeyGroupPartitioner, Partitioner, RebalancePartitioner,
                                          RescalePartitioner, ShufflePartitioner)
-from opforge.stream.sinks import CollectSink, PrintSink, Sink
+from opforge.stream.sinks import CollectIterator, CollectSink, PrintSink, Sink
+from opforge.stream.time import WatermarkStrategy
+from opforge.stream.types import checked_type
 from opforge.stream.triggers import CountTrigger, NeverTrigger, PurgingTrigger, Trigger
 from opforge.stream.windows import GlobalWindows, WindowAssigner
 
@@ -57,22 +62,39 @@ class DataStream:
 
     # -- transformations ----------------------------------------------------
     def map(self, func, output_type=None) -> "DataStream":
-        return self._add("map", "Map", {"fn": func, "output": output_type})
+        """``output_type``: a ``Types`` value (PyFlink's), or for a ``@vectorized``
+        function the dataclass its columns make."""
+        if isinstance(output_type, type) and dataclasses.is_dataclass(output_type):
+            return self._add("map", "Map", {"fn": func, "output": output_type})
+        return self._add("map", "Map", {"fn": func, "output_type": _typed(output_type, "map")})
 
     def filter(self, func) -> "DataStream":
         return self._add("filter", "Filter", {"fn": func})
 
-    def flat_map(self, func) -> "DataStream":
-        return self._add("flat_map", "FlatMap", {"fn": func})
+    def flat_map(self, func, output_type=None) -> "DataStream":
+        return self._add("flat_map", "FlatMap", {"fn": func, "output_type": _typed(output_type, "flat_map")})
 
-    def process(self, func) -> "DataStream":
+    def process(self, func, output_type=None) -> "DataStream":
         if not hasattr(func, "process_element"):
             raise TypeError("process: expected a ProcessFunction (an object with process_element)")
-        return self._add("process", "Process", {"fn": func})
+        return self._add("process", "Process", {"fn": func, "output_type": _typed(output_type, "process")})
 
-    def key_by(self, key_selector) -> "KeyedStream":
-        key = KeySelector(key_selector, "key_by")
+    def key_by(self, key_selector, key_type=None) -> "KeyedStream":
+        key = KeySelector(_keyed_as(key_selector, key_type, "key_by"), "key_by")
         return KeyedStream(self.env, self.transformation, KeyGroupPartitioner(), key)
+
+    def assign_timestamps_and_watermarks(self, watermark_strategy: WatermarkStrategy) -> "DataStream":
+        """Timestamps and watermarks from here on (Flink's
+        ``TimestampsAndWatermarksOperator``): the strategy's assigner stamps
+        each record, its generator makes the watermarks (after every record
+        with ``watermark_granularity="record"``); watermarks from upstream are
+        dropped, except the end of input's."""
+        if not isinstance(watermark_strategy, WatermarkStrategy):
+            raise TypeError(f"assign_timestamps_and_watermarks: expected a WatermarkStrategy, "
+                            f"got {type(watermark_strategy).__name__}")
+        params = {"watermark_strategy": watermark_strategy,
+                  "per_record": self.env.watermark_granularity == "record"}
+        return self._add("timestamps", "Timestamps/Watermarks", params, parallelism=self.transformation.parallelism)
 
     def union(self, *streams: "DataStream") -> "DataStream":
         for s in streams:
@@ -81,7 +103,11 @@ class DataStream:
         inputs = [self._input()] + [s._input() for s in streams]
         return self._add("union", "Union", {}, inputs)
 
-    def connect(self, other: "DataStream") -> "ConnectedStreams":
+    def connect(self, other: "DataStream"):
+        """Two streams into one co-process function; with a ``BroadcastStream``,
+        the broadcast state pattern (``broadcast_state.py``)."""
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other)
         if not isinstance(other, DataStream):
             raise TypeError(f"connect: expected a DataStream, got {type(other).__name__}")
         return ConnectedStreams(self, other)
@@ -119,8 +145,13 @@ class DataStream:
     def shuffle(self) -> "DataStream":
         return self._with(ShufflePartitioner())
 
-    def broadcast(self) -> "DataStream":
-        return self._with(BroadcastPartitioner())
+    def broadcast(self, *broadcast_state_descriptors):
+        """Every record to every downstream subtask; with ``MapStateDescriptor``s,
+        a ``BroadcastStream`` for ``connect`` (broadcast state)."""
+        stream = self._with(BroadcastPartitioner())
+        if not broadcast_state_descriptors:
+            return stream
+        return BroadcastStream(stream, broadcast_descriptors(broadcast_state_descriptors, "broadcast"))
 
     def partition_custom(self, partitioner, key_selector) -> "DataStream":
         if not callable(getattr(partitioner, "partition", partitioner)):
@@ -149,10 +180,14 @@ class DataStream:
         self.sink_to(sink)
         return sink
 
-    def execute_and_collect(self, job_name: str = "collect") -> list:
+    def execute_and_collect(self, job_name: str = "collect", limit: int | None = None) -> CollectIterator:
+        """Run the job; a closeable iterator over its records (``limit``: the
+        first ``limit`` only, then a list, as PyFlink's)."""
         sink = self.collect()
         self.env.execute(job_name)
-        return sink.records()
+        if limit is not None:
+            return sink.records()[:limit]
+        return CollectIterator(sink.records())
 
 
 class KeyedStream(DataStream):
@@ -161,10 +196,11 @@ class KeyedStream(DataStream):
     def _keyed(self, kind, name, params) -> DataStream:
         return self._add(kind, name, params)
 
-    def process(self, func) -> DataStream:
+    def process(self, func, output_type=None) -> DataStream:
         if not hasattr(func, "process_element"):
             raise TypeError("KeyedStream.process: expected a KeyedProcessFunction (with process_element)")
-        return self._keyed("process", "KeyedProcess", {"fn": func})
+        return self._keyed("process", "KeyedProcess", {"fn": func,
+                                                       "output_type": _typed(output_type, "KeyedStream.process")})
 
     def reduce(self, func) -> DataStream:
         return self._keyed("rolling", "Reduce", {"reduce": func})
@@ -199,6 +235,25 @@ class KeyedStream(DataStream):
     def count_window(self, size: int) -> "WindowedStream":
         """Flink's count window: every ``size`` records of a key, then purge."""
         return self.window(GlobalWindows.create()).trigger(PurgingTrigger.of(CountTrigger.of(size)))
+
+
+def _typed(output_type, where: str):
+    return checked_type(output_type, f"{where}(output_type=...)")
+
+
+def _keyed_as(selector, key_type, where: str):
+    """A key selector whose keys are conformed to ``key_type`` (checked; a
+    column name or position is read as is: its column has one type)."""
+    key_type = checked_type(key_type, f"{where}(key_type=...)")
+    if key_type is None or isinstance(selector, (str, int)) or not callable(selector):
+        return selector
+    if is_vectorized(selector):
+        return selector
+
+    def typed_key(record):
+        return key_type.conform(selector(record), where)
+
+    return typed_key
 
 
 def _other_stream(other, api: str):
@@ -245,26 +300,36 @@ class WindowedStream:
         self._late_tag = tag
         return self
 
-    def _apply(self, name, function) -> DataStream:
+    def _apply(self, name, function, output_type=None) -> DataStream:
         if isinstance(self._trigger, NeverTrigger):
             raise ValueError(f"{name}: GlobalWindows never fire without a trigger (e.g. CountTrigger.of(n))")
         params = {"assigner": self.assigner, "trigger": self._trigger, "function": function,
-                  "allowed_lateness": self._lateness, "late_tag": self._late_tag, "evictor": self._evictor}
+                  "allowed_lateness": self._lateness, "late_tag": self._late_tag, "evictor": self._evictor,
+                  "output_type": _typed(output_type, name)}
         return self.keyed._keyed("window", name, params)
 
-    def aggregate(self, aggregate_function: AggregateFunction) -> DataStream:
+    def aggregate(self, aggregate_function: AggregateFunction, window_function=None, accumulator_type=None,
+                  output_type=None) -> DataStream:
+        """``accumulator_type`` is checked and not needed (accumulators stay Python
+        values or columns); ``window_function`` (PyFlink's) is not supported."""
+        if window_function is not None:
+            raise TypeError("WindowedStream.aggregate: window_function is not supported; use process() "
+                            "with a ProcessWindowFunction that folds the elements")
+        _typed(accumulator_type, "WindowedStream.aggregate(accumulator_type)")
         for m in ("create_accumulator", "add", "get_result", "merge"):
             if not hasattr(aggregate_function, m):
                 raise TypeError(f"WindowedStream.aggregate: the AggregateFunction lacks {m}()")
-        return self._apply("WindowAggregate", ("aggregate", aggregate_function))
+        return self._apply("WindowAggregate", ("aggregate", aggregate_function), output_type)
 
-    def reduce(self, reduce_function) -> DataStream:
-        return self._apply("WindowReduce", ("reduce", reduce_function))
+    def reduce(self, reduce_function, window_function=None, output_type=None) -> DataStream:
+        if window_function is not None:
+            raise TypeError("WindowedStream.reduce: window_function is not supported; use process()")
+        return self._apply("WindowReduce", ("reduce", reduce_function), output_type)
 
-    def process(self, process_window_function: ProcessWindowFunction) -> DataStream:
+    def process(self, process_window_function: ProcessWindowFunction, output_type=None) -> DataStream:
         if not hasattr(process_window_function, "process"):
             raise TypeError("WindowedStream.process: expected a ProcessWindowFunction")
-        return self._apply("WindowProcess", ("process", process_window_function))
+        return self._apply("WindowProcess", ("process", process_window_function), output_type)
 
 
 class ConnectedStreams:
@@ -275,14 +340,14 @@ class ConnectedStreams:
     def __init__(self, first: DataStream, second: DataStream):
         self.first, self.second = first, second
 
-    def key_by(self, key_selector1, key_selector2) -> "ConnectedStreams":
+    def key_by(self, key_selector1, key_selector2, key_type=None) -> "ConnectedStreams":
         space = KeySpace()
-        k1 = KeySelector(key_selector1, "connect.key_by", space)
-        k2 = KeySelector(key_selector2, "connect.key_by", space)
+        k1 = KeySelector(_keyed_as(key_selector1, key_type, "connect.key_by"), "connect.key_by", space)
+        k2 = KeySelector(_keyed_as(key_selector2, key_type, "connect.key_by"), "connect.key_by", space)
         return ConnectedStreams(KeyedStream(self.first.env, self.first.transformation, KeyGroupPartitioner(), k1),
                                 KeyedStream(self.second.env, self.second.transformation, KeyGroupPartitioner(), k2))
 
-    def process(self, func) -> DataStream:
+    def process(self, func, output_type=None) -> DataStream:
         for m in ("process_element1", "process_element2"):
             if not hasattr(func, m):
                 raise TypeError(f"ConnectedStreams.process: expected a CoProcessFunction with {m}()")
@@ -290,4 +355,5 @@ class ConnectedStreams:
         if keyed[0] != keyed[1]:
             raise ValueError("ConnectedStreams.process: key both inputs (connect(...).key_by(k1, k2)) or neither")
         name = "KeyedCoProcess" if keyed[0] else "CoProcess"
-        return self.first._add("co_process", name, {"fn": func}, [self.first._input(), self.second._input()])
+        return self.first._add("co_process", name, {"fn": func, "output_type": _typed(output_type, name)},
+                               [self.first._input(), self.second._input()])

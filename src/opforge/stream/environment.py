@@ -26,8 +26,10 @@ from opforge.stream.state_budget import StateBudget
 from opforge.stream.datastream import DataStream
 from opforge.stream.executor import JobExecutionResult, run_job
 from opforge.stream.graph import Transformation
+from opforge.stream.restart import RestartStrategy, run_restarting
 from opforge.stream.sources import ArrowSource, CollectionSource, IteratorSource, Source
 from opforge.stream.time import WATERMARK_GRANULARITIES, SystemClock, WatermarkStrategy
+from opforge.stream.types import checked_type
 
 
 class StreamExecutionEnvironment:
@@ -49,6 +51,7 @@ class StreamExecutionEnvironment:
         self._next_id = 0
         self.checkpoint_config: CheckpointConfig | None = None
         self.state_budget: StateBudget | None = None
+        self.restart_strategy: RestartStrategy | None = None
 
     @staticmethod
     def get_execution_environment(**kwargs) -> "StreamExecutionEnvironment":
@@ -67,7 +70,7 @@ class StreamExecutionEnvironment:
         return t
 
     def from_source(self, source: Source, watermark_strategy: WatermarkStrategy | None = None,
-                    source_name: str = "Source") -> DataStream:
+                    source_name: str = "Source", type_info=None) -> DataStream:
         if not isinstance(source, Source):
             raise TypeError(f"from_source: expected a Source, got {type(source).__name__}")
         strategy = watermark_strategy or WatermarkStrategy.no_watermarks()
@@ -76,14 +79,22 @@ class StreamExecutionEnvironment:
         p = self.parallelism if source.max_parallelism is None else min(self.parallelism, source.max_parallelism)
         t = self._add_transformation("source", source_name,
                                      {"source": source, "watermark_strategy": strategy,
-                                      "max_parallelism": source.max_parallelism}, [], p)
+                                      "max_parallelism": source.max_parallelism,
+                                      "output_type": checked_type(type_info, f"{source_name}(type_info=...)")},
+                                     [], p)
         return DataStream(self, t)
 
-    def from_collection(self, collection, watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
-        """A non-parallel source over a Python sequence (Flink's fromCollection)."""
-        src = CollectionSource(collection)
-        src.max_parallelism = 1
-        return self.from_source(src, watermark_strategy, "Collection Source")
+    def from_collection(self, collection, type_info=None,
+                        watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
+        """A source over a Python sequence (Flink's fromCollection): one subtask,
+        unless ``set_parallelism(n)`` deals its micro-batches round-robin to ``n``.
+        ``type_info``: a ``Types`` value the records are checked and shaped by
+        (a WatermarkStrategy in its place is taken as ``watermark_strategy``)."""
+        if isinstance(type_info, WatermarkStrategy):
+            type_info, watermark_strategy = None, type_info
+        stream = self.from_source(CollectionSource(collection), watermark_strategy, "Collection Source", type_info)
+        stream.transformation.parallelism = 1
+        return stream
 
     def from_iterator(self, factory, watermark_strategy: WatermarkStrategy | None = None) -> DataStream:
         return self.from_source(IteratorSource(factory), watermark_strategy, "Iterator Source")
@@ -135,7 +146,19 @@ class StreamExecutionEnvironment:
         """Run the job to the end of its (bounded) input; the graph is then cleared.
         ``restore_from``: a checkpoint or savepoint directory, or a checkpoint
         directory (its latest completed checkpoint; a fresh start if none)."""
-        return run_job(self, self._take_graph(job_name), job_name, restore_from)
+        transformations = self._take_graph(job_name)
+        return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore), restore_from)
+
+    def set_restart_strategy(self, strategy: RestartStrategy) -> "StreamExecutionEnvironment":
+        """What a failure of ``execute`` does (``restart.py``): e.g.
+        ``RestartStrategies.fixed_delay_restart(3, 1000)``."""
+        if not isinstance(strategy, RestartStrategy):
+            raise TypeError(f"set_restart_strategy: expected a RestartStrategies value, got {strategy!r}")
+        self.restart_strategy = strategy
+        return self
+
+    def get_restart_strategy(self) -> RestartStrategy | None:
+        return self.restart_strategy
 
     def execute_async(self, job_name: str = "opforge stream job", restore_from=None):
         """Start the job in a background thread; a ``JobClient`` controls it."""

@@ -8,7 +8,12 @@ Watermarks follow each source batch; a subtask's event time is the minimum
 over its non-idle input channels and never goes back (Flink). With record
 granularity (``env.watermark_granularity``, the default) a batch's records
 also carry the watermark each saw (``Batch.watermarks``), held back here by
-the other channels, so operators move event time record by record.
+the other channels, so operators move event time record by record. An
+operator with two or more inputs (joins, connect, broadcast state, union)
+holds such batches until the source poll that made them has gone through
+the graph, then runs both inputs' records in the order of the watermarks
+they saw (ties: the source's order, ``Batch.arrival``), as Flink would with
+a watermark after every record on every input (``_Runner.flush``).
 Each round first advances processing time (the job's clock) and fires
 processing-time timers; a source subtask whose watermark runs ahead of its
 alignment group by more than the allowed drift
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from opforge.stream.broadcast_state import BroadcastProcessOperator
 from opforge.stream.coordinator import CheckpointCoordinator
 from opforge.stream.errors import StreamOperatorError, operator_error
 from opforge.stream.functions import Aggregations
@@ -45,6 +51,8 @@ from opforge.stream.records import NO_TIMESTAMP, Batch
 from opforge.stream.rolling import RollingOperator
 from opforge.stream.sources import as_batch, positioned
 from opforge.stream.time import MAX_WATERMARK, MIN_WATERMARK, SystemClock, WatermarkGenerator
+from opforge.stream.timestamps import TimestampsOperator, stamp
+from opforge.stream.types import conform_batch
 from opforge.stream.columnar_window_operator import columnar_window_operator
 from opforge.stream.window_operator import WindowOperator
 from opforge.stream.windows import SlidingEventTimeWindows
@@ -73,6 +81,8 @@ class JobExecutionResult:
     source_records: int = 0
     checkpoints: list[str] = field(default_factory=list)
     restored_from: str | None = None
+    #: how many times a restart strategy restarted the job (``restart.py``)
+    restarts: int = 0
 
     def events_per_second(self) -> float:
         """Source records per second of wall time."""
@@ -126,8 +136,11 @@ class _Output:
     def __init__(self, runner):
         self.runner = runner
         self.edges: list[_Edge] = []
+        self.output_type = runner.node.t.params.get("output_type")  # PyFlink's output_type / type_info
 
     def emit(self, batch: Batch, tag=None) -> None:
+        if tag is None and self.output_type is not None:
+            batch = conform_batch(batch, self.output_type, self.runner.node.t.name)
         m = self.runner.metrics
         m.records_out += len(batch)
         for e in self.edges:
@@ -161,6 +174,10 @@ class _Runner:
         self.idle: dict = {}
         self.current = MIN_WATERMARK
         self.out_idle = False
+        # two or more inputs (joins, connect, union): batches with record watermarks wait for the
+        # end of the source poll, then run interleaved by watermark (``flush``)
+        self.merges = len(node.t.inputs) > 1
+        self.pending: list = []  # (batch, channel, input index)
 
     def add_channel(self, ch):
         self.wms[ch] = MIN_WATERMARK
@@ -177,23 +194,73 @@ class _Runner:
         self._wake(ch)
         self.metrics.records_in += len(batch)
         self.metrics.batches_in += 1
+        if self.merges and (batch.watermarks is not None or self.pending):
+            if batch.watermarks is None:  # e.g. a window's firing: its records saw the channel's watermark
+                batch = batch.with_watermarks(torch.full((len(batch),), self.wms[ch], dtype=torch.int64,
+                                                         device=batch.device))
+            self.pending.append((batch, ch, input_index))
+            return
         t0 = _time.perf_counter()
         with _attributed(self.op):
             if batch.watermarks is None:
                 self.op.process_input(batch, input_index)
-            elif getattr(self.op, "record_watermarks", False):
-                self.op.process_input(batch.with_watermarks(self._record_watermarks(batch.watermarks, ch)),
-                                      input_index)
             else:
-                self._by_watermark_runs(batch, ch, input_index)
+                self._run(batch.with_watermarks(self._record_watermarks(batch.watermarks, ch)), input_index)
         self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
 
-    def _by_watermark_runs(self, batch: Batch, ch, input_index: int) -> None:
+    def _run(self, batch: Batch, input_index: int) -> None:
+        """A batch whose records carry the watermarks they see here."""
+        if getattr(self.op, "record_watermarks", False):
+            self.op.process_input(batch, input_index)
+        else:
+            self._by_watermark_runs(batch, input_index)
+
+    def flush(self) -> None:
+        """Run the batches held since the source poll began (``merges``): every
+        input's records in the order of the watermarks they saw (Flink with a
+        watermark after each record, on every input), each held back by the
+        other inputs' watermarks, so a join or co-process function sees the
+        same event time at every batch size. Ties keep arrival order."""
+        if not self.pending:
+            return
+        parts, self.pending = self.pending, []
+        t0 = _time.perf_counter()
+        with _attributed(self.op):
+            wms = torch.cat([self._record_watermarks(b.watermarks, ch) for b, ch, _ in parts])
+            part = torch.cat([torch.full((len(b),), i, dtype=torch.int64, device=wms.device)
+                              for i, (b, _, _) in enumerate(parts)])
+            order = torch.arange(len(wms), device=wms.device)
+            if all(b.arrival is not None for b, _, _ in parts):  # ties: the source's order
+                order = torch.sort(torch.cat([b.arrival for b, _, _ in parts]), stable=True).indices
+            order = order.index_select(0, torch.sort(wms.index_select(0, order), stable=True).indices)
+            part, wms = part.index_select(0, order), wms.index_select(0, order)
+            offsets = [0]
+            for b, _, _ in parts:
+                offsets.append(offsets[-1] + len(b))
+            cuts = torch.nonzero(part[1:] != part[:-1]).flatten() + 1
+            starts = torch.cat([cuts.new_zeros(1), cuts]).tolist()
+            ends = starts[1:] + [len(order)]
+            firsts = part.index_select(0, torch.tensor(starts, device=part.device)).tolist()
+            for lo, hi, i in zip(starts, ends, firsts):
+                batch, _, input_index = parts[i]
+                rows = order[lo:hi] - offsets[i]
+                run = batch if hi - lo == len(batch) else batch.select(rows)
+                self._run(run.with_watermarks(wms[lo:hi]), input_index)
+        self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
+        self._advance()
+
+    def _by_watermark_runs(self, batch: Batch, input_index: int) -> None:
         """An operator that reads one watermark per batch gets the batch's
         runs of records that saw the same one, event time moving (timers
-        firing, the watermark passed on) between them."""
-        wms = self._record_watermarks(batch.watermarks, ch)
-        cuts = torch.nonzero(wms[1:] != wms[:-1]).flatten() + 1
+        firing, the watermark passed on) between them. An operator that says
+        where moving event time fires something (``fires_between(prev, wm)``,
+        a window join) gets longer runs: cut only there."""
+        wms = batch.watermarks
+        change = wms[1:] != wms[:-1]
+        fires = getattr(self.op, "fires_between", None)
+        if fires is not None:
+            change &= fires(wms[:-1], wms[1:])
+        cuts = torch.nonzero(change).flatten() + 1
         starts = torch.cat([cuts.new_zeros(1), cuts])
         host = torch.stack([starts, wms.index_select(0, starts)], 1).tolist()
         ends = [s for s, _ in host[1:]] + [len(batch)]
@@ -219,11 +286,12 @@ class _Runner:
         self._wake(ch)
         if wm > self.wms[ch]:
             self.wms[ch] = wm
-        self._advance()
+        if not self.pending:  # else after the held batches (``flush``)
+            self._advance()
 
     def receive_idle(self, ch, idle: bool) -> None:
         self.idle[ch] = idle
-        if idle:
+        if idle and not self.pending:
             self._advance()
         else:
             self._wake(ch)
@@ -240,7 +308,10 @@ class _Runner:
             self.current = m
             t0 = _time.perf_counter()
             with _attributed(self.op):
-                self.op.on_watermark(m)
+                if m > self.op.watermark:
+                    self.op.on_watermark(m)
+                else:  # its records' watermarks already moved it there (timers fired): only pass it on
+                    self.out.emit_watermark(m)
             self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
 
 
@@ -282,23 +353,8 @@ class _SourceRunner:
         self.polled_records = False
 
     def _timestamps(self, batch: Batch) -> Batch:
-        a = self.strategy.timestamp_assigner
-        if a is None or len(batch) == 0:
-            return batch
-        if isinstance(a, str):
-            col = batch.columns.get(a)
-            if not isinstance(col, torch.Tensor) or col.dtype.is_floating_point or col.dtype == torch.bool:
-                raise ValueError(f"{self.node.t.name}: timestamp column {a!r} must be an integer column "
-                                 f"(fields: {list(batch.columns)})")
-            return batch.with_timestamps(col.to(torch.int64))
-        extract = getattr(a, "extract_timestamp", a)
-        out = []
-        prev = self.prev_ts
-        for r, t in zip(batch.records(), batch.timestamps.tolist()):
-            prev = int(extract(r, t))
-            out.append(prev)
-        self.prev_ts = prev
-        return batch.with_timestamps(torch.tensor(out, dtype=torch.int64, device=batch.device))
+        batch, self.prev_ts = stamp(self.strategy, batch, self.prev_ts, self.node.t.name)
+        return batch
 
     def current_watermark(self) -> int:
         """The last watermark this subtask emitted (MAX once finished)."""
@@ -328,7 +384,8 @@ class _SourceRunner:
             self.idle = False
             self.out.emit_idle(False)
         if self.env.watermark_granularity == "record":
-            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps))
+            batch = batch.with_watermarks(self.wmgen.record_watermarks(batch.timestamps),
+                                          torch.arange(len(batch), device=batch.device))
         self.wmgen.on_batch(batch.timestamps)
         self.out.emit(batch)
         wm = self.wmgen.current()
@@ -374,10 +431,14 @@ def build_operator(t: Transformation, key):
         return ProcessOperator(name, p["fn"], key)
     if k == "co_process":
         return CoProcessOperator(name, p["fn"], key)
+    if k == "broadcast_process":
+        return BroadcastProcessOperator(name, p["fn"], p["descriptors"], key)
     if k == "rolling":
         return RollingOperator(name, key, p.get("reduce"), p.get("op"), p.get("field"))
     if k == "sink":
         return SinkOperator(name, p["sink"])
+    if k == "timestamps":
+        return TimestampsOperator(name, p["watermark_strategy"], p["per_record"])
     if k == "window":
         assigner, trigger, (kind, fn) = p["assigner"], p["trigger"], p["function"]
         evictor = p.get("evictor")
@@ -455,6 +516,7 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
                 for ch in e.channels_of(i):
                     r.add_channel(ch)
     ordered = [nodes[t.id] for t in transformations if t.kind != "source"]
+    merging = [n for n in ordered if len(n.t.inputs) > 1]  # topological: a flush feeds only later ones
     for n in ordered:
         for r in n.runners:
             with _attributed(r.op):
@@ -485,6 +547,9 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
                     s.metrics.alignment_pauses += 1
                     continue
                 s.poll(now)
+                for n in merging:
+                    for r in n.runners:
+                        r.flush()
             if isinstance(clock, SystemClock) and not any(s.polled_records for s in sources):
                 _time.sleep(0.001)  # every source waits for input (a monitored directory): do not spin
             if coordinator.due():

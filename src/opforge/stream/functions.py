@@ -215,6 +215,10 @@ class RuntimeContext:
 _OPS = ("sum", "count", "min", "max", "mean")
 
 
+#: the columns ``Aggregations(with_window=True)`` puts before its aggregations
+WINDOW_COLUMNS = ("key", "window_start", "window_end")
+
+
 class Aggregations(AggregateFunction):
     """Named aggregations of columns, e.g. ``Aggregations(n=("count",),
     total=("sum", "price"), top=("max", "price"))``; ops: sum, count, min,
@@ -235,6 +239,12 @@ class Aggregations(AggregateFunction):
             if spec[0] != "count" and len(spec) != 2:
                 raise ValueError(f"Aggregations: {name}={spec!r} needs a column name")
             self.outputs[name] = (spec[0], spec[1] if len(spec) > 1 else None)
+        if with_window:
+            for name in WINDOW_COLUMNS:
+                if name in self.outputs:
+                    raise ValueError(f"Aggregations: the aggregation {name!r} clashes with the window column "
+                                     f"{name!r} that with_window=True adds (columns {list(WINDOW_COLUMNS)}); "
+                                     "rename the aggregation")
         self.with_window = with_window
 
     # accumulator: name -> [value, count]
@@ -289,7 +299,8 @@ class Aggregations(AggregateFunction):
 def _field(record, name):
     if isinstance(record, Mapping):
         return record[name]
-    if isinstance(record, tuple) and name.startswith("f") and name[1:].isdigit() and not hasattr(record, "_fields"):
+    if isinstance(record, (tuple, list)) and name.startswith("f") and name[1:].isdigit() \
+            and not hasattr(record, "_fields"):
         return record[int(name[1:])]
     if name == "f0" and isinstance(record, (int, float, bool)):
         return record

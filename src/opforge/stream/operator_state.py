@@ -32,6 +32,8 @@ def snapshot_operator(op: Operator, checkpoint_id: int) -> dict:
         s["processing_timers"] = op.proc_timers.snapshot()
         if op.key_selector is not None:
             s["keyed_state"] = op.state.snapshot()
+        if hasattr(op, "broadcast_state"):  # broadcast_state.BroadcastProcessOperator
+            s["broadcast_state"] = op.broadcast_state
     elif isinstance(op, SinkOperator):
         pre = getattr(op.sink, "snapshot_state", None)
         s["sink"] = pre(op.index, checkpoint_id) if callable(pre) else None
@@ -69,6 +71,8 @@ def restore_operator(op: Operator, s: dict) -> None:
         op.proc_timers.restore(s["processing_timers"])
         if op.key_selector is not None:
             op.state.restore(s["keyed_state"])
+        if "broadcast_state" in s:
+            op.broadcast_state = s["broadcast_state"]
     elif isinstance(op, SinkOperator):
         sink, state = op.sink, s["sink"]
         if isinstance(state, dict) and "rescaled" in state and len(state) == 1:  # rescale.py

@@ -114,7 +114,7 @@ class MapOperator(Operator):
             out = batch_result(self.fn(batch), batch, self.name, same_length=True)
         else:
             out = records_batch(call_per_record(self.fn, batch.records()), batch.timestamps, self.device, self.name)
-        self.out.emit(with_output_type(out, self.output).with_keys(None).with_watermarks(batch.watermarks))
+        self.out.emit(with_output_type(out, self.output).with_keys(None).marked_like(batch))
 
 
 class FilterOperator(Operator):
@@ -281,7 +281,8 @@ class ProcessOperator(Operator):
     def _run(self, batch, process):
         recs = batch.records()
         ts = batch.timestamps.tolist()
-        keys = (self.key_selector.decode_many(batch.keys) if self.key_selector is not None else None)
+        keyed = self.key_selector is not None and batch.keys is not None  # (a broadcast input has no keys)
+        keys = self.key_selector.decode_many(batch.keys) if keyed else None
         keys = keys.tolist() if isinstance(keys, torch.Tensor) else keys
         self.ctx._domain = None
         wms = None if batch.watermarks is None else batch.watermarks.tolist()

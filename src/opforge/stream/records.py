@@ -27,6 +27,45 @@ NO_TIMESTAMP = -(2**63)
 """The timestamp of a record that has none (Flink's ``Long.MIN_VALUE``)."""
 
 
+class Row(tuple):
+    """PyFlink's ``Row``: positional (``Row(1, "a")``, fields ``f0, f1, ...``)
+    or named (``Row(id=1, name="a")``: ``row.name``, ``row["name"]``, and the
+    names become the stream's column names). Equal to the tuple of its values."""
+
+    def __new__(cls, *values, **named):
+        if values and named:
+            raise TypeError("Row: give the values by position or by name, not both")
+        row = super().__new__(cls, tuple(named.values()) if named else values)
+        row._names = tuple(named) if named else None
+        return row
+
+    def __getnewargs_ex__(self):
+        return ((), dict(zip(self._names, self))) if self._names is not None else (tuple(self), {})
+
+    def __getattr__(self, name):
+        names = self.__dict__.get("_names")
+        if names is not None and name in names:
+            return tuple.__getitem__(self, names.index(name))
+        raise AttributeError(f"Row has no field {name!r} (fields: {list(names or ())})")
+
+    def __getitem__(self, item):
+        if isinstance(item, str):
+            if self._names is None or item not in self._names:
+                raise KeyError(f"Row has no field {item!r} (fields: {list(self._names or ())})")
+            item = self._names.index(item)
+        return tuple.__getitem__(self, item)
+
+    def as_dict(self) -> dict:
+        if self._names is None:
+            raise TypeError("Row.as_dict: the row's fields have no names (make it as Row(name=value, ...))")
+        return dict(zip(self._names, self))
+
+    def __repr__(self) -> str:
+        if self._names is None:
+            return f"Row({', '.join(map(repr, self))})"
+        return f"Row({', '.join(f'{n}={v!r}' for n, v in zip(self._names, self))})"
+
+
 @dataclass(frozen=True)
 class RecordSchema:
     """How records look: ``kind`` in tuple / dict / dataclass / value, the
@@ -42,6 +81,12 @@ class RecordSchema:
 
     @staticmethod
     def of(record: Any) -> "RecordSchema":
+        if isinstance(record, Row):
+            names = record._names
+            return RecordSchema("named_row", names) if names is not None else \
+                RecordSchema("row", tuple(f"f{i}" for i in range(len(record))))
+        if isinstance(record, list):
+            return RecordSchema("list", tuple(f"f{i}" for i in range(len(record))))
         if isinstance(record, tuple) and not hasattr(record, "_fields"):
             return RecordSchema("tuple", tuple(f"f{i}" for i in range(len(record))))
         if isinstance(record, tuple):  # namedtuple: fields by name
@@ -60,6 +105,12 @@ class RecordSchema:
                 if not isinstance(record, tuple) or len(record) != len(self.names):
                     raise ValueError
                 return record
+            if self.kind in ("list", "row", "named_row"):
+                want = {"list": list, "row": Row, "named_row": Row}[self.kind]
+                if not isinstance(record, want) or len(record) != len(self.names) or \
+                        (self.kind == "named_row" and record._names != self.names):
+                    raise ValueError
+                return tuple(record)
             if self.kind == "namedtuple":
                 if type(record) is not self.cls:
                     raise ValueError
@@ -80,6 +131,12 @@ class RecordSchema:
             return tuple(values)
         if self.kind == "dict":
             return dict(zip(self.names, values))
+        if self.kind == "list":
+            return list(values)
+        if self.kind == "row":
+            return Row(*values)
+        if self.kind == "named_row":
+            return Row(**dict(zip(self.names, values)))
         if self.kind in ("dataclass", "namedtuple"):
             return self.cls(*values)
         return values[0]
@@ -130,7 +187,9 @@ class Batch:
     the event time each row saw when it arrived (int64, non-decreasing), set
     when watermarks have record granularity (``time.py``) and kept by the
     operators that pass rows on, so that lateness, firings and timers do not
-    depend on how the input was batched (None: the batch saw one watermark)."""
+    depend on how the input was batched (None: the batch saw one watermark);
+    ``arrival``: with them, each row's position in its source poll, so that a
+    two-input operator meets both inputs' rows in the source's order."""
 
     columns: dict[str, torch.Tensor | list]
     timestamps: torch.Tensor
@@ -138,6 +197,7 @@ class Batch:
     keys: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
     watermarks: torch.Tensor | None = None
+    arrival: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.timestamps.shape[0]
@@ -195,16 +255,24 @@ class Batch:
         return Batch({n: take(c, index) for n, c in self.columns.items()},
                      self.timestamps.index_select(0, index), self.schema,
                      None if self.keys is None else self.keys.index_select(0, index), dict(self.meta),
-                     None if self.watermarks is None else self.watermarks.index_select(0, index))
+                     None if self.watermarks is None else self.watermarks.index_select(0, index),
+                     None if self.arrival is None else self.arrival.index_select(0, index))
 
     def with_keys(self, keys: torch.Tensor | None) -> "Batch":
-        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta), self.watermarks)
+        return Batch(self.columns, self.timestamps, self.schema, keys, dict(self.meta), self.watermarks, self.arrival)
 
     def with_timestamps(self, ts: torch.Tensor) -> "Batch":
-        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta), self.watermarks)
+        return Batch(self.columns, ts, self.schema, self.keys, dict(self.meta), self.watermarks, self.arrival)
 
-    def with_watermarks(self, watermarks: torch.Tensor | None) -> "Batch":
-        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), watermarks)
+    def with_watermarks(self, watermarks: torch.Tensor | None, arrival: torch.Tensor | None = None) -> "Batch":
+        """Record watermarks (and arrival positions: kept when not given)."""
+        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), watermarks,
+                     self.arrival if arrival is None else arrival)
+
+    def marked_like(self, rows: "Batch") -> "Batch":
+        """This batch (made row for row from ``rows``) with its record watermarks and arrival positions."""
+        return Batch(self.columns, self.timestamps, self.schema, self.keys, dict(self.meta), rows.watermarks,
+                     rows.arrival)
 
     def records(self) -> list:
         """The rows as records shaped like the source's."""
@@ -233,7 +301,9 @@ class Batch:
         cols = {n: concat_columns([b.columns[n] for b in batches]) for n in first.columns}
         keys = None if first.keys is None else torch.cat([b.keys for b in batches])
         wms = None if any(b.watermarks is None for b in batches) else torch.cat([b.watermarks for b in batches])
-        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys, watermarks=wms)
+        arrival = None if any(b.arrival is None for b in batches) else torch.cat([b.arrival for b in batches])
+        return Batch(cols, torch.cat([b.timestamps for b in batches]), first.schema, keys, watermarks=wms,
+                     arrival=arrival)
 
 
 def _arrow_column(arr, device):

@@ -50,6 +50,9 @@ class _Node:
         self.key = next((i.key for i in t.inputs if i.key is not None), None)
 
     def emit(self, record, ts, tag=None):
+        output_type = self.t.params.get("output_type")
+        if tag is None and output_type is not None:
+            record = output_type.conform(record, self.t.name)
         for node, t, input_index in self.outputs:
             if t == tag:
                 node.element_from(input_index, record, ts)
@@ -120,6 +123,7 @@ class _Ctx:
         self.ts = None
         self.current_key = None
         self.domain = None
+        self.writing = False  # in process_broadcast_element
 
     def timestamp(self):
         return self.ts
@@ -129,6 +133,12 @@ class _Ctx:
 
     def get_current_key(self):
         return self.current_key
+
+    def get_broadcast_state(self, descriptor):
+        from opforge.stream.broadcast_state import BroadcastState, ReadOnlyBroadcastState
+
+        values = self.node.broadcast.setdefault(descriptor.name, {})
+        return (BroadcastState if self.writing else ReadOnlyBroadcastState)(values, descriptor.name)
 
     def timer_service(self):
         if self.node.key is None:
@@ -166,6 +176,7 @@ class _Process(_Node):
         self.state = KeyedStateBackend(_FixedClock(), self.t.name) if self.key is not None else None
         self.timers: list = []
         self.timer_set: set = set()
+        self.broadcast: dict = {}  # broadcast state: name -> map
         self.ctx = _Ctx(self)
         fn = self.t.params["fn"]
         if hasattr(fn, "open") and not callable(fn):
@@ -183,11 +194,16 @@ class _Process(_Node):
     def element_from(self, input_index, record, ts):
         self.ctx.ts = None if ts == NO_TIMESTAMP else ts
         self.ctx.domain = None
+        fn = self.t.params["fn"]
+        if self.t.kind == "broadcast_process" and input_index == 1:  # no key; may change the broadcast state
+            self.ctx.current_key, self.ctx.writing = None, True
+            self._run(fn.process_broadcast_element(record, self.ctx), ts)
+            self.ctx.writing = False
+            return
         if self.key is not None:
             k = self.key_of(record, self.t.inputs[input_index].key)
             self.ctx.current_key = k
             self.state.set_current_key(k)
-        fn = self.t.params["fn"]
         if self.t.kind == "co_process":
             process = fn.process_element1 if input_index == 0 else fn.process_element2
         else:
@@ -389,6 +405,33 @@ class _WinCtx:
         return self._wm
 
 
+class _Timestamps(_Node):
+    """``assign_timestamps_and_watermarks``: its own timestamps and watermarks;
+    upstream's are dropped but the end of input's."""
+
+    def open(self):
+        self.strategy = self.t.params["watermark_strategy"]
+        self.max_ts, self.emitted = MIN_WATERMARK, MIN_WATERMARK
+
+    def element(self, record, ts):
+        a = self.strategy.timestamp_assigner
+        if isinstance(a, str):
+            ts = int(field_of(record, a, self.t.name))
+        elif a is not None:
+            ts = int(getattr(a, "extract_timestamp", a)(record, ts))
+        self.max_ts = max(self.max_ts, ts)
+        self.emit(record, ts)
+        if self.t.params["per_record"]:
+            self.end_batch()
+
+    def end_batch(self):
+        self.emitted = _watermark(self, self.strategy, self.max_ts, self.emitted)
+
+    def watermark(self, wm):
+        if wm == MAX_WATERMARK:
+            self.emit_wm(wm)
+
+
 class _Sink(_Node):
     def __init__(self, t, env, results):
         super().__init__(t, env)
@@ -407,8 +450,8 @@ def run_reference(env) -> dict:
     if len(sources) != 1 or sources[0].parallelism != 1:
         raise ValueError("run_reference: one source with parallelism 1 is modeled")
     for t in ts_list:
-        cls = {"process": _Process, "co_process": _Process, "rolling": _Rolling,
-               "window": _Window}.get(t.kind, _Stateless)
+        cls = {"process": _Process, "co_process": _Process, "broadcast_process": _Process, "rolling": _Rolling,
+               "window": _Window, "timestamps": _Timestamps}.get(t.kind, _Stateless)
         if t.kind == "sink":
             node = _Sink(t, env, results)
         elif t.kind == "source":
@@ -444,6 +487,9 @@ def run_reference(env) -> dict:
             if per_record:
                 emitted = _watermark(source_node, strategy, max_ts, emitted)
         emitted = _watermark(source_node, strategy, max_ts, emitted)
+        for n in nodes.values():
+            if isinstance(n, _Timestamps) and not n.t.params["per_record"]:
+                n.end_batch()
     source_node.emit_wm(MAX_WATERMARK)
     return results
 

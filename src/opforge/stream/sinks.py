@@ -76,3 +76,31 @@ class PrintSink(Sink):
         for r in batch.records():
             print(f"{self.prefix}{subtask + 1}> {r!r}" if self.prefix else f"{subtask + 1}> {r!r}",
                   file=self.stream)
+
+
+class CollectIterator:
+    """What ``DataStream.execute_and_collect()`` returns (PyFlink's
+    ``CloseableIterator``): the job's records, iterated once, usable in
+    ``with ... as it:``; ``list(it)`` gives them all."""
+
+    def __init__(self, records: list):
+        self._records = iter(records)
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._closed:
+            raise StopIteration
+        return next(self._records)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
