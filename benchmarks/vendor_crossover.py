@@ -110,7 +110,7 @@ def gemm(dev, deadline, tune, dtype=torch.bfloat16):
         op_args = (a, b, None, None, MM.make_epilogue(a, None, None, None, None))
         row = _measure("matmul", lambda: opforge.matmul(a, b), op_args, lambda: torch.matmul(a, b), dev,
                        deadline, tune)
-        row.update(M=M, N=N, K=K, bucket=MM.bucket(a, b), tflops_peer=2 * M * N * K / row["peer_ms"] / 1e9)
+        row.update(M=M, N=N, K=K, bucket=MM.bucket(MM.geometry(a, b)), tflops_peer=2 * M * N * K / row["peer_ms"] / 1e9)
         row["ratio_dispatch"] = row["peer_ms"] / row["dispatch_ms"]
         row["ratio_best"] = row["peer_ms"] / row["best_ms"]
         rows.append(row)
