@@ -36,6 +36,7 @@ _PUBLIC = {
     "opforge.ops.compact": ("compact", "nonzero"),
     "opforge.ops.transpose": ("transpose", "permute"),
     "opforge.ops.cross_entropy": ("cross_entropy",),
+    "opforge.ops.rope": ("rope", "rope_"),
     "opforge.ops.attention": ("attention",),
     "opforge.ops.attention_decode": ("attention_decode",),
     "opforge.ops.matmul": ("matmul",),

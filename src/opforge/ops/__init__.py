@@ -15,6 +15,7 @@ from opforge.ops import norm  # noqa: F401
 from opforge.ops import quant  # noqa: F401
 from opforge.ops import reduce  # noqa: F401
 from opforge.ops import residual_norm  # noqa: F401
+from opforge.ops import rope  # noqa: F401
 from opforge.ops import scaled_matmul  # noqa: F401
 from opforge.ops import scan  # noqa: F401
 from opforge.ops import softmax  # noqa: F401
