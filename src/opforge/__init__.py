@@ -37,6 +37,7 @@ _PUBLIC = {
     "opforge.ops.transpose": ("transpose", "permute"),
     "opforge.ops.cross_entropy": ("cross_entropy",),
     "opforge.ops.rope": ("rope", "rope_"),
+    "opforge.ops.fused_linear_cross_entropy": ("fused_linear_cross_entropy",),
     "opforge.ops.attention": ("attention",),
     "opforge.ops.attention_decode": ("attention_decode",),
     "opforge.ops.matmul": ("matmul",),

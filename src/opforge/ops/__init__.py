@@ -7,6 +7,7 @@ from opforge.ops import compact  # noqa: F401
 from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
 from opforge.ops import fused  # noqa: F401
+from opforge.ops import fused_linear_cross_entropy  # noqa: F401
 from opforge.ops import grouped_matmul  # noqa: F401
 from opforge.ops import hashing  # noqa: F401
 from opforge.ops import matmul  # noqa: F401
