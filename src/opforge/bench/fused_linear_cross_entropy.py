@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from opforge.bench.case import BenchCase
+from opforge.ops import fused_linear_cross_entropy as FL  # noqa: F401  (registers the op)
 
 
 def _run(h, w, t):
