@@ -27,7 +27,7 @@ _PUBLIC = {
     "opforge.ops.elementwise": (
         "abs", "add", "div", "exp", "gelu", "gelu_backward", "gelu_tanh", "log", "maximum", "minimum",
         "mul", "neg", "relu", "rsqrt", "sigmoid", "silu", "silu_backward", "sqrt", "sub", "tanh"),
-    "opforge.ops.fused": ("bias_gelu", "swiglu"),
+    "opforge.ops.fused": ("bias_gelu", "geglu", "swiglu"),
     "opforge.ops.softmax": ("softmax", "log_softmax"),
     "opforge.ops.norm": ("layer_norm", "rms_norm"),
     "opforge.ops.residual_norm": ("add_layer_norm", "add_rms_norm"),
@@ -37,6 +37,8 @@ _PUBLIC = {
     "opforge.ops.transpose": ("transpose", "permute"),
     "opforge.ops.cross_entropy": ("cross_entropy",),
     "opforge.ops.rope": ("rope", "rope_"),
+    "opforge.ops.embedding": ("embedding",),
+    "opforge.ops.topk": ("topk",),
     "opforge.ops.fused_linear_cross_entropy": ("fused_linear_cross_entropy",),
     "opforge.ops.attention": ("attention",),
     "opforge.ops.attention_decode": ("attention_decode",),

@@ -6,6 +6,7 @@ from opforge.ops import bloom  # noqa: F401
 from opforge.ops import compact  # noqa: F401
 from opforge.ops import cross_entropy  # noqa: F401
 from opforge.ops import elementwise  # noqa: F401
+from opforge.ops import embedding  # noqa: F401
 from opforge.ops import fused  # noqa: F401
 from opforge.ops import fused_linear_cross_entropy  # noqa: F401
 from opforge.ops import grouped_matmul  # noqa: F401
@@ -20,5 +21,6 @@ from opforge.ops import rope  # noqa: F401
 from opforge.ops import scaled_matmul  # noqa: F401
 from opforge.ops import scan  # noqa: F401
 from opforge.ops import softmax  # noqa: F401
+from opforge.ops import topk  # noqa: F401
 from opforge.ops import transpose  # noqa: F401
 
