@@ -39,6 +39,7 @@ _PUBLIC = {
     "opforge.ops.rope": ("rope", "rope_"),
     "opforge.ops.embedding": ("embedding",),
     "opforge.ops.topk": ("topk",),
+    "opforge.ops.moe": ("moe_route", "moe_permute", "moe_unpermute", "moe_experts"),
     "opforge.ops.fused_linear_cross_entropy": ("fused_linear_cross_entropy",),
     "opforge.ops.attention": ("attention",),
     "opforge.ops.attention_decode": ("attention_decode",),

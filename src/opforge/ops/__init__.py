@@ -12,6 +12,7 @@ from opforge.ops import fused_linear_cross_entropy  # noqa: F401
 from opforge.ops import grouped_matmul  # noqa: F401
 from opforge.ops import hashing  # noqa: F401
 from opforge.ops import matmul  # noqa: F401
+from opforge.ops import moe  # noqa: F401
 from opforge.ops import nexmark  # noqa: F401
 from opforge.ops import norm  # noqa: F401
 from opforge.ops import quant  # noqa: F401
