@@ -37,10 +37,11 @@ def test_registered():
     assert [v.name for v in registry.get("fused_linear_cross_entropy").variants] == ["chunked", "reference"]
 
 
-def test_loss_and_gradients_in_chunks(gen):
+@pytest.mark.parametrize("variant", ["chunked", "reference"])
+def test_loss_and_gradients(gen, variant):
     h, w, b, t = inputs(gen, torch.float32)
     params = [x.clone().requires_grad_() for x in (h, w, b)]
-    with force_variant("fused_linear_cross_entropy", "chunked"):
+    with force_variant("fused_linear_cross_entropy", variant):
         loss = opforge.fused_linear_cross_entropy(params[0], params[1], t, bias=params[2], label_smoothing=0.1,
                                                   chunk_rows=8)
     (3.0 * loss).backward()

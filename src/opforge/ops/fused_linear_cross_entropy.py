@@ -56,20 +56,28 @@ CHUNK_BYTES = 1 << 28  # one chunk's logits (and as much again for their gradien
 # Reference semantics (plain torch)
 # ---------------------------------------------------------------------------
 def reference(hidden, weight, target, ignore_index, label_smoothing, reduction, need_grad, chunk_rows, bias=None):
-    """The whole logits in the loss dtype and torch autograd: the oracle."""
+    """The whole logits in the loss dtype, the gradients in closed form (an op's
+    implementation runs below autograd): ``d logits = (softmax - (1 - eps) onehot
+    - eps / V) * row scale``, zero on ignored rows."""
     dtype = CE.stats_dtype(hidden.dtype)
-    with torch.enable_grad():
-        h = hidden.detach().to(dtype).requires_grad_(need_grad)
-        w = weight.detach().to(dtype).requires_grad_(need_grad)
-        b = None if bias is None else bias.detach().to(dtype).requires_grad_(need_grad)
-        logits = F.linear(h.reshape(-1, h.shape[-1]), w, b)
-        loss = F.cross_entropy(logits, target.reshape(-1).long(), ignore_index=ignore_index, reduction=reduction,
-                               label_smoothing=label_smoothing)
-        if not need_grad:
-            return loss.detach(), *_no_grads(hidden, weight, bias)
-        grads = torch.autograd.grad(loss, [h, w] + ([b] if b is not None else []))
-    db = grads[2].to(bias.dtype) if bias is not None else weight.new_empty(0)
-    return loss.detach(), grads[0].to(hidden.dtype), grads[1].to(weight.dtype), db
+    h = hidden.detach().reshape(-1, hidden.shape[-1]).to(dtype)
+    w = weight.detach().to(dtype)
+    logits = F.linear(h, w, None if bias is None else bias.detach().to(dtype))
+    t = target.reshape(-1).long()
+    active = t != ignore_index
+    safe = torch.where(active, t, torch.zeros_like(t))
+    lse = torch.logsumexp(logits, -1)
+    eps, vocab = float(label_smoothing), logits.shape[-1]
+    rows = (1 - eps) * (lse - logits.gather(1, safe[:, None])[:, 0]) + eps * (lse - logits.mean(-1))
+    scale = 1 / active.sum().to(dtype) if reduction == "mean" else torch.ones((), dtype=dtype, device=h.device)
+    loss = torch.where(active, rows, torch.zeros_like(rows)).sum() * scale
+    if not need_grad:
+        return loss, *_no_grads(hidden, weight, bias)
+    d = torch.softmax(logits, -1) - eps / vocab
+    d.scatter_add_(1, safe[:, None], torch.full_like(d[:, :1], -(1 - eps)))
+    d *= (active.to(dtype) * scale)[:, None]
+    db = d.sum(0).to(bias.dtype) if bias is not None else weight.new_empty(0)
+    return loss, (d @ w).to(hidden.dtype).reshape(hidden.shape), (d.t() @ h).to(weight.dtype), db
 
 
 def _no_grads(hidden, weight, bias):
