@@ -50,6 +50,6 @@ def backward_case(tokens: int, vocab: int, hidden: int, dtype) -> BenchCase:
 
 def cases(device: torch.device, quick: bool) -> list[BenchCase]:
     if quick or device.type != "cuda":
-        return [forward_case(40, 50, 32, torch.float32), backward_case(40, 50, 32, torch.float32)]
+        return [forward_case(8, 16, 16, torch.float32), backward_case(8, 16, 16, torch.float32)]
     bf16 = torch.bfloat16
     return [forward_case(8192, 128256, 2048, bf16), backward_case(8192, 128256, 2048, bf16)]

@@ -63,6 +63,6 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
     bf16 = torch.bfloat16
     gpu = device.type == "cuda"
     if quick or not gpu:
-        return [rope_case(1, 16, 4, 2, 16, torch.float32, compile_peer=gpu)]
+        return [rope_case(1, 4, 2, 1, 16, torch.float32, compile_peer=gpu)]
     return [rope_case(2, 4096, 32, 8, 64, bf16), rope_case(2, 4096, 32, 8, 128, bf16),
             rope_case(64, 1, 32, 8, 128, bf16)]
