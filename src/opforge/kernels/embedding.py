@@ -41,15 +41,13 @@ def scatter_sorted_kernel(sorted_ptr, perm_ptr, g_ptr, dw_ptr, N, H, g_row, dw_r
     if ((slot == 0) | (prev != row)) & (row != padding_idx):
         acc = tl.zeros((BLOCK,), dtype=tl.float64 if FP64 else tl.float32)
         j = slot
-        same = True
+        same = row == row  # a tensor from the start: a loop-carried value keeps one type
         while same:
             tok = tl.load(perm_ptr + j).to(tl.int64)
             acc += tl.load(g_ptr + tok * g_row + cols, mask=mask, other=0.0).to(acc.dtype)
             j += 1
-            if j < N:
-                same = tl.load(sorted_ptr + j) == row
-            else:
-                same = False
+            nxt = tl.load(sorted_ptr + tl.minimum(j, N - 1))
+            same = (j < N) & (nxt == row)
         tl.store(dw_ptr + row.to(tl.int64) * dw_row + cols, acc.to(dw_ptr.dtype.element_ty), mask=mask)
 
 

@@ -62,13 +62,13 @@ def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                 cs_b, cs_s, cs_d, ps_b, ps_s,
                 HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
                 HAS_POS: tl.constexpr, BACKWARD: tl.constexpr, FP64: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # 64-bit offsets: batch x stride may pass 2^31
     b = pid // S
     s = pid % S
     if HAS_POS:
         row = tl.load(pos_ptr + b * ps_b + s * ps_s).to(tl.int64)
     else:
-        row = s.to(tl.int64)
+        row = s
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HALF
     crow = b * cs_b + row * cs_s + offs_d * cs_d

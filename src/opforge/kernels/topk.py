@@ -35,7 +35,7 @@ def topk_kernel(x_ptr, v_ptr, i_ptr, R, C, x_row, K: tl.constexpr, BLOCK_R: tl.c
         x = -x
     x = tl.where(x != x, float("inf"), x)  # NaN ranks first, as in torch
     x = tl.where(mask, x, float("-inf"))
-    taken = cols[None, :] < 0  # all false
+    taken = (rows[:, None] < 0) & (cols[None, :] < 0)  # all false, in the loop's shape
     for j in range(K):
         cand = tl.where(taken, float("-inf"), x)
         best = tl.max(cand, axis=1)
