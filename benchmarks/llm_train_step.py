@@ -184,14 +184,10 @@ def main() -> None:
             entry = json.loads(line[len("RESULT "):])
         entries.append(entry)
         print(_row(entry), flush=True)
-    liger = next((e for e in entries if e["mode"] == "liger" and "tokens_per_s" in e), None)
-    if liger:
-        for e in entries:
-            if "tokens_per_s" in e:
-                e["vs_liger"] = {"tokens_per_s": e["tokens_per_s"] / liger["tokens_per_s"],
-                                 "peak": (e["peak_gib"] / liger["peak_gib"]) if liger["peak_gib"] else None}
-                print(f"  {e['mode']:16s} {e['vs_liger']['tokens_per_s']:.3f}x Liger tokens/s"
-                      + (f", {e['vs_liger']['peak']:.3f}x its peak memory" if e['vs_liger']['peak'] else ""))
+    for e in _with_ratios(entries):
+        if "vs_liger" in e:
+            print(f"  {e['mode']:16s} {e['vs_liger']['tokens_per_s']:.3f}x Liger tokens/s"
+                  + (f", {e['vs_liger']['peak']:.3f}x its peak memory" if e['vs_liger']['peak'] else ""))
     config = {k: getattr(args, k) for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab",
                                             "batch", "seq", "dtype", "steps", "warmup", "untied")}
     report = {"schema_version": SCHEMA_VERSION, "date": dt.date.today().isoformat(), **versions(),
@@ -199,8 +195,35 @@ def main() -> None:
     if args.out == "json":
         gpu = "h200" if "H200" in (report["gpu"] or "") else ("gpu" if report["gpu"] else "cpu")
         path = HERE / "results" / f"{gpu}-{report['date']}-llm-train-step.json"
+        report = _merged(path, report)
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}")
+
+
+def _merged(path: Path, report: dict) -> dict:
+    """Modes run in separate calls (a device call has a time limit) land in one file:
+    an earlier file of the same config and versions keeps the modes this run did not
+    repeat, and the ratios to Liger are recomputed over all of them."""
+    if not path.exists():
+        return report
+    old = json.loads(path.read_text())
+    same = all(old.get(k) == report.get(k) for k in ("config", "gpu", "torch", "triton", "transformers"))
+    if not same:
+        return report
+    mine = {e["mode"] for e in report["entries"]}
+    entries = [e for e in old["entries"] if e["mode"] not in mine] + report["entries"]
+    entries.sort(key=lambda e: MODES.index(e["mode"]))
+    return dict(report, entries=_with_ratios(entries))
+
+
+def _with_ratios(entries: list[dict]) -> list[dict]:
+    """Each timed entry's tokens/s and peak memory as ratios to Liger's (when Liger ran)."""
+    liger = next((e for e in entries if e["mode"] == "liger" and "tokens_per_s" in e), None)
+    for e in entries:
+        if liger and "tokens_per_s" in e:
+            e["vs_liger"] = {"tokens_per_s": e["tokens_per_s"] / liger["tokens_per_s"],
+                             "peak": (e["peak_gib"] / liger["peak_gib"]) if liger["peak_gib"] else None}
+    return entries
 
 
 def _row(e: dict) -> str:
