@@ -75,6 +75,13 @@ def test_qwen3_and_mixtral_wiring(monkeypatch, family):
                                                                            num_experts_per_tok=2))
         expect = {"rms_norm": 3, "attention": 1, "moe_router": 1, "moe_experts": 1, "lm_head_loss": 1}
     ids = torch.randint(0, 64, (2, 5))
+    ref = copy.deepcopy(model)
     handle = compare(model, ids, ids, 1e-5)
     assert handle.report.swapped == expect
     assert not handle.report.fallbacks
+    # left padding: transformers builds a mask, and the attention takes transformers' own path
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    got, want = model(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert handle.report.fallbacks["attention with a mask, window or dropout"] == 1
