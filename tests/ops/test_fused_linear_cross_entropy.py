@@ -72,3 +72,14 @@ def test_errors(gen):
         opforge.fused_linear_cross_entropy(h, w, t[0])
     with pytest.raises(ValueError, match="target 99 is out of range"):
         opforge.fused_linear_cross_entropy(h, w, torch.full_like(t, 99))
+
+
+def test_opcheck(gen, monkeypatch):
+    """The schema, the autograd registration and the fake (torch.compile's view of the op) against
+    the op itself, on its reference path (the kernels' interpreter cost is not what is checked)."""
+    monkeypatch.setenv("OPFORGE_INTERPRET", "0")
+    h, w, b, t = inputs(gen, torch.float32, rows=(2, 3), vocab=10)
+    args = (h.requires_grad_(), w.requires_grad_(), t, b.requires_grad_(), -100, 0.1, "sum", True, 4)
+    result = torch.library.opcheck(torch.ops.opforge.fused_linear_cross_entropy.default, args,
+                                   test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    assert set(result.values()) == {"SUCCESS"}, result

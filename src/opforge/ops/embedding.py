@@ -98,6 +98,8 @@ def check_ids(ids, num_weights: int) -> None:
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Geometry:
+    """Tokens (ids), the row width and the table's rows: all the kernels' grids need."""
+
     tokens: int
     hidden: int
     rows: int

@@ -44,6 +44,8 @@ def validate(x, k, dim=-1, largest=True) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Geometry:
+    """The input as ``[rows, cols]`` with ``dim`` last, and the static arguments."""
+
     rows: int
     cols: int
     k: int
