@@ -40,6 +40,8 @@ def rand(shape, gen, dtype=F32, scale=2.0):
     ("swiglu_backward", ["triton_flat", "triton_strided", "torch_eager", "reference"]),
     ("swiglu_packed", ["triton_strided", "torch_eager", "reference"]),
     ("swiglu_packed_backward", ["triton_strided", "torch_eager", "reference"]),
+    ("geglu", ["triton_flat", "triton_strided", "torch_eager", "reference"]),
+    ("geglu_backward", ["triton_flat", "triton_strided", "torch_eager", "reference"]),
 ])
 def test_registered(name, variants):
     op = registry.get(name)
@@ -215,3 +217,21 @@ def test_errors(gen):
         swiglu(x, rand((5,), gen))
     with pytest.raises(TypeError, match="opforge.swiglu: up must be a torch.Tensor"):
         swiglu(x, 2.0)
+
+
+@pytest.mark.parametrize("variant,approximate", [("triton_flat", "tanh"), ("triton_strided", "none")])
+def test_geglu_forward_and_gradient(gen, variant, approximate):
+    """gelu(gate) * up against float64 torch, through each generated kernel (forward and backward)."""
+    gate, up = rand((6, 10), gen).requires_grad_(), rand((6, 10), gen).requires_grad_()
+    if variant == "triton_strided":
+        gate = rand((10, 6), gen).t().requires_grad_()
+    with force_variant("geglu", variant), force_variant("geglu_backward", variant):
+        y = FU.geglu(gate, up, approximate)
+        gy = rand(y.shape, gen)
+        dg, du = torch.autograd.grad(y, (gate, up), gy)
+    g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
+    ref = F.gelu(g64, approximate=approximate) * u64
+    rg, ru = torch.autograd.grad(ref, (g64, u64), gy.double())
+    assert rel_err(y, ref) < BOUND[F32] and rel_err(dg, rg) < BOUND[F32] and rel_err(du, ru) < BOUND[F32]
+    with pytest.raises(ValueError, match="opforge.geglu: approximate must be"):
+        FU.geglu(gate, up, "exact")

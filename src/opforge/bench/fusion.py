@@ -1,7 +1,7 @@
 """Bench cases for kernel fusion: a chain of 1, 2, 4 and 8 elementwise ops
 fused by ``opforge.fuse`` against torch eager (one kernel, one HBM round trip
 per op) and torch.compile (Inductor's own fused kernel), plus the fused ops
-bias_gelu and swiglu, forward and backward, and one small graph-timed shape.
+bias_gelu, swiglu and geglu, forward and backward, and one small graph-timed shape.
 
 The chains alternate ``x * s``, ``x + t``, ``gelu(x)``, ``tanh(x)`` (``s``,
 ``t`` Python numbers: kernel arguments). Fused, every chain moves the same
@@ -184,6 +184,16 @@ def swiglu_case(shape, dtype, device) -> BenchCase:
     )
 
 
+def geglu_case(shape, dtype, device, approximate="tanh") -> BenchCase:
+    numel = math.prod(shape)
+    return BenchCase(
+        op="geglu", label="x".join(map(str, shape)) + f" gate,up {approximate}", dtype=dtype,
+        make_args=lambda dev: (_rand(shape, dtype, dev), _rand(shape, dtype, dev), approximate),
+        run=FU.geglu, reference=FU.geglu_ref, flops=10 * numel, nbytes=3 * numel * _es(dtype),
+        peers=_peers(FU.geglu_ref, device),
+    )
+
+
 def cases(device: torch.device, quick: bool) -> list[BenchCase]:
     """The chain-length sweep, the fused ops forward and backward, one launch-bound shape."""
     bf16, f32 = torch.bfloat16, torch.float32
@@ -209,6 +219,7 @@ def cases(device: torch.device, quick: bool) -> list[BenchCase]:
         swiglu_packed_case(16384, 8192, bf16, device),
         swiglu_packed_backward_case(16384, 8192, bf16, device),
         swiglu_case((16384, 8192), bf16, device),
+        geglu_case((16384, 8192), bf16, device),
         swiglu_packed_case(32768, 128, bf16, device),
         chain_case(4, (64, 1024), bf16, device, graph=True),
     ]

@@ -5,6 +5,8 @@
   over the last dim. Backward: ``dinput`` and ``dbias``; ``dbias`` is the
   column sum of the gradient, reduced deterministically (fixed-order partial
   sums per row chunk, then a sum over chunks: ``fusion.bias_grad``), in fp32.
+* ``geglu(gate, up, approximate="tanh")`` = ``F.gelu(gate, approximate) * up``
+  (Gemma's MLP; same kernels and layouts as swiglu's two-tensor form).
 * ``swiglu(gate, up)`` = ``F.silu(gate) * up``; ``swiglu(x)`` splits ``x`` in
   halves along the last dim (``gate, up = x.chunk(2, -1)``, the convention of
   many LLM codebases) without copying: the kernels read the two halves as
@@ -24,7 +26,7 @@ Registry ops (variants in dispatch order): ``bias_gelu`` (``triton_fused``,
 ``swiglu`` / ``swiglu_backward`` (``triton_flat``, ``triton_strided``,
 ``torch_eager``, ``reference``) and ``swiglu_packed`` /
 ``swiglu_packed_backward`` for the one-tensor form (``triton_strided``,
-``torch_eager``, ``reference``). All are ``torch.library`` ops in the
+``torch_eager``, ``reference``); ``geglu`` / ``geglu_backward`` as ``swiglu``. All are ``torch.library`` ops in the
 ``opforge`` namespace (fake implementations, autograd), so they work under
 ``torch.compile(fullgraph=True)``.
 """
@@ -63,6 +65,10 @@ def swiglu_ref(gate, up):
     return F.silu(gate) * up
 
 
+def geglu_ref(gate, up, approximate="tanh"):
+    return F.gelu(gate, approximate=approximate) * up
+
+
 def swiglu_packed_ref(x):
     gate, up = x.chunk(2, -1)
     return F.silu(gate) * up
@@ -92,6 +98,12 @@ def swiglu_backward_ref(grad, gate, up):
 
     dgate = grad * up * _silu_grad(gate)
     dup = grad * F.silu(gate)
+    return sum_to(dgate, gate.shape).to(gate.dtype), sum_to(dup, up.shape).to(up.dtype)
+
+
+def geglu_backward_ref(grad, gate, up, approximate="tanh"):
+    dgate = grad * up * _gelu_grad_ref(gate, approximate)
+    dup = grad * F.gelu(gate, approximate=approximate)
     return sum_to(dgate, gate.shape).to(gate.dtype), sum_to(dup, up.shape).to(up.dtype)
 
 
@@ -139,8 +151,18 @@ def validate_bias_gelu_backward(grad, input, bias, approximate="none") -> None:
     _same_device(where, ("input", input), ("grad", grad))
 
 
-def validate_swiglu(gate, up) -> None:
-    where = "opforge.swiglu"
+def validate_geglu(gate, up, approximate="tanh") -> None:
+    if approximate not in APPROXIMATE:
+        raise ValueError(f"opforge.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    validate_swiglu(gate, up, where="opforge.geglu")
+
+
+def validate_geglu_backward(grad, gate, up, approximate="tanh") -> None:
+    validate_geglu(gate, up, approximate)
+    validate_swiglu_backward(grad, gate, up, where="opforge.geglu_backward")
+
+
+def validate_swiglu(gate, up, where="opforge.swiglu") -> None:
     _float_tensor(where, "gate", gate)
     _float_tensor(where, "up", up)
     _same_device(where, ("gate", gate), ("up", up))
@@ -159,12 +181,12 @@ def validate_swiglu_packed(x) -> None:
                          f"so it must be even; got shape {tuple(x.shape)}")
 
 
-def validate_swiglu_backward(grad, gate, up) -> None:
-    validate_swiglu(gate, up)
-    _float_tensor("opforge.swiglu_backward", "grad", grad)
+def validate_swiglu_backward(grad, gate, up, where="opforge.swiglu_backward") -> None:
+    validate_swiglu(gate, up, where=where.removesuffix("_backward"))
+    _float_tensor(where, "grad", grad)
     shape = torch.broadcast_shapes(gate.shape, up.shape)
     if grad.shape != shape:
-        raise ValueError(f"opforge.swiglu_backward: grad has shape {tuple(grad.shape)}, expected {tuple(shape)}")
+        raise ValueError(f"{where}: grad has shape {tuple(grad.shape)}, expected {tuple(shape)}")
 
 
 def validate_swiglu_packed_backward(grad, x) -> None:
@@ -184,6 +206,11 @@ def _bias_gelu_expr(approximate: str):
 
 _BIAS_GELU = {a: FusedFunction(_bias_gelu_expr(a), f"bias_gelu_{a}", register=False) for a in APPROXIMATE}
 _SWIGLU = FusedFunction(swiglu_ref, "swiglu", register=False)
+def _geglu_expr(approximate: str):
+    return lambda gate, up: geglu_ref(gate, up, approximate)
+
+
+_GEGLU = {a: FusedFunction(_geglu_expr(a), f"geglu_{a}", register=False) for a in APPROXIMATE}
 
 
 def _arg_spec(*tensors):
@@ -244,6 +271,14 @@ def _swiglu_backward_geometry(grad, gate, up) -> Geometry:
     return _facts([grad, gate, up], up.numel())
 
 
+def _geglu_geometry(gate, up, approximate="tanh") -> Geometry:
+    return _facts([gate, up], up.numel(), approximate)
+
+
+def _geglu_backward_geometry(grad, gate, up, approximate="tanh") -> Geometry:
+    return _facts([grad, gate, up], up.numel(), approximate)
+
+
 def _swiglu_packed_geometry(x) -> Geometry:
     return _facts(list(_half(x)), x.numel())
 
@@ -273,16 +308,21 @@ def bias_gelu_backward_run(g: Geometry, cfg, grad, input, bias, approximate="non
     return dx, part.sum(0).to(bias.dtype)
 
 
-def swiglu_run(launch, g: Geometry, cfg, gate, up):
-    c = _SWIGLU.compiled(_arg_spec(gate, up))
+def _glu(gated: bool, g: Geometry) -> FusedFunction:
+    """The generated function of a gated unit: swiglu's, or geglu's of ``g.approximate``."""
+    return _GEGLU[g.approximate] if gated else _SWIGLU
+
+
+def swiglu_run(launch, g: Geometry, cfg, gate, up, *approximate, gelu=False):
+    c = _glu(gelu, g).compiled(_arg_spec(gate, up))
     (out,) = allocate([gate, up], c.program.out_dtypes)
     launch(c, [gate, up], [], [out], cfg)
     return out
 
 
-def swiglu_backward_run(launch, g: Geometry, cfg, grad, gate, up):
+def swiglu_backward_run(launch, g: Geometry, cfg, grad, gate, up, *approximate, gelu=False):
     needs = _needs(gate, up)
-    c = _SWIGLU.compiled_backward(_arg_spec(gate, up), needs)
+    c = _glu(gelu, g).compiled_backward(_arg_spec(gate, up), needs)
     tensors = [gate, up, grad]
     outs = allocate(tensors, c.program.out_dtypes)
     launch(c, tensors, [], outs, cfg)
@@ -327,6 +367,10 @@ def flat_default(g: Geometry):
 
 def size_bucket(g: Geometry) -> str:
     return bucket_size(g.size)
+
+
+def approximate_bucket(g: Geometry) -> str:
+    return f"{bucket_size(g.size)}:{g.approximate}"
 
 
 def strided_check(g: Geometry) -> str | None:
@@ -377,19 +421,23 @@ def _eager_and_reference(ref, bucket, description: str) -> list[Spec]:
     ]
 
 
-def _strided_spec(run, description: str) -> Spec:
+def _strided_spec(run, description: str, bucket=strided_bucket) -> Spec:
     return Spec("triton_strided", run, version="1", dtypes=FLOATS, check=strided_check, configs=strided_configs_of,
-                default_config=strided_default, bucket=strided_bucket, description=description)
+                default_config=strided_default, bucket=bucket, description=description)
 
 
-def _swiglu_specs(backward: bool) -> list[Spec]:
-    run = swiglu_backward_run if backward else swiglu_run
+def _swiglu_specs(backward: bool, gelu: bool = False) -> list[Spec]:
+    run = functools.partial(swiglu_backward_run if backward else swiglu_run, gelu=gelu)
+    ref = {(False, False): swiglu_ref, (True, False): swiglu_backward_ref,
+           (False, True): geglu_ref, (True, True): geglu_backward_ref}[backward, gelu]
+    bucket = approximate_bucket if gelu else size_bucket
     return [
         Spec("triton_flat", functools.partial(run, launch_flat), version="1", dtypes=FLOATS, check=flat_check,
-             configs=flat_configs_of, default_config=flat_default, bucket=size_bucket,
+             configs=flat_configs_of, default_config=flat_default, bucket=bucket,
              description="generated by opforge.fuse; dense operands as a 1-D range"),
-        _strided_spec(functools.partial(run, launch_strided), "generated by opforge.fuse; any strides, broadcasting"),
-        *_eager_and_reference(swiglu_backward_ref if backward else swiglu_ref, size_bucket, "torch eager (silu, mul)")]
+        _strided_spec(functools.partial(run, launch_strided), "generated by opforge.fuse; any strides, broadcasting",
+                      bias_gelu_bucket if gelu else strided_bucket),
+        *_eager_and_reference(ref, bucket, f"torch eager ({'gelu' if gelu else 'silu'}, mul)")]
 
 
 def _swiglu_packed_specs(backward: bool) -> list[Spec]:
@@ -415,11 +463,14 @@ SPECS = {
     "swiglu_backward": _swiglu_specs(True),
     "swiglu_packed": _swiglu_packed_specs(False),
     "swiglu_packed_backward": _swiglu_packed_specs(True),
+    "geglu": _swiglu_specs(False, gelu=True),
+    "geglu_backward": _swiglu_specs(True, gelu=True),
 }
 GEOMETRY = {
     "bias_gelu": _bias_gelu_geometry, "bias_gelu_backward": _bias_gelu_backward_geometry,
     "swiglu": _swiglu_geometry, "swiglu_backward": _swiglu_backward_geometry,
     "swiglu_packed": _swiglu_packed_geometry, "swiglu_packed_backward": _swiglu_packed_backward_geometry,
+    "geglu": _geglu_geometry, "geglu_backward": _geglu_backward_geometry,
 }
 # ---------------------------------------------------------------------------
 # Selftest inputs
@@ -448,9 +499,10 @@ def sample_inputs(name: str, device: torch.device) -> list[tuple]:
         else:
             pairs = [(rand((67, 130), dt), rand((67, 130), dt)), (rand((130, 67), dt).t(), rand((67, 130), dt)),
                      (rand((67, 130), dt), rand((130,), dt)), (rand((300, 1031), dt), rand((300, 1031), dt))]
+            extra = (("tanh", "none")[len(out) % 2],) if name.startswith("geglu") else ()
             for a, b in pairs:
                 shape = torch.broadcast_shapes(a.shape, b.shape)
-                out.append((rand(shape, dt, 1.0), a, b) if name.endswith("backward") else (a, b))
+                out.append((rand(shape, dt, 1.0), a, b, *extra) if name.endswith("backward") else (a, b, *extra))
     return out
 
 
@@ -473,11 +525,13 @@ REFERENCE = {
     "bias_gelu": bias_gelu_ref, "bias_gelu_backward": bias_gelu_backward_ref,
     "swiglu": swiglu_ref, "swiglu_backward": swiglu_backward_ref,
     "swiglu_packed": swiglu_packed_ref, "swiglu_packed_backward": swiglu_packed_backward_ref,
+    "geglu": geglu_ref, "geglu_backward": geglu_backward_ref,
 }
 VALIDATE = {
     "bias_gelu": validate_bias_gelu, "bias_gelu_backward": validate_bias_gelu_backward,
     "swiglu": validate_swiglu, "swiglu_backward": validate_swiglu_backward,
     "swiglu_packed": validate_swiglu_packed, "swiglu_packed_backward": validate_swiglu_packed_backward,
+    "geglu": validate_geglu, "geglu_backward": validate_geglu_backward,
 }
 DOC = {
     "bias_gelu": "gelu(input + bias) with the bias broadcast over the last dim",
@@ -486,6 +540,8 @@ DOC = {
     "swiglu_backward": "gradients of swiglu in gate and up",
     "swiglu_packed": "silu(gate) * up with gate, up = x.chunk(2, -1)",
     "swiglu_packed_backward": "gradient of swiglu_packed in x",
+    "geglu": "gelu(gate, approximate) * up",
+    "geglu_backward": "gradients of geglu in gate and up",
 }
 
 OPS = registry.register_family(
@@ -551,6 +607,21 @@ def _define_all() -> None:
 
     define("swiglu(Tensor gate, Tensor up) -> Tensor", impl("swiglu"), _fake_swiglu, sw_backward, sw_setup)
 
+    define("geglu_backward(Tensor grad, Tensor gate, Tensor up, str approximate) -> (Tensor, Tensor)",
+           impl("geglu_backward"), lambda g, gate, up, a: (validate_geglu(gate, up, a),
+                                                          *_fake_swiglu_backward(g, gate, up))[1:])
+
+    def gg_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:2])
+        ctx.approximate = inputs[2]
+
+    def gg_backward(ctx, g):
+        gate, up = ctx.saved_tensors
+        return *ops.geglu_backward(g, gate, up, ctx.approximate), None
+
+    define("geglu(Tensor gate, Tensor up, str approximate) -> Tensor", impl("geglu"),
+           lambda gate, up, a: (validate_geglu(gate, up, a), _fake_swiglu(gate, up))[1], gg_backward, gg_setup)
+
     def fake_packed_backward(g, x):
         validate_swiglu_packed_backward(g, x)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -581,6 +652,7 @@ _define_all()
 _bias_gelu_packet = torch.ops.opforge.bias_gelu.default
 _swiglu_packet = torch.ops.opforge.swiglu.default
 _swiglu_packed_packet = torch.ops.opforge.swiglu_packed.default
+_geglu_packet = torch.ops.opforge.geglu.default
 
 
 def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -607,4 +679,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     return _swiglu_packet(gate, up)
 
 
-__all__ = ["bias_gelu", "swiglu"]
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """``F.gelu(gate, approximate=approximate) * up`` in one kernel (Gemma's
+    ``gelu_pytorch_tanh`` by default); differentiable in gate and up."""
+    if direct_ok(gate, up) and type(approximate) is str:
+        return dispatch.call(OPS["geglu"], gate, up, approximate)
+    validate_geglu(gate, up, approximate)
+    return _geglu_packet(gate, up, approximate)
+
+
+__all__ = ["bias_gelu", "geglu", "swiglu"]
