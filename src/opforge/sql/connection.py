@@ -10,6 +10,7 @@ as text through ``Relation.explain()``."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import time
 
@@ -19,7 +20,8 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
-from opforge.sql import table_functions
+from opforge.sql import parameters, table_functions
+from opforge.sql.database import Database
 from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
@@ -140,7 +142,7 @@ class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
                  join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-                 join_distribution: str = "auto"):
+                 join_distribution: str = "auto", database: str | os.PathLike | None = None):
         check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
         check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
@@ -157,6 +159,9 @@ class Connection:
         self._cids = itertools.count()
         self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
         self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
+        self.database = None if database is None or database == ":memory:" else Database(database)
+        if self.database is not None:
+            self._memory.attach(self.database)
 
     def _context(self) -> ExecContext:
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
@@ -196,22 +201,47 @@ class Connection:
     def tables(self) -> list[str]:
         return sorted(list(self._tables) + list(self.views))
 
-    def sql(self, text: str) -> Relation:
+    def sql(self, text: str, params=None) -> Relation:
+        """Runs ``text`` (several statements: each runs, the last one's answer is returned).
+        ``params``: values for its ``?`` / ``$n`` placeholders (``sql/parameters.py``)."""
+        if self.database is not None:
+            self._memory.sync()
         m = _EXPLAIN.match(text)
         if m:
-            inner = self.sql(m.group(2))
+            inner = self.sql(m.group(2), params)
             if inner.plan is None:
                 raise SqlError("EXPLAIN: expected a query (SELECT ...)")
             return Relation(self, inner.plan, mode="analyze" if m.group(1) else "explain")
         message = self._settings.reset(text)
         if message is not None:
             return Relation(self, None, message)
-        trees = parse_all(text)
+        text, count = parameters.number_placeholders(text)
+        trees = parameters.bind(parse_all(text), count, params)
         if not trees:
             raise SqlError("expected a SQL statement, got none")
         for tree in trees[:-1]:  # several statements: each runs, the last one's answer is returned
             self._statement(tree, text).fetchall()
         return self._statement(trees[-1], text)
+
+    def execute(self, text: str, params=None) -> Relation:
+        """``sql`` under DB-API's name: runs the statement(s) now (a query's rows are fetched
+        from the returned relation)."""
+        rel = self.sql(text, params)
+        if rel.plan is None:
+            rel.fetchall()
+        return rel
+
+    def close(self) -> None:
+        """Drops the connection's tables from memory; a database folder keeps every committed table."""
+        for name in list(self._tables):
+            self.unregister(name)
+        self.database = self._memory.database = None
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _statement(self, tree: exp.Expression, text: str) -> Relation:
         tree = table_functions.materialize(self, self._settings.apply(tree, text))
@@ -277,10 +307,11 @@ class _Catalog:
         self.views = con.views
 
 
-def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
+def connect(target: str | os.PathLike | torch.device | None = None, memory_budget: int | None = None,
             join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
             skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-            join_distribution: str = "auto") -> Connection:
+            join_distribution: str = "auto", *, device: str | torch.device | None = None,
+            database: str | os.PathLike | None = None) -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
@@ -295,6 +326,27 @@ def connect(device: str | torch.device | None = None, memory_budget: int | None 
     ``skew_threshold``: a join key value above this share of the probe rows is split off in
     partitioned joins (``sql/physical/skew.py``); None turns skew handling off.
     ``workers`` / ``join_distribution`` ("auto", "broadcast", "partitioned"): the simulated
-    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``)."""
+    multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``).
+    ``database``: a folder whose tables persist (``sql/database.py``); None or ":memory:" keeps
+    them in memory. ``target``: a device ("cpu", "cuda", "cuda:1", a torch.device) or, as in
+    DuckDB's ``connect("path/to/db")``, the database."""
+    if target is not None:
+        is_device = isinstance(target, torch.device) or _is_device(target)
+        if (device if is_device else database) is not None:
+            raise TypeError(f"connect: {target!r} given both positionally and by keyword")
+        if is_device:
+            device = target
+        else:
+            database = target
     return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
-                      workers, join_distribution)
+                      workers, join_distribution, database)
+
+
+def _is_device(name) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError):
+        return False
+    return True
