@@ -20,7 +20,7 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
-from opforge.sql import parameters, table_functions
+from opforge.sql import copy_statement, parameters, table_functions
 from opforge.sql.database import Database
 from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
@@ -159,6 +159,7 @@ class Connection:
         self._cids = itertools.count()
         self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
         self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
+        self._file_tables: dict[tuple, str] = {}  # read_parquet / read_csv files -> hidden table (table_functions)
         self.database = None if database is None or database == ":memory:" else Database(database)
         if self.database is not None:
             self._memory.attach(self.database)
@@ -252,6 +253,9 @@ class Connection:
             return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Create):
             return self._create(tree)
+        if isinstance(tree, exp.Copy):
+            n = copy_statement.run(self, tree)
+            return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
             return Relation(self, None, self._memory.drop(tree))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "VIEW":
