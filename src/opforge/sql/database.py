@@ -144,7 +144,7 @@ class Database:
     def load(self, name: str) -> pa.Table:
         """The rows of table ``name`` (its files, in order), checked against the catalog's count."""
         entry = self.tables[name]
-        parts = [pq.read_table(self._file(f)) for f in entry.files]
+        parts = [pq.ParquetFile(self._file(f)).read() for f in entry.files]
         data = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if data.num_rows != entry.rows:
             raise SqlError(f"database {self.folder}: table {name!r} has {data.num_rows} rows in its files, "
