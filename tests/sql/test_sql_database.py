@@ -5,6 +5,7 @@ import decimal
 import os
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 import opforge
@@ -29,6 +30,10 @@ QUERIES = ["SELECT * FROM t ORDER BY i", "SELECT s, n FROM agg ORDER BY s NULLS 
 
 def _rows(rel):
     return [tuple(r) for r in rel.fetchall()]
+
+
+def _values(t: pa.Table) -> list[tuple]:
+    return [tuple(r.values()) for r in t.to_pylist()]
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +129,38 @@ def test_parameters_bind_as_typed_values_like_duckdb():
         con.sql("SELECT $1", [1, 2])
     with pytest.raises(TypeError, match="parameter 1"):
         con.sql("SELECT ?", [object()])
+
+
+def test_timestamps_register_persist_and_come_back_as_their_types(tmp_path):
+    """TIMESTAMP (ns, from pandas) and TIMESTAMPTZ (a zone) columns: filters, order, groups and
+    min / max as DuckDB answers them; stored and read back with their unit and zone."""
+    import pandas as pd
+
+    df = pd.DataFrame({
+        "k": [1, 2, 1, 3, 2],
+        "ts": pd.to_datetime(["2024-01-01 10:00:00.123456789", "2023-12-31 23:59:59", None, "2024-06-01",
+                              "2024-01-01 10:00:00"], format="ISO8601"),
+        "tz": pd.to_datetime(["2024-01-01 10:00:00", "2023-12-31 23:59:59", "2024-03-01", None, "2024-01-01"],
+                             format="ISO8601").tz_localize("Europe/Paris")})
+    con = sql.connect("cpu", database=str(tmp_path / "db"))
+    duck = duckdb.connect()
+    duck.execute("SET TimeZone = 'UTC'")
+    con.register("e", df)
+    duck.register("e", df)
+    con.sql("CREATE TABLE p AS SELECT * FROM e")
+    for c in (con, duck):
+        c.execute("CREATE TABLE q(id INTEGER, t0 TIMESTAMP, t1 TIMESTAMPTZ)")
+        c.execute("INSERT INTO q VALUES (1, TIMESTAMP '2024-05-05 01:02:03.5', '2024-05-05 01:02:03+02'), (2, ?, ?)",
+                  [datetime.datetime(2020, 1, 1, 12), datetime.datetime(2020, 1, 1, 12, tzinfo=datetime.timezone.utc)])
+    again = sql.connect("cpu", database=str(tmp_path / "db"))
+    for q in ["SELECT * FROM {} ORDER BY ts NULLS FIRST, k",
+              "SELECT k, min(ts), max(tz), count(*) FROM {} GROUP BY k ORDER BY k",
+              "SELECT k FROM {} WHERE ts >= TIMESTAMP '2024-01-01 10:00:00' AND tz < '2024-01-01 09:00:00' ORDER BY k",
+              "SELECT ts, count(*) FROM {} GROUP BY ts ORDER BY ts"]:
+        ref = duck.sql(q.format("e")).arrow()  # Arrow on both sides: nanoseconds kept
+        ref = ref.read_all() if hasattr(ref, "read_all") else ref
+        assert _values(again.sql(q.format("p")).to_arrow()) == _values(ref), q
+    assert _rows(again.sql("SELECT * FROM q ORDER BY id")) == duck.sql("SELECT * FROM q ORDER BY id").fetchall()
+    out = again.sql("SELECT * FROM p").to_pandas()
+    assert out.dtypes.to_dict() == df.dtypes.to_dict()
+    assert again.sql("SELECT t0, t1 FROM q").to_arrow().schema.types == [pa.timestamp("us"), pa.timestamp("us", "UTC")]

@@ -37,6 +37,8 @@ _ARROW = {
     _T.BOOLEAN: pa.bool_(), _T.DATE: pa.date32(),
     _T.VARCHAR: pa.string(), _T.TEXT: pa.string(), _T.CHAR: pa.string(), _T.NCHAR: pa.string(),
     _T.NVARCHAR: pa.string(),
+    _T.TIMESTAMP: pa.timestamp("us"), _T.TIMESTAMPNTZ: pa.timestamp("us"), _T.DATETIME: pa.timestamp("us"),
+    _T.TIMESTAMPTZ: pa.timestamp("us", "UTC"),
 }
 
 
@@ -166,6 +168,16 @@ def _to_date(v):
     raise TypeError
 
 
+def _to_timestamp(v):
+    if isinstance(v, datetime.datetime):
+        return v
+    if isinstance(v, datetime.date):
+        return datetime.datetime(v.year, v.month, v.day)
+    if isinstance(v, str):
+        return datetime.datetime.fromisoformat(v.strip())
+    raise TypeError
+
+
 def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     """``values`` (Python) as an Arrow array of ``typ``, cast the way DuckDB casts on insert."""
     if pa.types.is_integer(typ):
@@ -189,6 +201,9 @@ def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     elif pa.types.is_date(typ):
         def fn(v, _):
             return _to_date(v)
+    elif pa.types.is_timestamp(typ):
+        def fn(v, _):
+            return _to_timestamp(v)
     else:
         raise NotSupportedError(f"column {column}: Arrow type {typ}")
     out = []
