@@ -14,7 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from sqlglot import exp
 
-from opforge.sql import durable_files
+from opforge.runtime import durable_files
 from opforge.sql.errors import NotSupportedError, SqlError
 
 FORMATS = ("parquet", "csv")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from opforge.sql import durable_files
+from opforge.runtime import durable_files
 from opforge.sql.errors import SqlError
 
 FORMAT = "opforge-db"

@@ -1,4 +1,5 @@
-"""Files that appear whole or not at all: written under a temporary name, fsynced, then renamed.
+"""Files that appear whole or not at all: written under a temporary name, fsynced, then renamed
+(the SQL database and COPY, stream checkpoints).
 
 Why: a process killed while writing (the database's data files and catalog, ``COPY ... TO``) must
 never leave a half-written file under the name a reader opens. ``os.replace`` is atomic on POSIX;
