@@ -159,6 +159,7 @@ class Connection:
         self._cids = itertools.count()
         self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
         self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
+        self._nested = False  # inside a statement: its inner queries (ddl.py) run through sql()
         self._file_tables: dict[tuple, str] = {}  # read_parquet / read_csv files -> hidden table (table_functions)
         self.database = None if database is None or database == ":memory:" else Database(database)
         if self.database is not None:
@@ -205,8 +206,8 @@ class Connection:
     def sql(self, text: str, params=None) -> Relation:
         """Runs ``text`` (several statements: each runs, the last one's answer is returned).
         ``params``: values for its ``?`` / ``$n`` placeholders (``sql/parameters.py``)."""
-        if self.database is not None:
-            self._memory.sync()
+        if self.database is not None and not self._nested:
+            self._memory.sync()  # a statement's inner queries see the tables it started with
         m = _EXPLAIN.match(text)
         if m:
             inner = self.sql(m.group(2), params)
@@ -221,8 +222,15 @@ class Connection:
         if not trees:
             raise SqlError("expected a SQL statement, got none")
         for tree in trees[:-1]:  # several statements: each runs, the last one's answer is returned
-            self._statement(tree, text).fetchall()
-        return self._statement(trees[-1], text)
+            self._run(tree, text).fetchall()
+        return self._run(trees[-1], text)
+
+    def _run(self, tree: exp.Expression, text: str) -> Relation:
+        nested, self._nested = self._nested, True
+        try:
+            return self._statement(tree, text)
+        finally:
+            self._nested = nested
 
     def execute(self, text: str, params=None) -> Relation:
         """``sql`` under DB-API's name: runs the statement(s) now (a query's rows are fetched
@@ -236,6 +244,7 @@ class Connection:
         """Drops the connection's tables from memory; a database folder keeps every committed table."""
         for name in list(self._tables):
             self.unregister(name)
+        self._file_tables.clear()
         self.database = self._memory.database = None
 
     def __enter__(self) -> "Connection":
