@@ -64,8 +64,9 @@ def _log(folder) -> list[str]:
 def _kill_trials(mode: str, folder, trials: int) -> list[int]:
     """Runs ``trials`` kills of the ``mode`` writer on one database; the step each left it at.
     The first trial lets the writer finish 10 steps to time it: the kills then fall uniformly
-    between half its time to reopen the database and commit a step, and that time plus two steps
-    (so on a loaded machine as on an idle one)."""
+    between half its time to open the database and commit a step, and that time plus two steps
+    (so on a loaded machine as on an idle one); the upper end grows while no commit lands
+    (reopening a grown database takes longer than the first open) and returns after one does."""
     model = kill_writer.expected_states(SEED, kill_writer.STEPS)
 
     def expected(k: int) -> dict:
@@ -87,7 +88,8 @@ def _kill_trials(mode: str, folder, trials: int) -> list[int]:
                 while len(_log(folder)) < 10:
                     time.sleep(0.002)
                 step = (time.perf_counter() - t0 - first) / 9
-                delays = (first / 2, first + 2 * step)
+                delays = [first / 2, first + 2 * step]
+                upper = delays[1]
             else:
                 time.sleep(rng.uniform(*delays))
             os.kill(pid, signal.SIGKILL)
@@ -104,6 +106,10 @@ def _kill_trials(mode: str, folder, trials: int) -> list[int]:
                 done = last + 1
                 with open(folder / "log", "a") as f:
                     f.write(f"{done}\n")
+            if landed and done == landed[-1]:  # no commit landed: reopening is slower here, wait longer
+                delays[1] *= 1.3
+            elif landed:
+                delays[1] = upper
             landed.append(done)
     finally:
         proc.stdin.close()
