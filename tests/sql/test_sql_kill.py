@@ -26,6 +26,9 @@ import kill_writer  # noqa: E402
 def _launch(mode: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "..", "src"),
                                                           os.environ.get("PYTHONPATH", "")]))
+    # the many storage trials skip the fsyncs (a SIGKILL loses nothing the kernel holds: the
+    # renames alone decide what survives it); the SQL trials keep them
+    env["OPFORGE_FSYNC"] = "0" if mode == "storage" else "1"
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "kill_writer.py"), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
