@@ -85,6 +85,8 @@ class Column:
             vals = pc.cast(unscaled, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         elif typ.kind == "DATE":
             vals = arr.cast(pa.date32()).cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False)
+        elif typ.kind == "TIMESTAMP":
+            vals = arr.cast(T.to_arrow(typ)).cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         elif typ.kind == "BOOL":
             vals = arr.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         elif pa.types.is_null(arr.type):
@@ -109,6 +111,8 @@ class Column:
             return _scaled_to_decimal(vals, mask, self.type)
         if kind == "DATE":
             return pa.array(vals.astype(np.int32), mask=mask).cast(pa.date32())
+        if kind == "TIMESTAMP":
+            return pa.array(vals.astype(np.int64), mask=mask).cast(T.to_arrow(self.type))
         return pa.array(vals, type=T.to_arrow(self.type), mask=mask)
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -129,6 +133,10 @@ def storage_value(value, typ: T.SqlType):
     if typ.kind == "DATE":
         if isinstance(value, datetime.date):
             return (value - datetime.date(1970, 1, 1)).days
+        return int(value)
+    if typ.kind == "TIMESTAMP":
+        if isinstance(value, datetime.datetime):
+            return timestamp_value(value, typ)
         return int(value)
     if typ.kind == "DECIMAL":
         from decimal import Decimal
@@ -231,3 +239,17 @@ def map_dictionary(col: Column, fn, out_type: T.SqlType = T.STRING) -> Column:
 def code_bound(dictionary: tuple[str, ...], value: str, side: str = "left") -> int:
     """Position of `value` in a sorted dictionary (bisect), for comparing codes against a literal."""
     return (bisect.bisect_left if side == "left" else bisect.bisect_right)(dictionary, value)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def timestamp_value(value: datetime.datetime, typ: T.SqlType) -> int:
+    """A datetime as the int64 a TIMESTAMP column of ``typ`` stores: a naive one as wall time (for a
+    TIMESTAMPTZ: in UTC, as DuckDB reads a literal without an offset when TimeZone is UTC), an aware
+    one as its UTC instant."""
+    if value.tzinfo is not None:
+        value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    d = value - _EPOCH
+    micros = (d.days * 86400 + d.seconds) * 10**6 + d.microseconds
+    return micros * 10**typ.scale // 10**6

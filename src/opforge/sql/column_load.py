@@ -43,6 +43,8 @@ def _wire_dtype(t: pa.DataType):
     """The numpy dtype of ``t``'s values as moved to the device, or None (no fast path)."""
     if t in _FIXED:
         return _FIXED[t]
+    if pa.types.is_timestamp(t):
+        return np.int64
     if pa.types.is_decimal(t) and t.precision <= 18 and t.byte_width in (4, 8, 16):
         return np.int32 if t.byte_width == 4 else np.int64
     return None

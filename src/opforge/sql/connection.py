@@ -10,6 +10,7 @@ as text through ``Relation.explain()``."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import time
 
@@ -19,7 +20,8 @@ import torch
 from sqlglot import exp
 
 from opforge.sql import plan as P
-from opforge.sql import table_functions
+from opforge.sql import copy_statement, parameters, table_functions
+from opforge.sql.database import Database
 from opforge.sql.ddl import MemoryCatalog
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.executor import Executor
@@ -148,7 +150,7 @@ class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
                  join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-                 join_distribution: str = "auto", cluster=None):
+                 join_distribution: str = "auto", cluster=None, database: str | os.PathLike | None = None):
         check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
         check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
@@ -166,6 +168,11 @@ class Connection:
         self._cids = itertools.count()
         self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
         self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
+        self._nested = False  # inside a statement: its inner queries (ddl.py) run through sql()
+        self._file_tables: dict[tuple, str] = {}  # read_parquet / read_csv files -> hidden table (table_functions)
+        self.database = None if database is None or database == ":memory:" else Database(database)
+        if self.database is not None:
+            self._memory.attach(self.database)
 
     def _context(self) -> ExecContext:
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
@@ -223,22 +230,55 @@ class Connection:
     def tables(self) -> list[str]:
         return sorted(list(self._tables) + list(self.views))
 
-    def sql(self, text: str) -> Relation:
+    def sql(self, text: str, params=None) -> Relation:
+        """Runs ``text`` (several statements: each runs, the last one's answer is returned).
+        ``params``: values for its ``?`` / ``$n`` placeholders (``sql/parameters.py``)."""
+        if self.database is not None and not self._nested:
+            self._memory.sync()  # a statement's inner queries see the tables it started with
         m = _EXPLAIN.match(text)
         if m:
-            inner = self.sql(m.group(2))
+            inner = self.sql(m.group(2), params)
             if inner.plan is None:
                 raise SqlError("EXPLAIN: expected a query (SELECT ...)")
             return Relation(self, inner.plan, mode="analyze" if m.group(1) else "explain")
         message = self._settings.reset(text)
         if message is not None:
             return Relation(self, None, message)
-        trees = parse_all(text)
+        text, count = parameters.number_placeholders(text)
+        trees = parameters.bind(parse_all(text), count, params)
         if not trees:
             raise SqlError("expected a SQL statement, got none")
         for tree in trees[:-1]:  # several statements: each runs, the last one's answer is returned
-            self._statement(tree, text).fetchall()
-        return self._statement(trees[-1], text)
+            self._run(tree, text).fetchall()
+        return self._run(trees[-1], text)
+
+    def _run(self, tree: exp.Expression, text: str) -> Relation:
+        nested, self._nested = self._nested, True
+        try:
+            return self._statement(tree, text)
+        finally:
+            self._nested = nested
+
+    def execute(self, text: str, params=None) -> Relation:
+        """``sql`` under DB-API's name: runs the statement(s) now (a query's rows are fetched
+        from the returned relation)."""
+        rel = self.sql(text, params)
+        if rel.plan is None:
+            rel.fetchall()
+        return rel
+
+    def close(self) -> None:
+        """Drops the connection's tables from memory; a database folder keeps every committed table."""
+        for name in list(self._tables):
+            self.unregister(name)
+        self._file_tables.clear()
+        self.database = self._memory.database = None
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _statement(self, tree: exp.Expression, text: str) -> Relation:
         tree = table_functions.materialize(self, self._settings.apply(tree, text))
@@ -249,6 +289,9 @@ class Connection:
             return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Create):
             return self._create(tree)
+        if isinstance(tree, exp.Copy):
+            n = copy_statement.run(self, tree)
+            return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
             return Relation(self, None, self._memory.drop(tree))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "VIEW":
@@ -304,10 +347,11 @@ class _Catalog:
         self.views = con.views
 
 
-def connect(device: str | torch.device | None = None, memory_budget: int | None = None,
+def connect(target: str | os.PathLike | torch.device | None = None, memory_budget: int | None = None,
             join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
             skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-            join_distribution: str = "auto", cluster=None) -> Connection:
+            join_distribution: str = "auto", cluster=None, *, device: str | torch.device | None = None,
+            database: str | os.PathLike | None = None) -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
@@ -323,6 +367,27 @@ def connect(device: str | torch.device | None = None, memory_budget: int | None 
     partitioned joins (``sql/physical/skew.py``); None turns skew handling off.
     ``workers`` / ``join_distribution`` ("auto", "broadcast", "partitioned"): the simulated
     multi-worker mode, every equi-join broadcast or partitioned (``sql/physical/simulated_workers.py``).
-    ``cluster``: an ``opforge.cluster.Cluster``; queries run on its workers (``cluster/dist_executor.py``)."""
+    ``cluster``: an ``opforge.cluster.Cluster``; queries run on its workers (``cluster/dist_executor.py``).
+    ``database``: a folder whose tables persist (``sql/database.py``); None or ":memory:" keeps
+    them in memory. ``target``: a device ("cpu", "cuda", "cuda:1", a torch.device) or, as in
+    DuckDB's ``connect("path/to/db")``, the database."""
+    if target is not None:
+        is_device = isinstance(target, torch.device) or _is_device(target)
+        if (device if is_device else database) is not None:
+            raise TypeError(f"connect: {target!r} given both positionally and by keyword")
+        if is_device:
+            device = target
+        else:
+            database = target
     return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
-                      workers, join_distribution, cluster)
+                      workers, join_distribution, cluster, database)
+
+
+def _is_device(name) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError):
+        return False
+    return True

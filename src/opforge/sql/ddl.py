@@ -1,7 +1,9 @@
 """In-memory DDL and DML: CREATE TABLE (typed columns, or AS SELECT), INSERT INTO ... VALUES / SELECT,
 DROP TABLE. A created table lives on the host as an Arrow table (``MemoryTable.data``); each change
 re-registers it with the connection, so queries see it like any registered table and its columns
-reach the device when a query first reads them. Persistence is another issue.
+reach the device when a query first reads them. On a connection to a database folder every change
+is committed to it first (``sql/database.py``): a statement that fails, or a process killed during
+one, leaves the previous state.
 
 Values are converted to the column's type on insert as DuckDB casts them (numbers rounded half away
 from zero into integers and decimals, text parsed into numbers / dates / booleans); a value the type
@@ -9,12 +11,16 @@ cannot hold is a ``ConversionError``, a NULL in a NOT NULL column or a repeated 
 key a ``ConstraintError``."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import sqlglot
 from sqlglot import exp
+
+from opforge.sql.database import Change, Database
 
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 
@@ -31,6 +37,8 @@ _ARROW = {
     _T.BOOLEAN: pa.bool_(), _T.DATE: pa.date32(),
     _T.VARCHAR: pa.string(), _T.TEXT: pa.string(), _T.CHAR: pa.string(), _T.NCHAR: pa.string(),
     _T.NVARCHAR: pa.string(),
+    _T.TIMESTAMP: pa.timestamp("us"), _T.TIMESTAMPNTZ: pa.timestamp("us"), _T.DATETIME: pa.timestamp("us"),
+    _T.TIMESTAMPTZ: pa.timestamp("us", "UTC"),
 }
 
 
@@ -160,6 +168,16 @@ def _to_date(v):
     raise TypeError
 
 
+def _to_timestamp(v):
+    if isinstance(v, datetime.datetime):
+        return v
+    if isinstance(v, datetime.date):
+        return datetime.datetime(v.year, v.month, v.day)
+    if isinstance(v, str):
+        return datetime.datetime.fromisoformat(v.strip())
+    raise TypeError
+
+
 def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     """``values`` (Python) as an Arrow array of ``typ``, cast the way DuckDB casts on insert."""
     if pa.types.is_integer(typ):
@@ -183,6 +201,9 @@ def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     elif pa.types.is_date(typ):
         def fn(v, _):
             return _to_date(v)
+    elif pa.types.is_timestamp(typ):
+        def fn(v, _):
+            return _to_timestamp(v)
     else:
         raise NotSupportedError(f"column {column}: Arrow type {typ}")
     out = []
@@ -255,6 +276,8 @@ class MemoryCatalog:
     def __init__(self, con):
         self.con = con
         self.tables: dict[str, MemoryTable] = {}
+        self.database: Database | None = None  # set by ``attach``: a persistent connection
+        self._files: dict[str, list[str] | None] = {}  # table -> the data files its rows came from
 
     def _exists(self, name: str) -> bool:
         return name in {t.lower() for t in self.con._tables} or name in self.con.views
@@ -266,7 +289,6 @@ class MemoryCatalog:
                 return f"table {name} exists"
             if not tree.args.get("replace"):
                 raise SqlError(f"CREATE TABLE: table {name!r} already exists")
-            self.drop_name(name)
         query = tree.expression
         if query is not None:
             if isinstance(tree.this, exp.Schema):
@@ -278,20 +300,67 @@ class MemoryCatalog:
                 raise SqlError("CREATE TABLE: expected a column list or AS SELECT")
             schema, table = schema_of(tree.this)
             table.data = schema.empty_table()
+        self._persist({name: table})  # OR REPLACE: the old table goes in the same commit
+        self.drop_name(name)
         self.tables[name] = table
         self.con._put_table(name, table.data)
         return f"created table {name}"
 
     def drop(self, tree: exp.Drop) -> str:
         targets = [tree.this] if tree.this is not None else list(tree.args.get("tables") or [])
+        names = []
         for target in targets:
             name = table_name(target)
             if name not in {t.lower() for t in self.con._tables}:
                 if tree.args.get("exists"):
                     continue
                 raise SqlError(f"DROP TABLE: no table named {name!r}")
+            names.append(name)
+        self._persist({n: None for n in names if n in self.tables})
+        for name in names:
             self.drop_name(name)
         return "dropped"
+
+    # ------------------------------------------------------------------------- persistence
+    def attach(self, database: Database) -> None:
+        """Serves the tables of ``database`` and writes every later change through to it."""
+        self.database = database
+        self._load_changed()
+
+    def sync(self) -> None:
+        """Picks up the commits another connection made to the database since the last statement."""
+        if self.database is not None and self.database.refresh():
+            self._load_changed()
+
+    def _load_changed(self) -> None:
+        db = self.database
+        for name in [n for n in self.tables if n not in db.tables]:
+            self.drop_name(name)
+            self._files.pop(name, None)
+        for name, entry in db.tables.items():
+            if self._files.get(name) == entry.files and name in self.tables:
+                continue
+            data = db.load(name)
+            defaults = {c: sqlglot.parse_one(text, read="duckdb") for c, text in entry.defaults.items()}
+            self.drop_name(name)
+            self.tables[name] = MemoryTable(data, set(entry.not_null), [list(u) for u in entry.unique], defaults)
+            self._files[name] = list(entry.files)
+            self.con._put_table(name, data)
+
+    def _persist(self, tables: dict[str, MemoryTable | None], appended: pa.Table | None = None) -> None:
+        """Commits the tables' new contents (None: dropped) to the database, when there is one;
+        ``appended``: the rows an INSERT added to the one table given."""
+        if self.database is None or not tables:
+            return
+        changes = {}
+        for name, t in tables.items():
+            changes[name] = None if t is None else Change(
+                t.data, appended, set(t.not_null), [list(u) for u in t.unique],
+                {c: e.sql(dialect="duckdb") for c, e in t.defaults.items()})
+        self.database.commit(changes)
+        for name in tables:
+            entry = self.database.tables.get(name)
+            self._files[name] = list(entry.files) if entry is not None else None
 
     def drop_name(self, name: str) -> None:
         self.tables.pop(name, None)
@@ -318,8 +387,11 @@ class MemoryCatalog:
             raise SqlError(f"{verb}: unknown table {name!r}")
         return name, table
 
-    def _store(self, name: str, table: MemoryTable, data: pa.Table) -> None:
+    def _store(self, name: str, table: MemoryTable, data: pa.Table, appended: pa.Table | None = None) -> None:
+        """Replaces the table's rows by ``data`` (``appended``: the rows an INSERT added); the
+        database commit comes first, so a failed write changes nothing."""
         table.check(data, name)
+        self._persist({name: dataclasses.replace(table, data=data)}, appended)
         table.data = data
         self.con._put_table(name, data)
 
@@ -422,7 +494,7 @@ class MemoryCatalog:
                 values = [None] * n
             arrays.append(convert(values, f.type, f.name))
         new = pa.Table.from_arrays(arrays, schema=schema)
-        self._store(name, table, pa.concat_tables([table.data, new]))
+        self._store(name, table, pa.concat_tables([table.data, new]), appended=new)
         return n
 
     def _source_columns(self, source: exp.Expression, width: int, name: str, with_) -> list[list]:

@@ -1,14 +1,22 @@
-"""``range(...)`` / ``generate_series(...)`` in FROM: the series is made on the host as a hidden table
-of the connection and the statement reads that table. Why: DuckDB's tests build their data with
-them (``CREATE TABLE t AS SELECT ... FROM range(1000)``); a binder operator would be the faster path
-for huge series, but constant bounds are all those statements use."""
+"""Table functions in FROM, each made a hidden table of the connection that the statement reads.
+
+``range(...)`` / ``generate_series(...)``: the series is made on the host. Why: DuckDB's tests build
+their data with them (``CREATE TABLE t AS SELECT ... FROM range(1000)``); a binder operator would be
+the faster path for huge series, but constant bounds are all those statements use.
+
+``read_parquet('f')`` / ``read_csv('f', header=..., delim=...)`` / ``FROM 'f.parquet'``: the file (or
+the files a glob or a list names) registered as a table (``data_files``); a single Parquet file
+stays lazy, each column read on first use. The hidden table is kept for the file as long as its
+size and modification time stay the same, so repeated queries reuse the columns already loaded."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import pyarrow as pa
 from sqlglot import exp
 
+from opforge.sql import data_files
 from opforge.sql.ddl import literal_value
 from opforge.sql.errors import NotSupportedError, SqlError
 
@@ -34,6 +42,9 @@ def materialize(con, tree: exp.Expression) -> exp.Expression:
     """``tree`` with each series in FROM replaced by a hidden table holding its values."""
     for table in list(tree.find_all(exp.Table)):
         fn = table.this
+        if isinstance(fn, (exp.ReadParquet, exp.ReadCSV)) or _is_file_name(con, table):
+            _read_file(con, table)
+            continue
         if not isinstance(fn, exp.GenerateSeries):
             continue
         alias = table.args.get("alias")
@@ -47,3 +58,60 @@ def materialize(con, tree: exp.Expression) -> exp.Expression:
         if alias is None:
             table.set("alias", exp.TableAlias(this=exp.to_identifier(column)))
     return tree
+
+
+def _is_file_name(con, table: exp.Table) -> bool:
+    ident = table.this
+    return (isinstance(ident, exp.Identifier) and ident.quoted and table.args.get("db") is None
+            and ident.name not in con._tables and ident.name.lower() not in con.views
+            and data_files.looks_like_file(ident.name))
+
+
+def _options(items: list[exp.Expression], fn: str) -> dict[str, object]:
+    out = {}
+    for item in items:
+        if not isinstance(item, exp.EQ) or not isinstance(item.this, exp.Column):
+            raise NotSupportedError(f"{fn}: argument {item.sql(dialect='duckdb')} (options are name = value)")
+        out[item.this.name.lower()] = data_files.option_value(item.expression)
+    return out
+
+
+def _paths(arg: exp.Expression, fn: str) -> list[str]:
+    items = arg.expressions if isinstance(arg, exp.Array) else [arg]
+    if not items or not all(isinstance(i, exp.Literal) and i.is_string for i in items):
+        raise NotSupportedError(f"{fn}: the files must be a string or a list of strings")
+    return [p for i in items for p in data_files.expand(i.this)]
+
+
+def _read_file(con, table: exp.Table) -> None:
+    fn = table.this
+    if isinstance(fn, exp.ReadParquet):
+        first, rest = (fn.expressions or [None])[0], fn.expressions[1:]
+        fmt, label = "parquet", "read_parquet"
+    elif isinstance(fn, exp.ReadCSV):
+        first, rest, fmt, label = fn.this, list(fn.expressions or []), "csv", "read_csv"
+    else:
+        first, rest, label = exp.Literal.string(fn.name), [], os.path.basename(fn.name).split(".")[0]
+        fmt = data_files.format_of(fn.name)
+    if first is None:
+        raise SqlError(f"{label}: expected a file name")
+    paths = _paths(first, label)
+    options = _options(rest, label)
+    if fmt == "parquet" and options:
+        raise NotSupportedError(f"read_parquet option(s) {sorted(options)}")
+    key = (fmt, tuple(options.items()), tuple((os.path.abspath(p), os.stat(p).st_mtime_ns, os.stat(p).st_size)
+                                             for p in paths))
+    name = con._file_tables.get(key)
+    if name is None:
+        name = f"__file_{next(_NAMES)}"
+        if fmt == "parquet":
+            source = paths[0] if len(paths) == 1 else [data_files.read_parquet(p) for p in paths]
+        else:
+            csv = data_files.CsvOptions(options)
+            parts = [data_files.read_csv(p, csv) for p in paths]
+            source = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        con.register(name, source)
+        con._file_tables[key] = name
+    table.set("this", exp.to_identifier(name))
+    if table.args.get("alias") is None:
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(label)))

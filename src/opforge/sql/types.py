@@ -11,13 +11,16 @@ from opforge.sql.errors import NotSupportedError
 
 @dataclass(frozen=True)
 class SqlType:
-    kind: str  # INT32 INT64 FLOAT32 FLOAT64 BOOL DATE DECIMAL STRING
+    kind: str  # INT32 INT64 FLOAT32 FLOAT64 BOOL DATE DECIMAL STRING TIMESTAMP
     precision: int = 0
-    scale: int = 0
+    scale: int = 0  # DECIMAL: digits after the point; TIMESTAMP: digits of a second (0 s, 3 ms, 6 us, 9 ns)
+    tz: str | None = None  # TIMESTAMP: the zone of a TIMESTAMPTZ (values are UTC instants), None: naive
 
     def __str__(self) -> str:
         if self.kind == "DECIMAL":
             return f"DECIMAL({self.precision},{self.scale})"
+        if self.kind == "TIMESTAMP":
+            return "TIMESTAMPTZ" if self.tz is not None else "TIMESTAMP"
         return self.kind
 
     @property
@@ -50,9 +53,23 @@ def decimal(precision: int, scale: int) -> SqlType:
     return SqlType("DECIMAL", min(precision, 38), scale)
 
 
+_UNITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def timestamp(digits: int = 6, tz: str | None = None) -> SqlType:
+    """TIMESTAMP (``tz`` None) or TIMESTAMPTZ, stored as int64 counts of 10^-digits s since the epoch,
+    as Arrow stores them: a column keeps its source's unit and zone, and comes back out with them."""
+    return SqlType("TIMESTAMP", 0, digits, tz)
+
+
+def same_time_unit(a: SqlType, b: SqlType) -> bool:
+    return a.kind == b.kind == "TIMESTAMP" and a.scale == b.scale
+
+
 _TORCH = {
     "INT32": torch.int32, "INT64": torch.int64, "FLOAT32": torch.float32, "FLOAT64": torch.float64,
     "BOOL": torch.bool, "DATE": torch.int32, "DECIMAL": torch.int64, "STRING": torch.int32,
+    "TIMESTAMP": torch.int64,
 }
 
 
@@ -71,6 +88,8 @@ def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
         return BOOL
     if pa.types.is_date(t):
         return DATE
+    if pa.types.is_timestamp(t):
+        return timestamp(_UNITS[t.unit], t.tz)
     if pa.types.is_decimal(t):
         if t.precision > 18:
             raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 18 digits "
@@ -84,6 +103,8 @@ def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
 
 
 def to_arrow(t: SqlType) -> pa.DataType:
+    if t.kind == "TIMESTAMP":
+        return pa.timestamp({v: k for k, v in _UNITS.items()}[t.scale], t.tz)
     return {
         "INT32": pa.int32(), "INT64": pa.int64(), "FLOAT32": pa.float32(), "FLOAT64": pa.float64(),
         "BOOL": pa.bool_(), "DATE": pa.date32(), "STRING": pa.string(),

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.runtime import durable_files
 from opforge.stream.state_types import (is_state_class, register_state_type, registered_state_type,
                                         state_type_name)
 
@@ -246,17 +247,7 @@ def read_tensors(path: str, device) -> dict[str, torch.Tensor]:
 
 # -- storage ----------------------------------------------------------------------
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = durable_files.fsync_dir
 
 
 def _write_file(path: str, data: bytes) -> None:

@@ -23,6 +23,11 @@ def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
         if a.type.kind != b.type.kind:
             raise SqlError(f"cannot compare {a.type} with {b.type}")
         return a.values, b.values
+    if a.type.kind == "TIMESTAMP" or b.type.kind == "TIMESTAMP":
+        if a.type.kind != b.type.kind:
+            raise SqlError(f"cannot compare {a.type} with {b.type}")
+        digits = max(a.type.scale, b.type.scale)  # both in the finer unit
+        return a.values * 10 ** (digits - a.type.scale), b.values * 10 ** (digits - b.type.scale)
     t = T.common_numeric(a.type, b.type)
     if t.kind == "DECIMAL":
         t = T.decimal(18, t.scale)

@@ -7,6 +7,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from opforge.sql import types as T
+from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
 from opforge.sql.frontend.scope import Scope
@@ -24,6 +25,10 @@ def sql_type(dt: exp.DataType) -> T.SqlType:
               D.CHAR: T.STRING}
     if t in simple:
         return simple[t]
+    if t in (D.TIMESTAMP, D.TIMESTAMPNTZ, D.DATETIME):
+        return T.timestamp(6)
+    if t == D.TIMESTAMPTZ:
+        return T.timestamp(6, "UTC")
     if t == D.DECIMAL:
         params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
         p = params[0] if params else 18
@@ -72,7 +77,7 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
         return T.INT32
     out = types[0]
     for t in types[1:]:
-        if out.kind == "STRING" or t.kind == "STRING" or out.kind == "DATE" or t.kind == "DATE":
+        if out.kind in ("STRING", "DATE", "TIMESTAMP") or t.kind in ("STRING", "DATE", "TIMESTAMP"):
             if out.kind != t.kind:
                 raise SqlError(f"{where}: incompatible types {out} and {t}")
             continue
@@ -188,6 +193,10 @@ class ExprBinder:
             return a, Lit(_parse_date(b.value), T.DATE)
         if b.type.kind == "DATE" and isinstance(a, Lit) and a.type.kind == "STRING":
             return Lit(_parse_date(a.value), T.DATE), b
+        if a.type.kind == "TIMESTAMP" and isinstance(b, Lit) and b.type.kind in ("STRING", "TIMESTAMP"):
+            return a, _timestamp_literal(b, a.type)
+        if b.type.kind == "TIMESTAMP" and isinstance(a, Lit) and a.type.kind in ("STRING", "TIMESTAMP"):
+            return _timestamp_literal(a, b.type), b
         return a, b
 
     def _compare(self, op, a, b):
@@ -295,6 +304,8 @@ class ExprBinder:
         if isinstance(x, Lit) and x.type.kind == "STRING":
             if to.kind == "DATE":
                 return Lit(_parse_date(x.value), T.DATE)
+            if to.kind == "TIMESTAMP":
+                return _timestamp_literal(x, to)
             if to.kind == "STRING":
                 return x
             if to.is_numeric:
@@ -398,6 +409,24 @@ class ExprBinder:
 
     def _Exists(self, node):
         raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+
+
+def _timestamp_literal(lit: Lit, to: T.SqlType) -> Lit:
+    """A string or TIMESTAMP literal as a literal of the TIMESTAMP type ``to`` (its unit and zone),
+    when the value is exact in that unit; else the literal as it is (compared in the finer unit)."""
+    if lit.value is None:
+        return Lit(None, to)
+    if lit.type.kind == "TIMESTAMP":
+        if lit.type.scale > to.scale and lit.value % 10 ** (lit.type.scale - to.scale):
+            return lit
+        return Lit(lit.value * 10 ** to.scale // 10 ** lit.type.scale, to)
+    try:
+        value = datetime.datetime.fromisoformat(lit.value.strip())
+    except ValueError:
+        raise SqlError(f"invalid TIMESTAMP literal {lit.value!r}") from None
+    if value.tzinfo is not None and to.tz is None:  # DuckDB: the wall time in the session zone (UTC here)
+        value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return Lit(timestamp_value(value, to), to)
 
 
 def _parse_date(text: str) -> int:
