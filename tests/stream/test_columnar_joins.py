@@ -273,8 +273,9 @@ def test_nexmark_join_state_survives_a_failure_and_restore(tmp_path, query):
 
 # -- Nexmark q3, q4, q8 ------------------------------------------------------------------
 
-def nexmark(query, config, columnar, parallelism=2, batch_size=1000, source=None):
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
+def nexmark(query, config, columnar, parallelism=2, batch_size=1000, source=None, watermark_granularity="record"):
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size,
+                                     watermark_granularity=watermark_granularity)
     sink = (query(env, config) if source is None else query(env, config, source=source)).collect()
     kinds = set()
     for t in env.transformations:

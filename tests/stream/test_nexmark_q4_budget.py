@@ -64,7 +64,7 @@ def test_q4_under_a_tiny_budget_gives_the_same_output(batch_size, tmp_path, tier
     spill = tmp_path / "spill"
     want = engine(config, batch_size)
     assert len(want) > 100
-    record_form, _ = run_q4(q4, config, False, 2, batch_size)
+    record_form, _ = run_q4(q4, config, False, 2, batch_size, watermark_granularity="batch")
     assert want == record_form  # the columnar operators equal their record forms (records, times, order)
     check_q4([r for r, _ in want], config)  # and pandas
     counts = {}
@@ -92,7 +92,7 @@ def test_q4_bids_before_their_auctions_under_a_budget(tmp_path, tiers):
     config = NexmarkConfig(events=15_000, events_per_second=1000, max_out_of_orderness_ms=200, seed=4)
     source = lagging_source(config, lag_rounds=3, batch=150)
     want = engine(config, 100, source=source)
-    assert want == run_q4(q4, config, False, 2, 100, source)[0]
+    assert want == run_q4(q4, config, False, 2, 100, source, watermark_granularity="batch")[0]
     check_q4([r for r, _ in want], config)
     spill = tmp_path / "spill"
     for budget in [(*TINY, spill), (0, 0, spill)]:
