@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from opforge.runtime.device import interpret_mode
+
 
 def bench_gpu(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median milliseconds of ``fn`` on the current CUDA stream, L2 flushed between runs."""
@@ -82,6 +84,10 @@ def bench(fn: Callable[[], object], device: torch.device, *, quick: bool = False
                 torch.cuda.synchronize()
                 return max(gpu_ms, host_ms)
             return gpu_ms
+    if interpret_mode():
+        # under the Triton interpreter a time says nothing about the kernel (CPU smoke runs and
+        # tests of the bench and the tuner), and each repeat costs the interpreter's seconds
+        return bench_cpu(fn, repeats=1)
     return bench_cpu(fn, repeats=5 if quick else 9, min_s=0.02 if quick else 0.1)
 
 
