@@ -53,7 +53,7 @@ def engine(config, batch_size, budget=None, parallelism=2, source=None):
 # events a few tens of seconds long: auctions (open 10 to 30 s) close mid-stream
 CONFIGS = {1: NexmarkConfig(events=5000, events_per_second=250, max_out_of_orderness_ms=300, auctions_in_flight=30,
                             seed=1),
-           7: NexmarkConfig(events=12_000, events_per_second=200, max_out_of_orderness_ms=300, auctions_in_flight=30,
+           7: NexmarkConfig(events=5000, events_per_second=200, max_out_of_orderness_ms=300, auctions_in_flight=30,
                             seed=7),
            1000: NexmarkConfig(events=40_000, events_per_second=500, max_out_of_orderness_ms=300, seed=3)}
 
