@@ -19,11 +19,11 @@ import pytest
 
 import nats_job as job
 from nats_server import create_stream, nats_server, publish, read_all
-from opforge.stream import (CollectionSource, MapFunction, SimulatedClock, StreamExecutionEnvironment,
-                            WatermarkStrategy)
+from opforge.stream import CollectionSource, SimulatedClock, StreamExecutionEnvironment, WatermarkStrategy
 from opforge.stream.checkpoint import completed_checkpoints, read_checkpoint
 from opforge.stream.nats_sink import NatsSink
 from opforge.stream.nats_source import NatsSource
+from test_checkpoint import Boom, FailAt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -44,18 +44,6 @@ def output(url, subject):
     return sorted(json.dumps(json.loads(m), sort_keys=True) for m in read_all(url, job.OUT_STREAM, subject))
 
 
-class Boom(RuntimeError):
-    pass
-
-
-class FailAt(MapFunction):
-    def __init__(self, at):
-        self.at = at
-
-    def map(self, value):
-        if value["seq"] == self.at:
-            raise Boom(f"injected failure at {self.at}")
-        return value
 
 
 def run_in_process(url, ckpt, subject, fail_at=None, parallelism=2):
