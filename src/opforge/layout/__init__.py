@@ -1,0 +1,20 @@
+"""CuTe's layout algebra in Python, and what a warp's memory accesses cost.
+
+``Layout(shape, stride)`` with nested modes; ``coalesce``, ``composition``,
+``complement``, ``logical_divide`` / ``zipped_divide`` / ``tiled_divide``,
+``logical_product`` / ``blocked_product`` / ``raked_product``,
+``right_inverse`` / ``left_inverse``; ``Swizzle`` and swizzled
+``ComposedLayout``s. ``opforge.layout.analyze`` turns a thread -> address
+layout into shared-memory wavefronts and bank conflicts and global-memory
+sectors per request; ``opforge.layout.gluon`` gives the matching Gluon shared
+layouts. Pure Python: importing it loads neither torch nor Triton.
+"""
+
+from opforge.layout.algebra import (Layout, LayoutError, blocked_product, coalesce, complement, composition,
+                                    filter_zeros, left_inverse, logical_divide, logical_product, make_layout,
+                                    raked_product, right_inverse, tiled_divide, zipped_divide)
+from opforge.layout.swizzle import ComposedLayout, Swizzle, row_swizzle, swizzled
+
+__all__ = ["Layout", "LayoutError", "ComposedLayout", "Swizzle", "blocked_product", "coalesce", "complement",
+           "composition", "filter_zeros", "left_inverse", "logical_divide", "logical_product", "make_layout",
+           "raked_product", "right_inverse", "row_swizzle", "swizzled", "tiled_divide", "zipped_divide"]
