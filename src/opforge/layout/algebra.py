@@ -142,7 +142,11 @@ def _as_layout(b) -> Layout:
 
 def composition(a: Layout, b) -> Layout:
     """``R = A o B``: ``R(c) = A(B(c))`` with ``R`` of ``B``'s shape. ``b`` is a layout, an int
-    (``b:1``), or a tuple (a *tiler*) composed mode by mode with ``a``'s modes."""
+    (``b:1``), or a tuple (a *tiler*) composed mode by mode with ``a``'s modes.
+
+    As in CuTe, a ``B`` of several modes gives the concatenation ``(A o B0, A o B1, ...)``:
+    that is ``A o B`` when ``B``'s modes step through ``A`` without carrying across ``A``'s
+    mode boundaries (a compact reshape, a tiler, a divide's ``(B, B*)``), not for every ``B``."""
     if hasattr(a, "compose_inner"):  # a swizzled (composed) layout
         return a.compose_inner(b)
     if isinstance(b, tuple):
