@@ -74,3 +74,16 @@ def gluon_padded(layout: Layout):
 
     interval, pad = padding_params(layout)
     return gl.PaddedSharedLayout.with_identity_for([[interval, pad]], list(layout.shape), [1, 0])
+
+
+def compile_ptx(kernel, arg_types: dict, constexprs: dict, *, num_warps: int, arch: int = 90) -> str:
+    """PTX of a Gluon kernel compiled for ``GPUTarget("cuda", arch, 32)``: no GPU needed
+    (as ``opforge.warmup.compile`` does for Triton kernels)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = dict(arg_types) | {name: "constexpr" for name in constexprs}
+    compiled = triton.compile(GluonASTSource(kernel, signature, dict(constexprs)),
+                              target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    return compiled.asm["ptx"]
