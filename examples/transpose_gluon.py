@@ -129,3 +129,12 @@ def launch(kind: str, x, y) -> None:
     m, n = x.shape
     kernel, kw = launch_args(kind)
     kernel[(triton.cdiv(m, TILE), triton.cdiv(n, TILE))](x, y, m, n, **kw)
+
+
+def ncu_step(kind: str, m: int, n: int):
+    """The step ``benchmarks/layout_ncu.py`` profiles: one launch of a kind on CUDA tensors."""
+    import torch
+
+    x = torch.randn(m, n, device="cuda")
+    y = torch.empty(n, m, device="cuda")
+    return lambda: launch(kind, x, y)
