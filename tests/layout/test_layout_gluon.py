@@ -89,3 +89,25 @@ def test_analyzer_agrees_with_tritons_bank_conflict_model(swizzle, load_conflict
     G.compile_ptx(_conflict_probe, {"x_ptr": "*fp32"},
                   {"VEC": vec, "PER_PHASE": per_phase, "MAX_PHASE": max_phase,
                    "STORE": int(got["shared_st_conflicts_per_request"]), "LOAD": load_conflicts}, num_warps=4)
+
+
+def test_a_ladder_row_with_declared_accesses_shows_the_prediction(transpose_gluon):
+    from rich.console import Console
+
+    from opforge.profile import report as R
+    from opforge.profile.compare import _layout_analysis
+
+    rows = [R.make_row(f"gluon {kind}", layout=_layout_analysis(transpose_gluon.accesses(kind, 64, 64)))
+            for kind in ("naive", "unpadded", "swizzled")]
+    rows.append(R.make_row("no layouts declared"))
+    rep = R.new_report("ladder", "transpose", rows)
+    assert rows[1]["layout"]["predicted"]["shared_ld_conflicts_per_request"] == 31.0
+    assert rows[2]["layout"]["predicted"]["shared_ld_conflicts_per_request"] == 0.0
+    console = Console(record=True, width=200)
+    R.print_report(rep, console)
+    text = console.export_text()
+    assert "predicted by opforge.layout" in text
+    lines = [ln for ln in text.splitlines() if "gluon unpadded" in ln and "load tile.T" in ln]
+    assert len(lines) == 1 and "32.00" in lines[0] and "31.00" in lines[0]
+    naive_store = [ln for ln in text.splitlines() if "gluon naive" in ln and "store y" in ln]
+    assert len(naive_store) == 1 and "32.00" in naive_store[0]
