@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opforge.layout.algebra import Layout, LayoutError, composition
-from opforge.layout.inttuple import fmt
 
 
 @dataclass(frozen=True)
