@@ -134,8 +134,11 @@ def main(argv=None) -> int:
         print(f"[{kind}] {r['seconds']} s {r['error'] or ''}", file=sys.stderr, flush=True)
     print_table(results)
     if a.out:
-        doc = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
-               "size": a.size, "metrics": list(METRICS), "kernels": results}
+        from opforge.runtime import device
+
+        doc = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+               "versions": device.versions(), "size": a.size, "metrics": list(METRICS), "kernels": results}
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

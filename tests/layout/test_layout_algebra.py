@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from opforge.layout import (ComposedLayout, Layout, LayoutError, Swizzle, blocked_product, coalesce, complement,
-                            composition, left_inverse, logical_divide, logical_product, make_layout, raked_product,
-                            right_inverse, tiled_divide, zipped_divide)
+                            composition, flat_divide, left_inverse, logical_divide, logical_product, make_layout,
+                            raked_product, right_inverse, tiled_divide, tiled_product, zipped_divide, zipped_product)
 from opforge.layout.inttuple import is_int, product
 
 L = Layout
@@ -54,6 +54,7 @@ def test_divide_examples():
     assert str(zd) == "((3,(2,4)),(3,(2,2))):((177,(13,2)),(59,(26,1)))"
     assert str(zd.mode(0)) == str(composition(a, tiler))  # layout<0>(zipped_divide(a, b)) == composition(a, b)
     assert str(tiled_divide(a, tiler)) == "((3,(2,4)),3,(2,2)):((177,(13,2)),59,(26,1))"
+    assert str(flat_divide(a, tiler)) == "(3,(2,4),3,(2,2)):(177,(13,2),59,(26,1))"
 
 
 def test_product_examples():
@@ -65,6 +66,12 @@ def test_product_examples():
     assert str(blocked) == "(6,(5,4)):(5,(1,30))"
     assert _same(blocked, L(((2, 3), (5, 4)), ((5, 10), (1, 30))))
     assert str(raked_product(a, b)) == "((3,2),(4,5)):((10,5),(30,1))"
+    # by-mode products regrouped: ((M, N), (TileM, TileN)) and ((M, N), TileM, TileN)
+    a, tiler = L((2, 5), (5, 1)), (L(3, 1), L(4, 1))
+    reps = [logical_product(a.mode(i), tiler[i]).mode(1) for i in range(2)]
+    assert [str(r) for r in reps] == ["3:1", "4:5"]  # 3:1 fills the holes of 2:5, 4:5 repeats 5:1
+    assert str(zipped_product(a, tiler)) == "((2,5),(3,4)):((5,1),(1,5))"
+    assert str(tiled_product(a, tiler)) == "((2,5),3,4):((5,1),1,5)"
 
 
 def test_undefined_operations_name_their_condition():

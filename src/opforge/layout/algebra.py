@@ -229,22 +229,33 @@ def logical_divide(a: Layout, tiler) -> Layout:
 
 def zipped_divide(a: Layout, tiler) -> Layout:
     """``((tiles...), (rests...))``."""
-    return _zip_result(logical_divide(a, tiler), tiler, flat_rest=False, product_order=False)
+    return _gather(logical_divide(a, tiler), tiler, "zipped")
 
 
 def tiled_divide(a: Layout, tiler) -> Layout:
     """``((tiles...), rest0, rest1, ...)``."""
-    return _zip_result(logical_divide(a, tiler), tiler, flat_rest=True, product_order=False)
+    return _gather(logical_divide(a, tiler), tiler, "tiled")
 
 
-def _zip_result(r: Layout, tiler, *, flat_rest: bool, product_order: bool) -> Layout:
+def flat_divide(a: Layout, tiler) -> Layout:
+    """``(tile0, tile1, ..., rest0, rest1, ...)``."""
+    return _gather(logical_divide(a, tiler), tiler, "flat")
+
+
+def _gather(r: Layout, tiler, how: str) -> Layout:
+    """Regroup a by-mode divide or product ``((t0, r0), (t1, r1), ..., L...)``: ``zipped``
+    gives ``((t0, t1, ...), (r0, r1, ..., L...))``, ``tiled`` ``((t0, t1, ...), r0, r1, ..., L...)``,
+    ``flat`` ``(t0, t1, ..., r0, r1, ..., L...)``."""
     if not isinstance(tiler, tuple):
-        return r
+        return r if how != "flat" else make_layout(*r.modes())
     n = len(tiler)
     modes = r.modes()
-    first = make_layout(*[m.mode(0) for m in modes[:n]]) if n > 1 else _wrap(modes[0].mode(0))
+    firsts = [m.mode(0) for m in modes[:n]]
     rests = [m.mode(1) for m in modes[:n]] + modes[n:]
-    if flat_rest:
+    if how == "flat":
+        return make_layout(*firsts, *rests)
+    first = make_layout(*firsts) if n > 1 else _wrap(firsts[0])
+    if how == "tiled":
         return make_layout(first, *rests)
     return make_layout(first, make_layout(*rests) if len(rests) > 1 else _wrap(rests[0]))
 
@@ -260,6 +271,16 @@ def logical_product(a: Layout, tiler) -> Layout:
         return make_layout(*[logical_product(m, t) for m, t in zip(modes, tiler)], *modes[len(tiler):])
     b = _as_layout(tiler)
     return make_layout(a, composition(complement(a, a.size() * b.cosize()), b))
+
+
+def zipped_product(a: Layout, tiler: tuple) -> Layout:
+    """``((A0, A1, ...), (B'0, B'1, ...))`` of a by-mode product."""
+    return _gather(logical_product(a, tiler), tiler, "zipped")
+
+
+def tiled_product(a: Layout, tiler: tuple) -> Layout:
+    """``((A0, A1, ...), B'0, B'1, ...)`` of a by-mode product."""
+    return _gather(logical_product(a, tiler), tiler, "tiled")
 
 
 def _rank_matched(a: Layout, b: Layout) -> tuple[list[Layout], list[Layout]]:
