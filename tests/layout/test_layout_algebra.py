@@ -12,7 +12,7 @@ from opforge.layout import (ComposedLayout, Layout, LayoutError, Swizzle, blocke
 from opforge.layout.inttuple import is_int, product
 
 L = Layout
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
 
