@@ -20,6 +20,14 @@ Three real kernels transposing an ``M x N`` fp32 matrix (``y[j, i] = x[i, j]``):
    (128-bit) accesses per thread and fewer programs, a different shared-memory
    layout and conflict pattern, as ncu shows.
 
+On CUDA four more steps are written in Gluon (``transpose_gluon.py``), with
+every layout explicit, so ``opforge.layout`` predicts their shared-memory
+wavefronts and bank conflicts and global sectors per request (shown in the
+report; ``benchmarks/layout_ncu.py`` checks them against ncu): ``gluon naive``,
+``gluon shared`` (an unpadded tile: 32-way conflicts on the transposed read),
+``gluon padded`` and ``gluon swizzled`` (both conflict-free). Gluon has no
+interpreter, so without CUDA they are left out (tests compile them for sm_90).
+
 On CUDA the report (JSON, HTML, PNG in ``--out``) shows each step's achieved
 bandwidth against the copy ceiling, occupancy, and with ``--ncu`` sectors per
 request and shared-memory bank conflicts going the right way. Without CUDA
@@ -95,9 +103,35 @@ def build_tiled(device: str, m: int, n: int, tile: int = 32, warps: int = 4):
     return Built(run, [(transpose_tiled_kernel, (x, y, m, n), kw)], lambda: y, x.double().t(), 2.0 * x.numel() * 4)
 
 
-def steps(m: int, n: int):
+def build_gluon(device: str, m: int, n: int, kind: str):
+    """A Gluon step (``transpose_gluon.KINDS``), with the analyzer's model of its accesses."""
+    import transpose_gluon as tg
+
+    from opforge.profile.compare import Built
+
+    x = _matrix(m, n, device)
+    y = torch.empty(n, m, device=device)
+    kernel, kw = tg.launch_args(kind)
+    grid = (triton.cdiv(m, tg.TILE), triton.cdiv(n, tg.TILE))
+
+    def run():
+        kernel[grid](x, y, m, n, **kw)
+
+    return Built(run, [(kernel, (x, y, m, n), kw)], lambda: y, x.double().t(), 2.0 * x.numel() * 4,
+                 accesses=tg.accesses(kind, m, n))
+
+
+GLUON_STEPS = [("gluon naive", "naive", "explicit layouts, no shared memory: stores 32 sectors per request"),
+               ("gluon shared", "unpadded", "a plain 32x32 shared tile: the column read is a 32-way bank conflict"),
+               ("gluon padded", "padded", "shared tile (32,32):(33,1): one word of padding per row"),
+               ("gluon swizzled", "swizzled", "shared tile swizzled by Swizzle<5,0,5> (col ^ row)")]
+
+
+def steps(m: int, n: int, gluon: bool = False):
     from opforge.profile.compare import Step
 
+    extra = [Step(name, desc, "transpose_ladder:build_gluon", {"m": m, "n": n, "kind": kind})
+             for name, kind, desc in GLUON_STEPS] if gluon else []
     return [
         Step("naive", "row segment in, column out: strided (uncoalesced) stores", "transpose_ladder:build_naive",
              {"m": m, "n": n}),
@@ -105,7 +139,7 @@ def steps(m: int, n: int):
              "transpose_ladder:build_tiled", {"m": m, "n": n, "tile": 32, "warps": 4}),
         Step("tiled 64x64", "wider tile, 8 warps: 128-bit accesses, another shared layout",
              "transpose_ladder:build_tiled", {"m": m, "n": n, "tile": 64, "warps": 8}),
-    ]
+    ] + extra
 
 
 def run(out: str | None = None, ncu: bool = False, size: int | None = None, device=None, console=None,
@@ -117,8 +151,10 @@ def run(out: str | None = None, ncu: bool = False, size: int | None = None, devi
     m = n = size or (8192 if on_gpu else 48)
     if not on_gpu:
         n = m + 24  # not square, not a multiple of the tile: masks are exercised
-    return run_ladder("transpose_ladder", f"transpose ladder: {m}x{n} fp32", steps(m, n), out=out, console=console,
-                      device=device, ncu=ncu, resources=resources, sys_path=[HERE],
+    # Gluon compiles only for a GPU (no interpreter); its steps assume whole 32x32 tiles
+    gluon = on_gpu and m % 32 == 0 and n % 32 == 0
+    return run_ladder("transpose_ladder", f"transpose ladder: {m}x{n} fp32", steps(m, n, gluon), out=out,
+                      console=console, device=device, ncu=ncu, resources=resources, sys_path=[HERE],
                       notes=["bytes counted: the matrix read once and written once"])
 
 

@@ -61,3 +61,14 @@ def test_pd_ctl_command_imports_no_torch():
         "print('torch loaded:', 'torch' in sys.modules)"
     )
     assert out.endswith("torch loaded: False")
+
+
+def test_layout_algebra_loads_on_first_use_without_torch():
+    """``opforge.layout`` (issue 27) is pure Python: neither ``import opforge`` nor its first use loads torch."""
+    out = _run(
+        "import sys, opforge\n"
+        "before = 'opforge.layout' in sys.modules\n"
+        "print(before, str(opforge.layout.composition(opforge.layout.Layout(20, 2), opforge.layout.Layout((5, 4)))),"
+        " 'torch' in sys.modules, 'triton' in sys.modules)"
+    )
+    assert out == "False (5,4):(2,10) False False"

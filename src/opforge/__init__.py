@@ -55,7 +55,7 @@ _PUBLIC = {
     "opforge.sql": ("connect",),
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
-_SUBPACKAGES = ("nn", "sql", "stream", "distributed", "placement")
+_SUBPACKAGES = ("nn", "sql", "stream", "distributed", "placement", "layout")
 
 __all__ = ["__version__", *_HOME, *_SUBPACKAGES]
 

@@ -7,7 +7,9 @@ returns a ``Built``: ``run()`` launches the step's kernels once, ``launches``
 lists each launch as ``(jit function, args, kwargs)`` for the compiled
 resources, ``output()`` is the result after a run and ``expected`` its
 float64 reference, ``nbytes``/``flops`` the work counted as the bench counts
-it (each input read once, each output written once).
+it (each input read once, each output written once); a step whose kernel
+declares its memory accesses (``accesses``: ``opforge.layout.analyze.Access``
+per instruction of one program) gets the analyzer's prediction in its row.
 
 ``compare`` checks every step against its reference (on the CPU under the
 Triton interpreter, small), compiles every launch for sm_90 in one child
@@ -33,6 +35,7 @@ class Built:
     nbytes: float
     flops: float = 0.0
     tolerance: float = 1e-5
+    accesses: list | None = None  # opforge.layout.analyze.Access per memory instruction, when declared
 
 
 @dataclass
@@ -108,7 +111,8 @@ def compare(title: str, steps: list[Step], *, device=None, ncu: bool = False, re
                 ncu_error = str(e)
         rows.append(rep_mod.make_row(s.name, description=s.description, kernels=kernels, median_ms=ms,
                                      nbytes=b.nbytes, flops=b.flops, ceilings=ceilings, ncu=metrics,
-                                     error="; ".join(e[:200] for e in errs), correct=bool(err <= b.tolerance)))
+                                     error="; ".join(e[:200] for e in errs), correct=bool(err <= b.tolerance),
+                                     layout=_layout_analysis(b.accesses)))
     notes = list(notes)
     if res_error:
         notes.append(res_error)
@@ -162,6 +166,15 @@ def main_as_module(path: str) -> None:
     here, file = os.path.split(os.path.abspath(path))
     sys.path.insert(0, here)
     sys.exit(importlib.import_module(os.path.splitext(file)[0]).main())
+
+
+def _layout_analysis(accesses) -> dict | None:
+    """The analyzer's per-instruction costs and per-request totals (what ncu would count)."""
+    if not accesses:
+        return None
+    from opforge.layout import analyze
+
+    return {"accesses": analyze.to_json(accesses), "predicted": analyze.predict(accesses)}
 
 
 def _name(fn) -> str:

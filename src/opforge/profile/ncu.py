@@ -250,8 +250,9 @@ def missing_metrics(output: str) -> set[str]:
 
 
 def run_job(job: dict, kernels, *, launches_per_call: int = 1, warmup: int = 3, timeout: float = 300,
-            metrics=METRICS, ncu: str | None = None) -> list[dict]:
-    """Profile the last call of ``job`` under ncu; one folded dict per kernel launch.
+            metrics=METRICS, ncu: str | None = None, raw: bool = False) -> list[dict]:
+    """Profile the last call of ``job`` under ncu; one folded dict per kernel launch
+    (``raw=True``: the metrics as ncu printed them, plus ``kernel``).
 
     Metrics the installed ncu does not know are dropped and the run retried
     (twice at most; an unknown stall reason drops the stall family).
@@ -280,5 +281,5 @@ def run_job(job: dict, kernels, *, launches_per_call: int = 1, warmup: int = 3, 
             rows = parse_csv(r.stdout)
         except NcuError:
             raise NcuError(explain_failure(output, r.returncode)) from None
-        return [fold(km) for km in rows]
+        return [dict(km.raw, kernel=km.kernel) if raw else fold(km) for km in rows]
     raise NcuError("ncu rejected the metric list three times: " + explain_failure(output, r.returncode))

@@ -66,14 +66,15 @@ def _versions() -> dict:
 def make_row(label: str, *, description: str = "", config: dict | None = None, chosen: bool = False,
              kernels: list | None = None, median_ms: float | None = None, nbytes: float | None = None,
              flops: float | None = None, ceilings: dict | None = None, ncu: list | None = None,
-             error: str = "", correct: bool | None = None) -> dict:
-    """One comparable row; derived rates from ``median_ms``, ``nbytes``, ``flops``."""
+             error: str = "", correct: bool | None = None, layout: dict | None = None) -> dict:
+    """One comparable row; derived rates from ``median_ms``, ``nbytes``, ``flops``; ``layout``:
+    the access analyzer's prediction for kernels that declare their layouts."""
     kernels = [k if isinstance(k, dict) else k.to_dict() for k in (kernels or [])]
     occ = [k["occupancy"]["occupancy"] for k in kernels]
     row = {"label": label, "description": description, "config": _plain(config or {}), "chosen": bool(chosen),
            "kernels": kernels, "occupancy": min(occ) if occ else None, "median_ms": _f(median_ms),
            "tbps": None, "tflops": None, "pct_copy_bw": None, "pct_roofline": None, "ncu": ncu,
-           "error": error, "correct": correct}
+           "error": error, "correct": correct, "layout": layout}
     if median_ms:
         s = median_ms * 1e-3
         row["tbps"] = float(nbytes / s / 1e12) if nbytes else None
@@ -211,7 +212,25 @@ def tables(rep: dict) -> list:
                           f"{_fmt(m['global_st_sectors_per_request'], '.2f')}",
                           ", ".join(f"{s} {m['stall_shares'][s]:.0%}" for s in m["top_stalls"]))
         out.append(n)
+    if any(r.get("layout") for r in rep["rows"]):
+        out.append(_layout_table(rep))
     return out
+
+
+def _layout_table(rep: dict):
+    """opforge.layout's prediction per memory instruction of one program (per warp request)."""
+    from rich.table import Table
+
+    t = Table(title="predicted by opforge.layout (per warp request)")
+    for col in ("row", "access", "space", "B/lane", "requests", "wavefronts", "conflicts", "sectors", "lines"):
+        t.add_column(col, justify="left" if col in ("row", "access", "space") else "right")
+    for r in rep["rows"]:
+        for a in (r.get("layout") or {}).get("accesses", []):
+            n = a["requests"] or 1
+            per = {k: _fmt(a[k] / n, ".2f") if k in a else "-" for k in ("wavefronts", "conflicts", "sectors", "lines")}
+            t.add_row(r["label"], a["name"], f"{a['space']} {a['op']}", str(a["width"]), str(a["requests"]),
+                      per["wavefronts"], per["conflicts"], per["sectors"], per["lines"])
+    return t
 
 
 def print_report(rep: dict, console) -> None:

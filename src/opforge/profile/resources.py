@@ -132,6 +132,15 @@ def kernel_name(fn) -> str:
 
 
 
+def _source(fn, plain):
+    """The compiler's source class for ``fn``: Gluon kernels (explicit layouts) have their own."""
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource
+    return plain
+
+
 def _compile_local(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int) -> dict:
     """In a process where TRITON_INTERPRET is off: compile and read resources."""
     import triton
@@ -146,7 +155,7 @@ def _compile_local(fn, signature: dict, constexprs: dict, num_warps: int, num_st
     if missing:
         raise ProfileError(f"signature lacks parameters {missing} of {fn.__name__}")
     full = {n: full[n] for n in names}
-    k = triton.compile(ASTSource(fn, full, dict(constexprs)), target=GPUTarget("cuda", arch, 32),
+    k = triton.compile(_source(fn, ASTSource)(fn, full, dict(constexprs)), target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     res = run_ptxas(k.asm["ptx"], arch)
     md = k.metadata
@@ -171,7 +180,8 @@ def _compile_launch(fn, args: tuple, kwargs: dict, arch: int) -> dict:
     kwargs = {k: v for k, v in kwargs.items() if k not in ("debug", "instrumentation_mode")}
     bound, specialization, opts = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, opts)
-    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    k = triton.compile(_source(fn, ASTSource)(fn, signature, constexprs, attrs), target=target,
+                       options=options.__dict__)
     res = run_ptxas(k.asm["ptx"], arch)
     md = k.metadata
     names = [p.name for p in fn.params]
