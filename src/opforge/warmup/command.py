@@ -63,6 +63,9 @@ def warm(args, console: Console) -> int:
         specs.update(m.entries)
         sources.update(m.sources)
     jobs = args.jobs or os.cpu_count() or 1
+    from opforge.runtime import triton_key
+
+    triton_key.ensure()  # hashed at most once here, then read by every worker and later process
     todo = [specs[k] for k in sorted(specs)]
     failed = []
     columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -199,6 +199,9 @@ RESULT_MARK = "@@opforge-warmup@@ "
 def _worker_main() -> None:
     """``python -m opforge.warmup.compile``: compile the tasks read from stdin, one JSON line each,
     answering each with one marked line on stdout (other output of a compile is ignored)."""
+    from opforge.runtime import triton_key
+
+    triton_key.install()  # the parent recorded the key: no worker hashes libtriton.so again
     for line in sys.stdin:
         r = _timed(*json.loads(line))
         sys.stdout.write(RESULT_MARK + json.dumps(asdict(r)) + "\n")
