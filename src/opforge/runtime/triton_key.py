@@ -77,38 +77,38 @@ def _write_index(entries: dict) -> None:
         pass  # a read-only cache folder: the key is computed per process, as Triton does
 
 
-def record() -> str:
-    """Triton's key, computed by Triton (once per process), stored under this fingerprint."""
-    import triton.runtime.cache as cache
-
-    original = getattr(cache.triton_key, "__wrapped_triton_key__", cache.triton_key)
-    key = original()
-    fp = fingerprint()
+def _store(fp: str, key: str) -> None:
     entries = _read_index()
     if entries.get(fp) != key:
         entries.pop(fp, None)
         entries = dict(list(entries.items())[-(MAX_ENTRIES - 1):])
         entries[fp] = key
         _write_index(entries)
-    return key
 
 
 def install() -> None:
     """Make ``triton.runtime.cache.triton_key`` read the index (or compute and record the key
-    on its first call in this process). Idempotent; costs one ``stat`` per Triton source file."""
-    import triton.runtime.cache as cache
-
-    if hasattr(cache.triton_key, "__wrapped_triton_key__"):
+    on its first call in this process). Idempotent; costs one ``stat`` per Triton source file.
+    A Triton without this function, or files that cannot be read, leave Triton's own in place."""
+    try:
+        import triton.runtime.cache as cache
+    except ImportError:
         return
-    original = cache.triton_key
+    original = getattr(cache, "triton_key", None)
+    if original is None or hasattr(original, "__wrapped_triton_key__"):
+        return
 
     @functools.lru_cache(maxsize=None)
     def triton_key() -> str:
         try:
-            known = _read_index().get(fingerprint())
+            fp = fingerprint()
         except OSError:
             return original()
-        return known if known is not None else record()
+        key = _read_index().get(fp)
+        if key is None:
+            key = original()
+            _store(fp, key)
+        return key
 
     triton_key.__wrapped_triton_key__ = original
     cache.triton_key = triton_key

@@ -184,13 +184,18 @@ def _timed(entry: dict, source: dict[str, str], arch: int | None) -> CompileResu
     from opforge.warmup.launchers import launcher_source
 
     t0 = time.perf_counter()
-    launcher = ""
+    compiled = None
     try:
-        launcher = launcher_source(compile_entry(spec, source, arch))
+        compiled = compile_entry(spec, source, arch)
         err = ""
     except Exception as e:  # reported by the caller, never fatal
         err = f"{type(e).__name__}: {e}".strip()[:500]
-    return CompileResult(spec.key(), spec.kernel, time.perf_counter() - t0, err, launcher)
+    seconds = time.perf_counter() - t0
+    try:
+        launcher = launcher_source(compiled) if compiled is not None else ""
+    except Exception:  # noqa: BLE001 - a Triton whose launcher glue differs: its first launch builds it
+        launcher = ""
+    return CompileResult(spec.key(), spec.kernel, seconds, err, launcher)
 
 
 RESULT_MARK = "@@opforge-warmup@@ "
