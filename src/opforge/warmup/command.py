@@ -52,6 +52,7 @@ def warm(args, console: Console) -> int:
                            "one, --record records manifests")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from opforge.runtime import triton_key
     from opforge.warmup import manifest
     from opforge.warmup.compile import compile_all
     from opforge.warmup.launchers import LauncherBuilder
@@ -63,8 +64,6 @@ def warm(args, console: Console) -> int:
         specs.update(m.entries)
         sources.update(m.sources)
     jobs = args.jobs or os.cpu_count() or 1
-    from opforge.runtime import triton_key
-
     triton_key.ensure()  # hashed at most once here, then read by every worker and later process
     todo = [specs[k] for k in sorted(specs)]
     failed = []
