@@ -13,9 +13,15 @@
    cache hit costs milliseconds, a compile seconds), how many compiles took
    over 50 ms, and the kernel specializations it launched that no manifest
    holds (what ``opforge warmup --record sql`` would add).
+   And where each first run's time went (``breakdown_ms``): Triton compiles and
+   cache lookups, Triton's installation hash, C launcher modules built (gcc) or
+   loaded, the columns' first touch, the planner's statistics.
 3. ``--baseline``: step 2 first on an empty Triton cache, for comparison.
 4. The peer: DuckDB in a fresh process, straight from the same Parquet files
    (a view per table), each query's first run and warm runs.
+5. Host start-up in fresh processes on the warmed caches (``host``): ``import
+   opforge`` over ``import torch``, the first op attribute, ``opforge.sql``,
+   ``connect()`` + ``register()`` of the 8 tables (goals: 0.3 s, 0.1 s).
 
 A CPU smoke run of the script itself (kernels under the interpreter, the
 manifests compiled for sm_90 without a GPU):
@@ -31,6 +37,7 @@ Prints a table and writes the JSON to ``--out``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,32 +53,84 @@ sys.path.insert(0, str(HERE.parent / "src"))
 SLOW_COMPILE_S = 0.05
 
 
-def _child(args) -> None:
-    """Step 2, in a fresh process: first and warm runs of each query."""
+class Timers:
+    """Seconds spent in wrapped functions, per label, since the last ``reset`` (calls nested in
+    another wrapped call of the same label count once)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, list[float]] = {}
+        self._depth: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def wrap(self, owner, attr: str, label: str, when=lambda *a, **kw: True) -> None:
+        original = getattr(owner, attr)
+
+        def timed(*a, **kw):
+            if not when(*a, **kw) or self._depth.get(label):
+                return original(*a, **kw)
+            self._depth[label] = 1
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                dt = time.perf_counter() - t0
+                self._depth[label] = 0
+                self.seconds[label] = self.seconds.get(label, 0.0) + dt
+                self.calls.setdefault(label, []).append(dt)
+
+        functools.update_wrapper(timed, original)  # keeps what opforge marks its wrappers with
+        setattr(owner, attr, timed)
+
+
+def _breakdown_timers() -> Timers:
+    """Where a first run's extra time goes: Triton compiles or cache lookups (``_do_compile``),
+    Triton's installation hash (``triton_key``, nested in the first lookup), the C launcher
+    modules built with gcc (``_build`` of ``__triton_launcher``), every launcher module found or
+    built and loaded (``compile_module_from_src``), columns' first touch (``load_column``) and
+    the planner's statistics (``ColumnStatsOnDemand``'s groups)."""
+    import opforge.kernels  # noqa: F401  (puts opforge's memoized Triton key in place, as a query would)
+    import triton.runtime.build as build
+    import triton.runtime.cache as tcache
     from triton.runtime.jit import JITFunction
 
+    from opforge.sql import column_load
+    from opforge.sql.planner import statistics
+
+    t = Timers()
+    t.wrap(JITFunction, "_do_compile", "compile")
+    t.wrap(tcache, "triton_key", "triton_key")
+    t.wrap(build, "_build", "launcher_gcc", when=lambda name, *a, **kw: name == "__triton_launcher")
+    t.wrap(build, "compile_module_from_src", "launcher_modules")
+    import triton.backends.nvidia.driver as nv
+
+    nv.compile_module_from_src = build.compile_module_from_src  # the driver imported it by name
+    t.wrap(column_load, "load_column", "column_load")
+    for group in ("_nulls", "_range", "_distribution", "_unique"):
+        t.wrap(statistics.ColumnStatsOnDemand, group, "statistics")
+    return t
+
+
+def _child(args) -> None:
+    """Step 2, in a fresh process: first and warm runs of each query, with the first run's
+    breakdown (``_breakdown_timers``) and the time of ``connect()`` + ``register()``."""
     from opforge import sql
     from opforge.sql.tpch import data, queries
     from opforge.warmup import manifest
     from opforge.warmup.launches import LaunchRecorder
 
-    compiles: list[float] = []
-    original = JITFunction._do_compile
-
-    def timed(self, *a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return original(self, *a, **kw)
-        finally:
-            compiles.append(time.perf_counter() - t0)
-
-    JITFunction._do_compile = timed
+    timers = _breakdown_timers()
+    compiles = timers.calls
     known = set()
     for engine in manifest.ENGINES:
         known |= set(manifest.load(engine).entries)
-    con = sql.connect(device=args.device)
+    paths = data.generate(args.sf, args.data_dir)
     t0 = time.perf_counter()
-    for name, p in data.generate(args.sf, args.data_dir).items():
+    con = sql.connect(device=args.device)
+    for name, p in paths.items():
         con.register(name, str(p))
     out = {"load_s": time.perf_counter() - t0, "queries": []}
     import torch
@@ -79,13 +138,15 @@ def _child(args) -> None:
     for n in [int(q) for q in args.queries.split(",")] if args.queries else queries.NUMBERS:
         text = queries.query(n)
         with LaunchRecorder() as rec:
-            del compiles[:]
+            timers.reset()
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             con.sql(text).to_arrow()
             first = (time.perf_counter() - t0) * 1e3
-            first_compiles = list(compiles)
+            first_compiles = list(compiles.get("compile", []))
+            breakdown = {k: round(v * 1e3, 2) for k, v in timers.seconds.items()}
+            launchers_built = len(timers.calls.get("launcher_gcc", []))
             warm = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
@@ -97,10 +158,47 @@ def _child(args) -> None:
             "query": queries.name(n), "first_ms": first, "warm_ms": w, "delta_ms": first - w,
             "triton_compile_s": sum(first_compiles), "slow_compiles": sum(c > SLOW_COMPILE_S for c in first_compiles),
             "specializations": len(rec.specializations), "missing": missing,
+            "breakdown_ms": breakdown, "launchers_built": launchers_built,
         })
         print(f"{queries.name(n)}: first {first:.1f} ms, warm {w:.1f} ms, compile {sum(first_compiles):.2f} s, "
-              f"{len(missing)} not in the manifests", file=sys.stderr, flush=True)
+              f"{len(missing)} not in the manifests, first-run ms {breakdown}", file=sys.stderr, flush=True)
     Path(args.child_out).write_text(json.dumps(out))
+
+
+IMPORT_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import opforge
+t2 = time.perf_counter()
+opforge.softmax
+t3 = time.perf_counter()
+from opforge import sql
+from opforge.sql.tpch import data
+t4 = time.perf_counter()
+paths = data.generate(float(sys.argv[1]), sys.argv[2] or None)
+t5 = time.perf_counter()
+con = sql.connect(device=sys.argv[3])
+t6 = time.perf_counter()
+for name, p in paths.items():
+    con.register(name, str(p))
+t7 = time.perf_counter()
+print(json.dumps({"import_torch_s": t1 - t0, "import_opforge_s": t2 - t1, "first_op_attribute_s": t3 - t2,
+                  "import_sql_s": t4 - t3, "connect_s": t6 - t5, "register_8_tables_s": t7 - t6,
+                  "connect_register_s": t7 - t5}))
+"""
+
+
+def _imports(args, env: dict) -> dict:
+    """``import opforge`` over torch, the first op attribute, ``opforge.sql``, ``connect()`` and
+    ``register()`` of the TPC-H tables, in a fresh process (medians of 3)."""
+    runs = []
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", IMPORT_CHILD, str(args.sf), args.data_dir or "", args.device],
+                           env=env, check=True, capture_output=True, text=True)
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def _duckdb_child(args) -> None:
@@ -191,6 +289,7 @@ def main(argv=None) -> dict:
             env = _fresh_env(base, pool)
             doc["warmup"][pool] = _warmup(args, env, pool)
         doc.update(_run_queries(args, env, "after-warmup"))
+        doc["host"] = _imports(args, env)
         doc["duckdb"] = _run_queries(args, _fresh_env(base, "duckdb"), "duckdb", peer=True)
     import torch
 
@@ -215,9 +314,19 @@ def main(argv=None) -> dict:
         print(f"{q['query']:>6} {q['first_ms']:9.1f} {q['warm_ms']:8.1f} {q['delta_ms']:7.1f} "
               f"{q['triton_compile_s']:9.2f} {len(q['missing']):7d} {d['first_ms']:12.1f} {d['warm_ms']:11.1f}"
               + (f"  {b['first_ms']:.1f}" if b else ""))
+    print("first run - warm, where the first run's time went (ms; compile includes the Triton key "
+          "hash, launcher_modules includes launcher_gcc):")
+    for q in doc["queries"]:
+        print(f"{q['query']:>6} delta {q['delta_ms']:7.1f}  " + "  ".join(
+            f"{k} {v:.1f}" for k, v in sorted(q["breakdown_ms"].items())) + f"  ({q['launchers_built']} launchers built)")
+    h = doc["host"]
+    print(f"import torch {h['import_torch_s']:.2f} s, import opforge over it {h['import_opforge_s'] * 1e3:.1f} ms "
+          f"(goal <= 300), first op attribute {h['first_op_attribute_s'] * 1e3:.0f} ms, opforge.sql "
+          f"{h['import_sql_s'] * 1e3:.0f} ms, connect() {h['connect_s'] * 1e3:.1f} ms + register() of 8 tables "
+          f"{h['register_8_tables_s'] * 1e3:.1f} ms = {h['connect_register_s'] * 1e3:.1f} ms (goal <= 100)")
     for pool, w in doc["warmup"].items():
         print(f"warmup ({pool}, {w['jobs']} workers): {w['command_s']:.1f} s as a command, {w['wall_s']:.1f} s "
-              f"compiling, {w['compiled']} compiled, {w['failed']} failed")
+              f"compiling, {w['compiled']} compiled, {w['failed']} failed; launchers {w.get('launchers')}")
     print(f"goal: warmup {warm_s:.1f} s (<= 90: {doc['goal']['warmup_within_90s']}), max first-warm "
           f"{max(deltas):.1f} ms (<= 100: {doc['goal']['all_within_100ms']}), {q1} first vs DuckDB's first "
           f"{doc['goal']['first_q_vs_duckdb']:.2f}x (<= 2)"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,30 @@ def test_entries_compile_for_sm90_without_a_gpu(tmp_path, monkeypatch):
     assert results[good.key()].error == ""
     assert "power of 2" in results[bad.key()].error
     assert sum(p.suffix == ".cubin" for p in tmp_path.rglob("*")) == 1
+    _launcher_source_is_the_launch_paths(good, results[good.key()].launcher, monkeypatch)
+
+
+def _launcher_source_is_the_launch_paths(spec, source, monkeypatch):
+    """The launcher source a worker sent back is the one Triton's launch path asks to build for
+    the kernel as a fresh process loads it from the cache (``launch_path_probe``: Triton's own
+    ``CudaLauncher`` run up to its build call); without a CUDA driver it is counted, not built."""
+    from opforge.warmup.compile import _worker_env
+    from opforge.warmup.launchers import LAUNCHER_NAME, LauncherBuilder, cached_launcher, driver_missing
+
+    probe = subprocess.run([sys.executable, str(Path(__file__).with_name("launch_path_probe.py")),
+                            json.dumps(spec.to_json()), "90"], env=_worker_env(), capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    asked = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert asked == {"src": source, "name": LAUNCHER_NAME, "cached": False} and "cuLaunchKernelEx" in source
+    builder = LauncherBuilder(jobs=2)
+    builder.add(source)
+    builder.add(source)
+    report = builder.finish()
+    assert report.distinct == 1
+    if driver_missing():  # this machine: counted, nothing written (a module that could not load)
+        assert report.skipped and report.built == 0 and cached_launcher(source) is None
+    else:  # a CUDA machine: built where the launch path looks first
+        assert report.built == 1 and not report.errors and cached_launcher(source) is not None
 
 
 def test_warmup_without_a_gpu_says_so(capsys, monkeypatch):

@@ -52,8 +52,10 @@ def warm(args, console: Console) -> int:
                            "one, --record records manifests")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from opforge.runtime import triton_key
     from opforge.warmup import manifest
     from opforge.warmup.compile import compile_all
+    from opforge.warmup.launchers import LauncherBuilder
 
     engines = manifest.ENGINES if args.engine == "all" else (args.engine,)
     specs, sources = {}, {}
@@ -62,11 +64,13 @@ def warm(args, console: Console) -> int:
         specs.update(m.entries)
         sources.update(m.sources)
     jobs = args.jobs or os.cpu_count() or 1
+    triton_key.ensure()  # hashed at most once here, then read by every worker and later process
     todo = [specs[k] for k in sorted(specs)]
     failed = []
     columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
     t0 = time.perf_counter()
+    launchers = LauncherBuilder(jobs)
     with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
         task = progress.add_task("", total=len(todo))
 
@@ -74,8 +78,11 @@ def warm(args, console: Console) -> int:
             progress.update(task, advance=1, description=r.kernel.rpartition(":")[2])
             if r.error:
                 failed.append(r)
+            launchers.add(r.launcher)
 
         results = compile_all(todo, sources, jobs=jobs, arch=args.arch, pool=args.pool, on_done=done)
+        progress.update(task, description="launchers")
+        built = launchers.finish()
     wall = time.perf_counter() - t0
     from triton import knobs
 
@@ -83,11 +90,21 @@ def warm(args, console: Console) -> int:
     console.print(f"opforge warmup: {len(results) - len(failed)}/{len(results)} kernel specializations "
                   f"({', '.join(engines)}) compiled for {target} in {wall:.1f} s with {jobs} {args.pool} "
                   f"worker(s) into {knobs.cache.dir}", markup=False, highlight=False)
+    if built.skipped:
+        console.print(f"launchers: {built.distinct} distinct, not built: {built.skipped}", markup=False,
+                      highlight=False)
+    else:
+        console.print(f"launchers: {built.distinct} distinct, {built.built} built, {built.cached} already "
+                      f"cached ({built.seconds:.1f} s)", markup=False, highlight=False)
     for r in failed:
         console.print(f"  failed {r.kernel}: {r.error}", markup=False, highlight=False)
+    for e in built.errors:
+        console.print(f"  launcher failed: {e}", markup=False, highlight=False)
     if args.json_path:
         doc = {"engines": list(engines), "target": target, "jobs": jobs, "pool": args.pool, "wall_s": wall,
                "compiled": len(results) - len(failed), "failed": len(failed),
+               "launchers": {"distinct": built.distinct, "built": built.built, "cached": built.cached,
+                             "seconds": built.seconds, "skipped": built.skipped, "errors": built.errors},
                "entries": [{"kernel": r.kernel, "seconds": r.seconds, "error": r.error}
                            for r in sorted(results, key=lambda r: -r.seconds)]}
         Path(args.json_path).write_text(json.dumps(doc, indent=1) + "\n")

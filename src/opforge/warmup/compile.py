@@ -12,6 +12,9 @@ against the entry with Triton's binder before compiling, and then:
   arch, 32)`` -- the same LLVM and ``ptxas`` work, which checks that every
   entry compiles and lets CPU-only machines measure compile time.
 
+Each result carries the C source of the kernel's Triton launcher (``launchers``), which the
+caller builds once per distinct source.
+
 Workers are processes (``python -m opforge.warmup.compile``) by default: part
 of a compile is Python holding the GIL (the AST walk to TTIR, pass set-up), so
 threads in one process can overlap only the LLVM and ``ptxas`` parts; a process
@@ -46,6 +49,7 @@ class CompileResult:
     kernel: str
     seconds: float
     error: str = ""
+    launcher: str = ""  # the C source of its Triton launcher (``launchers.launcher_source``)
 
 
 # ---------------------------------------------------------------------------
@@ -150,14 +154,15 @@ def stand_ins(kernel, spec: Specialization) -> tuple[list, dict]:
 # ---------------------------------------------------------------------------
 # compiling
 # ---------------------------------------------------------------------------
-def compile_entry(spec: Specialization, sources: dict[str, str], arch: int | None = None) -> None:
+def compile_entry(spec: Specialization, sources: dict[str, str], arch: int | None = None):
+    """Compile ``spec`` into Triton's cache; returns the ``CompiledKernel``."""
     kernel = resolve_kernel(spec, sources)
     if type(kernel).__name__ == "InterpretedFunction":
         raise RuntimeError("kernels are interpreted here (TRITON_INTERPRET=1): nothing to compile")
     args, options = stand_ins(kernel, spec)
     if arch is None:
-        kernel.warmup(*args, grid=(1,), **options)
-        return
+        compiled = kernel.warmup(*args, grid=(1,), **options)
+        return compiled.result() if hasattr(compiled, "result") else compiled
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -171,18 +176,26 @@ def compile_entry(spec: Specialization, sources: dict[str, str], arch: int | Non
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, opts = binder(*args, **kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, opts)
-    triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def _timed(entry: dict, source: dict[str, str], arch: int | None) -> CompileResult:
     spec = Specialization.from_json(entry)
+    from opforge.warmup.launchers import launcher_source
+
     t0 = time.perf_counter()
+    compiled = None
     try:
-        compile_entry(spec, source, arch)
+        compiled = compile_entry(spec, source, arch)
         err = ""
     except Exception as e:  # reported by the caller, never fatal
         err = f"{type(e).__name__}: {e}".strip()[:500]
-    return CompileResult(spec.key(), spec.kernel, time.perf_counter() - t0, err)
+    seconds = time.perf_counter() - t0
+    try:
+        launcher = launcher_source(compiled) if compiled is not None else ""
+    except Exception:  # noqa: BLE001 - a Triton whose launcher glue differs: its first launch builds it
+        launcher = ""
+    return CompileResult(spec.key(), spec.kernel, seconds, err, launcher)
 
 
 RESULT_MARK = "@@opforge-warmup@@ "
@@ -191,6 +204,9 @@ RESULT_MARK = "@@opforge-warmup@@ "
 def _worker_main() -> None:
     """``python -m opforge.warmup.compile``: compile the tasks read from stdin, one JSON line each,
     answering each with one marked line on stdout (other output of a compile is ignored)."""
+    from opforge.runtime import triton_key
+
+    triton_key.install()  # the parent recorded the key: no worker hashes libtriton.so again
     for line in sys.stdin:
         r = _timed(*json.loads(line))
         sys.stdout.write(RESULT_MARK + json.dumps(asdict(r)) + "\n")

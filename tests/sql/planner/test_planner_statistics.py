@@ -102,3 +102,24 @@ def test_like_fraction_matches_the_rows_and_is_memoized(monkeypatch):
         monkeypatch.setattr(E, "like_regex", lambda p: (_ for _ in ()).throw(AssertionError("recomputed")))
         assert st.like_fraction(pattern, sample_words=10) == pytest.approx(truth)
         monkeypatch.undo()
+
+
+def test_a_key_check_computes_only_itself_and_is_exact(monkeypatch):
+    """``unique`` (asked of every scanned column) is proved exactly, sampled or not, without the
+    distinct count or most-common values, which are computed when first read."""
+    monkeypatch.setattr(S, "MCV_SAMPLE_ROWS", 1 << 10)  # a sample of every 19th row
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(20_000)  # unsorted, every value once: the whole column is checked
+    one_repeat = keys.copy()
+    one_repeat[12_346] = one_repeat[7]  # the sample misses the repeat
+    flags = rng.integers(0, 3, 20_000)  # the sample refutes it
+    valid = np.ones(20_000, dtype=bool)
+    valid[5] = False
+    cases = [(keys, None, True), (one_repeat, None, False), (flags, None, False), (keys, valid, False),
+             (np.array([], dtype=np.int64), None, False)]
+    for values, mask, want in cases:
+        st = S.column_stats(_col(values, mask), exact_rows=1 << 10)
+        assert st.unique is want
+        assert not {"distinct", "exact", "mcv", "min", "max"} & set(vars(st))
+        assert st.rows == len(values) and st.nulls == (0 if mask is None else int((~mask).sum()))
+    assert st.distinct == 0 and set(vars(st)) >= {"distinct", "exact", "mcv"}

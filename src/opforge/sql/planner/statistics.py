@@ -1,5 +1,7 @@
 """Per-column statistics for the join planner, gathered once per column, the first time the
-planner looks the column up (``LazyColumnStats``; a column no query reads is never loaded or counted).
+planner looks the column up (``LazyColumnStats``; a column no query reads is never loaded or counted),
+and within a column only the statistics the planner reads (``ColumnStatsOnDemand``), with torch
+ops on the column's device after its copy.
 
 For each column: row count, NULL count, min / max (in storage units: DECIMAL unscaled, DATE days,
 STRING dictionary codes, whose order is string order), a distinct-count estimate and the most
@@ -24,7 +26,6 @@ from opforge.ops.bloom import mix64  # SplitMix64's finalizer: one implementatio
 from opforge.sql.column import Column
 
 EXACT_DISTINCT_ROWS = 1 << 17
-UNIQUE_CHECK_FRACTION = 0.95  # a HyperLogLog count this close to the rows: check for a key exactly
 HLL_PRECISION = 12
 MCV_COUNT = 8
 MCV_SAMPLE_ROWS = 1 << 16
@@ -186,37 +187,106 @@ def hyperloglog(values: torch.Tensor, precision: int = HLL_PRECISION) -> float:
 
 
 # ------------------------------------------------------------------------------------- gathering
+class _OnDemand:
+    """A field of ``ColumnStatsOnDemand``: reading it before it is set runs the method that
+    sets its group (a non-data descriptor, so the stored value is read from then on)."""
+
+    def __init__(self, compute):
+        self.compute = compute
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        self.compute(obj)
+        return obj.__dict__[self.name]
+
+
+class ColumnStatsOnDemand(ColumnStats):
+    """``ColumnStats`` of a device column whose fields are computed the first time one is read,
+    in groups: ``nulls``; ``min`` / ``max``; ``distinct`` / ``exact`` / ``mcv``; ``unique``.
+    Why: the planner asks different questions of different columns. Functional dependencies ask
+    every scanned column whether it is a key (``unique``), which a sample of 64 Ki rows answers
+    for most columns with one ``torch.unique``; the HyperLogLog count and the most-common values
+    are only worth their passes (and, on the GPU, the first-use cost of their kernels inside a
+    user's first query) for the columns whose selectivity or join size is estimated. Each field
+    has the value ``column_stats`` gave when it computed them all at once; ``unique`` is exact."""
+
+    def __init__(self, col: Column, exact_rows: int = EXACT_DISTINCT_ROWS, mcv_count: int = MCV_COUNT):
+        self._col, self._exact_rows, self._mcv_count = col, exact_rows, mcv_count
+        self.rows = len(col)
+        self.dictionary = col.dictionary
+        self._like = {}
+
+    def _present(self) -> torch.Tensor:
+        """The non-NULL values (BOOL as int8), computed once."""
+        if "_values" not in self.__dict__:
+            values = self._col.values
+            if self._col.valid is not None:
+                values = values[self._col.valid]
+            self._values = values.to(torch.int8) if values.dtype == torch.bool else values
+        return self._values
+
+    def _nulls(self) -> None:
+        self.nulls = self.rows - int(self._present().numel())
+
+    def _range(self) -> None:
+        values = self._present()
+        if values.numel() == 0:
+            self.min = self.max = None
+            return
+        lo, hi = torch.aminmax(values)
+        self.min, self.max = float(lo), float(hi)
+
+    def _distribution(self) -> None:
+        values, n = self._present(), self.rows
+        if values.numel() == 0:
+            self.distinct, self.exact, self.mcv = 0.0, True, []
+            return
+        if values.numel() <= self._exact_rows:
+            uniq, counts = torch.unique(values, return_counts=True)
+            distinct, exact, scale, min_count = float(uniq.numel()), True, 1.0, 1
+        else:
+            distinct, exact = hyperloglog(values), False
+            step = max(1, values.numel() // MCV_SAMPLE_ROWS)
+            uniq, counts = torch.unique(values[::step], return_counts=True)
+            scale = values.numel() / values[::step].numel()
+            distinct = max(distinct, float(uniq.numel()))
+            min_count = MCV_MIN_SAMPLE_COUNT  # fewer sightings in a sample are noise, not skew
+        k = min(self._mcv_count, uniq.numel())
+        top_counts, top = torch.topk(counts, k)
+        uniform = values.numel() / distinct
+        complete = exact and uniq.numel() <= self._mcv_count  # few values: keep the whole distribution
+        self.mcv = [(float(v), c * scale / n) for v, c in zip(uniq[top].tolist(), top_counts.tolist())
+                    if complete or (c * scale > uniform * 1.5 and c >= min_count)]  # else only the skewed ones
+        self.distinct, self.exact = distinct, exact
+
+    def _unique(self) -> None:
+        """Every row holds a distinct non-NULL value, proved exactly: a repeat in an even sample
+        refutes it at once (most columns), else the whole column is checked."""
+        values = self._present()
+        if self.nulls or values.numel() == 0:
+            self.unique = False
+            return
+        sample = values[::max(1, values.numel() // MCV_SAMPLE_ROWS)]
+        self.unique = torch.unique(sample).numel() == sample.numel() and _all_distinct(values)
+
+    nulls = _OnDemand(_nulls)
+    min = _OnDemand(_range)
+    max = _OnDemand(_range)
+    distinct = _OnDemand(_distribution)
+    exact = _OnDemand(_distribution)
+    mcv = _OnDemand(_distribution)
+    unique = _OnDemand(_unique)
+
+
+
+
 def column_stats(col: Column, exact_rows: int = EXACT_DISTINCT_ROWS, mcv_count: int = MCV_COUNT) -> ColumnStats:
-    """Statistics of one column (a few reductions; a handful of host syncs per column)."""
-    n = len(col)
-    values = col.values
-    if col.valid is not None:
-        values = values[col.valid]
-    nulls = n - int(values.numel())
-    if values.numel() == 0:
-        return ColumnStats(n, nulls, None, None, 0.0, True, [], col.dictionary)
-    if values.dtype == torch.bool:
-        values = values.to(torch.int8)
-    lo, hi = torch.aminmax(values)
-    lo, hi = float(lo), float(hi)
-    if values.numel() <= exact_rows:
-        uniq, counts = torch.unique(values, return_counts=True)
-        distinct, exact, scale, min_count = float(uniq.numel()), True, 1.0, 1
-    else:
-        distinct, exact = hyperloglog(values), False
-        step = max(1, values.numel() // MCV_SAMPLE_ROWS)
-        uniq, counts = torch.unique(values[::step], return_counts=True)
-        scale = values.numel() / values[::step].numel()
-        distinct = max(distinct, float(uniq.numel()))
-        min_count = MCV_MIN_SAMPLE_COUNT  # fewer sightings in a sample are noise, not skew
-    k = min(mcv_count, uniq.numel())
-    top_counts, top = torch.topk(counts, k)
-    uniform = values.numel() / distinct
-    complete = exact and uniq.numel() <= mcv_count  # few values: keep the whole distribution
-    mcv = [(float(v), c * scale / n) for v, c in zip(uniq[top].tolist(), top_counts.tolist())
-           if complete or (c * scale > uniform * 1.5 and c >= min_count)]  # else only the skewed ones
-    unique = nulls == 0 and (distinct == n if exact else distinct >= UNIQUE_CHECK_FRACTION * n and _all_distinct(values))
-    return ColumnStats(n, nulls, lo, hi, distinct, exact, mcv, col.dictionary, unique)
+    """Statistics of one column, each group computed when first read (``ColumnStatsOnDemand``)."""
+    return ColumnStatsOnDemand(col, exact_rows, mcv_count)
 
 
 def _all_distinct(values: torch.Tensor) -> bool:
