@@ -36,12 +36,8 @@ $(FLINK_STAMP): $(FLINK_PINS)
 demo: $(STAMP)
 	$(BIN)/opforge demo
 
-# --dist worksteal: each worker starts on one contiguous half of the suite (a
-# module's module-scoped fixtures are mostly built on one worker, not both) and
-# an idle worker takes half of the other's queue, so no long test waits behind
-# another at the end.
 test: $(STAMP) $(FLINK_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
+	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 bench: $(STAMP)
 	$(BIN)/opforge bench --json benchmarks/results/local.json --plot benchmarks/results/local-roofline.png
