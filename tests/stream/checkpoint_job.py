@@ -122,6 +122,12 @@ def main(argv):
     print(f"restored_from={res.restored_from} checkpoints={len(res.checkpoints)}", flush=True)
 
 
+def _logged_main(argv, stdout, stderr):
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    main(["checkpoint_job.py", *argv])
+
+
 def serve() -> None:
     """Runs jobs in forked children of this process, so that the imports above
     (seconds of CPU) happen once for all the runs of a fault-injection test,
@@ -131,26 +137,13 @@ def serve() -> None:
     of an earlier run's memory, as a restart after a crash), and the reply
     line is its exit status as ``subprocess`` reports it (-9: SIGKILLed)."""
     import json
-    import traceback
+
+    from forked import fork_call
 
     for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
-                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-                main(["checkpoint_job.py", *req["argv"]])
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        pid = fork_call(_logged_main, **json.loads(line))
         _, status = os.waitpid(pid, 0)
-        print(json.dumps(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)), flush=True)
+        print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
 
 
 if __name__ == "__main__":
