@@ -3,8 +3,7 @@
 Run with the Flink venv's python (``make .venv-flink``), never opforge's:
     python flink_jobs.py CASES.json RESULTS.json
 
-All cases are built into ONE Flink job (one mini-cluster start, one Python
-worker), each case from its own sources so that each has its own event time;
+All cases are built into ONE Flink job (one mini-cluster start), each case from its own sources so that each has its own event time;
 their outputs are JSON strings tagged with the case name, unioned into one
 collected stream.
 
@@ -15,10 +14,11 @@ goes through the Table runtime's watermark assigner (``from_data_stream`` with
 a ``WATERMARK`` expression ``rt - (bound + 1) ms``, then ``to_data_stream``):
 with ``pipeline.auto-watermark-interval: 0`` it emits a watermark right after
 every record that advances it (its "eager" rule: emit when the watermark grew
-by more than the interval). Python operators hold a watermark back until their
-current bundle finishes; ``python.fn-execution.bundle.size: 1`` finishes a
-bundle per record, so every operator sees records and watermarks in the
-source's order. Parallelism 1 everywhere. Bounded sources end with the MAX
+by more than the interval). Every Python operator then sees records and
+watermarks in the source's order: in thread mode (below) it is called for each
+record as it comes; in process mode it would hold a watermark back until its
+current bundle finishes, and ``python.fn-execution.bundle.size: 1`` (kept)
+finishes a bundle per record. Parallelism 1 everywhere. Bounded sources end with the MAX
 watermark, which fires what is left.
 
 Cost. The Python functions run in PyFlink's "thread" execution mode: an
