@@ -1,6 +1,7 @@
 """A checkpointed job for the fault-injection tests, importable and runnable:
 
     python checkpoint_job.py DATA_DIR OUT_DIR CHECKPOINT_DIR KILL_AFTER_S
+    python checkpoint_job.py --serve     (one run per stdin line, each in a forked child: ``serve``)
 
 Two sources (Parquet files of a directory, and a collection) are unioned and
 keyed; a columnar tumbling-window aggregation and a KeyedProcessFunction
@@ -121,8 +122,32 @@ def main(argv):
     print(f"restored_from={res.restored_from} checkpoints={len(res.checkpoints)}", flush=True)
 
 
+def _logged_main(argv, stdout, stderr):
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    main(["checkpoint_job.py", *argv])
+
+
+def serve() -> None:
+    """Runs jobs in forked children of this process, so that the imports above
+    (seconds of CPU) happen once for all the runs of a fault-injection test,
+    not once per run. Each stdin line is a JSON request ``{"argv": [DATA_DIR,
+    OUT_DIR, CHECKPOINT_DIR, KILL_SPEC], "stdout": PATH, "stderr": PATH}``;
+    the child runs ``main`` writing to those files (a fresh process: nothing
+    of an earlier run's memory, as a restart after a crash), and the reply
+    line is its exit status as ``subprocess`` reports it (-9: SIGKILLed)."""
+    import json
+
+    from forked import fork_call
+
+    for line in sys.stdin:
+        pid = fork_call(_logged_main, **json.loads(line))
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv)
+    serve() if sys.argv[1:] == ["--serve"] else main(sys.argv)
 
 
 def per_subtask_rows(path):

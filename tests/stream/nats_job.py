@@ -20,8 +20,8 @@ import json
 import os
 import random
 import sys
-import traceback
 
+from forked import fork_call
 from opforge.stream import (KeyedProcessFunction, SimulatedClock, StreamExecutionEnvironment,
                             ValueStateDescriptor, WatermarkStrategy)
 from opforge.stream.nats_sink import NatsSink
@@ -76,18 +76,7 @@ def serve() -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         args = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                run(**args)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        pid = fork_call(run, **args)
         print(json.dumps({"pid": pid}), flush=True)
         sys.stdin.readline()  # "wait": until then the child stays ours to kill (a zombie at worst)
         _, status = os.waitpid(pid, 0)

@@ -1,11 +1,14 @@
 """Fault injection: a checkpointed job (file + collection sources, a windowed
 aggregation, keyed state and timers, transactional file sinks) runs as a
-subprocess, is killed with SIGKILL at random moments and restarted from its
-latest checkpoint until it finishes. Its committed output must equal a
+subprocess (a fork of a server process that imported everything once), is
+killed with SIGKILL at random moments and restarted from its latest
+checkpoint until it finishes. Its committed output must equal a
 failure-free run's exactly: no record lost, none twice, same order per subtask."""
 
+import json
 import os
 import random
+import select
 import subprocess
 import sys
 import threading
@@ -51,23 +54,60 @@ def test_failure_free_run_matches_a_python_model(data_and_reference):
     assert sum(r["in_bucket"] for r in summary) == len(evs)  # each record counted in one bucket once
 
 
+class JobServer:
+    """``checkpoint_job.py --serve``: each run a forked child of one process that
+    imported torch and opforge once (a run in a fresh interpreter spent most of
+    its time importing)."""
+
+    def __init__(self, log_prefix):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), HERE,
+                                                           os.environ.get("PYTHONPATH", "")]))
+        self.log_prefix, self.runs = log_prefix, 0
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_job.py"), "--serve"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, *argv, timeout=120):
+        """One run of the job: (exit status, its stdout, its stderr)."""
+        self.runs += 1
+        paths = {"stdout": f"{self.log_prefix}{self.runs}.out", "stderr": f"{self.log_prefix}{self.runs}.err"}
+        self.proc.stdin.write(json.dumps({"argv": list(argv), **paths}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"a run did not end in {timeout} s"
+        returncode = json.loads(self.proc.stdout.readline())
+        outputs = []
+        for path in paths.values():
+            with open(path) as f:
+                outputs.append(f.read())
+        return returncode, *outputs
+
+    def close(self):
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a run that hangs (reported by run)
+            self.proc.kill()
+            self.proc.wait()
+
+
 def run_with_kills(seed, data, out, ckpt, max_kills, log):
     rng = random.Random(seed)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), HERE,
-                                                       os.environ.get("PYTHONPATH", "")]))
+    server = JobServer(f"{out}-run")
     kills = 0
-    while True:
-        delay = rng.uniform(0.25, 1.4) if kills < max_kills else -1.0
-        # the first kill lands anywhere (often before any checkpoint); the later ones after a checkpoint
-        # completed, so the restore path is exercised on a slow machine too
-        spec = f"c{delay / 4:.3f}" if 0 < kills < max_kills else f"{delay:.3f}"
-        p = subprocess.run([sys.executable, os.path.join(HERE, "checkpoint_job.py"), data, out, ckpt, spec],
-                           env=env, capture_output=True, text=True, timeout=120)
-        log.append((delay, p.returncode, p.stdout.strip(), p.stderr[-2000:]))
-        if p.returncode == 0:
-            return kills
-        assert p.returncode == -9, p.stderr[-3000:]
-        kills += 1
+    try:
+        while True:
+            delay = rng.uniform(0.25, 1.4) if kills < max_kills else -1.0
+            # the first kill lands anywhere (often before any checkpoint); the later ones after a checkpoint
+            # completed, so the restore path is exercised on a slow machine too
+            spec = f"c{delay / 4:.3f}" if 0 < kills < max_kills else f"{delay:.3f}"
+            returncode, stdout, stderr = server.run(data, out, ckpt, spec)
+            log.append((delay, returncode, stdout.strip(), stderr[-2000:]))
+            if returncode == 0:
+                return kills
+            assert returncode == -9, stderr[-3000:]
+            kills += 1
+    finally:
+        server.close()
 
 
 def test_sigkill_at_random_points_then_restore_is_exactly_once(data_and_reference, tmp_path):

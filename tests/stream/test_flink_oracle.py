@@ -21,8 +21,10 @@ apache-beam (numpy 2.1, pyarrow 16, ...), which conflict with opforge's pins
 ``.venv-flink`` (``make .venv-flink``, which ``make test`` runs first) and runs
 as a subprocess: ``flink_oracle/flink_jobs.py`` reads the cases as JSON and
 writes every case's outputs as JSON, all cases in one Flink job (one
-mini-cluster start, ~1 minute), once per test session (a file lock shares the
-result between pytest-xdist workers). It needs Java 17 (``java`` on PATH).
+mini-cluster start, ~1 minute), once per test session, started in the
+background when collection finds these tests, which run last (a file lock
+shares the result between pytest-xdist workers: ``flink_oracle/launch.py``).
+It needs Java 17 (``java`` on PATH).
 
 ``OPFORGE_FLINK_PYTHON`` names another Flink venv's python; without a Flink
 venv these tests fail (they never skip silently), unless
@@ -31,75 +33,30 @@ venv these tests fail (they never skip silently), unless
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
+from flink_oracle import launch
 from flink_oracle.cases import STEP_MS, all_cases
 from opforge.stream import (Aggregations, EventTimeSessionWindows, KeyedProcessFunction, OutputTag,
                             ProcessFunction, ProcessWindowFunction, SimulatedClock, SlidingEventTimeWindows,
                             SplitSource, StreamExecutionEnvironment, TumblingEventTimeWindows,
                             ValueStateDescriptor, WatermarkStrategy)
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-FLINK_JOBS = HERE / "flink_oracle" / "flink_jobs.py"
-MAKE_TARGET = "make .venv-flink"
 CASES = {c["name"]: c for c in all_cases()}
 
 
-def flink_python() -> Path:
-    return Path(os.environ.get("OPFORGE_FLINK_PYTHON") or REPO / ".venv-flink" / "bin" / "python")
-
-
-# -- the Flink side: one subprocess per test session ----------------------------
-
-def _run_flink(py: Path, cases_json: str, workdir: Path) -> dict:
-    cases_path, out_path = workdir / "cases.json", workdir / "results.json"
-    cases_path.write_text(cases_json)
-    # nothing of opforge's environment leaks into the Flink venv's python
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    try:
-        proc = subprocess.run([str(py), str(FLINK_JOBS), str(cases_path), str(out_path)],
-                              capture_output=True, text=True, timeout=480, cwd=workdir, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": "the Flink job did not finish in 480 s"}
-    if proc.returncode != 0:
-        return {"error": f"{py} {FLINK_JOBS.name} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"}
-    return json.loads(out_path.read_text())
-
-
 @pytest.fixture(scope="session")
-def flink(tmp_path_factory) -> dict:
-    """Every case's Flink outputs: ``{"flink": version, "results": {case: [rows]}}``."""
+def flink(request) -> dict:
+    """Every case's Flink outputs: ``{"flink": version, "results": {case: [rows]}}`` (the run
+    started in the background at collection: ``conftest.py``, ``flink_oracle/launch.py``)."""
     if os.environ.get("OPFORGE_SKIP_FLINK") == "1":
         pytest.skip("OPFORGE_SKIP_FLINK=1: the Flink oracle tests are skipped on request")
-    py = flink_python()
-    if not py.exists():
-        pytest.fail(f"no PyFlink venv at {py}: run `{MAKE_TARGET}` (make test does), or point "
-                    "OPFORGE_FLINK_PYTHON at a python with apache-flink, or set OPFORGE_SKIP_FLINK=1 "
-                    "to skip these tests", pytrace=False)
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.fail("PyFlink needs Java 17 (`java` on PATH or JAVA_HOME); set OPFORGE_SKIP_FLINK=1 to skip",
-                    pytrace=False)
-    cases_json = json.dumps(all_cases())
-    digest = hashlib.sha256((cases_json + FLINK_JOBS.read_text() + str(py)).encode()).hexdigest()[:16]
-    # under pytest-xdist the workers' base temp dirs share a parent for this run
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    result_file = root / f"flink-oracle-{digest}.json"
-    with FileLock(str(root / f"flink-oracle-{digest}.lock")):
-        if not result_file.exists():
-            workdir = root / f"flink-oracle-{digest}"
-            workdir.mkdir(exist_ok=True)
-            result_file.write_text(json.dumps(_run_flink(py, cases_json, workdir)))
-    data = json.loads(result_file.read_text())
+    why = launch.problem()
+    if why is not None:
+        pytest.fail(why, pytrace=False)
+    data = launch.result(launch.session_root(request.config))
     if "error" in data:
         pytest.fail(f"the Flink oracle job failed: {data['error']}", pytrace=False)
     return data
@@ -240,16 +197,21 @@ def assert_same(name, got, want):
                 f"only Flink ({len(only_flink)}): {only_flink[:20]}", pytrace=False)
 
 
-BATCH_SIZES = (1, 37, 1024, 8192)
+# 1,024 is more than any case's source holds, so it already runs each source as
+# one batch (up to its pauses); a larger size (8,192 was here) splits the
+# sources into the very same batches: the same run again
+BATCH_SIZES = (1, 37, 1024)
 
 
 def _params():
     """(case, impl, batch_size, parallelism): every case at batch sizes 1,
-    37, 1,024 and 8,192 on one subtask (records see the watermark of the
+    37 and 1,024 on one subtask (records see the watermark of the
     records before them, Flink's watermark after every record, whatever the
     batching: issue 26); cases without late records also in batches of 64 on
     2 subtasks; windows both as ``Aggregations`` (the columnar operator for
     tumbling/sliding) and as a ProcessWindowFunction."""
+    longest = max(len(items) for c in CASES.values() for items in c["sources"])
+    assert longest <= BATCH_SIZES[-1], f"a source of {longest} records: raise the largest batch size"
     out = []
     for name, c in CASES.items():
         impls = ["aggregate", "process"] if c["job"] == "window" else ["process"]

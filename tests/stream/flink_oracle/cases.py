@@ -12,7 +12,7 @@ A case is ``{"name", "job", "bound", "idle_ms", "sources", ...}``:
   ``lateness``, ``side_output``) or ``"process"`` (``timer_gap``: the
   KeyedProcessFunction below).
 * ``late``: whether some records come after the watermark passed them; such
-  a case is run by opforge on one subtask (at batch sizes 1 to 8,192: each
+  a case is run by opforge on one subtask (at batch sizes 1 to 1,024: each
   record sees the watermark after the record before it, Flink's positions),
   the others also with parallelism 2 (their answer does not depend on
   watermark positions).
