@@ -10,6 +10,7 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
+from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
@@ -118,6 +119,9 @@ class ExprBinder:
                     return self._compare(op, self.bind(node.this), self.bind(node.expression))
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
+            call = bind_string_call(self, node)
+            if call is not None:
+                return call
             raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
         return method(node)
 
@@ -256,18 +260,21 @@ class ExprBinder:
         return Func("in", [x] + items, T.BOOL, False)
 
     def _Like(self, node):
-        x = self.bind(node.this)
         pat = node.expression
-        if not (isinstance(pat, exp.Literal) and pat.is_string):
-            raise NotSupportedError("LIKE with a non-literal pattern")
+        if not (isinstance(pat, exp.Literal) and pat.is_string):  # a pattern from a column: per distinct pair
+            return bind_like(self, node, None)
+        x = self.bind(node.this)
         if x.type.kind != "STRING":
             raise SqlError(f"LIKE: expected a string, got {x.type}")
-        if node.args.get("escape") is not None:
-            raise NotSupportedError("LIKE ... ESCAPE")
         return Func("like", [x], T.BOOL, (pat.this, bool(node.args.get("negate"))))
 
+    def _ILike(self, node):
+        return bind_like(self, node, None)
+
     def _Escape(self, node):
-        raise NotSupportedError("LIKE ... ESCAPE")
+        if not isinstance(node.this, (exp.Like, exp.ILike)):
+            raise NotSupportedError(f"ESCAPE after {type(node.this).__name__}")
+        return bind_like(self, node.this, node.expression)
 
     def _Case(self, node):
         operand = self.bind(node.this) if node.this is not None else None
