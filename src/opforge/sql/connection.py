@@ -317,9 +317,12 @@ class Connection:
                                   skew_threshold=self.skew_threshold or SKEW_THRESHOLD,
                                   workers=self.workers, join_distribution=self.join_distribution)
 
-    def _run_scalar(self, node: P.Node):
+    def _run_table(self, node: P.Node) -> pa.Table:
         node = optimize(node, self.device, self._join_order())
-        t = Executor(self._tables, self.device, self._context()).to_arrow(node)
+        return Executor(self._tables, self.device, self._context()).to_arrow(node)
+
+    def _run_scalar(self, node: P.Node):
+        t = self._run_table(node)
         if t.num_rows > 1:
             raise SqlError(f"scalar subquery returned {t.num_rows} rows, expected at most 1")
         if t.num_rows == 0:
@@ -345,6 +348,9 @@ class _Catalog:
     def __init__(self, con: Connection):
         self.tables = con._tables
         self.views = con.views
+        # WITH RECURSIVE runs its steps while binding, over hidden tables (frontend/recursive_cte.py)
+        self.run_table, self.put_table = con._run_table, con._put_table
+        self.drop_table = lambda name: (con._tables.pop(name, None), con._stats.pop(name, None))
 
 
 def connect(target: str | os.PathLike | torch.device | None = None, memory_budget: int | None = None,

@@ -17,6 +17,7 @@ from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pa
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
 from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
@@ -53,8 +54,7 @@ class Binder:
         """Any query expression -> (plan, scope of the block, whose outer_refs tell if it is correlated)."""
         with_ = q.args.get("with_") or q.args.get("with")
         if with_ is not None:
-            if with_.args.get("recursive"):
-                raise NotSupportedError("WITH RECURSIVE")
+            recursive = bool(with_.args.get("recursive"))
             frame = {}
             self.ctes.append(frame)
             try:
@@ -64,6 +64,10 @@ class Binder:
                     name = cte.alias_or_name.lower()
                     if name in frame:
                         raise SqlError(f"Duplicate CTE name {cte.alias_or_name!r}")
+                    if recursive and recursive_cte.references(cte.this, name):
+                        frame[name] = (recursive_cte.materialize(self, name, cte.this, cols,
+                                                                 self.ctes[:-1] + [dict(frame)]), cols)
+                        continue
                     frame[name] = (cte.this, cols)
                 return self._bind_body(q, parent)
             finally:
