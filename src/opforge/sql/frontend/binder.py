@@ -14,14 +14,15 @@ from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
-from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
 from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
+from opforge.sql.frontend.correlated import SubqueryJoiner
 from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
-from opforge.sql.physical.aggregate import result_type
+from opforge.sql.physical.aggregate import SPREAD_FUNCS, result_type
 
 
 class Binder:
@@ -33,6 +34,8 @@ class Binder:
         self.order_by_literals = order_by_literals  # SET order_by_non_integer_literal (DuckDB)
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
+        self.probing = 0  # > 0 while a subquery is bound only to learn its outer references (``probe``)
+        self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
         self._duckdb = Dialect.get_or_raise("duckdb").generator()
 
@@ -361,14 +364,18 @@ class Binder:
             o = sub.outputs[0]
             return P.Join(node, sub, "anti" if negate else "semi", [x], [Ref(o.cid, o.type, o.name)],
                           None, null_aware=negate)
-        # an ordinary predicate with scalar subqueries inside
-        hook_node = [node]
+        # an ordinary predicate with scalar subqueries inside: a single aggregate over equalities
+        # becomes a grouped LEFT JOIN, any other correlated subquery is joined over its domain
+        joiner = SubqueryJoiner(self, node, scope)
 
         def hook(subq, sub_scope_parent):
-            hook_node[0], ref = self._decorrelate_scalar(hook_node[0], subq, scope)
+            try:
+                joiner.node, ref = self._decorrelate_scalar(joiner.node, subq, scope)
+            except NotSupportedError:
+                return joiner.scalar(subq)
             return ref
-        e = ExprBinder(self, scope, correlated_hook=hook).bind(w)
-        return P.Filter(hook_node[0], e)
+        e = ExprBinder(self, scope, correlated_hook=hook, exists_hook=joiner.exists).bind(w)
+        return P.Filter(joiner.node, e)
 
     def _exists(self, node, q, scope, kind):
         if not isinstance(q, exp.Select) or q.args.get("group") or q.args.get("limit"):
@@ -397,15 +404,33 @@ class Binder:
         return node if keep else P.Filter(node, Lit(False, T.BOOL))
 
     def scalar_subquery(self, q, scope: Scope, hook):
-        sub, sscope = self.bind_query(q, scope)
+        sub, sscope = self.probe(q, scope)
         if sscope.outer_refs:
             if hook is None:
                 raise NotSupportedError("correlated scalar subquery outside a WHERE conjunct")
+            if self.probing:  # inside a probe only the references count: its plan is discarded
+                self.placeholders += 1
+                return Lit(None, sub.outputs[0].type if sub.outputs else T.INT32)
             return hook(q, scope)
         if len(sub.outputs) != 1:
             raise SqlError(f"scalar subquery returns {len(sub.outputs)} columns, expected 1")
         value = self.run_scalar(sub)
         return Lit(value, sub.outputs[0].type)
+
+    def probe(self, q, scope: Scope) -> tuple[P.Node, Scope]:
+        """``bind_query(q, scope)`` to learn whether ``q`` reads outer columns: the correlated
+        subqueries inside it are not decorrelated (a subquery nested two levels down may read this
+        one's outer columns, which only its decorrelation makes available), they leave NULL
+        placeholders; the plan is bound again for real when one was left."""
+        before = self.placeholders
+        self.probing += 1
+        try:
+            sub, sscope = self.bind_query(q, scope)
+        finally:
+            self.probing -= 1
+        if self.placeholders != before and not sscope.outer_refs and not self.probing:
+            sub, sscope = self.bind_query(q, scope)
+        return sub, sscope
 
     def _decorrelate_scalar(self, node, q, scope):
         """x op (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...) -> LEFT JOIN on k with the
@@ -500,9 +525,13 @@ class Binder:
             raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
-    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=()):
+    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=(),
+                           group_extra=True):
         """``group_terms``: the GROUP BY terms (default: the query's); ``null_terms``: grouping-set
-        keys left out of this set, NULL in its rows."""
+        keys left out of this set, NULL in its rows; ``group_extra``: the block is grouped by
+        ``extra_keys`` (else they are only carried as leading outputs, as in an ungrouped block).
+        Correlated subqueries in the select list, HAVING, QUALIFY and ORDER BY are joined onto the
+        block's rows (``frontend/correlated.py``)."""
         items = self._select_items(q, scope)
         having = q.args.get("having")
         qualify = q.args.get("qualify")
@@ -519,11 +548,12 @@ class Binder:
         agg_nodes = []
         for s in sources:
             agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
-        grouped = bool(agg_nodes) or group is not None or extra_keys
+        grouped = bool(agg_nodes) or group is not None or bool(extra_keys and group_extra)
         windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
-        binder = ExprBinder(self, scope)  # windows only after GROUP BY and HAVING
+        joiner = SubqueryJoiner(self, node, scope)
+        binder = ExprBinder(self, scope, correlated_hook=joiner.scalar, exists_hook=joiner.exists)  # windows only after GROUP BY and HAVING
         if grouped:
-            keys = list(extra_keys)
+            keys = list(extra_keys) if group_extra else []
             key_cids: dict[int, Ref] = {}
             replace: dict[str, Ref] = {}
             for o, e in keys:
@@ -565,9 +595,12 @@ class Binder:
                 aggs.append((o, call))
                 seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
             node = P.Aggregate(node, keys, aggs)
-            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True)
+            joiner = SubqueryJoiner(self, node, scope, key_cids)
+            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True,
+                                correlated_hook=joiner.scalar, exists_hook=joiner.exists)
             if having is not None:
-                node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
+                cond = binder.bind(_expand_aliases(having.this, alias_map, scope))
+                joiner.node = P.Filter(joiner.node, cond)
         elif having is not None:
             raise SqlError("HAVING without GROUP BY or aggregates")
         binder.windows = windows
@@ -578,7 +611,7 @@ class Binder:
                     raise SqlError(f"column {name!r} must appear in the GROUP BY clause or be used in an aggregate")
         outs = [self.new_col(name, e.type) for name, e in bound_items]
         # extra keys (decorrelation) are carried as leading outputs
-        key_outs = [(o, Ref(o.cid, o.type, o.name)) for o, _ in extra_keys]
+        key_outs = [(o, Ref(o.cid, o.type, o.name) if grouped else e) for o, e in extra_keys]
         qualify = None if qualify is None else binder.bind(qualify)
         sort_keys = []
         if order_terms:
@@ -599,6 +632,7 @@ class Binder:
                             pos = i
                 sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        node = joiner.node
         if qualify is not None and not windows:
             raise SqlError("QUALIFY: at least one window function must appear in the SELECT list or QUALIFY clause")
         node = windows.plan(node)
@@ -634,6 +668,13 @@ class Binder:
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
         e = binder.bind(arg)
+        name = AGG_NAMES.get(name, name)
+        if name in ("bool_and", "bool_or"):  # over booleans: min and max
+            if e.type.kind != "BOOL":
+                raise SqlError(f"{name}: expected a boolean argument, got {e.type}")
+            return P.AggCall("min" if name == "bool_and" else "max", e, T.BOOL)
+        if name in SPREAD_FUNCS and (not e.type.is_numeric or e.type.kind == "BOOL"):
+            raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and not e.type.is_numeric:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and e.type.kind == "BOOL":

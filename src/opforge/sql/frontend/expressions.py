@@ -15,7 +15,11 @@ from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
-AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr)
+# sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
+AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -96,13 +100,14 @@ class ExprBinder:
 
     def __init__(self, query_binder, scope: Scope, replace: dict[str, Ref] | None = None,
                  key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None,
-                 windows=None):
+                 windows=None, exists_hook=None):
         self.qb, self.scope = query_binder, scope
         self.windows = windows  # frontend.windows.WindowCollector where OVER is allowed (SELECT, QUALIFY, ORDER BY)
         self.replace = replace or {}
         self.key_cids = key_cids or {}
         self.agg_mode = agg_mode
         self.correlated_hook = correlated_hook
+        self.exists_hook = exists_hook  # EXISTS (subquery) -> its boolean, where subqueries can be joined in
 
     def bind(self, node: exp.Expression) -> Expr:
         if self.replace:
@@ -415,7 +420,9 @@ class ExprBinder:
         return self.qb.scalar_subquery(node, self.scope, self.correlated_hook)
 
     def _Exists(self, node):
-        raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+        if self.exists_hook is None:
+            raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+        return self.exists_hook(node.this)
 
 
 def _timestamp_literal(lit: Lit, to: T.SqlType) -> Lit:

@@ -48,8 +48,8 @@ def bind_string_call(binder, node: exp.Expression) -> Expr | None:
         return _call(binder, "chr", node.expressions, "i", _S)
     if isinstance(node, exp.ConcatWs):
         args = [binder.bind(a) for a in node.expressions]
-        if not args:
-            raise SqlError("concat_ws: expected a separator")
+        if len(args) < 2:
+            raise SqlError("concat_ws: expected a separator and at least one string")
         return Func("string_call", args, _S, "concat_ws")
     sig = _SIGNATURES.get(name)
     if sig is None:

@@ -1,0 +1,166 @@
+"""Correlated subqueries anywhere in an expression (SELECT list, HAVING, ORDER BY, QUALIFY, a WHERE
+predicate that is not a plain conjunct): scalar subqueries and EXISTS, by general decorrelation
+as in Neumann and Kemper's "Unnesting Arbitrary Queries".
+
+Why this way: the subquery's value depends only on the outer columns it reads, so it is computed
+once per distinct combination of them (the domain D = DISTINCT the correlated columns of the outer
+plan): the subquery is bound with D joined into its FROM, its outer references reading D's columns,
+its aggregation grouped by them too. The result, one row per domain value, is LEFT JOINed back to
+the outer rows on those columns (NULL-safe: a NULL correlated value is a domain value of its own).
+A domain value the subquery has no row for gets the value over no rows: count 0, other
+aggregates NULL, EXISTS false. A scalar subquery that yields more than one row for an outer row is
+an error at run time (DuckDB's default)."""
+from __future__ import annotations
+
+from sqlglot import exp
+
+from opforge.sql import plan as P
+from opforge.sql import types as T
+from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.expr import Expr, Func, Lit, Ref
+from opforge.sql.frontend.scope import Scope, ScopeCol
+
+
+def _own_block(node: exp.Expression, q: exp.Select) -> bool:
+    """Whether ``node`` belongs to the block ``q`` itself, not to a subquery inside it."""
+    p = node.parent
+    while p is not None and p is not q:
+        if isinstance(p, (exp.Select, exp.Subquery)):
+            return False
+        p = p.parent
+    return True
+
+
+def _zero(t: T.SqlType) -> Lit:
+    if t.kind == "STRING":
+        return Lit("", t)
+    return Lit(False, t) if t.kind == "BOOL" else Lit(0, t)
+
+
+def _null_safe_key(e: Expr) -> list[Expr]:
+    """Join keys on which NULL equals NULL: the value with NULL read as a zero, and whether it is NULL."""
+    return [Func("coalesce", [e, _zero(e.type)], e.type), Func("is_null", [e], T.BOOL)]
+
+
+class SubqueryJoiner:
+    """Joins the correlated subqueries met while binding expressions over ``node`` (in ``scope``)
+    onto it; ``node`` grows by one LEFT JOIN per subquery. ``key_cids``: over a grouped block, the
+    group key output that stands for each input column (the subquery's outer references are input
+    columns)."""
+
+    def __init__(self, qb, node: P.Node, scope: Scope, key_cids: dict[int, Ref] | None = None):
+        self.qb, self.node, self.scope, self.key_cids = qb, node, scope, key_cids or {}
+
+    def scalar(self, q: exp.Expression, _scope=None) -> Expr:
+        return self._join(q, "scalar")
+
+    def exists(self, q: exp.Expression) -> Expr:
+        return self._join(q, "exists")
+
+    # ------------------------------------------------------------------------------------------------
+    def _outer_value(self, cid: int) -> Ref:
+        for o in self.node.outputs:
+            if o.cid == cid:
+                return Ref(o.cid, o.type, o.name)
+        if cid in self.key_cids:
+            return self.key_cids[cid]
+        raise NotSupportedError("a correlated subquery that reads a column of a query two or more levels out, "
+                                "or a column that is neither grouped nor aggregated")
+
+    def _join(self, q: exp.Expression, kind: str) -> Expr:
+        qb = self.qb
+        if isinstance(q, exp.Subquery):
+            q = q.this
+        sub, probe = qb.probe(q, self.scope)
+        refs = list(dict.fromkeys(probe.outer_refs))
+        if not refs:
+            return self._uncorrelated(sub, kind)
+        if qb.probing:  # inside a probe only the references count: its plan is discarded
+            qb.placeholders += 1
+            return Lit(None, sub.outputs[0].type if kind == "scalar" and sub.outputs else T.BOOL)
+        outer = [self._outer_value(r) for r in refs]
+        dcols = [qb.new_col(o.name, o.type) for o in outer]
+        domain = P.Distinct(P.Project(self.node, [(d, o) for d, o in zip(dcols, outer)]))
+        dmap = {r: d for r, d in zip(refs, dcols)}
+        dscope = Scope([ScopeCol(c.relation, c.name, dmap[c.cid].cid, c.type, c.hidden)
+                        for c in self.scope._all() if c.cid in dmap])
+        proj, nkeys, scalar_aggregate = self._bind_over_domain(q, dscope, domain, dcols)
+        keys = proj.outputs[:nkeys]
+        items = proj.outputs[nkeys:]
+        if kind == "scalar" and len(items) != 1:
+            raise SqlError(f"subquery returns {len(items)} columns, expected 1")
+        rkeys = [Ref(k.cid, k.type, k.name) for k in keys]
+        if kind == "scalar" and scalar_aggregate:  # one row per domain value
+            from opforge.sql.frontend.binder import _value_over_no_rows
+            empty = _value_over_no_rows(proj)
+            marker = qb.new_col("matched", T.BOOL)
+            right = P.Project(proj, [(o, Ref(o.cid, o.type, o.name)) for o in proj.outputs] + [(marker, Lit(True, T.BOOL))])
+            v = items[0]
+            value: Expr = Ref(v.cid, v.type, v.name)
+            missing = Func("is_null", [Ref(marker.cid, T.BOOL, marker.name)], T.BOOL)
+            if empty.value is not None:
+                value = Func("case", [missing, empty, value], v.type)
+        else:
+            gkeys = [(qb.new_col(k.name, k.type), r) for k, r in zip(keys, rkeys)]
+            count = qb.new_col("rows", T.INT64)
+            aggs = [(count, P.AggCall("count_star", None, T.INT64))]
+            if kind == "scalar":
+                v = items[0]
+                first = qb.new_col(v.name, v.type)
+                aggs.append((first, P.AggCall("min", Ref(v.cid, v.type, v.name), v.type)))
+            right = P.Aggregate(proj, gkeys, aggs)
+            rkeys = [Ref(o.cid, o.type, o.name) for o, _ in gkeys]
+            counted = Ref(count.cid, T.INT64, count.name)
+            if kind == "scalar":
+                value = Func("single_value", [counted, Ref(first.cid, first.type, first.name)], first.type)
+            else:
+                value = Func("not", [Func("is_null", [counted], T.BOOL)], T.BOOL)
+        lk = [k for o in outer for k in _null_safe_key(o)]
+        rk = [k for r in rkeys for k in _null_safe_key(r)]
+        self.node = P.Join(self.node, right, "left", lk, rk)
+        return value
+
+    def _bind_over_domain(self, q, dscope: Scope, domain: P.Node, dcols) -> tuple[P.Node, int, bool]:
+        """The subquery ``q`` with the domain joined into its FROM: (its plan, whose first outputs
+        are the domain columns, their number, whether it is an aggregate without GROUP BY)."""
+        qb = self.qb
+        if not isinstance(q, exp.Select):
+            raise NotSupportedError(f"correlated subquery that is a {type(q).__name__} (outside a WHERE conjunct)")
+        for clause in ("limit", "offset", "with_", "with", "qualify"):
+            if q.args.get(clause) is not None:
+                raise NotSupportedError(f"{clause.rstrip('_').upper()} in a correlated subquery outside a WHERE conjunct")
+        group = q.args.get("group")
+        if group is not None and any(v for k, v in group.args.items() if k not in ("expressions", "all")):
+            raise NotSupportedError("GROUPING SETS in a correlated subquery")
+        distinct = q.args.get("distinct")
+        if distinct is not None and distinct.args.get("on") is not None:
+            raise NotSupportedError("DISTINCT ON in a correlated subquery")
+        if any(_own_block(w, q) for w in q.find_all(exp.Window)):
+            raise NotSupportedError("a window function in a correlated subquery outside a WHERE conjunct")
+        scope = Scope(parent=dscope)
+        node, rest, correlated = qb._from(q, scope)
+        from opforge.sql.frontend.binder import _group_aggregates
+        sources = list(q.expressions) + ([q.args["having"].this] if q.args.get("having") is not None else [])
+        for a in (a for s in sources for a in _group_aggregates(s)):
+            cols = [c for c in a.find_all(exp.Column) if _own_block(c, q)]
+            if cols and not any(scope._find(c.name, c.table or None) for c in cols):
+                # DuckDB: an aggregate of outer columns only belongs to the outer query
+                raise NotSupportedError(f"aggregate of outer columns {a.sql(dialect='duckdb')} in a correlated subquery")
+        node = qb._join(node, domain, "inner", correlated, {d.cid for d in dcols})
+        for w in rest:
+            node = qb._apply_subquery_conjunct(node, w, scope)
+        keys = [(qb.new_col(d.name, d.type), Ref(d.cid, d.type, d.name)) for d in dcols]
+        aggregated = any(_group_aggregates(s) for s in sources)
+        _, proj = qb._aggregate_project(q, node, scope, extra_keys=keys, distinct=distinct is not None,
+                                        group_extra=aggregated or group is not None)
+        return proj, len(keys), aggregated and group is None
+
+    def _uncorrelated(self, sub: P.Node, kind: str) -> Expr:
+        qb = self.qb
+        if kind == "scalar":
+            if len(sub.outputs) != 1:
+                raise SqlError(f"scalar subquery returns {len(sub.outputs)} columns, expected 1")
+            return Lit(qb.run_scalar(sub), sub.outputs[0].type)
+        n = qb.run_scalar(P.Aggregate(P.Limit(sub, 1), [], [(qb.new_col("n", T.INT64),
+                                                              P.AggCall("count_star", None, T.INT64))]))
+        return Lit(n > 0, T.BOOL)
