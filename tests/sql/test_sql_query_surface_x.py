@@ -2,8 +2,9 @@
 small NULL-bearing data: ILIKE / LIKE ... ESCAPE / patterns from columns and the string functions
 evaluated per distinct argument tuple (``expr/string_calls.py``); WITH RECURSIVE
 (``frontend/recursive_cte.py``); correlated scalar subqueries and EXISTS outside a WHERE conjunct
-(``frontend/correlated.py``), with their NULL semantics (no rows: count 0, other aggregates NULL,
-EXISTS false; a NULL correlated value matches nothing). Constructs still refused raise an error
+and IN / ANY / ALL (subquery) in any expression (``frontend/correlated.py``), with their NULL
+semantics (no rows: count 0, other aggregates NULL, EXISTS and ANY false, ALL true; a NULL
+correlated value matches nothing; three-valued IN). Constructs still refused raise an error
 that names them."""
 import pyarrow as pa
 import pytest
@@ -91,6 +92,15 @@ CORRELATED_QUERIES = [
     "SELECT g, sum(i) FROM outer_t GROUP BY g HAVING sum(i) > (SELECT count(*) FROM inner_t WHERE k = g)",
     "SELECT i, (SELECT count(DISTINCT w) FROM inner_t WHERE k IS NOT DISTINCT FROM i) FROM outer_t",
     "SELECT i, (SELECT max(k) FROM inner_t WHERE v > (SELECT min(v) FROM inner_t i2 WHERE i2.k = outer_t.i)) FROM outer_t",
+    # IN / ANY / ALL with three-valued answers: NULL on either side, no rows
+    "SELECT i, i IN (SELECT k FROM inner_t), i NOT IN (SELECT v / 10 FROM inner_t WHERE v < 35) FROM outer_t",
+    "SELECT i, i = ANY (SELECT k FROM inner_t WHERE v = 10 * outer_t.i), g > ALL (SELECT k FROM inner_t WHERE k <> i) "
+    "FROM outer_t",
+    "SELECT i, i < ANY (SELECT i FROM outer_t), i >= ALL (SELECT i FROM outer_t o2 WHERE o2.i IS NOT NULL) FROM outer_t",
+    "SELECT i FROM outer_t WHERE i NOT IN (SELECT k FROM inner_t WHERE v > 10 * outer_t.g)",
+    # a subquery in a group key and in an aggregate's argument
+    "SELECT EXISTS (SELECT 1 FROM inner_t WHERE k = i) AS e, count(*), "
+    "sum(CASE WHEN i IN (SELECT k FROM inner_t WHERE v > 15) THEN 1 ELSE 0 END) FROM outer_t GROUP BY e",
 ]
 
 

@@ -354,11 +354,9 @@ class Binder:
             inner = inner.this
         if isinstance(inner, exp.Exists):
             return self._exists(node, inner.this, scope, "anti" if negate else "semi")
-        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None and not self._correlated(inner, scope):
             x = ExprBinder(self, scope).bind(inner.this)
             sub, sscope = self.bind_query(inner.args["query"], scope)
-            if sscope.outer_refs:
-                raise NotSupportedError("correlated IN (subquery)")
             if len(sub.outputs) != 1:
                 raise SqlError(f"IN (subquery): the subquery returns {len(sub.outputs)} columns, expected 1")
             o = sub.outputs[0]
@@ -374,8 +372,13 @@ class Binder:
             except NotSupportedError:
                 return joiner.scalar(subq)
             return ref
-        e = ExprBinder(self, scope, correlated_hook=hook, exists_hook=joiner.exists).bind(w)
+        e = ExprBinder(self, scope, correlated_hook=hook, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified).bind(w)
         return P.Filter(joiner.node, e)
+
+    def _correlated(self, e: exp.In, scope: Scope) -> bool:
+        """Whether IN's subquery reads outer columns (then it is joined over its domain)."""
+        return bool(self.probe(e.args["query"], scope)[1].outer_refs)
 
     def _exists(self, node, q, scope, kind):
         if not isinstance(q, exp.Select) or q.args.get("group") or q.args.get("limit"):
@@ -532,7 +535,7 @@ class Binder:
         ``extra_keys`` (else they are only carried as leading outputs, as in an ungrouped block).
         Correlated subqueries in the select list, HAVING, QUALIFY and ORDER BY are joined onto the
         block's rows (``frontend/correlated.py``)."""
-        items = self._select_items(q, scope)
+        items = _lateral_aliases(self._select_items(q, scope), scope)
         having = q.args.get("having")
         qualify = q.args.get("qualify")
         order_terms = _order_terms(q.args.get("order"), len(items))
@@ -551,7 +554,8 @@ class Binder:
         grouped = bool(agg_nodes) or group is not None or bool(extra_keys and group_extra)
         windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
         joiner = SubqueryJoiner(self, node, scope)
-        binder = ExprBinder(self, scope, correlated_hook=joiner.scalar, exists_hook=joiner.exists)  # windows only after GROUP BY and HAVING
+        binder = ExprBinder(self, scope, correlated_hook=joiner.scalar, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified)  # windows only after GROUP BY and HAVING
         if grouped:
             keys = list(extra_keys) if group_extra else []
             key_cids: dict[int, Ref] = {}
@@ -594,10 +598,11 @@ class Binder:
                 o = self.new_col(text, call.type)
                 aggs.append((o, call))
                 seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
-            node = P.Aggregate(node, keys, aggs)
+            node = P.Aggregate(joiner.node, keys, aggs)  # over the subqueries the keys and arguments read
             joiner = SubqueryJoiner(self, node, scope, key_cids)
             binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True,
-                                correlated_hook=joiner.scalar, exists_hook=joiner.exists)
+                                correlated_hook=joiner.scalar, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified)
             if having is not None:
                 cond = binder.bind(_expand_aliases(having.this, alias_map, scope))
                 joiner.node = P.Filter(joiner.node, cond)
@@ -730,6 +735,29 @@ def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], sco
             return alias_map[node.name.lower()].copy()
         return node
     return e.copy().transform(swap)
+
+
+def _lateral_aliases(items: list, scope: Scope) -> list:
+    """A select item may name an earlier item's alias (DuckDB's lateral column alias) where no
+    column in scope has that name: the alias's expression is put in its place. Only names that
+    would not resolve otherwise are replaced, and not inside subqueries (their own columns)."""
+    names = {c.name_key for c in scope._all()}
+    earlier: dict[str, exp.Expression] = {}
+    out = []
+    for name, e in items:
+        if isinstance(e, exp.Expression) and earlier:
+            def swap(node):
+                if isinstance(node, exp.Column) and not node.table and node.name.lower() in earlier \
+                        and node.name.lower() not in names and not any(
+                            isinstance(p, (exp.Select, exp.Subquery)) for p in _ancestors(node, e)):
+                    return earlier[node.name.lower()].copy()
+                return node
+            if any(isinstance(c, exp.Column) and c.name.lower() in earlier for c in e.find_all(exp.Column)):
+                e = e.copy().transform(swap)
+        out.append((name, e))
+        if isinstance(e, exp.Expression):
+            earlier.setdefault(name.lower(), e)
+    return out
 
 
 def _ancestors(node, root):

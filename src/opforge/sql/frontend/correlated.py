@@ -57,6 +57,13 @@ class SubqueryJoiner:
     def exists(self, q: exp.Expression) -> Expr:
         return self._join(q, "exists")
 
+    def quantified(self, x: Expr, q: exp.Expression, op: str, every: bool) -> Expr:
+        """``x op ANY (q)`` (``every``: ``op ALL``; IN is ``= ANY``), with SQL's three values:
+        ANY is true when some comparison is true, else NULL when some is NULL, else false (no
+        rows: false); ALL is false when some comparison is false, else NULL when some is NULL,
+        else true (no rows: true). ``x`` joins the domain, so one join serves every outer row."""
+        return self._join(q, "all" if every else "any", (x, op))
+
     # ------------------------------------------------------------------------------------------------
     def _outer_value(self, cid: int) -> Ref:
         for o in self.node.outputs:
@@ -67,27 +74,27 @@ class SubqueryJoiner:
         raise NotSupportedError("a correlated subquery that reads a column of a query two or more levels out, "
                                 "or a column that is neither grouped nor aggregated")
 
-    def _join(self, q: exp.Expression, kind: str) -> Expr:
+    def _join(self, q: exp.Expression, kind: str, compared: tuple[Expr, str] | None = None) -> Expr:
         qb = self.qb
         if isinstance(q, exp.Subquery):
             q = q.this
         sub, probe = qb.probe(q, self.scope)
         refs = list(dict.fromkeys(probe.outer_refs))
-        if not refs:
+        if not refs and compared is None:
             return self._uncorrelated(sub, kind)
         if qb.probing:  # inside a probe only the references count: its plan is discarded
             qb.placeholders += 1
             return Lit(None, sub.outputs[0].type if kind == "scalar" and sub.outputs else T.BOOL)
-        outer = [self._outer_value(r) for r in refs]
-        dcols = [qb.new_col(o.name, o.type) for o in outer]
+        outer = [self._outer_value(r) for r in refs] + ([compared[0]] if compared else [])
+        dcols = [qb.new_col(getattr(o, "name", "") or "x", o.type) for o in outer]
         domain = P.Distinct(P.Project(self.node, [(d, o) for d, o in zip(dcols, outer)]))
-        dmap = {r: d for r, d in zip(refs, dcols)}
+        dmap = {r: d for r, d in zip(refs, dcols)}  # the compared value's column is the domain's last
         dscope = Scope([ScopeCol(c.relation, c.name, dmap[c.cid].cid, c.type, c.hidden)
                         for c in self.scope._all() if c.cid in dmap])
         proj, nkeys, scalar_aggregate = self._bind_over_domain(q, dscope, domain, dcols)
         keys = proj.outputs[:nkeys]
         items = proj.outputs[nkeys:]
-        if kind == "scalar" and len(items) != 1:
+        if kind != "exists" and len(items) != 1:
             raise SqlError(f"subquery returns {len(items)} columns, expected 1")
         rkeys = [Ref(k.cid, k.type, k.name) for k in keys]
         if kind == "scalar" and scalar_aggregate:  # one row per domain value
@@ -100,6 +107,8 @@ class SubqueryJoiner:
             missing = Func("is_null", [Ref(marker.cid, T.BOOL, marker.name)], T.BOOL)
             if empty.value is not None:
                 value = Func("case", [missing, empty, value], v.type)
+        elif compared is not None:
+            right, rkeys, value = self._quantified(proj, keys, rkeys, items[0], compared[1], kind == "all")
         else:
             gkeys = [(qb.new_col(k.name, k.type), r) for k, r in zip(keys, rkeys)]
             count = qb.new_col("rows", T.INT64)
@@ -119,6 +128,31 @@ class SubqueryJoiner:
         rk = [k for r in rkeys for k in _null_safe_key(r)]
         self.node = P.Join(self.node, right, "left", lk, rk)
         return value
+
+    def _quantified(self, proj, keys, rkeys, item, op: str, every: bool):
+        """Per domain value (the compared value last): how many rows, and how many comparisons are
+        true and false; then the three-valued ANY / ALL over them (see :meth:`quantified`)."""
+        qb = self.qb
+        x, y = rkeys[-1], Ref(item.cid, item.type, item.name)
+        if x.type.kind != y.type.kind and not (x.type.is_numeric and y.type.is_numeric):
+            raise SqlError(f"{op} {'ALL' if every else 'ANY'} / IN: cannot compare {x.type} with {y.type}")
+        test = Func("cmp", [x, y], T.BOOL, op)
+        one = Lit(1, T.INT32)
+        gkeys = [(qb.new_col(k.name, k.type), r) for k, r in zip(keys, rkeys)]
+        total, yes, no = (qb.new_col(n, T.INT64) for n in ("rows", "true", "false"))
+        aggs = [(total, P.AggCall("count_star", None, T.INT64)),
+                (yes, P.AggCall("count", Func("case", [test, one, Lit(None, T.INT32)], T.INT32), T.INT64)),
+                (no, P.AggCall("count", Func("case", [Func("not", [test], T.BOOL), one, Lit(None, T.INT32)], T.INT32),
+                               T.INT64))]
+        right = P.Aggregate(proj, gkeys, aggs)
+        n, t, f = (Ref(o.cid, T.INT64, o.name) for o in (total, yes, no))
+        zero = Lit(0, T.INT64)
+        unknown = Func("cmp", [Func("arith", [Func("arith", [n, t], T.INT64, "-"), f], T.INT64, "-"), zero], T.BOOL, ">")
+        decided, verdict = (f, False) if every else (t, True)
+        value = Func("case", [Func("is_null", [n], T.BOOL), Lit(every, T.BOOL),
+                              Func("cmp", [decided, zero], T.BOOL, ">"), Lit(verdict, T.BOOL),
+                              unknown, Lit(None, T.BOOL), Lit(not verdict, T.BOOL)], T.BOOL)
+        return right, [Ref(o.cid, o.type, o.name) for o, _ in gkeys], value
 
     def _bind_over_domain(self, q, dscope: Scope, domain: P.Node, dcols) -> tuple[P.Node, int, bool]:
         """The subquery ``q`` with the domain joined into its FROM: (its plan, whose first outputs

@@ -100,7 +100,7 @@ class ExprBinder:
 
     def __init__(self, query_binder, scope: Scope, replace: dict[str, Ref] | None = None,
                  key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None,
-                 windows=None, exists_hook=None):
+                 windows=None, exists_hook=None, quantified_hook=None):
         self.qb, self.scope = query_binder, scope
         self.windows = windows  # frontend.windows.WindowCollector where OVER is allowed (SELECT, QUALIFY, ORDER BY)
         self.replace = replace or {}
@@ -108,6 +108,7 @@ class ExprBinder:
         self.agg_mode = agg_mode
         self.correlated_hook = correlated_hook
         self.exists_hook = exists_hook  # EXISTS (subquery) -> its boolean, where subqueries can be joined in
+        self.quantified_hook = quantified_hook  # (x, subquery, op, all) -> x op ANY / ALL (subquery)
 
     def bind(self, node: exp.Expression) -> Expr:
         if self.replace:
@@ -121,6 +122,10 @@ class ExprBinder:
                     return self._arith(node, op)
             for cls, op in _CMPS.items():
                 if isinstance(node, cls):
+                    if isinstance(node.expression, (exp.Any, exp.All)) and self.quantified_hook is not None \
+                            and isinstance(node.expression.this, (exp.Subquery, exp.Select)):
+                        return self.quantified_hook(self.bind(node.this), node.expression.this, op,
+                                                    isinstance(node.expression, exp.All))
                     return self._compare(op, self.bind(node.this), self.bind(node.expression))
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
@@ -255,7 +260,9 @@ class ExprBinder:
 
     def _In(self, node):
         if node.args.get("query") is not None:
-            raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
+            if self.quantified_hook is None:
+                raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
+            return self.quantified_hook(self.bind(node.this), node.args["query"], "=", False)
         x = self.bind(node.this)
         items = []
         for it in node.expressions:
