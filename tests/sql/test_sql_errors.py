@@ -47,8 +47,8 @@ def test_ambiguous_column(con):
     ("SELECT sum(l_quantity) OVER (ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING EXCLUDE TIES) FROM lineitem", "EXCLUDE"),
     ("SELECT l_comment FROM lineitem, LATERAL (SELECT 1)", "Lateral"),
     ("SELECT sum(DISTINCT l_quantity) FROM lineitem", "DISTINCT"),
-    ("SELECT (SELECT row_number() OVER () FROM lineitem b WHERE b.l_comment = a.l_comment) FROM lineitem a", "window function in a correlated subquery"),
-    ("SELECT (SELECT b.l_quantity FROM lineitem b WHERE b.l_comment = a.l_comment LIMIT 1) FROM lineitem a", "LIMIT in a correlated subquery"),
+    ("SELECT (SELECT DISTINCT b.l_quantity FROM lineitem b WHERE b.l_comment = a.l_comment LIMIT 1) FROM lineitem a", "SELECT DISTINCT ... LIMIT in a correlated subquery"),
+    ("SELECT (SELECT b.l_quantity FROM lineitem b WHERE b.l_comment = a.l_comment UNION SELECT 1) FROM lineitem a", "correlated subquery that is a Union"),
 ])
 def test_not_supported_names_the_construct(con, q, construct):
     with pytest.raises(sql.NotSupportedError, match=construct):

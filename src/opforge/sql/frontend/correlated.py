@@ -21,6 +21,57 @@ from opforge.sql.expr import Expr, Func, Lit, Ref
 from opforge.sql.frontend.scope import Scope, ScopeCol
 
 
+DOMAIN = "__domain"  # the relation name under which a subquery bound over the domain sees its columns
+
+
+def _domain_columns(n: int) -> list[exp.Column]:
+    return [exp.column(f"__d{i}", table=DOMAIN) for i in range(n)]
+
+
+def _per_domain_value(q: exp.Select, n: int) -> exp.Select:
+    """``q`` evaluated once per domain value: its window functions partitioned by the domain
+    columns too, and its LIMIT / OFFSET a QUALIFY on the row number within each domain value."""
+    limit, offset = q.args.get("limit"), q.args.get("offset")
+    windows = [w for w in q.find_all(exp.Window) if _own_block(w, q)]
+    if not windows and limit is None and offset is None:
+        return q
+    q = q.copy()
+    for w in (w for w in q.find_all(exp.Window) if _own_block(w, q)):
+        w.set("partition_by", list(w.args.get("partition_by") or []) + _domain_columns(n))
+    if limit is None and offset is None:
+        return q
+    if q.args.get("distinct") is not None:
+        raise NotSupportedError("SELECT DISTINCT ... LIMIT in a correlated subquery outside a WHERE conjunct")
+    count = _literal_int(limit.expression) if limit is not None else None
+    skip = _literal_int(offset.expression) if offset is not None else 0
+    from opforge.sql.frontend.binder import _group_aggregates
+    if q.args.get("group") is None and any(_group_aggregates(e) for e in q.expressions) and skip == 0 \
+            and count != 0:  # one row per domain value already: LIMIT n >= 1 keeps it
+        q.set("limit", None)
+        q.set("offset", None)
+        return q
+    order = q.args.get("order")
+    if order is not None and any(isinstance(o.this, exp.Literal) for o in order.expressions):
+        raise NotSupportedError("ORDER BY a position with LIMIT in a correlated subquery outside a WHERE conjunct")
+    number = exp.Window(this=exp.RowNumber(), partition_by=_domain_columns(n),
+                        order=order.copy() if order is not None else None)
+    keep = [exp.GT(this=number, expression=exp.Literal.number(skip))]
+    if count is not None:
+        keep.append(exp.LTE(this=number.copy(), expression=exp.Literal.number(skip + count)))
+    if q.args.get("qualify") is not None:
+        keep.append(exp.Paren(this=q.args["qualify"].this))
+    q.set("qualify", exp.Qualify(this=exp.and_(*keep)))
+    q.set("limit", None)
+    q.set("offset", None)
+    return q
+
+
+def _literal_int(e: exp.Expression) -> int:
+    if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit():
+        return int(e.this)
+    raise NotSupportedError(f"LIMIT / OFFSET {e.sql(dialect='duckdb')} in a correlated subquery (only integer literals)")
+
+
 def _own_block(node: exp.Expression, q: exp.Select) -> bool:
     """Whether ``node`` belongs to the block ``q`` itself, not to a subquery inside it."""
     p = node.parent
@@ -90,7 +141,8 @@ class SubqueryJoiner:
         domain = P.Distinct(P.Project(self.node, [(d, o) for d, o in zip(dcols, outer)]))
         dmap = {r: d for r, d in zip(refs, dcols)}  # the compared value's column is the domain's last
         dscope = Scope([ScopeCol(c.relation, c.name, dmap[c.cid].cid, c.type, c.hidden)
-                        for c in self.scope._all() if c.cid in dmap])
+                        for c in self.scope._all() if c.cid in dmap]
+                       + [ScopeCol(DOMAIN, f"__d{i}", d.cid, d.type, hidden=True) for i, d in enumerate(dcols)])
         proj, nkeys, scalar_aggregate = self._bind_over_domain(q, dscope, domain, dcols)
         keys = proj.outputs[:nkeys]
         items = proj.outputs[nkeys:]
@@ -160,17 +212,16 @@ class SubqueryJoiner:
         qb = self.qb
         if not isinstance(q, exp.Select):
             raise NotSupportedError(f"correlated subquery that is a {type(q).__name__} (outside a WHERE conjunct)")
-        for clause in ("limit", "offset", "with_", "with", "qualify"):
+        for clause in ("with_", "with", "windows"):
             if q.args.get(clause) is not None:
                 raise NotSupportedError(f"{clause.rstrip('_').upper()} in a correlated subquery outside a WHERE conjunct")
+        q = _per_domain_value(q, len(dcols))
         group = q.args.get("group")
         if group is not None and any(v for k, v in group.args.items() if k not in ("expressions", "all")):
             raise NotSupportedError("GROUPING SETS in a correlated subquery")
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON in a correlated subquery")
-        if any(_own_block(w, q) for w in q.find_all(exp.Window)):
-            raise NotSupportedError("a window function in a correlated subquery outside a WHERE conjunct")
         scope = Scope(parent=dscope)
         node, rest, correlated = qb._from(q, scope)
         from opforge.sql.frontend.binder import _group_aggregates
