@@ -130,3 +130,18 @@ def test_spread_and_boolean_aggregates_match_duckdb(check):
           "bool_or(k IS NULL) FROM outer_t LEFT JOIN inner_t ON k = i GROUP BY g")
     with pytest.raises(NotSupportedError, match="window function stddev_pop"):
         check.con.sql("SELECT stddev_pop(v) OVER () FROM inner_t").fetchall()
+
+
+def test_scalar_subquery_rows_setting(check):
+    """SET scalar_subquery_error_on_multiple_rows = false: a scalar subquery with several rows
+    gives one of them (the first in its order, uncorrelated) instead of the error."""
+    con = check.con
+    con.sql("SET scalar_subquery_error_on_multiple_rows = false")
+    try:
+        assert con.sql("SELECT (SELECT v FROM inner_t WHERE v IS NOT NULL ORDER BY v DESC)").fetchall() == [(40,)]
+        got = con.sql("SELECT i, (SELECT v + 0 * k FROM inner_t WHERE k = i) FROM outer_t ORDER BY i").fetchall()
+        assert got[0][0] == 1 and got[0][1] in (10, 20)
+    finally:
+        con.sql("RESET scalar_subquery_error_on_multiple_rows")
+    with pytest.raises(SqlError, match="scalar subquery returned 5 rows"):
+        con.sql("SELECT (SELECT v FROM inner_t)").fetchall()

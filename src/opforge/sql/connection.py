@@ -307,8 +307,9 @@ class Connection:
         return Relation(self, self.plan(tree))
 
     def plan(self, tree: exp.Expression) -> P.Node:
-        node, _ = Binder(_Catalog(self), self._run_scalar, self._cids,
-                         self._settings.order_by_non_integer_literal).bind_query(tree)
+        binder = Binder(_Catalog(self), self._run_scalar, self._cids, self._settings.order_by_non_integer_literal)
+        binder.single_row_check = self._settings.scalar_subquery_error_on_multiple_rows
+        node, _ = binder.bind_query(tree)
         return optimize(node, self.device, self._join_order())
 
     def _join_order(self) -> JoinOrderOptimizer:
@@ -323,7 +324,7 @@ class Connection:
 
     def _run_scalar(self, node: P.Node):
         t = self._run_table(node)
-        if t.num_rows > 1:
+        if t.num_rows > 1 and self._settings.scalar_subquery_error_on_multiple_rows:
             raise SqlError(f"scalar subquery returned {t.num_rows} rows, expected at most 1")
         if t.num_rows == 0:
             return None

@@ -36,6 +36,7 @@ class Binder:
         self.ctes: list[dict[str, exp.Expression]] = []
         self.probing = 0  # > 0 while a subquery is bound only to learn its outer references (``probe``)
         self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
+        self.single_row_check = True  # SET scalar_subquery_error_on_multiple_rows (false: any one row)
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
         self._duckdb = Dialect.get_or_raise("duckdb").generator()
 

@@ -172,7 +172,9 @@ class SubqueryJoiner:
             right = P.Aggregate(proj, gkeys, aggs)
             rkeys = [Ref(o.cid, o.type, o.name) for o, _ in gkeys]
             counted = Ref(count.cid, T.INT64, count.name)
-            if kind == "scalar":
+            if kind == "scalar" and not qb.single_row_check:  # any one of the rows: the least
+                value = Ref(first.cid, first.type, first.name)
+            elif kind == "scalar":
                 value = Func("single_value", [counted, Ref(first.cid, first.type, first.name)], first.type)
             else:
                 value = Func("not", [Func("is_null", [counted], T.BOOL)], T.BOOL)
