@@ -66,7 +66,14 @@ class Settings:
         """The query with the default NULL order made explicit where the text leaves it open.
         sqlglot reads a plain ORDER BY and one with NULLS LAST alike, so a statement naming NULLS
         FIRST / LAST anywhere is left as written."""
-        if self.default_null_order == "nulls_last" or _NULLS_WORD.search(text):
+        if self.default_null_order == "nulls_last":
+            return tree
+        if _NULLS_WORD.search(text):
+            # every ORDER BY term names its NULL order, or some follow the setting and the tree
+            # cannot tell which (refused: a wrong NULL placement would be a wrong answer)
+            if len(_NULLS_WORD.findall(text)) < len(list(tree.find_all(exp.Ordered))):
+                raise NotSupportedError(f"SET default_null_order={self.default_null_order} with ORDER BY terms "
+                                        "both with and without NULLS FIRST / LAST in one statement")
             return tree
         for o in tree.find_all(exp.Ordered):
             desc = bool(o.args.get("desc"))
