@@ -145,3 +145,19 @@ def test_scalar_subquery_rows_setting(check):
         con.sql("RESET scalar_subquery_error_on_multiple_rows")
     with pytest.raises(SqlError, match="scalar subquery returned 5 rows"):
         con.sql("SELECT (SELECT v FROM inner_t)").fetchall()
+
+
+@pytest.mark.parametrize("q", [
+    "VALUES (1, 'a'), (NULL, 'b')",
+    "SELECT id FROM words ORDER BY id LIMIT (SELECT count(*) FROM outer_t) - 2 OFFSET (SELECT min(k) FROM inner_t) + 1",
+])
+def test_values_statement_and_computed_limits_match_duckdb(check, q):
+    check(q, ordered=True)
+
+
+def test_view_column_names_and_limit_refusal(check):
+    con = check.con
+    con.sql("CREATE VIEW named_pairs(x1, x2) AS VALUES (2, 1), (1, 1)")
+    assert con.sql("SELECT x2, x1 FROM named_pairs ORDER BY x1").fetchall() == [(1, 1), (1, 2)]
+    with pytest.raises(NotSupportedError, match="LIMIT must be an integer literal or a constant expression"):
+        con.sql("SELECT id FROM words LIMIT n").fetchall()

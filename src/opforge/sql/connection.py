@@ -301,7 +301,7 @@ class Connection:
                 raise SqlError(f"DROP VIEW: no view named {name!r}")
             self.views.pop(name, None)
             return Relation(self, None, f"dropped view {name}")
-        if not isinstance(tree, (exp.Select, exp.Union, exp.Subquery, exp.Intersect, exp.Except)):
+        if not isinstance(tree, (exp.Select, exp.Union, exp.Subquery, exp.Intersect, exp.Except, exp.Values)):
             raise NotSupportedError(f"statement {type(tree).__name__} (only SELECT queries, CREATE TABLE / VIEW, "
                                     "INSERT, UPDATE, DELETE, DROP and SET)")
         return Relation(self, self.plan(tree))
@@ -340,6 +340,10 @@ class Connection:
         if (name in self.views or name in {t.lower() for t in self._tables}) and not tree.args.get("replace"):
             raise SqlError(f"CREATE VIEW: {name!r} already exists")
         query = tree.expression
+        if isinstance(tree.this, exp.Schema) and tree.this.expressions:  # CREATE VIEW v(a, b): the names
+            alias = exp.TableAlias(this=exp.to_identifier(name),
+                                   columns=[exp.to_identifier(c.name) for c in tree.this.expressions])
+            query = exp.select("*").from_(exp.Subquery(this=query, alias=alias))
         self.plan(query)  # validate now: errors surface at CREATE time
         self.views[name] = query
         return Relation(self, None, f"created view {name}")

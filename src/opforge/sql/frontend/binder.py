@@ -95,6 +95,9 @@ class Binder:
             return self._set_operation(q, parent)
         if isinstance(q, exp.Select):
             return self._select(q, parent)
+        if isinstance(q, exp.Values):  # a VALUES list as a query of its own
+            node, cols = self._values(q, q.alias_or_name or "valueslist")
+            return node, Scope(cols, parent)
         raise NotSupportedError(f"statement {type(q).__name__}")
 
     def _set_operation(self, q: exp.Expression, parent):
@@ -141,13 +144,13 @@ class Binder:
         lim, off = q.args.get("limit"), q.args.get("offset")
         if lim is None and off is None:
             return node
-        o = 0 if off is None else self._const_int(off.expression, "OFFSET")
+        o = 0 if off is None else self._const_int(off.expression, "OFFSET", scope)
         options = lim.args.get("limit_options") if lim is not None else None
         if options is not None and options.args.get("with_ties"):
             raise NotSupportedError("FETCH ... WITH TIES")
         if options is not None and options.args.get("percent"):
             return P.Limit(node, self._percent_rows(lim.expression, node, scope), o)
-        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
+        n = None if lim is None else self._const_int(lim.expression, "LIMIT", scope)
         return P.Limit(node, n, o)
 
     def _percent_rows(self, e, node, scope) -> int | None:
@@ -169,10 +172,26 @@ class Binder:
         count = P.Aggregate(node, [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])
         return int(value / 100 * self.run_scalar(count))
 
-    def _const_int(self, e, what):
+    def _const_int(self, e, what, scope=None):
+        """LIMIT / OFFSET: an integer literal, or a constant expression (an uncorrelated scalar
+        subquery too) computed now; a fraction rounds to the nearest integer, as DuckDB casts."""
         if isinstance(e, exp.Literal) and not e.is_string:
             return int(e.this)
-        raise NotSupportedError(f"{what} must be an integer literal")
+        if scope is None or scope.outer_refs or any(isinstance(c, exp.Column) for c in e.find_all(exp.Column)
+                                                    if not any(isinstance(p, (exp.Select, exp.Subquery))
+                                                               for p in _ancestors(c, e))):
+            raise NotSupportedError(f"{what} must be an integer literal or a constant expression")
+        v = ExprBinder(self, Scope()).bind(e)
+        if not isinstance(v, Lit):
+            v = Lit(self.run_scalar(P.Project(P.OneRow(), [(self.new_col(what.lower(), v.type), v)])), v.type)
+        if v.value is None:
+            return None if what == "LIMIT" else 0
+        if not v.type.is_numeric or v.type.kind == "BOOL":
+            raise SqlError(f"{what}: expected a number, got {v.type}")
+        value = round(float(v.value))
+        if value < 0:
+            raise SqlError(f"{what} must not be negative, got {value}")
+        return value
 
     # ------------------------------------------------------------------------------------------ FROM
     def _relation(self, t: exp.Expression, parent: Scope | None) -> tuple[P.Node, list[ScopeCol]]:
