@@ -104,6 +104,10 @@ CORRELATED_QUERIES = [
     "SELECT i, (SELECT v FROM inner_t WHERE k = i ORDER BY v DESC LIMIT 1), "
     "(SELECT w FROM inner_t WHERE k >= i ORDER BY v LIMIT 1 OFFSET 1), (SELECT max(v) FROM inner_t WHERE k < i LIMIT 3) "
     "FROM outer_t",
+    # in ON: an inner join's as a WHERE; an outer join's joined onto the side it reads
+    "SELECT i, k, v FROM outer_t LEFT JOIN inner_t ON k = i AND EXISTS (SELECT 1 FROM edges WHERE src = g)",
+    "SELECT i, k, v FROM outer_t LEFT JOIN inner_t ON v > (SELECT count(*) FROM edges WHERE dst > k) * 10",
+    "SELECT i, k FROM outer_t JOIN inner_t ON k <= i AND v >= (SELECT min(v) FROM inner_t i2 WHERE i2.k = i)",
     # a subquery in a group key and in an aggregate's argument
     "SELECT EXISTS (SELECT 1 FROM inner_t WHERE k = i) AS e, count(*), "
     "sum(CASE WHEN i IN (SELECT k FROM inner_t WHERE v > 15) THEN 1 ELSE 0 END) FROM outer_t GROUP BY e",
@@ -118,6 +122,8 @@ def test_correlated_subqueries_outside_where_match_duckdb(check, q):
 def test_correlated_subquery_refusals_name_the_construct(check):
     with pytest.raises(SqlError, match="More than one row returned by a subquery"):
         check.con.sql("SELECT i, (SELECT v FROM inner_t WHERE k = i) FROM outer_t").fetchall()
+    with pytest.raises(NotSupportedError, match="subquery in a JOIN's ON clause that reads both sides"):
+        check.con.sql("SELECT i FROM outer_t LEFT JOIN inner_t ON (SELECT count(*) FROM edges WHERE src = i AND dst = k) > 0").fetchall()
     with pytest.raises(NotSupportedError, match="correlated subquery that is a Union"):
         check.con.sql("SELECT (SELECT v FROM inner_t WHERE k = i UNION SELECT 1) FROM outer_t").fetchall()
     with pytest.raises(NotSupportedError, match="aggregate of outer columns"):

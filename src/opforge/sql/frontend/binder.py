@@ -18,7 +18,7 @@ from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _
 from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
-from opforge.sql.frontend.correlated import SubqueryJoiner
+from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
 from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
@@ -283,7 +283,10 @@ class Binder:
                 using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 on = j.args.get("on")
-                cond = ExprBinder(self, scope).bind(on) if on is not None else None
+                sides = SideJoiner(self, left, rnode, scope)  # ON's subqueries: joined onto the side they read
+                cond = ExprBinder(self, scope, correlated_hook=sides.scalar, exists_hook=sides.exists,
+                                  quantified_hook=sides.quantified).bind(on) if on is not None else None
+                left, rnode = sides.left.node, sides.right.node
                 jk = kind if kind in ("semi", "anti") else side
                 conds = conjuncts(cond) + [_equal(lc, rc) for lc, rc in using]
                 node = self._join(left, rnode, jk, conds, {c.cid for c in rcols})
@@ -300,8 +303,11 @@ class Binder:
                 scope.cols += rcols
                 group.append((rnode, {c.cid for c in rcols}))
                 on = j.args.get("on")
-                if on is not None:
-                    pending += conjuncts(ExprBinder(self, scope).bind(on))
+                if on is not None:  # an inner join's ON is a WHERE: its subquery conjuncts come later too
+                    on_parts = _split_and(on)
+                    where_parts = [w for w in on_parts if _has_subquery(w)] + where_parts
+                    pending += [c for w in on_parts if not _has_subquery(w)
+                                for c in conjuncts(ExprBinder(self, scope).bind(w))]
                 pending += [_equal(lc, rc) for lc, rc in using]
                 for _, rc in using:  # equal on every row: the left one stands for both
                     rc.hidden = True

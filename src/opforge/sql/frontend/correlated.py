@@ -251,3 +251,30 @@ class SubqueryJoiner:
         n = qb.run_scalar(P.Aggregate(P.Limit(sub, 1), [], [(qb.new_col("n", T.INT64),
                                                               P.AggCall("count_star", None, T.INT64))]))
         return Lit(n > 0, T.BOOL)
+
+
+class SideJoiner:
+    """The subqueries of an outer join's ON clause: each is joined onto the input whose columns
+    it reads (the condition then reads its value as a column of that side); one reading both
+    sides is refused."""
+
+    def __init__(self, qb, left: P.Node, right: P.Node, scope: Scope):
+        self.qb, self.scope = qb, scope
+        self.left, self.right = SubqueryJoiner(qb, left, scope), SubqueryJoiner(qb, right, scope)
+
+    def _side(self, q, cids=()) -> SubqueryJoiner:
+        _, probe = self.qb.probe(q.this if isinstance(q, exp.Subquery) else q, self.scope)
+        reads = set(probe.outer_refs) | set(cids)
+        for side in (self.left, self.right):
+            if reads <= {o.cid for o in side.node.outputs}:
+                return side
+        raise NotSupportedError("a subquery in a JOIN's ON clause that reads both sides of the join")
+
+    def scalar(self, q, _scope=None) -> Expr:
+        return self._side(q).scalar(q)
+
+    def exists(self, q) -> Expr:
+        return self._side(q).exists(q)
+
+    def quantified(self, x: Expr, q, op: str, every: bool) -> Expr:
+        return self._side(q, x.cids()).quantified(x, q, op, every)
