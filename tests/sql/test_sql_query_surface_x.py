@@ -161,6 +161,14 @@ def test_values_statement_and_computed_limits_match_duckdb(check, q):
     check(q, ordered=True)
 
 
+@pytest.mark.parametrize("q", [
+    "SELECT id * 2 AS twice, twice + 1 AS more FROM words WHERE more > 8 ORDER BY id",  # aliases in WHERE, lateral
+    "WITH c(x, y) AS (SELECT id, n FROM words) SELECT z, y FROM c t(z) ORDER BY z",  # a partial alias list on a CTE
+])
+def test_alias_binding_matches_duckdb(check, q):
+    check(q, ordered=True)
+
+
 def test_view_column_names_and_limit_refusal(check):
     con = check.con
     con.sql("CREATE VIEW named_pairs(x1, x2) AS VALUES (2, 1), (1, 1)")

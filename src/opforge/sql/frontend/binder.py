@@ -245,6 +245,7 @@ class Binder:
     def _derived(self, query, alias, t, column_names: list[str]):
         node, _ = self.bind_query(query, None)
         names = [o.name for o in node.outputs]
+        names = list(column_names[:len(names)]) + names[len(column_names):]  # a CTE's own column names
         ta = t.args.get("alias")
         cols = [c.name for c in ta.columns] if ta is not None and ta.columns else column_names
         if len(cols) > len(names):
@@ -313,7 +314,9 @@ class Binder:
                     rc.hidden = True
             else:
                 raise NotSupportedError(f"{kind.upper()} JOIN")
-        # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later
+        # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later.
+        # WHERE may name a select-list alias where no column in scope has that name (DuckDB)
+        where_parts = _where_aliases(q, where_parts, scope)
         rest = []
         for w in where_parts:
             if _has_subquery(w):
@@ -783,6 +786,32 @@ def _lateral_aliases(items: list, scope: Scope) -> list:
         out.append((name, e))
         if isinstance(e, exp.Expression):
             earlier.setdefault(name.lower(), e)
+    return out
+
+
+def _where_aliases(q: exp.Select, parts: list, scope: Scope) -> list:
+    """WHERE conjuncts with each unresolvable bare name that is a select alias replaced by its
+    expression (not inside subqueries; not an alias of an aggregate or window, which WHERE cannot read)."""
+    aliases = {e.alias.lower(): e.this for e in q.expressions if isinstance(e, exp.Alias)
+               and not e.this.find(*AGG_FUNCS, exp.Window)}
+    if not aliases:
+        return parts
+    names = {c.name_key for c in scope._all()}
+
+    def swap(node):
+        if isinstance(node, exp.Column) and not node.table and node.name.lower() in aliases \
+                and node.name.lower() not in names and not any(
+                    isinstance(p, (exp.Select, exp.Subquery)) for p in _ancestors(node, node.root())):
+            return aliases[node.name.lower()].copy()
+        return node
+    out = []
+    for w in parts:
+        for _ in range(len(aliases)):  # an alias of an alias: until no alias name is left
+            if not any(isinstance(c, exp.Column) and c.name.lower() in aliases and c.name.lower() not in names
+                       for c in w.find_all(exp.Column)):
+                break
+            w = w.copy().transform(swap)
+        out.append(w)
     return out
 
 
