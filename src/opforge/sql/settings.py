@@ -23,6 +23,8 @@ class Settings:
     def __init__(self):
         self.default_null_order = "nulls_last"
         self.order_by_non_integer_literal = False  # ORDER BY 'literal' is an error unless set
+        # a scalar subquery with several rows is an error; false: its first row (any row, correlated)
+        self.scalar_subquery_error_on_multiple_rows = True
 
     def set(self, tree: exp.Set) -> str:
         for item in tree.expressions:
@@ -38,6 +40,8 @@ class Settings:
                 self.default_null_order = text
             elif name == "order_by_non_integer_literal":
                 self.order_by_non_integer_literal = _bool_setting(name, value)
+            elif name == "scalar_subquery_error_on_multiple_rows":
+                self.scalar_subquery_error_on_multiple_rows = _bool_setting(name, value)
             elif name not in NO_EFFECT:
                 raise NotSupportedError(f"SET {name}")
         return "set"
@@ -52,6 +56,8 @@ class Settings:
             self.default_null_order = "nulls_last"
         elif name == "order_by_non_integer_literal":
             self.order_by_non_integer_literal = False
+        elif name == "scalar_subquery_error_on_multiple_rows":
+            self.scalar_subquery_error_on_multiple_rows = True
         elif name not in NO_EFFECT:
             raise NotSupportedError(f"RESET {name}")
         return "reset"
@@ -60,7 +66,14 @@ class Settings:
         """The query with the default NULL order made explicit where the text leaves it open.
         sqlglot reads a plain ORDER BY and one with NULLS LAST alike, so a statement naming NULLS
         FIRST / LAST anywhere is left as written."""
-        if self.default_null_order == "nulls_last" or _NULLS_WORD.search(text):
+        if self.default_null_order == "nulls_last":
+            return tree
+        if _NULLS_WORD.search(text):
+            # every ORDER BY term names its NULL order, or some follow the setting and the tree
+            # cannot tell which (refused: a wrong NULL placement would be a wrong answer)
+            if len(_NULLS_WORD.findall(text)) < len(list(tree.find_all(exp.Ordered))):
+                raise NotSupportedError(f"SET default_null_order={self.default_null_order} with ORDER BY terms "
+                                        "both with and without NULLS FIRST / LAST in one statement")
             return tree
         for o in tree.find_all(exp.Ordered):
             desc = bool(o.args.get("desc"))

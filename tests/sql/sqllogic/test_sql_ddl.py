@@ -94,6 +94,9 @@ def test_default_null_order_setting():
         duck.execute(s)
     for q in ["SELECT i FROM n ORDER BY i", "SELECT i FROM n ORDER BY i DESC", "SELECT i FROM n ORDER BY i NULLS LAST"]:
         assert _rows(con.sql(q)) == duck.sql(q).fetchall(), q
+    # one term following the setting, one naming its order: which is which is not in the tree
+    with pytest.raises(sql.NotSupportedError, match="both with and without NULLS FIRST / LAST"):
+        con.sql("SELECT i, (SELECT m.i FROM n m ORDER BY m.i NULLS LAST LIMIT 1) FROM n ORDER BY i").fetchall()
 
 
 @pytest.mark.parametrize("q", [

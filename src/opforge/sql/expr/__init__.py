@@ -4,7 +4,8 @@
 - ``tree``: the bound expression tree (Ref, Lit, Func) and its constructors and walkers;
 - ``result_types``: the result types of arithmetic;
 - ``evaluation``: vectorized evaluation, dispatching to the evaluators registered by
-  ``casts``, ``arithmetic``, ``compare``, ``logic``, ``string_functions``, ``date_functions``;
+  ``casts``, ``arithmetic``, ``compare``, ``logic``, ``string_functions``, ``string_calls``,
+  ``date_functions``;
 - ``rewrites``: substitution, constant folding, OR factoring.
 
 Columns are referenced by a globally unique id (cid), so an expression can be evaluated on any batch that
@@ -17,7 +18,7 @@ from opforge.sql.expr.tree import (
 from opforge.sql.expr.result_types import arith_type
 from opforge.sql.expr.evaluation import evaluate
 from opforge.sql.expr.casts import cast_values
-from opforge.sql.expr import arithmetic, date_functions, logic  # noqa: F401  (register their evaluators)
+from opforge.sql.expr import arithmetic, date_functions, logic, single_row, string_calls  # noqa: F401  (register their evaluators)
 from opforge.sql.expr.compare import comparable
 from opforge.sql.expr.string_functions import device_like, like_regex
 from opforge.sql.expr.rewrites import factor_or, fold_constants, substitute, value_with

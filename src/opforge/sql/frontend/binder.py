@@ -14,13 +14,15 @@ from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
-from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
 from opforge.sql.frontend.grouping_sets import grouping_sets
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
+from opforge.sql.frontend import recursive_cte
+from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
 from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
-from opforge.sql.physical.aggregate import result_type
+from opforge.sql.physical.aggregate import SPREAD_FUNCS, result_type
 
 
 class Binder:
@@ -32,6 +34,9 @@ class Binder:
         self.order_by_literals = order_by_literals  # SET order_by_non_integer_literal (DuckDB)
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
+        self.probing = 0  # > 0 while a subquery is bound only to learn its outer references (``probe``)
+        self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
+        self.single_row_check = True  # SET scalar_subquery_error_on_multiple_rows (false: any one row)
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
         self._duckdb = Dialect.get_or_raise("duckdb").generator()
 
@@ -53,8 +58,7 @@ class Binder:
         """Any query expression -> (plan, scope of the block, whose outer_refs tell if it is correlated)."""
         with_ = q.args.get("with_") or q.args.get("with")
         if with_ is not None:
-            if with_.args.get("recursive"):
-                raise NotSupportedError("WITH RECURSIVE")
+            recursive = bool(with_.args.get("recursive"))
             frame = {}
             self.ctes.append(frame)
             try:
@@ -64,6 +68,10 @@ class Binder:
                     name = cte.alias_or_name.lower()
                     if name in frame:
                         raise SqlError(f"Duplicate CTE name {cte.alias_or_name!r}")
+                    if recursive and recursive_cte.references(cte.this, name):
+                        frame[name] = (recursive_cte.materialize(self, name, cte.this, cols,
+                                                                 self.ctes[:-1] + [dict(frame)]), cols)
+                        continue
                     frame[name] = (cte.this, cols)
                 return self._bind_body(q, parent)
             finally:
@@ -87,6 +95,9 @@ class Binder:
             return self._set_operation(q, parent)
         if isinstance(q, exp.Select):
             return self._select(q, parent)
+        if isinstance(q, exp.Values):  # a VALUES list as a query of its own
+            node, cols = self._values(q, q.alias_or_name or "valueslist")
+            return node, Scope(cols, parent)
         raise NotSupportedError(f"statement {type(q).__name__}")
 
     def _set_operation(self, q: exp.Expression, parent):
@@ -133,13 +144,13 @@ class Binder:
         lim, off = q.args.get("limit"), q.args.get("offset")
         if lim is None and off is None:
             return node
-        o = 0 if off is None else self._const_int(off.expression, "OFFSET")
+        o = 0 if off is None else self._const_int(off.expression, "OFFSET", scope)
         options = lim.args.get("limit_options") if lim is not None else None
         if options is not None and options.args.get("with_ties"):
             raise NotSupportedError("FETCH ... WITH TIES")
         if options is not None and options.args.get("percent"):
             return P.Limit(node, self._percent_rows(lim.expression, node, scope), o)
-        n = None if lim is None else self._const_int(lim.expression, "LIMIT")
+        n = None if lim is None else self._const_int(lim.expression, "LIMIT", scope)
         return P.Limit(node, n, o)
 
     def _percent_rows(self, e, node, scope) -> int | None:
@@ -161,10 +172,26 @@ class Binder:
         count = P.Aggregate(node, [], [(self.new_col("n", T.INT64), P.AggCall("count_star", None, T.INT64))])
         return int(value / 100 * self.run_scalar(count))
 
-    def _const_int(self, e, what):
+    def _const_int(self, e, what, scope=None):
+        """LIMIT / OFFSET: an integer literal, or a constant expression (an uncorrelated scalar
+        subquery too) computed now; a fraction rounds to the nearest integer, as DuckDB casts."""
         if isinstance(e, exp.Literal) and not e.is_string:
             return int(e.this)
-        raise NotSupportedError(f"{what} must be an integer literal")
+        if scope is None or scope.outer_refs or any(isinstance(c, exp.Column) for c in e.find_all(exp.Column)
+                                                    if not any(isinstance(p, (exp.Select, exp.Subquery))
+                                                               for p in _ancestors(c, e))):
+            raise NotSupportedError(f"{what} must be an integer literal or a constant expression")
+        v = ExprBinder(self, Scope()).bind(e)
+        if not isinstance(v, Lit):
+            v = Lit(self.run_scalar(P.Project(P.OneRow(), [(self.new_col(what.lower(), v.type), v)])), v.type)
+        if v.value is None:
+            return None if what == "LIMIT" else 0
+        if not v.type.is_numeric or v.type.kind == "BOOL":
+            raise SqlError(f"{what}: expected a number, got {v.type}")
+        value = round(float(v.value))
+        if value < 0:
+            raise SqlError(f"{what} must not be negative, got {value}")
+        return value
 
     # ------------------------------------------------------------------------------------------ FROM
     def _relation(self, t: exp.Expression, parent: Scope | None) -> tuple[P.Node, list[ScopeCol]]:
@@ -218,6 +245,7 @@ class Binder:
     def _derived(self, query, alias, t, column_names: list[str]):
         node, _ = self.bind_query(query, None)
         names = [o.name for o in node.outputs]
+        names = list(column_names[:len(names)]) + names[len(column_names):]  # a CTE's own column names
         ta = t.args.get("alias")
         cols = [c.name for c in ta.columns] if ta is not None and ta.columns else column_names
         if len(cols) > len(names):
@@ -256,7 +284,10 @@ class Binder:
                 using = _using_pairs(j, scope, rcols)
                 scope.cols += rcols
                 on = j.args.get("on")
-                cond = ExprBinder(self, scope).bind(on) if on is not None else None
+                sides = SideJoiner(self, left, rnode, scope)  # ON's subqueries: joined onto the side they read
+                cond = ExprBinder(self, scope, correlated_hook=sides.scalar, exists_hook=sides.exists,
+                                  quantified_hook=sides.quantified).bind(on) if on is not None else None
+                left, rnode = sides.left.node, sides.right.node
                 jk = kind if kind in ("semi", "anti") else side
                 conds = conjuncts(cond) + [_equal(lc, rc) for lc, rc in using]
                 node = self._join(left, rnode, jk, conds, {c.cid for c in rcols})
@@ -273,14 +304,19 @@ class Binder:
                 scope.cols += rcols
                 group.append((rnode, {c.cid for c in rcols}))
                 on = j.args.get("on")
-                if on is not None:
-                    pending += conjuncts(ExprBinder(self, scope).bind(on))
+                if on is not None:  # an inner join's ON is a WHERE: its subquery conjuncts come later too
+                    on_parts = _split_and(on)
+                    where_parts = [w for w in on_parts if _has_subquery(w)] + where_parts
+                    pending += [c for w in on_parts if not _has_subquery(w)
+                                for c in conjuncts(ExprBinder(self, scope).bind(w))]
                 pending += [_equal(lc, rc) for lc, rc in using]
                 for _, rc in using:  # equal on every row: the left one stands for both
                     rc.hidden = True
             else:
                 raise NotSupportedError(f"{kind.upper()} JOIN")
-        # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later
+        # plain WHERE conjuncts join the planning of the comma group; subquery conjuncts come later.
+        # WHERE may name a select-list alias where no column in scope has that name (DuckDB)
+        where_parts = _where_aliases(q, where_parts, scope)
         rest = []
         for w in where_parts:
             if _has_subquery(w):
@@ -347,24 +383,31 @@ class Binder:
             inner = inner.this
         if isinstance(inner, exp.Exists):
             return self._exists(node, inner.this, scope, "anti" if negate else "semi")
-        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None and not self._correlated(inner, scope):
             x = ExprBinder(self, scope).bind(inner.this)
             sub, sscope = self.bind_query(inner.args["query"], scope)
-            if sscope.outer_refs:
-                raise NotSupportedError("correlated IN (subquery)")
             if len(sub.outputs) != 1:
                 raise SqlError(f"IN (subquery): the subquery returns {len(sub.outputs)} columns, expected 1")
             o = sub.outputs[0]
             return P.Join(node, sub, "anti" if negate else "semi", [x], [Ref(o.cid, o.type, o.name)],
                           None, null_aware=negate)
-        # an ordinary predicate with scalar subqueries inside
-        hook_node = [node]
+        # an ordinary predicate with scalar subqueries inside: a single aggregate over equalities
+        # becomes a grouped LEFT JOIN, any other correlated subquery is joined over its domain
+        joiner = SubqueryJoiner(self, node, scope)
 
         def hook(subq, sub_scope_parent):
-            hook_node[0], ref = self._decorrelate_scalar(hook_node[0], subq, scope)
+            try:
+                joiner.node, ref = self._decorrelate_scalar(joiner.node, subq, scope)
+            except NotSupportedError:
+                return joiner.scalar(subq)
             return ref
-        e = ExprBinder(self, scope, correlated_hook=hook).bind(w)
-        return P.Filter(hook_node[0], e)
+        e = ExprBinder(self, scope, correlated_hook=hook, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified).bind(w)
+        return P.Filter(joiner.node, e)
+
+    def _correlated(self, e: exp.In, scope: Scope) -> bool:
+        """Whether IN's subquery reads outer columns (then it is joined over its domain)."""
+        return bool(self.probe(e.args["query"], scope)[1].outer_refs)
 
     def _exists(self, node, q, scope, kind):
         if not isinstance(q, exp.Select) or q.args.get("group") or q.args.get("limit"):
@@ -393,15 +436,33 @@ class Binder:
         return node if keep else P.Filter(node, Lit(False, T.BOOL))
 
     def scalar_subquery(self, q, scope: Scope, hook):
-        sub, sscope = self.bind_query(q, scope)
+        sub, sscope = self.probe(q, scope)
         if sscope.outer_refs:
             if hook is None:
                 raise NotSupportedError("correlated scalar subquery outside a WHERE conjunct")
+            if self.probing:  # inside a probe only the references count: its plan is discarded
+                self.placeholders += 1
+                return Lit(None, sub.outputs[0].type if sub.outputs else T.INT32)
             return hook(q, scope)
         if len(sub.outputs) != 1:
             raise SqlError(f"scalar subquery returns {len(sub.outputs)} columns, expected 1")
         value = self.run_scalar(sub)
         return Lit(value, sub.outputs[0].type)
+
+    def probe(self, q, scope: Scope) -> tuple[P.Node, Scope]:
+        """``bind_query(q, scope)`` to learn whether ``q`` reads outer columns: the correlated
+        subqueries inside it are not decorrelated (a subquery nested two levels down may read this
+        one's outer columns, which only its decorrelation makes available), they leave NULL
+        placeholders; the plan is bound again for real when one was left."""
+        before = self.placeholders
+        self.probing += 1
+        try:
+            sub, sscope = self.bind_query(q, scope)
+        finally:
+            self.probing -= 1
+        if self.placeholders != before and not sscope.outer_refs and not self.probing:
+            sub, sscope = self.bind_query(q, scope)
+        return sub, sscope
 
     def _decorrelate_scalar(self, node, q, scope):
         """x op (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...) -> LEFT JOIN on k with the
@@ -496,10 +557,14 @@ class Binder:
             raise SqlError("SELECT list is empty: EXCLUDE removed every column")
         return items
 
-    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=()):
+    def _aggregate_project(self, q, node, scope, extra_keys, distinct=False, group_terms=None, null_terms=(),
+                           group_extra=True):
         """``group_terms``: the GROUP BY terms (default: the query's); ``null_terms``: grouping-set
-        keys left out of this set, NULL in its rows."""
-        items = self._select_items(q, scope)
+        keys left out of this set, NULL in its rows; ``group_extra``: the block is grouped by
+        ``extra_keys`` (else they are only carried as leading outputs, as in an ungrouped block).
+        Correlated subqueries in the select list, HAVING, QUALIFY and ORDER BY are joined onto the
+        block's rows (``frontend/correlated.py``)."""
+        items = _lateral_aliases(self._select_items(q, scope), scope)
         having = q.args.get("having")
         qualify = q.args.get("qualify")
         order_terms = _order_terms(q.args.get("order"), len(items))
@@ -515,11 +580,13 @@ class Binder:
         agg_nodes = []
         for s in sources:
             agg_nodes += [a for a in _group_aggregates(s) if not any(a is b for b in agg_nodes)]
-        grouped = bool(agg_nodes) or group is not None or extra_keys
+        grouped = bool(agg_nodes) or group is not None or bool(extra_keys and group_extra)
         windows = WindowCollector(self, q.args.get("windows"), lambda e: _expand_aliases(e, alias_map, scope))
-        binder = ExprBinder(self, scope)  # windows only after GROUP BY and HAVING
+        joiner = SubqueryJoiner(self, node, scope)
+        binder = ExprBinder(self, scope, correlated_hook=joiner.scalar, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified)  # windows only after GROUP BY and HAVING
         if grouped:
-            keys = list(extra_keys)
+            keys = list(extra_keys) if group_extra else []
             key_cids: dict[int, Ref] = {}
             replace: dict[str, Ref] = {}
             for o, e in keys:
@@ -560,10 +627,14 @@ class Binder:
                 o = self.new_col(text, call.type)
                 aggs.append((o, call))
                 seen[text] = replace[text] = Ref(o.cid, o.type, o.name)
-            node = P.Aggregate(node, keys, aggs)
-            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True)
+            node = P.Aggregate(joiner.node, keys, aggs)  # over the subqueries the keys and arguments read
+            joiner = SubqueryJoiner(self, node, scope, key_cids)
+            binder = ExprBinder(self, scope, replace=replace, key_cids=key_cids, agg_mode=True,
+                                correlated_hook=joiner.scalar, exists_hook=joiner.exists,
+                                quantified_hook=joiner.quantified)
             if having is not None:
-                node = P.Filter(node, binder.bind(_expand_aliases(having.this, alias_map, scope)))
+                cond = binder.bind(_expand_aliases(having.this, alias_map, scope))
+                joiner.node = P.Filter(joiner.node, cond)
         elif having is not None:
             raise SqlError("HAVING without GROUP BY or aggregates")
         binder.windows = windows
@@ -574,7 +645,7 @@ class Binder:
                     raise SqlError(f"column {name!r} must appear in the GROUP BY clause or be used in an aggregate")
         outs = [self.new_col(name, e.type) for name, e in bound_items]
         # extra keys (decorrelation) are carried as leading outputs
-        key_outs = [(o, Ref(o.cid, o.type, o.name)) for o, _ in extra_keys]
+        key_outs = [(o, Ref(o.cid, o.type, o.name) if grouped else e) for o, e in extra_keys]
         qualify = None if qualify is None else binder.bind(qualify)
         sort_keys = []
         if order_terms:
@@ -595,6 +666,7 @@ class Binder:
                             pos = i
                 sort_keys.append((k, pos, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         proj_exprs = key_outs + list(zip(outs, [e for _, e in bound_items]))
+        node = joiner.node
         if qualify is not None and not windows:
             raise SqlError("QUALIFY: at least one window function must appear in the SELECT list or QUALIFY clause")
         node = windows.plan(node)
@@ -630,6 +702,13 @@ class Binder:
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
         e = binder.bind(arg)
+        name = AGG_NAMES.get(name, name)
+        if name in ("bool_and", "bool_or"):  # over booleans: min and max
+            if e.type.kind != "BOOL":
+                raise SqlError(f"{name}: expected a boolean argument, got {e.type}")
+            return P.AggCall("min" if name == "bool_and" else "max", e, T.BOOL)
+        if name in SPREAD_FUNCS and (not e.type.is_numeric or e.type.kind == "BOOL"):
+            raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and not e.type.is_numeric:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and e.type.kind == "BOOL":
@@ -685,6 +764,55 @@ def _expand_aliases(e: exp.Expression, alias_map: dict[str, exp.Expression], sco
             return alias_map[node.name.lower()].copy()
         return node
     return e.copy().transform(swap)
+
+
+def _lateral_aliases(items: list, scope: Scope) -> list:
+    """A select item may name an earlier item's alias (DuckDB's lateral column alias) where no
+    column in scope has that name: the alias's expression is put in its place. Only names that
+    would not resolve otherwise are replaced, and not inside subqueries (their own columns)."""
+    names = {c.name_key for c in scope._all()}
+    earlier: dict[str, exp.Expression] = {}
+    out = []
+    for name, e in items:
+        if isinstance(e, exp.Expression) and earlier:
+            def swap(node):
+                if isinstance(node, exp.Column) and not node.table and node.name.lower() in earlier \
+                        and node.name.lower() not in names and not any(
+                            isinstance(p, (exp.Select, exp.Subquery)) for p in _ancestors(node, e)):
+                    return earlier[node.name.lower()].copy()
+                return node
+            if any(isinstance(c, exp.Column) and c.name.lower() in earlier for c in e.find_all(exp.Column)):
+                e = e.copy().transform(swap)
+        out.append((name, e))
+        if isinstance(e, exp.Expression):
+            earlier.setdefault(name.lower(), e)
+    return out
+
+
+def _where_aliases(q: exp.Select, parts: list, scope: Scope) -> list:
+    """WHERE conjuncts with each unresolvable bare name that is a select alias replaced by its
+    expression (not inside subqueries; not an alias of an aggregate or window, which WHERE cannot read)."""
+    aliases = {e.alias.lower(): e.this for e in q.expressions if isinstance(e, exp.Alias)
+               and not e.this.find(*AGG_FUNCS, exp.Window)}
+    if not aliases:
+        return parts
+    names = {c.name_key for c in scope._all()}
+
+    def swap(node):
+        if isinstance(node, exp.Column) and not node.table and node.name.lower() in aliases \
+                and node.name.lower() not in names and not any(
+                    isinstance(p, (exp.Select, exp.Subquery)) for p in _ancestors(node, node.root())):
+            return aliases[node.name.lower()].copy()
+        return node
+    out = []
+    for w in parts:
+        for _ in range(len(aliases)):  # an alias of an alias: until no alias name is left
+            if not any(isinstance(c, exp.Column) and c.name.lower() in aliases and c.name.lower() not in names
+                       for c in w.find_all(exp.Column)):
+                break
+            w = w.copy().transform(swap)
+        out.append(w)
+    return out
 
 
 def _ancestors(node, root):

@@ -10,11 +10,16 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
+from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
-AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr)
+# sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
+AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -95,13 +100,15 @@ class ExprBinder:
 
     def __init__(self, query_binder, scope: Scope, replace: dict[str, Ref] | None = None,
                  key_cids: dict[int, Ref] | None = None, agg_mode: bool = False, correlated_hook=None,
-                 windows=None):
+                 windows=None, exists_hook=None, quantified_hook=None):
         self.qb, self.scope = query_binder, scope
         self.windows = windows  # frontend.windows.WindowCollector where OVER is allowed (SELECT, QUALIFY, ORDER BY)
         self.replace = replace or {}
         self.key_cids = key_cids or {}
         self.agg_mode = agg_mode
         self.correlated_hook = correlated_hook
+        self.exists_hook = exists_hook  # EXISTS (subquery) -> its boolean, where subqueries can be joined in
+        self.quantified_hook = quantified_hook  # (x, subquery, op, all) -> x op ANY / ALL (subquery)
 
     def bind(self, node: exp.Expression) -> Expr:
         if self.replace:
@@ -115,9 +122,16 @@ class ExprBinder:
                     return self._arith(node, op)
             for cls, op in _CMPS.items():
                 if isinstance(node, cls):
+                    if isinstance(node.expression, (exp.Any, exp.All)) and self.quantified_hook is not None \
+                            and isinstance(node.expression.this, (exp.Subquery, exp.Select)):
+                        return self.quantified_hook(self.bind(node.this), node.expression.this, op,
+                                                    isinstance(node.expression, exp.All))
                     return self._compare(op, self.bind(node.this), self.bind(node.expression))
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
+            call = bind_string_call(self, node)
+            if call is not None:
+                return call
             raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
         return method(node)
 
@@ -246,7 +260,9 @@ class ExprBinder:
 
     def _In(self, node):
         if node.args.get("query") is not None:
-            raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
+            if self.quantified_hook is None:
+                raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
+            return self.quantified_hook(self.bind(node.this), node.args["query"], "=", False)
         x = self.bind(node.this)
         items = []
         for it in node.expressions:
@@ -256,18 +272,21 @@ class ExprBinder:
         return Func("in", [x] + items, T.BOOL, False)
 
     def _Like(self, node):
-        x = self.bind(node.this)
         pat = node.expression
-        if not (isinstance(pat, exp.Literal) and pat.is_string):
-            raise NotSupportedError("LIKE with a non-literal pattern")
+        if not (isinstance(pat, exp.Literal) and pat.is_string):  # a pattern from a column: per distinct pair
+            return bind_like(self, node, None)
+        x = self.bind(node.this)
         if x.type.kind != "STRING":
             raise SqlError(f"LIKE: expected a string, got {x.type}")
-        if node.args.get("escape") is not None:
-            raise NotSupportedError("LIKE ... ESCAPE")
         return Func("like", [x], T.BOOL, (pat.this, bool(node.args.get("negate"))))
 
+    def _ILike(self, node):
+        return bind_like(self, node, None)
+
     def _Escape(self, node):
-        raise NotSupportedError("LIKE ... ESCAPE")
+        if not isinstance(node.this, (exp.Like, exp.ILike)):
+            raise NotSupportedError(f"ESCAPE after {type(node.this).__name__}")
+        return bind_like(self, node.this, node.expression)
 
     def _Case(self, node):
         operand = self.bind(node.this) if node.this is not None else None
@@ -408,7 +427,9 @@ class ExprBinder:
         return self.qb.scalar_subquery(node, self.scope, self.correlated_hook)
 
     def _Exists(self, node):
-        raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+        if self.exists_hook is None:
+            raise NotSupportedError("EXISTS inside an expression (supported as a WHERE conjunct)")
+        return self.exists_hook(node.this)
 
 
 def _timestamp_literal(lit: Lit, to: T.SqlType) -> Lit:

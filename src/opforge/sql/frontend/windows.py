@@ -16,6 +16,7 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Func, Lit, Ref
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.physical.aggregate import SPREAD_FUNCS
 
 RANKING = {exp.RowNumber: "row_number", exp.Rank: "rank", exp.DenseRank: "dense_rank",
            exp.PercentRank: "percent_rank", exp.CumeDist: "cume_dist", exp.Ntile: "ntile"}
@@ -134,6 +135,8 @@ class WindowCollector:
                 return call
         if isinstance(fn, AGG_FUNCS):
             agg = self.qb._agg_call(fn, binder)
+            if agg.func in SPREAD_FUNCS:
+                raise NotSupportedError(f"window function {agg.func}: {fn.sql(dialect='duckdb')}")
             if agg.func == "count_distinct" and frame.start.kind != "unbounded_preceding" \
                     and frame.end.kind != "unbounded_following":
                 raise NotSupportedError("count(DISTINCT ...) OVER a frame bounded on both sides "

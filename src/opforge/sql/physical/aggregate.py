@@ -24,12 +24,15 @@ GROUP_BYTES_PER_ROW = 48
 _MIX = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
+SPREAD_FUNCS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
+
+
 def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
     """DuckDB's result types: count BIGINT, avg DOUBLE, sum(int) HUGEINT (here DECIMAL(38,0)),
     sum(decimal(p,s)) DECIMAL(38,s), sum(float) DOUBLE, min/max keep the type."""
     if func in ("count", "count_star", "count_distinct"):
         return T.INT64
-    if func == "avg":
+    if func == "avg" or func in SPREAD_FUNCS:
         return T.FLOAT64
     if func == "sum":
         if arg_type.kind == "DECIMAL":
@@ -148,6 +151,8 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
                 return Column(_exact_sum(v, gid, groups, col.valid, out_type), valid, out_type)
         s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
         return Column(s, valid, out_type)
+    if func in SPREAD_FUNCS:
+        return _spread(func, col, gid, groups, cnt)
     if func in ("min", "max"):
         v = col.values
         if v.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
@@ -161,6 +166,20 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
+
+
+def _spread(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor) -> Column:
+    """Variance / standard deviation, sample or population, in two passes (the group means, then
+    the squared deviations from them: no cancellation of sum(x^2) - sum(x)^2 / n). A sample
+    statistic of fewer than two values, or a population one of none, is NULL (DuckDB)."""
+    v = cast_values(col, T.FLOAT64)
+    mean = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid) / cnt.clamp(min=1)
+    dev = (v - mean[gid]) ** 2
+    ss = hashing.segment_reduce_dense(dev, gid, groups, "sum", valid=col.valid)
+    sample = func.endswith("samp")
+    var = ss / (cnt - 1 if sample else cnt).clamp(min=1)
+    out = torch.sqrt(var) if func.startswith("stddev") else var
+    return Column(out, cnt > (1 if sample else 0), T.FLOAT64)
 
 
 def _exact_sum(v: torch.Tensor, gid: torch.Tensor, groups: int, valid, out_type: T.SqlType) -> torch.Tensor:
