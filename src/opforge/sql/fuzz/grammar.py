@@ -44,13 +44,20 @@ class Generator:
     def __init__(self, tables: FuzzTables, rng: random.Random):
         self.t, self.rng = tables, rng
         self.subqueries = 0
+        self.shapes: dict[str, dict[str, str]] = {}  # alias of a derived table -> {column: kind}
+
+    def columns_of(self, alias: str, table: str) -> dict[str, str]:
+        return self.shapes.get(alias) or COLUMNS[table][1]
 
     # ---- leaves ------------------------------------------------------------------------------
     def columns(self, scope, kinds=None) -> list[Col]:
-        return [Col(a, t, c, k) for a, t in scope for c, k in COLUMNS[t][1].items() if kinds is None or k in kinds]
+        return [Col(a, t, c, k) for a, t in scope for c, k in self.columns_of(a, t).items()
+                if kinds is None or k in kinds]
 
     def literal(self, col: Col) -> str:
-        values = self.t.values[(col.table, col.name)]
+        values = self.t.values.get((col.table, col.name))
+        if values is None:  # an aggregate of a derived table
+            return str(self.rng.randint(0, 4)) if col.kind == "int" else f"{self.rng.randint(0, 9000)}.50"
         if not values:
             return "NULL"
         v = self.rng.choice(values)
@@ -83,7 +90,7 @@ class Generator:
             return f"{c} {r.choice(['', 'NOT '])}IN ({', '.join(items)})"
         if form == 5 and same:
             return f"{c} {r.choice(COMPARISONS)} {r.choice(same)}"
-        if form == 6 and c.kind == "str" and self.t.values[(c.table, c.name)]:
+        if form == 6 and c.kind == "str" and self.t.values.get((c.table, c.name)):
             prefix = str(r.choice(self.t.values[(c.table, c.name)]))[:2].replace("'", "''")
             return f"{c} {r.choice(['', 'NOT '])}LIKE '{prefix}%'"
         return f"{c} {r.choice(COMPARISONS)} {self.literal(c)}"
@@ -105,10 +112,11 @@ class Generator:
         """(outer column, inner table, inner column) for a join edge leaving ``scope``, or None."""
         options = []
         for a, t in scope:
+            mine = self.columns_of(a, t)
             for ta, ca, tb, cb in EDGES:
-                if ta == t:
+                if ta == t and ca in mine:
                     options.append((Col(a, t, ca, "int"), tb, cb))
-                if tb == t:
+                if tb == t and cb in mine:
                     options.append((Col(a, t, cb, "int"), ta, ca))
         return self.rng.choice(options) if options else None
 
@@ -145,23 +153,34 @@ class Generator:
         scope, text = [("t0", first)], f"{first} t0"
         for i in range(1, r.choice([0, 1, 1, 2, 2]) + 1):
             in_scope = {t for _, t in scope}
-            options = [(e, o, oc, t) for a, t in scope for e in EDGES
-                       for o, oc in ((e[2], e[3]), (e[0], e[1]))
-                       if t in (e[0], e[2]) and o not in in_scope and o != t]
+            options = [(a, mine, o, oc) for a, t in scope for ta, ca, tb, cb in EDGES
+                       for me, mine, o, oc in ((ta, ca, tb, cb), (tb, cb, ta, ca))
+                       if t == me and mine in self.columns_of(a, t) and o not in in_scope]
             if not options:
                 break
-            (ta, ca, tb, cb), other, other_col, t = r.choice(options)
-            mine = ca if other == tb else cb
-            alias = next(a for a, s in scope if s == t)
+            alias, mine, other, other_col = r.choice(options)
+            relation = other
+            if r.random() < 0.25:
+                relation = self.derived_table(f"t{i}", other, other_col)
             kind = r.choice(["JOIN", "LEFT JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN", "SEMI JOIN", "ANTI JOIN"])
             on = f"{alias}.{mine} = t{i}.{other_col}"
             if r.random() < 0.35:
                 on += f" AND {self.simple_predicate([(f't{i}', other)])}"
-            text += f" {kind} {other} t{i} ON {on}"
+            text += f" {kind} {relation} t{i} ON {on}"
             if kind in ("SEMI JOIN", "ANTI JOIN"):
                 break  # the right side's columns are not visible after a semi / anti join
             scope.append((f"t{i}", other))
         return text, scope
+
+    def derived_table(self, alias: str, table: str, key: str) -> str:
+        """A grouped subquery in FROM, one row per ``key``: aggregates then meet outer joins above them."""
+        r = self.rng
+        n, kind = r.choice([(c, k) for c, k in COLUMNS[table][1].items() if k in NUMERIC and c != key] or [(key, "int")])
+        agg, agg_kind = r.choice([("count(*)", "int"), (f"count(d.{n})", "int"), (f"sum(d.{n})", kind),
+                                  (f"max(d.{n})", kind), (f"sum(coalesce(d.{n}, 0))", kind)])
+        where = f" WHERE {self.simple_predicate([('d', table)])}" if r.random() < 0.5 else ""
+        self.shapes[alias] = {key: "int", f"agg_{alias}": agg_kind}
+        return f"(SELECT d.{key} AS {key}, {agg} AS agg_{alias} FROM {table} d{where} GROUP BY d.{key})"
 
     # ---- SELECT ------------------------------------------------------------------------------
     def scalar(self, scope) -> tuple[str, str]:
