@@ -166,6 +166,11 @@ class Generator:
             on = f"{alias}.{mine} = t{i}.{other_col}"
             if r.random() < 0.35:
                 on += f" AND {self.simple_predicate([(f't{i}', other)])}"
+            if r.random() < 0.15:  # a non-equi condition across both sides
+                right = r.choice(self.columns([(f"t{i}", other)]))
+                left = self.columns(scope, (right.kind,))
+                if left:
+                    on += f" {r.choice(['AND', 'OR'])} {r.choice(left)} {r.choice(COMPARISONS)} {right}"
             text += f" {kind} {relation} t{i} ON {on}"
             if kind in ("SEMI JOIN", "ANTI JOIN"):
                 break  # the right side's columns are not visible after a semi / anti join
@@ -275,13 +280,17 @@ class Generator:
         names = [f"c{i}" for i in range(len(items))]
         select = ", ".join(f"{e} AS {n}" for (e, _), n in zip(items, names))
         text = f"SELECT {distinct}{select} FROM {from_text}{where}{group}{having}"
+        if all(k != "float" for _, k in items) and r.random() < 0.12:  # floats would meet INTERSECT exactly
+            op = r.choice(["UNION", "UNION ALL", "INTERSECT", "INTERSECT ALL", "EXCEPT", "EXCEPT ALL"])
+            other_where = f" WHERE {self.predicate(scope)}" if r.random() < 0.8 else ""
+            text += f" {op} SELECT {distinct}{select} FROM {from_text}{other_where}{group}{having}"
         ordered = False
         if all(k != "float" for _, k in items) and r.random() < 0.4:
             keys = [f"{i + 1} {r.choice(['ASC', 'DESC'])}{r.choice(['', ' NULLS FIRST', ' NULLS LAST'])}"
                     for i in range(len(items))]
             text += " ORDER BY " + ", ".join(keys)
             if r.random() < 0.7:
-                text += f" LIMIT {r.randint(1, 20)}"
+                text += f" LIMIT {r.randint(1, 20)}" + (f" OFFSET {r.randint(1, 5)}" if r.random() < 0.2 else "")
             ordered = True
         return Query(text, ordered, names)
 
