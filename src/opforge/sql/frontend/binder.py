@@ -460,6 +460,8 @@ class Binder:
         block = q.copy()
         for clause in ("order", "limit", "offset", "distinct"):
             block.set(clause, None)
+        if block.find(exp.Window):  # the block is bound once per set: a window would see one set's rows
+            raise NotSupportedError("window functions in a SELECT with GROUP BY ROLLUP / CUBE / GROUPING SETS")
         projs = []
         for s in sets:
             inside = {self.sql_text(t) for t in s}

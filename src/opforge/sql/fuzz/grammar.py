@@ -263,7 +263,13 @@ class Generator:
             keys = [self.scalar(scope) for _ in range(r.randint(0, 2))]
             items = keys + [self.aggregate(scope) for _ in range(r.randint(1, 3))]
             if keys:
-                group = " GROUP BY " + ", ".join(k for k, _ in keys)
+                terms = ", ".join(k for k, _ in keys)
+                group = f" GROUP BY {r.choice(['ROLLUP', 'CUBE'])} ({terms})" if r.random() < 0.15 else f" GROUP BY {terms}"
+            if items[-1][1] != "float" and r.random() < 0.15:  # a window over the groups (ties of floats: no)
+                agg, kind = items[-1]
+                fn = r.choice(["rank()", "dense_rank()", f"sum({agg})" if kind in NUMERIC else "count(*)"])
+                items.append((f"{fn} OVER (ORDER BY {agg} {r.choice(['ASC', 'DESC'])})",
+                              kind if fn.startswith("sum") else "int"))
             if r.random() < 0.35:
                 agg, kind = self.aggregate(scope)
                 having = f" HAVING {agg} > {r.randint(0, 3)}" if kind == "int" else f" HAVING {agg} IS NOT NULL"
