@@ -100,15 +100,18 @@ class Differ:
         return Outcome(index, query.sql, "match")
 
 
+    def run(self, count: int, seed: int = 0, on_outcome: Callable[[Outcome], None] | None = None) -> Summary:
+        """Check ``count`` queries made from ``seed``."""
+        summary = Summary()
+        for index, query in grammar.queries(self.tables, count, seed):
+            outcome = self.check(index, query)
+            summary.outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
+        return summary
+
+
 def run(paths: dict, count: int, seed: int = 0, *, device: str = "cpu",
         on_outcome: Callable[[Outcome], None] | None = None) -> Summary:
     """Generate ``count`` queries from ``seed`` over the fuzz tables made from TPC-H files ``paths``."""
-    fuzz_tables = tables.build(paths)
-    differ = Differ(fuzz_tables, device)
-    summary = Summary()
-    for index, query in grammar.queries(fuzz_tables, count, seed):
-        outcome = differ.check(index, query)
-        summary.outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(outcome)
-    return summary
+    return Differ(tables.build(paths), device).run(count, seed, on_outcome)
