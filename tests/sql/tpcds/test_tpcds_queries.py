@@ -1,13 +1,14 @@
 """TPC-DS (issue 24) at SF 0.01: opforge.sql's answers equal DuckDB's (values, types, order where
 ORDER BY fixes it). All 99 run with ``python benchmarks/tpcds.py --sf 0.01 --device cpu``; CI runs
-a fixed subset of the queries that pass, the quickest ones of varied shape (CPU time: the whole
-set takes minutes), within its ~20 s share of the suite."""
+a fixed subset of the queries that pass, the quickest ones of varied shape whose answer is not
+empty at SF 0.01 (27 of the 99 answers are), within its ~20 s share of the suite (the whole set
+takes minutes on a CPU)."""
 
 import pytest
 
 from opforge.sql.tpcds import runner
 
-CI_QUERIES = (3, 7, 12, 15, 19, 26, 28, 32, 37, 41, 52, 82, 92, 98)
+CI_QUERIES = (6, 7, 12, 15, 16, 20, 26, 28, 32, 40, 52, 89, 92, 98)
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +34,4 @@ def test_tpcds_query_matches_duckdb(engines, tpcds_queries, n):
     record = runner.check_query(con, duck, n, tpcds_queries[n])
     assert record.error is None, record.error
     assert record.match, f"q{n:02d} differs from DuckDB:\n" + "\n".join(record.diffs)
+    assert record.rows > 0  # an empty answer would make the comparison weak
