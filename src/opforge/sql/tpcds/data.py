@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from opforge.sql.tpch.data import sf_label
+from opforge.sql.tpch.data import build_once, sf_label
 
 GENERATOR = Path(__file__).with_name("dsdgen.py")
 REPO = Path(__file__).resolve().parents[4]
@@ -54,27 +52,17 @@ def _manifest(directory: Path) -> dict | None:
     return manifest if all(f.is_file() for f in files) else None
 
 
+def _dsdgen(work: Path, sf: float) -> None:
+    done = subprocess.run([str(generator_python()), str(GENERATOR), str(work), f"{float(sf)!r}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"tpcds: dsdgen failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+
+
 def generate(sf: float = 0.01, root: str | os.PathLike | None = None) -> dict[str, Path]:
     """Generate TPC-DS at scale factor ``sf`` once; returns ``{table: parquet_path}``."""
     target = data_dir(sf, root)
-    if _manifest(target) is None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            done = subprocess.run([str(generator_python()), str(GENERATOR), str(work), f"{float(sf)!r}"],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"tpcds: dsdgen failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-            if target.exists() and _manifest(target) is None:
-                shutil.rmtree(target)
-            try:
-                os.rename(work, target)
-            except OSError:
-                if _manifest(target) is None:  # lost a race only if the winner finished
-                    raise
-        finally:
-            if work.exists():
-                shutil.rmtree(work, ignore_errors=True)
+    build_once(target, _manifest, lambda work: _dsdgen(work, sf))
     manifest = _manifest(target)
     return {name: target / entry["file"] for name, entry in manifest["tables"].items()}
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from opforge.sql.tpch import compare as cmp
 from opforge.sql.tpch import reference
-from opforge.sql.tpch.runner import QueryRecord, _result_table, register_tables, time_query, totals
+from opforge.sql.tpch.runner import QueryRecord, measure, register_tables, totals
 from opforge.sql.tpcds import data
 
 NUMBERS = tuple(range(1, 100))
@@ -63,23 +63,8 @@ def run_tpcds(
 def check_query(con, duck, n: int, text: str, *, repeats: int = 1, warmup: int = 0) -> QueryRecord:
     """One query on both engines: times, DuckDB's row count, and whether opforge's answer equals DuckDB's."""
     record = DsQueryRecord(data.name(n))
-    record.duckdb_ms, ref = time_query(lambda: reference.run(duck, text), repeats, warmup)
-    record.rows = ref.num_rows
-    plan_ms = []
-
-    def ours_once():
-        import time
-
-        started = time.perf_counter()
-        planned = con.sql(text)
-        plan_ms.append((time.perf_counter() - started) * 1e3)
-        return _result_table(planned)
-
-    try:
-        record.opforge_ms, ours = time_query(ours_once, repeats, warmup)
-        record.opforge_plan_ms = plan_ms[warmup:]
-    except Exception as exc:  # noqa: BLE001 - recorded, the run covers every query
-        record.error = f"{type(exc).__name__}: {exc}"
+    ours, ref = measure(con, duck, text, record, repeats, warmup)
+    if ours is None:
         return record
     positions = cmp.order_positions(text)  # by position: an unaliased output's name is each engine's own
     keys = None if positions is None else [ref.column_names[i] for i in positions]
