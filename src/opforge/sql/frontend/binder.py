@@ -490,6 +490,8 @@ class Binder:
                 items.append((e.alias, e.this))
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
+            elif isinstance(e, exp.Count) and isinstance(e.this, exp.Star):
+                items.append(("count_star()", e))  # DuckDB's name for an unaliased count(*)
             else:
                 items.append((self.sql_text(e), e))
         if not q.expressions:
