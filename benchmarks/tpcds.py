@@ -11,10 +11,8 @@ TPC-H benchmark's format, ``"benchmark": "tpcds"``) and prints the per-query tab
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,11 +20,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from tpch import environment  # noqa: E402
+from tpch import report, run_arguments  # noqa: E402
 
 from opforge.sql.tpcds import data, runner  # noqa: E402
-
-SCHEMA_VERSION = 1
 
 
 def parse_queries(text: str | None) -> tuple[int, ...]:
@@ -40,15 +36,7 @@ def parse_queries(text: str | None) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sf", type=float, default=1.0, help="scale factor (default 1)")
-    parser.add_argument("--device", default="cuda", help="opforge device (default cuda)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per query (median reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per query before timing")
-    parser.add_argument("--queries", default=None, help="comma list, e.g. 1,3,q07 (default all 99)")
-    parser.add_argument("--data-dir", default=None, help="TPC-DS cache root (default $OPFORGE_CACHE_DIR/tpcds)")
-    parser.add_argument("--duckdb-threads", type=int, default=None, help="DuckDB threads (default all cores)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tpcds-...json)")
+    parser = run_arguments(__doc__, "tpcds", 99)
     args = parser.parse_args(argv)
     numbers = parse_queries(args.queries)
 
@@ -72,20 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = runner.run_tpcds(sql.connect(device=args.device), args.sf, root=args.data_dir, numbers=numbers,
                               repeats=args.repeats, warmup=args.warmup, duckdb_threads=args.duckdb_threads,
                               on_query=on_query)
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "tpcds",
-        "scale_factor": result["scale_factor"],
-        "device": args.device,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "duckdb_threads": args.duckdb_threads or os.cpu_count(),
-        **environment(args.device),
-        "load": result["load"],
-        "total": result["total"],
-        "queries": [r.to_json() for r in result["queries"]],
-    }
+    doc = report(result, args, "tpcds")
     out.write_text(json.dumps(doc, indent=2) + "\n")
     partial.unlink(missing_ok=True)
     t = doc["total"]

@@ -12,7 +12,7 @@ from typing import Callable
 
 from opforge.sql.tpch import compare as cmp
 from opforge.sql.tpch import reference
-from opforge.sql.tpch.runner import QueryRecord, measure, register_tables, totals
+from opforge.sql.tpch.runner import QueryRecord, measure, register_tables, result
 from opforge.sql.tpcds import data
 
 NUMBERS = tuple(range(1, 100))
@@ -52,12 +52,7 @@ def run_tpcds(
         records.append(record)
         if on_query is not None:
             on_query(record)
-    return {
-        "scale_factor": float(sf),
-        "load": {"opforge_s": opforge_load, "duckdb_s": duck_load},
-        "queries": records,
-        "total": totals(records),
-    }
+    return result(sf, opforge_load, duck_load, records)
 
 
 def check_query(con, duck, n: int, text: str, *, repeats: int = 1, warmup: int = 0) -> QueryRecord:

@@ -115,6 +115,11 @@ def run_tpch(
         records.append(record)
         if on_query is not None:
             on_query(record)
+    return result(sf, opforge_load, duck_load, records)
+
+
+def result(sf: float, opforge_load: float, duck_load: float, records: list[QueryRecord]) -> dict:
+    """A run's summary: what ``run_tpch`` (and the TPC-DS runner) return."""
     return {
         "scale_factor": float(sf),
         "load": {"opforge_s": opforge_load, "duckdb_s": duck_load},
