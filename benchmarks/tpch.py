@@ -61,12 +61,12 @@ def environment(device: str) -> dict:
     }
 
 
-def report(result: dict, args: argparse.Namespace) -> dict:
-    """The JSON document written under benchmarks/results/."""
+def report(result: dict, args: argparse.Namespace, benchmark: str = "tpch") -> dict:
+    """The JSON document written under benchmarks/results/ (TPC-DS's too)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "tpch",
+        "benchmark": benchmark,
         "scale_factor": result["scale_factor"],
         "device": args.device,
         "repeats": args.repeats,
@@ -106,17 +106,23 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None, connect=None) -> dict:
-    """Run the benchmark; ``connect(device)`` builds the engine connection (default ``opforge.sql.connect``)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_arguments(doc: str, benchmark: str, queries: int) -> argparse.ArgumentParser:
+    """The options a TPC-H or TPC-DS run shares (``benchmarks/tpcds.py`` too)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sf", type=float, default=1.0, help="scale factor (default 1)")
     parser.add_argument("--device", default="cuda", help="opforge device (default cuda)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per query (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per query before timing")
-    parser.add_argument("--queries", default=None, help="comma list, e.g. 1,3,q06 (default all 22)")
-    parser.add_argument("--data-dir", default=None, help="TPC-H cache root (default $OPFORGE_CACHE_DIR/tpch)")
+    parser.add_argument("--queries", default=None, help=f"comma list, e.g. 1,3,q06 (default all {queries})")
+    parser.add_argument("--data-dir", default=None, help=f"cache root (default $OPFORGE_CACHE_DIR/{benchmark})")
     parser.add_argument("--duckdb-threads", type=int, default=None, help="DuckDB threads (default all cores)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tpch-...json)")
+    parser.add_argument("--out", default=None, help=f"JSON path (default benchmarks/results/{benchmark}-...json)")
+    return parser
+
+
+def main(argv: list[str] | None = None, connect=None) -> dict:
+    """Run the benchmark; ``connect(device)`` builds the engine connection (default ``opforge.sql.connect``)."""
+    parser = run_arguments(__doc__, "tpch", 22)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG bar chart")
     parser.add_argument("--analyze", action="store_true", help="add each query's EXPLAIN ANALYZE to the JSON")
     parser.add_argument("--memory-budget", type=int, default=None, help="bytes per hash table before radix partitioning")

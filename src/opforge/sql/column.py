@@ -174,7 +174,10 @@ def recode(col: Column, merged: tuple[str, ...], code_map: np.ndarray) -> Column
     if len(code_map) == 0:
         return Column(torch.zeros_like(col.values), col.valid, col.type, merged)
     m = torch.from_numpy(code_map).to(col.device)
-    return Column(m[col.values.long()].to(torch.int32), col.valid, col.type, merged)
+    codes = col.values.long()
+    if col.valid is not None:  # a NULL row's code can be anything (a window min's sentinel): never looked up
+        codes = torch.where(col.valid, codes, 0)
+    return Column(m[codes].to(torch.int32), col.valid, col.type, merged)
 
 
 def unify_strings(cols: list[Column]) -> list[Column]:

@@ -521,6 +521,8 @@ class Binder:
         block = q.copy()
         for clause in ("order", "limit", "offset", "distinct"):
             block.set(clause, None)
+        if block.find(exp.Window):  # the block is bound once per set: a window would see one set's rows
+            raise NotSupportedError("window functions in a SELECT with GROUP BY ROLLUP / CUBE / GROUPING SETS")
         projs = []
         for s in sets:
             inside = {self.sql_text(t) for t in s}
@@ -549,6 +551,8 @@ class Binder:
                 items.append((e.alias, e.this))
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
+            elif isinstance(e, exp.Count) and isinstance(e.this, exp.Star):
+                items.append(("count_star()", e))  # DuckDB's name for an unaliased count(*)
             else:
                 items.append((self.sql_text(e), e))
         if not q.expressions:

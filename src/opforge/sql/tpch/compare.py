@@ -182,9 +182,30 @@ def order_keys(sql: str) -> list[str] | None:
     """The output columns named by the outermost ORDER BY of ``sql``; None when it has none.
 
     Keys that are not output columns (an ORDER BY on an expression that is not
-    selected) end the list: rows tied on the keys before it are then compared as
-    a multiset, which is weaker but never wrong.
+    selected, or on an unaliased expression, whose name is the engine's own) end
+    the list: rows tied on the keys before it are then compared as a multiset,
+    which is weaker but never wrong.
     """
+    found = _order(sql)
+    if found is None:
+        return None
+    positions, outputs = found
+    keys = []
+    for i in positions:
+        if not outputs[i]:
+            break
+        keys.append(outputs[i])
+    return keys
+
+
+def order_positions(sql: str) -> list[int] | None:
+    """The 0-based output positions the outermost ORDER BY of ``sql`` sorts by (up to the
+    first key that is not an output); None when it has no ORDER BY."""
+    found = _order(sql)
+    return None if found is None else found[0]
+
+
+def _order(sql: str) -> tuple[list[int], list[str]] | None:
     import sqlglot
     from sqlglot import exp
 
@@ -192,21 +213,22 @@ def order_keys(sql: str) -> list[str] | None:
     order = tree.args.get("order")
     if order is None:
         return None
-    selects = tree.selects if isinstance(tree, exp.Select) else []
+    selects = tree.selects if isinstance(tree, exp.Query) else []
     outputs = [s.alias_or_name for s in selects]
-    keys = []
+    lower = [o.lower() for o in outputs]
+    positions = []
     for item in order.expressions:
         key = item.this
         if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(outputs):
-            keys.append(outputs[int(key.this) - 1])
-        elif isinstance(key, exp.Column) and key.name.lower() in [o.lower() for o in outputs]:
-            keys.append(outputs[[o.lower() for o in outputs].index(key.name.lower())])
+            positions.append(int(key.this) - 1)
+        elif isinstance(key, exp.Column) and key.name.lower() in lower:
+            positions.append(lower.index(key.name.lower()))
         else:
-            match = [s.alias_or_name for s in selects if s.unalias() == key]
+            match = [i for i, s in enumerate(selects) if s.unalias() == key]
             if not match:
                 break
-            keys.append(match[0])
-    return keys
+            positions.append(match[0])
+    return positions, outputs
 
 
 def order_is_determined(sql: str, ref: pa.Table) -> bool:

@@ -18,6 +18,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -138,23 +139,30 @@ def generate(sf: float = 0.01, root: str | os.PathLike | None = None, *, threads
     workers) never see a half-written data set.
     """
     target = data_dir(sf, root)
-    if read_manifest(target) is None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            _generate_into(sf, work, threads)
-            if target.exists() and read_manifest(target) is None:
-                shutil.rmtree(target)  # an interrupted or outdated data set
-            try:
-                os.rename(work, target)
-            except OSError:
-                if read_manifest(target) is None:  # lost a race only if the winner finished
-                    raise
-        finally:
-            if work.exists():
-                shutil.rmtree(work, ignore_errors=True)
+    build_once(target, read_manifest, lambda work: _generate_into(sf, work, threads))
     manifest = read_manifest(target)
     return {name: target / manifest["tables"][name]["file"] for name in TABLES}
+
+
+def build_once(target: Path, manifest: Callable[[Path], dict | None], build: Callable[[Path], None]) -> None:
+    """Make the data set ``target`` unless ``manifest(target)`` finds it complete: ``build`` fills a
+    private folder beside it, which is then renamed into place (also used by TPC-DS)."""
+    if manifest(target) is not None:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(work)
+        if target.exists() and manifest(target) is None:
+            shutil.rmtree(target)  # an interrupted or outdated data set
+        try:
+            os.rename(work, target)
+        except OSError:
+            if manifest(target) is None:  # lost a race only if the winner finished
+                raise
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _generate_into(sf: float, work: Path, threads: int | None) -> None:

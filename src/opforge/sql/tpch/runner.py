@@ -107,34 +107,47 @@ def run_tpch(
     for n in numbers:
         text = queries.query(n)
         record = QueryRecord(queries.name(n))
-        record.duckdb_ms, ref = time_query(lambda: reference.run(duck, text), repeats, warmup)
-        record.rows = ref.num_rows
-        plan_ms = []
-
-        def ours_once():
-            started = time.perf_counter()
-            planned = con.sql(text)
-            plan_ms.append((time.perf_counter() - started) * 1e3)
-            return _result_table(planned)
-
-        try:
-            record.opforge_ms, ours = time_query(ours_once, repeats, warmup)
-            record.opforge_plan_ms = plan_ms[warmup:]
-        except Exception as exc:  # noqa: BLE001 - recorded, the benchmark covers every query
-            record.error = f"{type(exc).__name__}: {exc}"
-        else:
+        ours, ref = measure(con, duck, text, record, repeats, warmup)
+        if ours is not None:
             keys = cmp.order_keys(text)
             record.diffs = cmp.compare(ours, ref, ordered=keys is not None, order_by=keys)
             record.match = not record.diffs
         records.append(record)
         if on_query is not None:
             on_query(record)
+    return result(sf, opforge_load, duck_load, records)
+
+
+def result(sf: float, opforge_load: float, duck_load: float, records: list[QueryRecord]) -> dict:
+    """A run's summary: what ``run_tpch`` (and the TPC-DS runner) return."""
     return {
         "scale_factor": float(sf),
         "load": {"opforge_s": opforge_load, "duckdb_s": duck_load},
         "queries": records,
         "total": totals(records),
     }
+
+
+def measure(con, duck, text: str, record: QueryRecord, repeats: int, warmup: int) -> tuple[pa.Table | None, pa.Table]:
+    """Time ``text`` on DuckDB and on ``con`` into ``record``; returns (opforge's answer, DuckDB's).
+    An opforge error is recorded in ``record.error`` and its answer is None."""
+    record.duckdb_ms, ref = time_query(lambda: reference.run(duck, text), repeats, warmup)
+    record.rows = ref.num_rows
+    plan_ms = []
+
+    def ours_once():
+        started = time.perf_counter()
+        planned = con.sql(text)
+        plan_ms.append((time.perf_counter() - started) * 1e3)
+        return _result_table(planned)
+
+    try:
+        record.opforge_ms, ours = time_query(ours_once, repeats, warmup)
+    except Exception as exc:  # noqa: BLE001 - recorded, the benchmark covers every query
+        record.error = f"{type(exc).__name__}: {exc}"
+        return None, ref
+    record.opforge_plan_ms = plan_ms[warmup:]
+    return ours, ref
 
 
 def totals(records: list[QueryRecord]) -> dict:
