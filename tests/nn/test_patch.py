@@ -85,3 +85,42 @@ def test_qwen3_and_mixtral_wiring(monkeypatch, family):
     got, want = model(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits
     assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
     assert handle.report.fallbacks["attention with a mask, window or dropout"] == 1
+
+
+def test_training_under_compile_reaches_opforge_attention(monkeypatch):
+    """The body under torch.compile: one graph for three steps (no recompile:
+    the patch mutates no Python state in traced code), opforge's attention in
+    it (the "opforge" mask builder says purely causal from shapes, where SDPA's
+    would build a mask while tracing), and the loss and gradients of the
+    unpatched model step by step."""
+    monkeypatch.setenv("OPFORGE_INTERPRET", "0")
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
+    ref = copy.deepcopy(model)
+    handle = opforge.nn.patch(model)
+    assert model.config._attn_implementation == "opforge"
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        model.model.compile(backend=backend)
+        ids = torch.randint(0, 64, (2, 8))
+        for _ in range(3):
+            loss, ref_loss = model(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+            loss.backward()
+            ref_loss.backward()
+            assert abs(loss.item() - ref_loss.item()) < 1e-5 * ref_loss.item()
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
+    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert "opforge.attention.default" in targets
+    assert not any("scaled_dot_product" in t for t in targets)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad - q.grad).norm() <= 1e-5 * q.grad.norm() + 1e-12, name
+    handle.unpatch()
+    assert model.config._attn_implementation == "sdpa"
