@@ -3,6 +3,7 @@
     python benchmarks/llm_train_step.py                      # the issue's shape on the GPU, every mode
     python benchmarks/llm_train_step.py --layers 2 --seq 512 --modes eager,opforge
     python benchmarks/llm_train_step.py --out json           # also write benchmarks/results/<gpu>-<date>-llm-train-step.json
+    python benchmarks/llm_train_step.py --profile opforge    # one mode's per-kernel CUDA time table (top 25)
 
 The model is built from a config with random weights (no downloads): by
 default Llama-3.2-1B's shape, 16 layers, hidden 2048, intermediate 8192, 32 /
@@ -29,6 +30,10 @@ median counts. tokens/s = batch x seq / median step. Peak memory is
 activations). ``loss0`` is the first step's loss: every mode starts from the
 same weights and tokens, so they must agree (to bf16 rounding), which is the
 run's correctness check. Prints one line per mode and the ratios to Liger.
+
+``--profile MODE`` runs that one mode's warmup, then profiles ``--steps``
+steps with ``torch.profiler`` and prints the top 25 kernels by CUDA time
+(total and per step) plus the step's memory peak: where a gap to Liger is.
 """
 from __future__ import annotations
 
@@ -126,6 +131,42 @@ def run_child(args) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss0": loss0}
 
 
+def profile_child(args) -> str:
+    """The table ``--profile`` prints: the kernels of ``--steps`` steps of one mode, by CUDA time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    model = apply_mode(args.mode, build_model(args, device))
+    if isinstance(model, str):
+        return f"{args.mode}: skipped: {model}"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def step():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
+    peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if cuda else "n/a"
+    return f"mode {args.mode}: {args.steps} steps profiled (divide totals by {args.steps} for one step), " \
+           f"peak {peak}\n{table}"
+
+
 def versions() -> dict:
     import torch
 
@@ -162,11 +203,17 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--device", default=None)
     p.add_argument("--out", choices=("json",), default=None, help="also write the JSON under benchmarks/results/")
+    p.add_argument("--profile", metavar="MODE", choices=MODES, default=None,
+                   help="profile this one mode and print its top 25 kernels by CUDA time")
     p.add_argument("--mode", help=argparse.SUPPRESS)  # a child process: run this one mode, print its JSON
     args = p.parse_args()
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.profile:
+        args.mode = args.profile
+        print(profile_child(args))
+        return
     if args.mode:
         print("RESULT " + json.dumps(run_child(args)))
         return
