@@ -5,7 +5,9 @@ logits, the loss and every parameter's gradient; the report; unpatch.
 The Llama case runs opforge's Triton kernels under the interpreter; the
 Qwen3 and Mixtral cases check the wiring of their modules (q / k norms, the
 MoE router and experts) with the ops on their reference path (the kernels
-have their own tests, and the interpreter would cost a minute here).
+have their own tests, and the interpreter would cost a minute here). The
+compile case checks that the body under ``torch.compile`` is one graph with
+opforge's attention in it.
 """
 
 from __future__ import annotations

@@ -64,7 +64,9 @@ PACKED_FLAG = "_opforge_packed_sequences"  # the config flag nn/hf_attention.py 
 @dataclass
 class PatchReport:
     """What ``patch`` swapped (module kind -> count), what it left and why, and
-    how many calls took transformers' own path since (``fallbacks``)."""
+    how many calls took transformers' own path since (``fallbacks``: eager
+    calls only; code compiled by ``torch.compile`` is not counted, since a
+    counter bumped in traced code makes dynamo guard on it and recompile)."""
 
     swapped: Counter = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
