@@ -22,6 +22,9 @@ and allocator state never reach another, and peak memory is its own):
   reported as skipped otherwise.
 * ``opforge``: ``opforge.nn.patch(model)``.
 * ``opforge_compile``: the patch, then the body under ``torch.compile``.
+* ``opforge_sdpa``: the patch without its attention forward (RoPE and
+  attention stay transformers' SDPA): against ``opforge``, the share of
+  opforge's RoPE + FlashAttention in the step.
 
 Timing: ``--warmup`` steps (compile, autotune caches, allocator), then
 ``--steps`` steps each timed with CUDA events around the whole step; the
@@ -51,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 SCHEMA_VERSION = 1
-MODES = ("eager", "compile", "liger", "opforge", "opforge_compile")
+MODES = ("eager", "compile", "liger", "opforge", "opforge_compile", "opforge_sdpa")
+DEFAULT_MODES = MODES[:5]  # opforge_sdpa on request (--modes): a diagnosis, not a peer
 
 
 def build_model(args, device):
@@ -83,7 +87,7 @@ def apply_mode(mode: str, model):
     if mode.startswith("opforge"):
         import opforge
 
-        print(opforge.nn.patch(model).report, file=sys.stderr)
+        print(opforge.nn.patch(model, attention=mode != "opforge_sdpa").report, file=sys.stderr)
     if mode.endswith("compile"):
         model.model.compile()
     return model
@@ -204,7 +208,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES))
     p.add_argument("--device", default=None)
     p.add_argument("--out", choices=("json",), default=None, help="also write the JSON under benchmarks/results/")
     p.add_argument("--profile", metavar="MODE", choices=MODES, default=None,
