@@ -81,6 +81,11 @@ def test_qwen3_and_mixtral_wiring(monkeypatch, family):
     handle = compare(model, ids, ids, 1e-5)
     assert handle.report.swapped == expect
     assert not handle.report.fallbacks
+    # a mask of all ones (as tokenizers and generate pass) is no mask: opforge's attention
+    got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    want = ref(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert not handle.report.fallbacks
     # left padding: transformers builds a mask, and the attention takes transformers' own path
     mask = torch.ones_like(ids)
     mask[1, :2] = 0

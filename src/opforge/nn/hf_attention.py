@@ -9,8 +9,11 @@ offsets, whether a padding mask exists), never from a tensor's values: it
 holds under ``torch.compile`` as in eager mode, with no graph break.
 
 * The mask builder returns ``None`` when the mask is purely causal with the
-  diagonal bottom-right (no padding mask, no sliding window, the queries are
-  the last ``q_length`` keys): what ``opforge.attention(causal=True)`` does.
+  diagonal bottom-right (no padding mask, or in eager mode one of all ones as
+  tokenizers and ``generate`` pass, which SDPA's own skip reads too; no
+  sliding window; the queries are the last ``q_length`` keys): what
+  ``opforge.attention(causal=True)`` does. Under ``torch.compile`` a padding
+  mask is always built (its values cannot be read while tracing).
   Otherwise it returns SDPA's boolean mask, always materialized
   (``allow_is_causal_skip=False``: SDPA's skip means a *top-left* diagonal,
   which is not opforge's).
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, prepare_padding_mask, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from opforge.nn.patch import PACKED_FLAG
@@ -43,10 +46,15 @@ NAME = "opforge"
 def purely_causal(q_length: int, kv_length: int, q_offset, kv_offset: int, mask_function, attention_mask,
                   local_size, config) -> bool:
     """True when the mask transformers asks for is the bottom-right causal one and nothing else."""
-    if attention_mask is not None or local_size is not None:
+    if local_size is not None:
         return False
     if isinstance(q_offset, torch.Tensor) or q_offset + q_length != kv_length + kv_offset:
         return False  # a static cache: keys beyond the written ones must be masked
+    if attention_mask is not None:  # a 2-D padding mask: all ones is no mask (eager only: it reads the values)
+        if torch.compiler.is_compiling() or attention_mask.dim() != 2:
+            return False
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
+        return mask_function is causal_mask_function and bool(padding.all())
     if mask_function is causal_mask_function:
         return True
     # Traced position_ids: transformers composed a packed-sequence mask function it cannot evaluate here.
