@@ -2,7 +2,7 @@
 
     python benchmarks/llm_train_step.py                      # the shape on the GPU, every mode
     python benchmarks/llm_train_step.py --layers 2 --seq 512 --modes eager,opforge
-    python benchmarks/llm_train_step.py --profile opforge    # one mode: top 25 kernels by CUDA time
+    python benchmarks/llm_train_step.py --out json           # also write benchmarks/results/<gpu>-<date>-llm-train-step.json
     python benchmarks/llm_train_step.py --profile opforge    # one mode's per-kernel CUDA time table (top 25)
 
 The model is built from a config with random weights (no downloads): by

@@ -47,7 +47,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opforge.ops.attention import attention
 from opforge.ops.fused import geglu, swiglu
 from opforge.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from opforge.ops.moe import moe_experts, moe_route
