@@ -3,6 +3,7 @@
     python benchmarks/llm_generate.py                                  # batch 1, 8, 64; 2k prompt; 128 new tokens
     python benchmarks/llm_generate.py --batches 8 --modes hf_static_compile,opforge
     python benchmarks/llm_generate.py --out json     # also write benchmarks/results/<gpu>-<date>-llm-generate.json
+                                                     # (calls of the same config merge into that file)
 
 The model is the one ``llm_train_step.py`` builds (Llama-3.2-1B's shape by
 default, random weights, bf16, eval mode). Each (mode, batch) runs in its own
@@ -154,8 +155,24 @@ def main() -> None:
     if args.out == "json":
         gpu = "h200" if "H200" in (report["gpu"] or "") else ("gpu" if report["gpu"] else "cpu")
         path = HERE / "results" / f"{gpu}-{report['date']}-llm-generate.json"
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        path.write_text(json.dumps(_merged(path, report), indent=1) + "\n")
         print(f"wrote {path}")
+
+
+def _merged(path: Path, report: dict) -> dict:
+    """Batch sizes and modes run in separate calls (a device call has a time limit) land
+    in one file: an earlier file of the same config and versions keeps the (mode, batch)
+    entries this run did not repeat, and the ratios are recomputed over all of them."""
+    if not path.exists():
+        return report
+    old = json.loads(path.read_text())
+    if not all(old.get(k) == report.get(k) for k in ("config", "gpu", "torch", "triton", "transformers")):
+        return report
+    mine = {(e["mode"], e["batch"]) for e in report["entries"]}
+    entries = [e for e in old["entries"] if (e["mode"], e["batch"]) not in mine] + report["entries"]
+    entries.sort(key=lambda e: (e["batch"], MODES.index(e["mode"])))
+    _with_ratios(entries)
+    return dict(report, entries=entries)
 
 
 def _with_ratios(entries: list[dict]) -> None:
