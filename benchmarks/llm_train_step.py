@@ -3,6 +3,7 @@
     python benchmarks/llm_train_step.py                      # the issue's shape on the GPU, every mode
     python benchmarks/llm_train_step.py --layers 2 --seq 512 --modes eager,opforge
     python benchmarks/llm_train_step.py --out json           # also write benchmarks/results/<gpu>-<date>-llm-train-step.json
+    python benchmarks/llm_train_step.py --profile opforge    # one mode's per-kernel CUDA time table (top 25)
 
 The model is built from a config with random weights (no downloads): by
 default Llama-3.2-1B's shape, 16 layers, hidden 2048, intermediate 8192, 32 /
@@ -21,6 +22,9 @@ and allocator state never reach another, and peak memory is its own):
   reported as skipped otherwise.
 * ``opforge``: ``opforge.nn.patch(model)``.
 * ``opforge_compile``: the patch, then the body under ``torch.compile``.
+* ``opforge_sdpa``: the patch without its attention forward (RoPE and
+  attention stay transformers' SDPA): against ``opforge``, the share of
+  opforge's RoPE + FlashAttention in the step.
 
 Timing: ``--warmup`` steps (compile, autotune caches, allocator), then
 ``--steps`` steps each timed with CUDA events around the whole step; the
@@ -29,6 +33,11 @@ median counts. tokens/s = batch x seq / median step. Peak memory is
 activations). ``loss0`` is the first step's loss: every mode starts from the
 same weights and tokens, so they must agree (to bf16 rounding), which is the
 run's correctness check. Prints one line per mode and the ratios to Liger.
+
+``--profile MODE`` runs that one mode's warmup, then profiles ``--steps``
+steps with ``torch.profiler`` and prints the top 25 kernels by CUDA time
+(total and per step), the 15 ops that allocate most and the steps' memory
+peak: where a gap to Liger is.
 """
 from __future__ import annotations
 
@@ -45,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 SCHEMA_VERSION = 1
-MODES = ("eager", "compile", "liger", "opforge", "opforge_compile")
+MODES = ("eager", "compile", "liger", "opforge", "opforge_compile", "opforge_sdpa")
+DEFAULT_MODES = MODES[:5]  # opforge_sdpa on request (--modes): a diagnosis, not a peer
 
 
 def build_model(args, device):
@@ -77,7 +87,7 @@ def apply_mode(mode: str, model):
     if mode.startswith("opforge"):
         import opforge
 
-        print(opforge.nn.patch(model).report, file=sys.stderr)
+        print(opforge.nn.patch(model, attention=mode != "opforge_sdpa").report, file=sys.stderr)
     if mode.endswith("compile"):
         model.model.compile()
     return model
@@ -126,6 +136,45 @@ def run_child(args) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss0": loss0}
 
 
+def profile_child(args) -> str:
+    """The table ``--profile`` prints: the kernels of ``--steps`` steps of one mode, by CUDA time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    model = apply_mode(args.mode, build_model(args, device))
+    if isinstance(model, str):
+        return f"{args.mode}: skipped: {model}"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def step():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, profile_memory=True) as prof:
+        for _ in range(args.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    averages = prof.key_averages()
+    table = averages.table(sort_by=key, row_limit=25, max_name_column_width=70)
+    memory_key = "self_cuda_memory_usage" if cuda else "self_cpu_memory_usage"
+    memory = averages.table(sort_by=memory_key, row_limit=15, max_name_column_width=70)
+    peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if cuda else "n/a"
+    return f"mode {args.mode}: {args.steps} steps profiled (divide totals by {args.steps} for one step), " \
+           f"peak {peak}\n{table}\nthe ops that allocate most (self memory, all steps):\n{memory}"
+
+
 def versions() -> dict:
     import torch
 
@@ -159,14 +208,20 @@ def main() -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES))
     p.add_argument("--device", default=None)
     p.add_argument("--out", choices=("json",), default=None, help="also write the JSON under benchmarks/results/")
+    p.add_argument("--profile", metavar="MODE", choices=MODES, default=None,
+                   help="profile this one mode and print its top 25 kernels by CUDA time")
     p.add_argument("--mode", help=argparse.SUPPRESS)  # a child process: run this one mode, print its JSON
     args = p.parse_args()
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.profile:
+        args.mode = args.profile
+        print(profile_child(args))
+        return
     if args.mode:
         print("RESULT " + json.dumps(run_child(args)))
         return

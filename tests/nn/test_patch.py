@@ -5,7 +5,9 @@ logits, the loss and every parameter's gradient; the report; unpatch.
 The Llama case runs opforge's Triton kernels under the interpreter; the
 Qwen3 and Mixtral cases check the wiring of their modules (q / k norms, the
 MoE router and experts) with the ops on their reference path (the kernels
-have their own tests, and the interpreter would cost a minute here).
+have their own tests, and the interpreter would cost a minute here). The
+compile case checks that the body under ``torch.compile`` is one graph with
+opforge's attention in it.
 """
 
 from __future__ import annotations
@@ -79,9 +81,53 @@ def test_qwen3_and_mixtral_wiring(monkeypatch, family):
     handle = compare(model, ids, ids, 1e-5)
     assert handle.report.swapped == expect
     assert not handle.report.fallbacks
+    # a mask of all ones (as tokenizers and generate pass) is no mask: opforge's attention
+    got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    want = ref(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert not handle.report.fallbacks
     # left padding: transformers builds a mask, and the attention takes transformers' own path
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     got, want = model(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits
     assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
     assert handle.report.fallbacks["attention with a mask, window or dropout"] == 1
+
+
+def test_training_under_compile_reaches_opforge_attention(monkeypatch):
+    """The body under torch.compile: one graph for three steps (no recompile:
+    the patch mutates no Python state in traced code), opforge's attention in
+    it (the "opforge" mask builder says purely causal from shapes, where SDPA's
+    would build a mask while tracing), and the loss and gradients of the
+    unpatched model step by step."""
+    monkeypatch.setenv("OPFORGE_INTERPRET", "0")
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
+    ref = copy.deepcopy(model)
+    handle = opforge.nn.patch(model)
+    assert model.config._attn_implementation == "opforge"
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        model.model.compile(backend=backend)
+        ids = torch.randint(0, 64, (2, 8))
+        for _ in range(3):
+            loss, ref_loss = model(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+            loss.backward()
+            ref_loss.backward()
+            assert abs(loss.item() - ref_loss.item()) < 1e-5 * ref_loss.item()
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
+    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert "opforge.attention.default" in targets
+    assert not any("scaled_dot_product" in t for t in targets)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad - q.grad).norm() <= 1e-5 * q.grad.norm() + 1e-12, name
+    handle.unpatch()
+    assert model.config._attn_implementation == "sdpa"

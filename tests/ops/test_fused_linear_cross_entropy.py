@@ -54,6 +54,22 @@ def test_loss_and_gradients(gen, variant):
         assert rel(got.grad, want.grad) < 1e-5
 
 
+def test_weight_gradient_in_vocabulary_slices(gen, monkeypatch):
+    """The d weight accumulator in slices of 10 vocabulary rows (37: three full, one ragged)."""
+    from opforge.ops import fused_linear_cross_entropy as flce
+
+    monkeypatch.setattr(flce, "DW_SLICE_BYTES", 10 * 16 * 4)
+    assert flce.vocab_slices(37, 16, 4) == [(0, 10), (10, 20), (20, 30), (30, 37)]
+    h, w, _, t = inputs(gen, torch.float32)
+    params = [x.clone().requires_grad_() for x in (h, w)]
+    with force_variant("fused_linear_cross_entropy", "chunked"):
+        opforge.fused_linear_cross_entropy(*params, t, chunk_rows=8).backward()
+    ref_params = [x.double().requires_grad_() for x in (h, w)]
+    torch_loss(*ref_params, None, t).backward()
+    for got, want in zip(params, ref_params):
+        assert rel(got.grad, want.grad) < 1e-5
+
+
 def test_bf16_sum_and_no_grad(gen):
     h, w, _, t = inputs(gen, torch.bfloat16)
     ref = torch_loss(h.double(), w.double(), None, t, reduction="sum")

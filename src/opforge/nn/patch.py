@@ -9,11 +9,14 @@ and optimizers are unaffected):
 * ``*RMSNorm`` -> ``opforge.rms_norm`` (Qwen3's q / k norms too).
 * attention -> ``opforge.rope`` (q and k in one kernel) and
   ``opforge.attention`` (FlashAttention, GQA, causal bottom-right: training,
-  prefill and a decode step after a cache update alike). When transformers
-  hands the layer a mask (padding), a sliding window, dropout or a head dim
-  the kernels do not take, that call runs transformers' own attention path
-  (``config._attn_implementation``): correctness first, counted in the
-  report's ``fallbacks``.
+  prefill and a decode step after a cache update alike), through the
+  attention implementation ``"opforge"`` that ``patch`` registers with
+  transformers and sets on the model's config (``nn/hf_attention.py``: its
+  mask builder says "purely causal" from shapes alone, so it holds under
+  ``torch.compile``). A padding mask, a sliding window or dropout runs
+  transformers' SDPA path with the mask: correctness first, counted in the
+  report's ``fallbacks`` (eager calls only: compiled code mutates no Python
+  state). A head dim the kernels do not take keeps the layer as it was.
 * MLP -> ``opforge.swiglu`` (``silu``) or ``opforge.geglu`` (``gelu`` /
   ``gelu_pytorch_tanh``) between the same three projections.
 * Mixtral MoE: the router -> ``opforge.moe_route``; the experts ->
@@ -44,7 +47,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opforge.ops.attention import attention
 from opforge.ops.fused import geglu, swiglu
 from opforge.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from opforge.ops.moe import moe_experts, moe_route
@@ -55,12 +57,15 @@ FAMILIES = ("Llama", "Mistral", "Qwen2", "Qwen3", "Mixtral")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # what opforge.attention's kernels take
 GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 _ATTR = "_opforge_patch"
+PACKED_FLAG = "_opforge_packed_sequences"  # the config flag nn/hf_attention.py reads
 
 
 @dataclass
 class PatchReport:
     """What ``patch`` swapped (module kind -> count), what it left and why, and
-    how many calls took transformers' own path since (``fallbacks``)."""
+    how many calls took transformers' own path since (``fallbacks``: eager
+    calls only; code compiled by ``torch.compile`` is not counted, since a
+    counter bumped in traced code makes dynamo guard on it and recompile)."""
 
     swapped: Counter = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
@@ -78,13 +83,17 @@ class Patch:
 
     def __init__(self, model: nn.Module, report: PatchReport, modules: list[nn.Module]):
         self.model, self.report, self._modules = model, report, modules
+        self._configs: list[tuple[object, str | None]] = []  # (config, its attention implementation before)
 
     def unpatch(self) -> None:
-        """Give every swapped module its class's own forward back."""
+        """Give every swapped module its class's own forward back, and each config its attention."""
         for m in self._modules:
             for attr in ("forward", "_opforge_report", "_opforge_gelu"):
                 m.__dict__.pop(attr, None)
-        self._modules = []
+        for config, implementation in self._configs:
+            config._attn_implementation = implementation
+            config.__dict__.pop(PACKED_FLAG, None)
+        self._modules, self._configs = [], []
         self.model.__dict__.pop(_ATTR, None)
 
 
@@ -104,7 +113,7 @@ def _mlp_forward(self, x):
 
 def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
     """transformers' attention forward (5.x: Llama, Qwen2/3, Mistral, Mixtral) with
-    opforge's RoPE, and opforge's attention where no mask or window is asked for."""
+    opforge's RoPE; the attention core is the config's (``"opforge"`` once patched)."""
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -120,17 +129,11 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
     dropout = self.attention_dropout if self.training else 0.0
     window = getattr(self, "sliding_window", None)
-    if attention_mask is None and window is None and not dropout and not kwargs.get("output_attentions"):
-        out = attention(q, k, v, causal=True, scale=float(self.scaling)).transpose(1, 2)
-        weights = None
-    else:
-        self._opforge_report.fallbacks["attention with a mask, window or dropout"] += 1
-        home = sys.modules[type(self).__module__]  # the model's modeling file: its registry and eager path
-        interface = home.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                               home.eager_attention_forward)
-        extra = {"sliding_window": window} if window is not None else {}
-        out, weights = interface(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
-                                 **extra, **kwargs)
+    extra = {"sliding_window": window} if window is not None else {}
+    home = sys.modules[type(self).__module__]  # the model's modeling file: its registry and eager path
+    interface = home.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                           home.eager_attention_forward)
+    out, weights = interface(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling, **extra, **kwargs)
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), weights
 
@@ -151,7 +154,7 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     """The LM head and the loss in one chunked op when labels are given."""
     router_logits = kwargs.get("output_router_logits", getattr(self.config, "output_router_logits", False))
     if labels is None or router_logits:
-        if labels is not None:
+        if labels is not None and not torch.compiler.is_compiling():
             self._opforge_report.fallbacks["causal LM loss with router logits"] += 1
         return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask,
                                   position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
@@ -210,10 +213,15 @@ _FORWARDS = {"rms_norm": _rms_norm_forward, "mlp": _mlp_forward, "attention": _a
 
 
 def patch(model: nn.Module, *, rms_norm: bool = True, attention: bool = True, mlp: bool = True, moe: bool = True,
-          lm_head_loss: bool = True) -> Patch:
+          lm_head_loss: bool = True, packed_sequences: bool = False) -> Patch:
     """Swap the modules of a transformers Llama / Mistral / Qwen2 / Qwen3 /
     Mixtral model for opforge's ops (see the module doc); returns the handle
-    (``.report``, ``.unpatch()``). Patching a patched model raises."""
+    (``.report``, ``.unpatch()``). Patching a patched model raises.
+
+    ``packed_sequences=True``: rows may pack several sequences (position ids
+    restarting inside a row) in compiled code, where transformers cannot see
+    the restarts; the mask is then built and attention takes the SDPA path.
+    Eager calls detect packing either way."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"opforge.nn.patch: expected a torch.nn.Module, got {type(model).__name__}")
     if _ATTR in model.__dict__:
@@ -237,6 +245,15 @@ def patch(model: nn.Module, *, rms_norm: bool = True, attention: bool = True, ml
         report.swapped[kind] += 1
         done.append(module)
     handle = Patch(model, report, done)
+    if report.swapped["attention"]:
+        from opforge.nn import hf_attention
+
+        hf_attention.register()
+        for config in {id(m.config): m.config for m in done if _kind(m) == "attention"}.values():
+            handle._configs.append((config, config._attn_implementation))
+            config._attn_implementation = hf_attention.NAME
+            if packed_sequences:
+                config.__dict__[PACKED_FLAG] = True
     model.__dict__[_ATTR] = handle
     return handle
 

@@ -22,7 +22,9 @@ fp64; ``reduction`` is ``"mean"`` (over rows whose target is not
 its leading shape; ``weight`` ``[V, H]``, ``bias`` ``[V]``. The weight's
 gradient is accumulated over chunks in fp32 (a bf16 sum over eight chunks
 lost 1 % of its accuracy; the fp32 buffer costs ``V x H x 4`` bytes, 1 GiB
-for Llama-3's head, while the head runs).
+for Llama-3's head, while the head runs), in vocabulary slices of at most
+256 MiB: a GEMM with a residual writes a new output, so a single buffer
+would be held twice (2 GiB) during every chunk's update.
 
 Registry op ``fused_linear_cross_entropy``, args ``(hidden, weight, target,
 ignore_index, label_smoothing, reduction, need_grad, chunk_rows, bias=None)``
@@ -54,6 +56,7 @@ FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}
 ACCEPTED = FLOATS | CE.TARGET_DTYPES
 REDUCTIONS = ("mean", "sum")
 CHUNK_BYTES = 1 << 28  # one chunk's logits (and as much again for their gradient)
+DW_SLICE_BYTES = 1 << 28  # the fp32 weight gradient is replaced this much at a time (see chunked_run)
 
 
 # ---------------------------------------------------------------------------
@@ -146,6 +149,12 @@ def default_chunk(rows: int, vocab: int, itemsize: int) -> int:
     return max(1, min(pow2(max(rows, 1)), 1 << (fit.bit_length() - 1)))
 
 
+def vocab_slices(vocab: int, hidden: int, itemsize: int) -> list[tuple[int, int]]:
+    """Row ranges of the weight gradient of at most ``DW_SLICE_BYTES`` each (its accumulator dtype)."""
+    rows = max(1, DW_SLICE_BYTES // max(1, hidden * itemsize))
+    return [(v, min(v + rows, vocab)) for v in range(0, vocab, rows)]
+
+
 def geometry(hidden, weight, target, ignore_index=-100, label_smoothing=0.0, reduction="mean", need_grad=False,
              chunk_rows=0, bias=None) -> Geometry:
     rows = target.numel()
@@ -168,7 +177,10 @@ def chunked_run(g: Geometry, cfg, hidden, weight, target, ignore_index, eps, red
         scale = torch.ones(1, dtype=dtype, device=hidden.device)
     total = torch.zeros((), dtype=dtype, device=hidden.device)
     dh = torch.empty_like(h2) if need_grad else None
-    dw = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_grad else None
+    # d weight in vocabulary slices: each chunk's GEMM writes a new accumulator
+    # (residual + product), so one slice is doubled at a time, not the whole V x H x 4
+    slices = vocab_slices(g.vocab, g.hidden, dtype.itemsize) if need_grad else []
+    dws = [torch.zeros((v1 - v0, g.hidden), dtype=dtype, device=weight.device) for v0, v1 in slices]
     db = torch.zeros(g.vocab, dtype=dtype, device=hidden.device) if need_grad and bias is not None else None
     wt = weight.t()
     for start in range(0, g.rows, g.chunk):
@@ -183,14 +195,20 @@ def chunked_run(g: Geometry, cfg, hidden, weight, target, ignore_index, eps, red
         del logits
         total += stats[0].sum()
         dh[start:start + g.chunk] = matmul(dlogits, weight)
-        dw = matmul(dlogits.t(), h, residual=dw, out_dtype=dtype)
+        dlogits_t = dlogits.t()
+        for i, (v0, v1) in enumerate(slices):
+            dws[i] = matmul(dlogits_t[v0:v1], h, residual=dws[i], out_dtype=dtype)
         if db is not None:
             db += dlogits.sum(0, dtype=dtype)
     loss = total * scale[0]
     if not need_grad:
         return loss, *_no_grads(hidden, weight, bias)
     db = db.to(weight.dtype) if db is not None else weight.new_empty(0)
-    return loss, dh.reshape(hidden.shape), dw.to(weight.dtype), db
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    for i, (v0, v1) in enumerate(slices):
+        dw[v0:v1] = dws[i]
+        dws[i] = None  # freed as it is copied
+    return loss, dh.reshape(hidden.shape), dw, db
 
 
 def reference_run(g: Geometry, cfg, *args):
