@@ -33,7 +33,9 @@ take normalized arguments: ``(q, k, v, scale, window_left, window_right,
 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)``, window bounds
 ``-1`` for unbounded, ``max_seqlen_* = -1`` without varlen.
 
-Variants, in dispatch order: ``triton_flash_tma`` (the same kernels with
+Variants, in dispatch order: ``gluon_ws`` (forward only: the FA3-style
+warp-specialized Hopper kernel in Gluon, ``ops/attention_gluon.py``; taken
+only with ``OPFORGE_GLUON=1`` until measured), ``triton_flash_tma`` (the same kernels with
 the hot loops' tiles read through TMA descriptors; sm_90+, 16-byte aligned
 bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
 loads, any strides), ``torch_sdpa`` (forward only: SDPA's flash kernel, CUDA,
@@ -54,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from opforge.kernels import attention as K
+from opforge.ops import attention_gluon
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
@@ -459,7 +462,9 @@ def _flash_specs(runner, version: str, configs, default, tma_description: str, d
             Spec("triton_flash", runner(False), check=flash_check, description=description, **common)]
 
 
-FORWARD_SPECS = _flash_specs(
+FORWARD_SPECS = [  # first, but guarded (ops/attention_gluon.py: OPFORGE_GLUON=1 until measured)
+    attention_gluon.make_spec(lambda g, *args: Forward(True)(g, forward_default(g), *args)),
+] + _flash_specs(
     Forward, K.FWD_VERSION, forward_configs, forward_default,
     "triton_flash with K/V tiles through device-side TMA descriptors (Hopper)",
     "FlashAttention-2: a query tile per program, online softmax over key blocks "

@@ -1,0 +1,235 @@
+"""The Gluon warp-specialized attention forward on the H200: correctness, then speed.
+
+Usage (repo root, on the GPU)::
+
+    PYTHONPATH=src python3 benchmarks/gluon_attention.py [--quick] [--parts check,time,configs,dispatch]
+
+Each part runs in a child process with a time limit, so a hang (an mbarrier
+waited on forever) or a crash costs that part only. Prints:
+
+* ``check``: max abs error of O (and of the log-sum-exp) against SDPA's math in
+  fp32, PASS/FAIL per case: B 2, H 8, S 1024 and 1000 (ragged), D 64/128,
+  causal/full, GQA 8/2, bf16 (and one fp16 case);
+* ``time``: bf16, B 4, H 16, D 128, S 2048..16384, causal/full, TFLOP/s
+  (causal counts half) of gluon_ws, cuDNN SDPA, flash SDPA and our Triton
+  forward (opforge.attention), and the ratios; GQA 32/8 S 4096 against SDPA
+  with enable_gqa;
+* ``configs``: every config of the kernel at S 8192 causal/full (D 128 and 64);
+* ``dispatch``: ``opforge.attention`` with OPFORGE_GLUON=1 picks ``gluon_ws``
+  and matches the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+
+PARTS = ("check", "time", "configs", "dispatch")
+LIMITS = {"check": 55, "time": 55, "configs": 25, "dispatch": 15}  # 150 s in all at most
+
+
+def _say(*a):
+    print(*a, flush=True)
+
+
+def _setup():
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def _reference(q, k, v, causal):
+    """SDPA's math in fp32 with k/v heads expanded (GQA); lse from the same scores."""
+    import torch
+
+    torch_ = torch
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    qf = q.float()
+    with torch_.nn.attention.sdpa_kernel(torch_.nn.attention.SDPBackend.MATH):
+        out = torch_.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    s = (qf @ kf.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        Sq, Sk = q.shape[2], k.shape[2]
+        mask = torch_.ones(Sq, Sk, dtype=torch_.bool, device=q.device).tril(Sk - Sq)
+        s = s.masked_fill(~mask, float("-inf"))
+    return out, torch_.logsumexp(s, -1)
+
+
+def _gluon(q, k, v, causal, cfg=None):
+    import torch
+
+    from opforge.kernels import attention_gluon as KG
+
+    cfg = cfg or KG.forward_default_config(q.shape[-1], q.shape[2], k.shape[2])
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    KG.launch_forward(q, k, v, out, lse, q.shape[-1] ** -0.5, causal, cfg)
+    return out, lse
+
+
+def part_check(quick: bool):
+    torch = _setup()
+    torch.manual_seed(0)
+    cases = []
+    for S in (1024, 1000):
+        for D in (64, 128):
+            for causal in (False, True):
+                cases.append((2, 8, 8, S, D, causal, torch.bfloat16))
+    cases += [(2, 8, 2, 1024, 128, False, torch.bfloat16), (2, 8, 2, 1000, 128, True, torch.bfloat16),
+              (2, 8, 2, 1024, 64, True, torch.float16), (1, 2, 2, 64, 128, True, torch.bfloat16),
+              (1, 2, 1, 300, 64, False, torch.bfloat16)]
+    _say(f"{'case':44s} {'max|dO|':>9s} {'max|dLSE|':>9s} result")
+    for B, H, Hk, S, D, causal, dt in cases:
+        name = f"B{B} H{H}/{Hk} S{S} D{D} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        try:
+            q = torch.randn(B, H, S, D, device="cuda", dtype=dt)
+            k = torch.randn(B, Hk, S, D, device="cuda", dtype=dt)
+            v = torch.randn(B, Hk, S, D, device="cuda", dtype=dt)
+            out, lse = _gluon(q, k, v, causal)
+            torch.cuda.synchronize()
+            ref, ref_lse = _reference(q, k, v, causal)
+            eo = (out.float() - ref).abs().max().item()
+            el = (lse - ref_lse).abs().max().item()
+            ok = eo <= 2e-2 and el <= 1e-2 and math.isfinite(eo) and math.isfinite(el)
+            _say(f"{name:44s} {eo:9.2e} {el:9.2e} {'PASS' if ok else 'FAIL'}")
+        except Exception as e:  # one failure must not hide the others
+            _say(f"{name:44s} ERROR {type(e).__name__}: {str(e)[:300]}")
+
+
+def _bench(fn):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40)
+
+
+def _peers(q, k, v, causal):
+    """name -> callable, for SDPA backends and our Triton forward."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import opforge
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gqa = q.shape[1] != k.shape[1]
+
+    def with_backend(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+        return run
+
+    peers = {"triton": lambda: opforge.attention(q, k, v, causal=causal)}
+    if gqa:
+        peers["sdpa_gqa"] = lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+    else:
+        peers["cudnn"] = with_backend(SDPBackend.CUDNN_ATTENTION)
+        peers["flash"] = with_backend(SDPBackend.FLASH_ATTENTION)
+    return peers
+
+
+def part_time(quick: bool):
+    torch = _setup()
+    shapes = [(4, 16, 16, S, 128, c) for S in ((2048, 8192) if quick else (2048, 4096, 8192, 16384))
+              for c in (False, True)]
+    shapes += [(4, 32, 8, 4096, 128, c) for c in (False, True)]
+    cols = ["gluon", "triton", "cudnn", "flash", "sdpa_gqa"]
+    _say(f"{'shape (bf16)':34s} " + " ".join(f"{c + ' TF':>11s}" for c in cols)
+         + "  gl/cudnn gl/flash gl/triton gl/sdpa")
+    for B, H, Hk, S, D, causal in shapes:
+        name = f"B{B} H{H}/{Hk} S{S} D{D} {'causal' if causal else 'full'}"
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Hk, S, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, Hk, S, D, device="cuda", dtype=torch.bfloat16)
+        flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        tf = {}
+        runs = dict(_peers(q, k, v, causal), gluon=lambda: _gluon(q, k, v, causal))
+        for cname in cols:
+            if cname not in runs:
+                continue
+            try:
+                ms = _bench(runs[cname])
+                tf[cname] = flops / ms / 1e9
+            except Exception as e:
+                _say(f"  {name} {cname}: {type(e).__name__}: {str(e)[:200]}")
+        cells = " ".join(f"{tf[c]:11.1f}" if c in tf else f"{'-':>11s}" for c in cols)
+        ratios = " ".join(f"{tf['gluon'] / tf[p]:8.2f}" if "gluon" in tf and p in tf else f"{'-':>8s}"
+                          for p in ("cudnn", "flash", "triton", "sdpa_gqa"))
+        _say(f"{name:34s} {cells}  {ratios}")
+        del q, k, v
+
+
+def part_configs(quick: bool):
+    torch = _setup()
+    from opforge.kernels import attention_gluon as KG
+
+    _say(f"{'shape (bf16)':34s} {'config':44s} {'TF/s':>7s}")
+    for D in (128, 64):
+        for causal in (False, True):
+            B, H, S = 4, 16, 8192
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+            for cfg in KG.forward_configs(D, S, S):
+                name = f"B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
+                tag = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} st{cfg['STAGES']} w{cfg['num_warps']}"
+                try:
+                    ms = _bench(lambda: _gluon(q, k, v, causal, cfg))
+                    _say(f"{name:34s} {tag:44s} {flops / ms / 1e9:7.1f}")
+                except Exception as e:
+                    _say(f"{name:34s} {tag:44s} ERROR {type(e).__name__}: {str(e)[:200]}")
+
+
+def part_dispatch(quick: bool):
+    os.environ["OPFORGE_GLUON"] = "1"
+    torch = _setup()
+    import opforge
+    from opforge.ops.attention import attention_reference
+
+    q, k, v = (torch.randn(2, 8, 777, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    d = opforge.explain("attention", q, k, v, 128 ** -0.5, -1, 0, None, None, -1, -1)
+    _say(f"dispatch picks: {d.variant.name} {d.config} (passed over: {d.rejected})")
+    out = opforge.attention(q, k, v, causal=True)
+    ref, _ = attention_reference(q, k, v, 128 ** -0.5, -1, 0)
+    err = (out.float() - ref.float()).abs().max().item()
+    _say(f"opforge.attention causal S777 D128 vs reference: max abs {err:.2e} {'PASS' if err <= 2e-2 else 'FAIL'}")
+    qs = torch.randn(2, 777, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # (B, S, H, D) storage
+    out = opforge.attention(qs, qs, qs)
+    ref, _ = attention_reference(qs, qs, qs, 64 ** -0.5, -1, -1)
+    err = (out.float() - ref.float()).abs().max().item()
+    _say(f"opforge.attention full BSHD-strided S777 D64 vs reference: max abs {err:.2e} "
+         f"{'PASS' if err <= 2e-2 else 'FAIL'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        globals()[f"part_{a.child}"](a.quick)
+        return 0
+    t_all = time.time()
+    for part in a.parts.split(","):
+        _say(f"== {part} ==")
+        t0 = time.time()
+        cmd = [sys.executable, __file__, "--child", part] + (["--quick"] if a.quick else [])
+        try:
+            done = subprocess.run(cmd, timeout=LIMITS[part], stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                _say(f"{part}: exit {done.returncode}\n{done.stderr[-2500:]}")
+        except subprocess.TimeoutExpired:
+            _say(f"{part}: TIMEOUT after {LIMITS[part]} s (a hang: what printed above is all it did)")
+        _say(f"({part}: {time.time() - t0:.0f} s)")
+    _say(f"total {time.time() - t_all:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The ``gluon_ws`` variant of ``opforge.attention`` (forward): the warp-specialized
+FA3-style Hopper kernel of ``kernels/attention_gluon.py``.
+
+Guarded: dispatch takes it only with ``OPFORGE_GLUON=1`` (or when forced with
+``dispatch.force_variant``) until it has been measured on the device; the
+one line to flip is ``ENABLED_BY_DEFAULT``. Everything it does not handle
+falls back, by the reason ``check`` gives, to the next variant in dispatch
+order (``triton_flash_tma``): varlen, windows, fp32/fp64, head dims other
+than 64/128, ``Sq > Sk`` under causal (keyless queries), empty sequences,
+tensors TMA cannot read, GPUs other than sm_9x (wgmma is Hopper-only).
+The kernel module (and Gluon) is imported on first use, not with the family.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from opforge.runtime.device import interpret_mode
+from opforge.runtime.registry import Spec
+from opforge.runtime.shapes import bucket_size
+
+NAME = "gluon_ws"
+HEAD_DIMS = (64, 128)  # kernels/attention_gluon.HEAD_DIMS, without importing Gluon here
+# Flip to True once the device run shows it correct and faster (see the report of issue 27).
+ENABLED_BY_DEFAULT = False
+
+
+def enabled() -> bool:
+    flag = os.environ.get("OPFORGE_GLUON")
+    return ENABLED_BY_DEFAULT if flag is None else flag == "1"
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def check(g) -> str | None:
+    """Why the Gluon kernel cannot take geometry ``g`` (None when it can)."""
+    if interpret_mode():
+        return "Gluon kernels do not run under the Triton interpreter"
+    if g.dtype not in (torch.float16, torch.bfloat16):
+        return "the Gluon kernel takes fp16/bf16"
+    if g.D not in HEAD_DIMS:
+        return f"the Gluon kernel takes head dims {HEAD_DIMS}"
+    if g.varlen:
+        return "varlen (cu_seqlens) is not in the Gluon kernel"
+    if g.mask == "window":
+        return "sliding windows are not in the Gluon kernel"
+    if g.mask == "causal" and g.Sq > g.Sk:
+        return "causal with Sq > Sk (queries that see no key) is not in the Gluon kernel"
+    if g.empty:
+        return "empty sequences"
+    if g.tma:
+        return g.tma
+    if not _hopper():
+        return "wgmma and setmaxnreg are sm_90 (Hopper) instructions"
+    if not enabled():
+        return "not yet measured on the device: set OPFORGE_GLUON=1 (or force the variant)"
+    return None
+
+
+def default_config(g) -> dict:
+    from opforge.kernels import attention_gluon as KG
+
+    return KG.forward_default_config(g.D, g.Sq, g.Sk)
+
+
+def configs(g) -> list[dict]:
+    from opforge.kernels import attention_gluon as KG
+
+    return KG.forward_configs(g.D, g.Sq, g.Sk)
+
+
+def bucket(g) -> str:
+    return f"{bucket_size(g.seqs * g.H)}h:{bucket_size(g.Sq)}x{bucket_size(g.Sk)}:d{g.D}:{g.mask}"
+
+
+def make_spec(fallback) -> Spec:
+    """The variant's ``Spec``; ``fallback(g, *args)`` runs the forward the
+    kernel does not take per call: a non-positive ``scale`` (the kernel folds
+    the scale into the row max, which only commutes with a positive one)."""
+    from opforge.kernels.attention import tma_ok
+
+    def run(g, cfg, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k):
+        if scale <= 0:
+            return fallback(g, q, k, v, scale, left, right, cu_q, cu_k, max_q, max_k)
+        from opforge.kernels import attention_gluon as KG
+
+        if not tma_ok(q, varlen=False):  # k, v are checked by the geometry; a misaligned q is copied once
+            q = q.contiguous()
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        KG.launch_forward(q, k, v, out, lse, float(scale), right == 0, cfg)
+        return out, lse
+
+    return Spec(NAME, run, version="1", dtypes=frozenset({torch.float16, torch.bfloat16}), min_capability=(9, 0),
+                check=check, configs=configs, default_config=default_config, bucket=bucket,
+                description="FA3-style Hopper forward in Gluon: a TMA loader warp, two consumer warpgroups on "
+                            "async wgmma, QK of the next block overlapping PV (fp16/bf16, D 64/128, GQA)")
