@@ -28,8 +28,8 @@ import subprocess
 import sys
 import time
 
-PARTS = ("check", "time", "configs", "dispatch")
-LIMITS = {"check": 55, "time": 55, "configs": 25, "dispatch": 15}  # 150 s in all at most
+PARTS = ("warm", "check", "time", "configs", "dispatch")
+LIMITS = {"warm": 45, "check": 35, "time": 45, "configs": 15, "dispatch": 10}  # 150 s in all at most
 
 
 def _say(*a):
@@ -74,6 +74,53 @@ def _gluon(q, k, v, causal, cfg=None):
     return out, lse
 
 
+def _compile_gluon(D, causal, dtype_name, i):
+    import torch
+
+    from opforge.kernels import attention_gluon as KG
+
+    cfg = KG.forward_configs(D, 4096, 4096)[i]
+    t0 = time.time()
+    KG.compile_sm90(D, causal, getattr(torch, dtype_name), cfg)
+    return f"gluon D{D} {'causal' if causal else 'full'} {dtype_name} config {i}: {time.time() - t0:.1f} s"
+
+
+def _warm_triton():
+    """Our Triton forward at the timing shapes' specializations (small S, same divisibility)."""
+    import torch
+
+    import opforge
+
+    t0 = time.time()
+    for H, Hk in ((16, 16), (32, 8)):
+        q = torch.randn(1, H, 256, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, Hk, 256, 128, device="cuda", dtype=torch.bfloat16)
+        for causal in (False, True):
+            opforge.attention(q, k, k, causal=causal)
+    torch.cuda.synchronize()
+    return f"triton forward: {time.time() - t0:.1f} s"
+
+
+def part_warm(quick: bool):
+    """Compile every specialization the other parts launch, in parallel, into Triton's cache."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from opforge.kernels import attention_gluon as KG
+
+    jobs = [(_compile_gluon, (D, c, "bfloat16", i)) for D in (128, 64) for c in (True, False)
+            for i in range(len(KG.forward_configs(D, 4096, 4096)))]
+    jobs += [(_compile_gluon, (64, True, "float16", 0)), (_warm_triton, ())]
+    with ProcessPoolExecutor(min(len(jobs), max(2, (os.cpu_count() or 4) - 1)),
+                             mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, *args) for fn, args in jobs]
+        for f in as_completed(futures):
+            try:
+                _say("  " + f.result())
+            except Exception as e:
+                _say(f"  compile ERROR {type(e).__name__}: {str(e)[:400]}")
+
+
 def part_check(quick: bool):
     torch = _setup()
     torch.manual_seed(0)
@@ -85,22 +132,30 @@ def part_check(quick: bool):
     cases += [(2, 8, 2, 1024, 128, False, torch.bfloat16), (2, 8, 2, 1000, 128, True, torch.bfloat16),
               (2, 8, 2, 1024, 64, True, torch.float16), (1, 2, 2, 64, 128, True, torch.bfloat16),
               (1, 2, 1, 300, 64, False, torch.bfloat16)]
-    _say(f"{'case':44s} {'max|dO|':>9s} {'max|dLSE|':>9s} result")
-    for B, H, Hk, S, D, causal, dt in cases:
-        name = f"B{B} H{H}/{Hk} S{S} D{D} {'causal' if causal else 'full'} {str(dt)[6:]}"
+    from opforge.kernels import attention_gluon as KG
+
+    cases = [c + (0,) for c in cases]
+    for D, causal in ((128, True), (64, False)):  # the other configs
+        cases += [(2, 8, 2, 1000, D, causal, torch.bfloat16, i) for i in range(1, len(KG.forward_configs(D, 1, 1)))]
+    _say(f"{'case':54s} {'max|dO|':>9s} {'max|dLSE|':>9s} result")
+    for B, H, Hk, S, D, causal, dt, i in cases:
+        cfg = KG.forward_configs(D, S, S)[i]
+        name = f"B{B} H{H}/{Hk} S{S} D{D} {'causal' if causal else 'full'} {str(dt)[6:]} cfg{i}"
         try:
             q = torch.randn(B, H, S, D, device="cuda", dtype=dt)
             k = torch.randn(B, Hk, S, D, device="cuda", dtype=dt)
             v = torch.randn(B, Hk, S, D, device="cuda", dtype=dt)
-            out, lse = _gluon(q, k, v, causal)
+            t0 = time.time()
+            out, lse = _gluon(q, k, v, causal, cfg)
             torch.cuda.synchronize()
+            first = time.time() - t0  # seconds: a compile (cache miss) or not
             ref, ref_lse = _reference(q, k, v, causal)
             eo = (out.float() - ref).abs().max().item()
             el = (lse - ref_lse).abs().max().item()
             ok = eo <= 2e-2 and el <= 1e-2 and math.isfinite(eo) and math.isfinite(el)
-            _say(f"{name:44s} {eo:9.2e} {el:9.2e} {'PASS' if ok else 'FAIL'}")
+            _say(f"{name:54s} {eo:9.2e} {el:9.2e} {'PASS' if ok else 'FAIL'}  ({first:.1f} s)")
         except Exception as e:  # one failure must not hide the others
-            _say(f"{name:44s} ERROR {type(e).__name__}: {str(e)[:300]}")
+            _say(f"{name:54s} ERROR {type(e).__name__}: {str(e)[:300]}")
 
 
 def _bench(fn):
@@ -162,22 +217,22 @@ def part_time(quick: bool):
         ratios = " ".join(f"{tf['gluon'] / tf[p]:8.2f}" if "gluon" in tf and p in tf else f"{'-':>8s}"
                           for p in ("cudnn", "flash", "triton", "sdpa_gqa"))
         _say(f"{name:34s} {cells}  {ratios}")
-        del q, k, v
 
 
 def part_configs(quick: bool):
     torch = _setup()
     from opforge.kernels import attention_gluon as KG
 
-    _say(f"{'shape (bf16)':34s} {'config':44s} {'TF/s':>7s}")
+    _say(f"{'shape (bf16)':34s} {'config':44s} {'TF/s':>7s}  (configs 1-3 are verified by the check part)")
     for D in (128, 64):
         for causal in (False, True):
-            B, H, S = 4, 16, 8192
+            B, H, S = 4, 16, 8192 if D == 128 else 4096
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
             for cfg in KG.forward_configs(D, S, S):
                 name = f"B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
-                tag = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} st{cfg['STAGES']} w{cfg['num_warps']}"
+                tag = (f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} st{cfg['STAGES']} w{cfg['num_warps']} "
+                       f"consumers{cfg['CONSUMERS']}{' pingpong' if cfg['PINGPONG'] else ''}")
                 try:
                     ms = _bench(lambda: _gluon(q, k, v, causal, cfg))
                     _say(f"{name:34s} {tag:44s} {flops / ms / 1e9:7.1f}")

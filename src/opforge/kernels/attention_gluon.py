@@ -54,6 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 VERSION = "1"
 HEAD_DIMS = (64, 128)
 LOADER_REGS = gl.constexpr(24)  # the loader only issues TMA: the minimum setmaxnreg allows
+CONSUMER_REGS = gl.constexpr(240)  # a second consumer partition: what the default one gets too
 _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -64,9 +65,11 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # ---------------------------------------------------------------------------
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
-            b, h, hk, m0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem)
+            b, h, hk, m0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    rows: gl.constexpr = q_desc.block_type.shape[2]
+    for c in range(CONSUMERS):  # each consumer's query rows
+        mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + c * rows, 0], q_bar.index(c), q_smem.index(c))
     for j in range(n_blocks):
         s = j % STAGES
         phase = (j // STAGES) & 1
@@ -114,10 +117,28 @@ def _softmax(sc, m_i, l_i, j, m0, full, Sk, off, qk_scale, s_layout: gl.constexp
 
 
 @gluon.jit
-def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
+def _take_turn(turn, k, C: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: consumer ``C`` issues its ``k``-th round of GEMMs only after
+    the other consumer issued its own (consumer 0 goes first), so one
+    warpgroup's softmax runs while the other's GEMMs hold the tensor cores."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(C), (k & 1) ^ (1 - C))
+
+
+@gluon.jit
+def _pass_turn(turn, C: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - C), count=1)
+
+
+@gluon.jit
+def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr,
               b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              STAGES: gl.constexpr, num_warps: gl.constexpr):
+              STAGES: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer ``C``: the ``BLOCK_M`` query rows from ``m0`` (its Q buffer and
+    barrier are ``q_smem`` / ``q_bar``); releases each K/V slot once (the
+    slot's empty barrier counts every consumer)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -134,18 +155,22 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
     # Block 0: nothing to overlap with yet.
+    _take_turn(turn, 0, C, PINGPONG)
     sc = _scores(q, k_ring, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+    _pass_turn(turn, C, PINGPONG)
     sc = warpgroup_mma_wait(0, deps=[sc])
     mbarrier.arrive(k_empty.index(0), count=1)
     p, m_i, l_i, alpha = _softmax(sc, m_i, l_i, 0, m0, full, Sk, off, qk_scale, s_layout, CAUSAL, BLOCK_M, BLOCK_N)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
+        _take_turn(turn, j, C, PINGPONG)
         sc = _scores(q, k_ring, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
         sv = (j - 1) % STAGES
         mbarrier.wait(v_ready.index(sv), ((j - 1) // STAGES) & 1)
         v = v_ring.index(sv).reshape([BLOCK_N, HEAD_D])
         acc = warpgroup_mma(p, v, acc, is_async=True)
+        _pass_turn(turn, C, PINGPONG)
         sc = warpgroup_mma_wait(1, deps=[sc])  # S_j done; P_{j-1} V_{j-1} may still run
         mbarrier.arrive(k_empty.index(j % STAGES), count=1)
         p_next, m_i, l_i, alpha = _softmax(sc, m_i, l_i, j, m0, full, Sk, off, qk_scale, s_layout, CAUSAL,
@@ -158,7 +183,9 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
     sv = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(sv), ((n_blocks - 1) // STAGES) & 1)
     v = v_ring.index(sv).reshape([BLOCK_N, HEAD_D])
+    _take_turn(turn, n_blocks, C, PINGPONG)
     acc = warpgroup_mma(p, v, acc, is_async=True)
+    _pass_turn(turn, C, PINGPONG)
     acc, p = warpgroup_mma_wait(0, deps=[acc, p])
     mbarrier.arrive(v_empty.index(sv), count=1)
 
@@ -179,7 +206,10 @@ def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
 @gluon.jit(do_not_specialize=["H", "GROUP", "Sq", "Sk"])  # one compile per (dtype, D, mask, config)
 def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                       PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS  # query rows of one consumer partition
+    gl.static_assert(q_desc.block_type.shape[2] == ROWS)
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
@@ -193,56 +223,73 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Sq, Sk
         hi = Sk
         full = Sk
     full = (full // BLOCK_N) * BLOCK_N  # keys below `full`: every query of the block sees the whole block
-    n_blocks = gl.cdiv(hi, BLOCK_N)
+    n_blocks = gl.cdiv(hi, BLOCK_N)  # the same for every consumer (ping-pong hands turns over to the end)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.init(q_bar.index(c), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=CONSUMERS)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(v_empty.index(s), count=1)
+        mbarrier.init(v_empty.index(s), count=CONSUMERS)
+    for c in gl.static_range(2):
+        mbarrier.init(turn.index(c), count=1)
 
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
-                     b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
-                     CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, num_warps)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
-                   b, h, hk, m0, n_blocks, BLOCK_N, STAGES)),
-    ], [1], [LOADER_REGS])
+    loader_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
+                   b, h, hk, m0, n_blocks, BLOCK_N, STAGES, CONSUMERS)
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer, (q_smem.index(0), k_ring, v_ring, q_bar.index(0), k_ready, k_empty, v_ready, v_empty, turn,
+                         o_desc, lse_ptr, b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
+                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 0, False, num_warps)),
+            (_loader, loader_args),
+        ], [1], [LOADER_REGS])
+    else:
+        gl.static_assert(CONSUMERS == 2)
+        gl.warp_specialize([
+            (_consumer, (q_smem.index(0), k_ring, v_ring, q_bar.index(0), k_ready, k_empty, v_ready, v_empty, turn,
+                         o_desc, lse_ptr, b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
+                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, num_warps)),
+            (_consumer, (q_smem.index(1), k_ring, v_ring, q_bar.index(1), k_ready, k_empty, v_ready, v_empty, turn,
+                         o_desc, lse_ptr, b, h, H, m0 + ROWS, Sq, Sk, n_blocks, full, qk_scale,
+                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, num_warps)),
+            (_loader, loader_args),
+        ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 # ---------------------------------------------------------------------------
 # Host side
 # ---------------------------------------------------------------------------
 def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
-    """128 queries (two consumer warpgroups of 64 rows) x 128 keys; the ring as
-    deep as shared memory allows (Q + STAGES x (K + V) tiles under ~227 KB)."""
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2 if D == 128 else 4, "num_warps": 8}
+    """128 queries (two warpgroups of 64 rows) x 128 keys; the ring as deep as
+    shared memory allows (Q + STAGES x (K + V) tiles under ~227 KB).
+    ``CONSUMERS``: 1 (one 8-warp partition, both warpgroups in step) or 2 (a
+    4-warp partition per warpgroup, each on its own, ``PINGPONG`` optional)."""
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2 if D == 128 else 4, "CONSUMERS": 1, "PINGPONG": False,
+            "num_warps": 8}
 
 
 def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
-    out = [forward_default_config(D, Sq, Sk)]
-    if D == 128:
-        out.append({"BLOCK_M": 128, "BLOCK_N": 64, "STAGES": 4, "num_warps": 8})
-    else:
-        out.append({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "num_warps": 8})
-    return out
+    base = forward_default_config(D, Sq, Sk)
+    two = dict(base, CONSUMERS=2, num_warps=4)
+    return [base, two, dict(two, PINGPONG=True), dict(base, BLOCK_N=64, STAGES=2 * base["STAGES"])]
 
 
-def max_registers(num_warps: int) -> int:
-    """``maxnreg`` for the whole CTA: the consumer's warps plus the loader's
-    warpgroup (warps are allotted registers by groups of 4) must fit in the
+def max_registers(cfg: dict) -> int:
+    """``maxnreg`` for the whole CTA: the consumers' warps plus the loader's
+    warpgroup (registers are allotted by groups of 4 warps) must fit in the
     SM's 64K registers; ``setmaxnreg`` then moves the loader's share to the
-    consumer."""
-    threads = (num_warps + 4) * 32
+    consumers."""
+    threads = (cfg["num_warps"] * cfg["CONSUMERS"] + 4) * 32
     return min(255, (65536 // threads) // 8 * 8)
 
 
@@ -259,10 +306,12 @@ def forward_plan(q, k, v, out, lse, scale: float, causal: bool, cfg: dict):
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    args = (descriptor(q, bm), descriptor(k, bn), descriptor(v, bn), descriptor(out, bm), lse,
+    rows = bm // cfg["CONSUMERS"]
+    args = (descriptor(q, rows), descriptor(k, bn), descriptor(v, bn), descriptor(out, rows), lse,
             H, H // Hk, Sq, Sk, float(scale) * _LOG2E)
     constexprs = dict(CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=cfg["STAGES"],
-                      num_warps=cfg["num_warps"], maxnreg=max_registers(cfg["num_warps"]))
+                      CONSUMERS=cfg["CONSUMERS"], PINGPONG=bool(cfg["PINGPONG"]), num_warps=cfg["num_warps"],
+                      maxnreg=max_registers(cfg))
     return (triton.cdiv(Sq, bm), H, B), args, constexprs
 
 
@@ -273,8 +322,10 @@ def launch_forward(q, k, v, out, lse, scale: float, causal: bool, cfg: dict) -> 
 
 def compile_sm90(D: int = 128, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
                  B: int = 2, H: int = 4, Hk: int = 4, S: int = 1024):
-    """Compile (not run) the kernel for sm_90 on any machine; returns Triton's
-    compiled kernel (``.asm['cubin']``, ``.n_regs``, ``.n_spills``)."""
+    """Compile (not run) the kernel for sm_90 on any machine, into Triton's
+    cache as the first launch of that specialization would (the device script
+    compiles its variants in parallel this way); returns the compiled kernel
+    (``.asm['cubin']``, ``.asm['ptx']``, ``.metadata``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -289,7 +340,11 @@ def compile_sm90(D: int = 128, causal: bool = True, dtype=torch.bfloat16, cfg: d
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, opts = binder(*args, **kw, debug=False, instrumentation_mode="")
+    from triton import knobs
+
+    # The options a launch would pass, so the compile lands where the launch looks in Triton's cache.
+    kw = dict(kw, debug=kernel.debug or knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, specialization, opts = binder(*args, **kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, opts)
     return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
                           options=options.__dict__)
