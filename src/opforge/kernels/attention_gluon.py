@@ -37,6 +37,8 @@ stride.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -61,39 +63,77 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 # ---------------------------------------------------------------------------
+# Tiles
+# ---------------------------------------------------------------------------
+@gluon.jit
+def _tile(t, n_m, H, Sq, Sk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile ``t``: ``(b, h, m0, full, n_blocks)``. Query blocks run fastest
+    (the CTAs in flight share a head's K/V in L2), heaviest causal block first.
+    Keys below ``full`` are seen by every query of the tile (no mask); keys
+    past the tile's last query are never loaded (causal)."""
+    bh = t // n_m
+    m0 = (n_m - 1 - t % n_m) * BLOCK_M
+    off = Sk - Sq
+    if CAUSAL:
+        hi = gl.minimum(Sk, m0 + BLOCK_M + off)
+        full = gl.maximum(gl.minimum(m0 + off + 1, Sk), 0)
+    else:
+        hi = Sk
+        full = Sk
+    return bh // H, bh % H, m0, (full // BLOCK_N) * BLOCK_N, gl.cdiv(hi, BLOCK_N)
+
+
+# ---------------------------------------------------------------------------
 # Loader partition
 # ---------------------------------------------------------------------------
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
-            b, h, hk, m0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+            H, GROUP, Sq, Sk, n_m, n_tiles, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     rows: gl.constexpr = q_desc.block_type.shape[2]
-    for c in range(CONSUMERS):  # each consumer's query rows
-        mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + c * rows, 0], q_bar.index(c), q_smem.index(c))
-    for j in range(n_blocks):
-        s = j % STAGES
-        phase = (j // STAGES) & 1
-        # A fresh mbarrier counts as having completed phase 1: the first lap passes.
-        mbarrier.wait(k_empty.index(s), phase ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(s), k_ring.index(s))
-        mbarrier.wait(v_empty.index(s), phase ^ 1)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(s), v_ring.index(s))
+    g = 0  # K/V blocks loaded so far (the ring position runs on across tiles)
+    i = 0  # tiles done by this CTA
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        b, h, m0, full, n_blocks = _tile(t, n_m, H, Sq, Sk, CAUSAL, BLOCK_M, BLOCK_N)
+        hk = h // GROUP
+        for c in range(CONSUMERS):  # each consumer's query rows, once its previous tile is stored
+            # A fresh mbarrier counts as having completed phase 1: the first wait passes.
+            mbarrier.wait(q_empty.index(c), (i & 1) ^ 1)
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, m0 + c * rows, 0], q_ready.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            s = g % STAGES
+            phase = (g // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(s), k_ring.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(s), v_ring.index(s))
+            g += 1
+        i += 1
 
 
 # ---------------------------------------------------------------------------
 # Consumer partition
 # ---------------------------------------------------------------------------
 @gluon.jit
-def _scores(q, k_ring, k_ready, j, s_layout: gl.constexpr,
+def _scores(q, k_ring, k_ready, g, s_layout: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    """Issue ``S_j = Q K_j^T`` (async) once K_j has landed; returns the wgmma token."""
-    s = j % STAGES
-    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+    """Issue ``S = Q K^T`` (async) for the ring's ``g``-th block once it has landed; returns the wgmma token."""
+    s = g % STAGES
+    mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
     k = k_ring.index(s).reshape([BLOCK_N, HEAD_D])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     return warpgroup_mma(q, k.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _values(v_ring, v_ready, g, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """The ring's ``g``-th V tile, once it has landed, as a ``[BLOCK_N, D]`` operand."""
+    s = g % STAGES
+    mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
+    return v_ring.index(s).reshape([BLOCK_N, HEAD_D])
 
 
 @gluon.jit
@@ -132,110 +172,114 @@ def _pass_turn(turn, C: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr,
-              b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
+def _consumer(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr,
+              H, Sq, Sk, n_m, n_tiles, qk_scale,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              STAGES: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
-    """Consumer ``C``: the ``BLOCK_M`` query rows from ``m0`` (its Q buffer and
-    barrier are ``q_smem`` / ``q_bar``); releases each K/V slot once (the
-    slot's empty barrier counts every consumer)."""
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
+              num_warps: gl.constexpr):
+    """Consumer ``C`` of ``CONSUMERS``: rows ``[C * ROWS, (C + 1) * ROWS)`` of
+    each tile, in its own Q buffer (``q_smem``, reused to stage O); releases
+    each K/V slot once (a slot's empty barrier counts every consumer)."""
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     off = Sk - Sq
+    q = q_smem.reshape([ROWS, HEAD_D])
+    g = 0  # K/V blocks consumed so far (the ring position)
+    kt = 0  # ping-pong turns taken so far
+    i = 0  # tiles done by this CTA
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        b, h, m0, full, n_blocks = _tile(t, n_m, H, Sq, Sk, CAUSAL, BLOCK_M, BLOCK_N)
+        m0 = m0 + C * ROWS
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+        mbarrier.wait(q_ready, i & 1)
 
-    mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, HEAD_D])
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        # Block 0: nothing to overlap with yet.
+        _take_turn(turn, kt, C, PINGPONG)
+        sc = _scores(q, k_ring, k_ready, g, s_layout, ROWS, BLOCK_N, HEAD_D, STAGES)
+        _pass_turn(turn, C, PINGPONG)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+        mbarrier.arrive(k_empty.index(g % STAGES), count=1)
+        p, m_i, l_i, alpha = _softmax(sc, m_i, l_i, 0, m0, full, Sk, off, qk_scale, s_layout, CAUSAL, ROWS,
+                                      BLOCK_N)
+        p = gl.convert_layout(p.to(dtype), p_layout)
 
-    # Block 0: nothing to overlap with yet.
-    _take_turn(turn, 0, C, PINGPONG)
-    sc = _scores(q, k_ring, k_ready, 0, s_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
-    _pass_turn(turn, C, PINGPONG)
-    sc = warpgroup_mma_wait(0, deps=[sc])
-    mbarrier.arrive(k_empty.index(0), count=1)
-    p, m_i, l_i, alpha = _softmax(sc, m_i, l_i, 0, m0, full, Sk, off, qk_scale, s_layout, CAUSAL, BLOCK_M, BLOCK_N)
-    p = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            # S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight together; the softmax of
+            # block j runs while the second still holds the tensor cores.
+            _take_turn(turn, kt + j, C, PINGPONG)
+            sc = _scores(q, k_ring, k_ready, g + j, s_layout, ROWS, BLOCK_N, HEAD_D, STAGES)
+            v = _values(v_ring, v_ready, g + j - 1, BLOCK_N, HEAD_D, STAGES)
+            acc = warpgroup_mma(p, v, acc, is_async=True)
+            _pass_turn(turn, C, PINGPONG)
+            sc = warpgroup_mma_wait(1, deps=[sc])  # S_j done (wgmma groups retire in order)
+            mbarrier.arrive(k_empty.index((g + j) % STAGES), count=1)
+            p_next, m_i, l_i, alpha = _softmax(sc, m_i, l_i, j, m0, full, Sk, off, qk_scale, s_layout, CAUSAL,
+                                               ROWS, BLOCK_N)
+            acc, p = warpgroup_mma_wait(0, deps=[acc, p])
+            mbarrier.arrive(v_empty.index((g + j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p = gl.convert_layout(p_next.to(dtype), p_layout)
 
-    for j in range(1, n_blocks):
-        _take_turn(turn, j, C, PINGPONG)
-        sc = _scores(q, k_ring, k_ready, j, s_layout, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
-        sv = (j - 1) % STAGES
-        mbarrier.wait(v_ready.index(sv), ((j - 1) // STAGES) & 1)
-        v = v_ring.index(sv).reshape([BLOCK_N, HEAD_D])
+        v = _values(v_ring, v_ready, g + n_blocks - 1, BLOCK_N, HEAD_D, STAGES)
+        _take_turn(turn, kt + n_blocks, C, PINGPONG)
         acc = warpgroup_mma(p, v, acc, is_async=True)
         _pass_turn(turn, C, PINGPONG)
-        sc = warpgroup_mma_wait(1, deps=[sc])  # S_j done; P_{j-1} V_{j-1} may still run
-        mbarrier.arrive(k_empty.index(j % STAGES), count=1)
-        p_next, m_i, l_i, alpha = _softmax(sc, m_i, l_i, j, m0, full, Sk, off, qk_scale, s_layout, CAUSAL,
-                                           BLOCK_M, BLOCK_N)
         acc, p = warpgroup_mma_wait(0, deps=[acc, p])
-        mbarrier.arrive(v_empty.index(sv), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        p = gl.convert_layout(p_next.to(dtype), p_layout)
+        mbarrier.arrive(v_empty.index((g + n_blocks - 1) % STAGES), count=1)
+        g += n_blocks
+        kt += n_blocks + 1
 
-    sv = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(sv), ((n_blocks - 1) // STAGES) & 1)
-    v = v_ring.index(sv).reshape([BLOCK_N, HEAD_D])
-    _take_turn(turn, n_blocks, C, PINGPONG)
-    acc = warpgroup_mma(p, v, acc, is_async=True)
-    _pass_turn(turn, C, PINGPONG)
-    acc, p = warpgroup_mma_wait(0, deps=[acc, p])
-    mbarrier.arrive(v_empty.index(sv), count=1)
-
-    # Epilogue: O through the Q buffer and a TMA store (clipped at Sq); lse by pointer.
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    q.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], q_smem)
-    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    lse = (m_i + gl.log2(l_i)) * _LN2
-    gl.store(lse_ptr + (b * H + h).to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-    tma.store_wait(0)
+        # Epilogue: O through the Q buffer and a TMA store (clipped at Sq); lse by pointer.
+        out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        q.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], q_smem)
+        rows = m0 + gl.arange(0, ROWS, layout=row_s)
+        lse = (m_i + gl.log2(l_i)) * _LN2
+        gl.store(lse_ptr + (b * H + h).to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty, count=1)  # the loader may bring the next tile's Q
+        i += 1
 
 
 # ---------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------
-@gluon.jit(do_not_specialize=["H", "GROUP", "Sq", "Sk"])  # one compile per (dtype, D, mask, config)
-def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
+@gluon.jit(do_not_specialize=["B", "H", "GROUP", "Sq", "Sk"])  # one compile per (dtype, D, mask, config)
+def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq, Sk, qk_scale,
                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                        PINGPONG: gl.constexpr, num_warps: gl.constexpr):
-    ROWS: gl.constexpr = BLOCK_M // CONSUMERS  # query rows of one consumer partition
-    gl.static_assert(q_desc.block_type.shape[2] == ROWS)
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    hk = h // GROUP
-    m0 = pid_m * BLOCK_M
-    off = Sk - Sq
-    if CAUSAL:  # keys past the block's last query are never loaded
-        hi = gl.minimum(Sk, m0 + BLOCK_M + off)
-        full = gl.maximum(gl.minimum(m0 + off + 1, Sk), 0)
-    else:
-        hi = Sk
-        full = Sk
-    full = (full // BLOCK_N) * BLOCK_N  # keys below `full`: every query of the block sees the whole block
-    n_blocks = gl.cdiv(hi, BLOCK_N)  # the same for every consumer (ping-pong hands turns over to the end)
+    """Tiles ``program_id, program_id + num_programs, ...`` of the ``cdiv(Sq,
+    BLOCK_M) * H * B`` tiles: one each with a grid of all tiles, several with
+    a persistent grid (the loader then fetches the next tile's Q and K/V
+    while the consumers finish the current one)."""
+    gl.static_assert(q_desc.block_type.shape[2] * CONSUMERS == BLOCK_M)
+    n_m = gl.cdiv(Sq, BLOCK_M)
+    n_tiles = n_m * H * B
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(CONSUMERS):
-        mbarrier.init(q_bar.index(c), count=1)
+        mbarrier.init(q_ready.index(c), count=1)
+        mbarrier.init(q_empty.index(c), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=CONSUMERS)
@@ -244,24 +288,24 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, GROUP, Sq, Sk
     for c in gl.static_range(2):
         mbarrier.init(turn.index(c), count=1)
 
-    loader_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, k_empty, v_ready, v_empty,
-                   b, h, hk, m0, n_blocks, BLOCK_N, STAGES, CONSUMERS)
+    loader_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready,
+                   v_empty, H, GROUP, Sq, Sk, n_m, n_tiles, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (q_smem.index(0), k_ring, v_ring, q_bar.index(0), k_ready, k_empty, v_ready, v_empty, turn,
-                         o_desc, lse_ptr, b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
-                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 0, False, num_warps)),
+            (_consumer, (q_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0), k_ready, k_empty,
+                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, False, num_warps)),
             (_loader, loader_args),
         ], [1], [LOADER_REGS])
     else:
         gl.static_assert(CONSUMERS == 2)
         gl.warp_specialize([
-            (_consumer, (q_smem.index(0), k_ring, v_ring, q_bar.index(0), k_ready, k_empty, v_ready, v_empty, turn,
-                         o_desc, lse_ptr, b, h, H, m0, Sq, Sk, n_blocks, full, qk_scale,
-                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 0, PINGPONG, num_warps)),
-            (_consumer, (q_smem.index(1), k_ring, v_ring, q_bar.index(1), k_ready, k_empty, v_ready, v_empty, turn,
-                         o_desc, lse_ptr, b, h, H, m0 + ROWS, Sq, Sk, n_blocks, full, qk_scale,
-                         CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, 1, PINGPONG, num_warps)),
+            (_consumer, (q_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0), k_ready, k_empty,
+                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, PINGPONG, num_warps)),
+            (_consumer, (q_smem.index(1), k_ring, v_ring, q_ready.index(1), q_empty.index(1), k_ready, k_empty,
+                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 1, PINGPONG, num_warps)),
             (_loader, loader_args),
         ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -273,15 +317,18 @@ def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
     """128 queries (two warpgroups of 64 rows) x 128 keys; the ring as deep as
     shared memory allows (Q + STAGES x (K + V) tiles under ~227 KB).
     ``CONSUMERS``: 1 (one 8-warp partition, both warpgroups in step) or 2 (a
-    4-warp partition per warpgroup, each on its own, ``PINGPONG`` optional)."""
+    4-warp partition per warpgroup, each on its own, ``PINGPONG`` optional).
+    ``PERSISTENT``: one CTA per SM walking the tiles (the same compiled kernel)."""
     return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2 if D == 128 else 4, "CONSUMERS": 1, "PINGPONG": False,
-            "num_warps": 8}
+            "PERSISTENT": False, "num_warps": 8}
 
 
 def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
     base = forward_default_config(D, Sq, Sk)
     two = dict(base, CONSUMERS=2, num_warps=4)
-    return [base, two, dict(two, PINGPONG=True), dict(base, BLOCK_N=64, STAGES=2 * base["STAGES"])]
+    pingpong = dict(two, PINGPONG=True)
+    return [base, two, pingpong, dict(base, BLOCK_N=64, STAGES=2 * base["STAGES"]),
+            dict(base, PERSISTENT=True), dict(pingpong, PERSISTENT=True)]
 
 
 def max_registers(cfg: dict) -> int:
@@ -308,11 +355,19 @@ def forward_plan(q, k, v, out, lse, scale: float, causal: bool, cfg: dict):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     rows = bm // cfg["CONSUMERS"]
     args = (descriptor(q, rows), descriptor(k, bn), descriptor(v, bn), descriptor(out, rows), lse,
-            H, H // Hk, Sq, Sk, float(scale) * _LOG2E)
+            B, H, H // Hk, Sq, Sk, float(scale) * _LOG2E)
     constexprs = dict(CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=cfg["STAGES"],
                       CONSUMERS=cfg["CONSUMERS"], PINGPONG=bool(cfg["PINGPONG"]), num_warps=cfg["num_warps"],
                       maxnreg=max_registers(cfg))
-    return (triton.cdiv(Sq, bm), H, B), args, constexprs
+    n_tiles = triton.cdiv(Sq, bm) * H * B
+    if cfg.get("PERSISTENT") and q.device.type == "cuda":
+        n_tiles = min(n_tiles, _sm_count(q.device))
+    return (n_tiles,), args, constexprs
+
+
+@functools.cache
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def launch_forward(q, k, v, out, lse, scale: float, causal: bool, cfg: dict) -> None:
