@@ -172,14 +172,16 @@ def _pass_turn(turn, C: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr,
-              H, Sq, Sk, n_m, n_tiles, qk_scale,
+def _consumer(q_smem, o_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+              o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, CONSUMERS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
               num_warps: gl.constexpr):
     """Consumer ``C`` of ``CONSUMERS``: rows ``[C * ROWS, (C + 1) * ROWS)`` of
-    each tile, in its own Q buffer (``q_smem``, reused to stage O); releases
-    each K/V slot once (a slot's empty barrier counts every consumer)."""
+    each tile, in its own Q and O buffers; releases each K/V slot once (a
+    slot's empty barrier counts every consumer) and its Q buffer after the
+    tile's last QK^T, so the next tile's Q loads during the last PV and the
+    epilogue, whose O store drains while the next tile computes."""
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -191,6 +193,7 @@ def _consumer(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_read
     dtype: gl.constexpr = q_smem.dtype
     off = Sk - Sq
     q = q_smem.reshape([ROWS, HEAD_D])
+    o = o_smem.reshape([ROWS, HEAD_D])
     g = 0  # K/V blocks consumed so far (the ring position)
     kt = 0  # ping-pong turns taken so far
     i = 0  # tiles done by this CTA
@@ -229,6 +232,7 @@ def _consumer(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_read
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p = gl.convert_layout(p_next.to(dtype), p_layout)
 
+        mbarrier.arrive(q_empty, count=1)  # every QK^T of the tile is done: the next tile's Q may load
         v = _values(v_ring, v_ready, g + n_blocks - 1, BLOCK_N, HEAD_D, STAGES)
         _take_turn(turn, kt + n_blocks, C, PINGPONG)
         acc = warpgroup_mma(p, v, acc, is_async=True)
@@ -238,17 +242,17 @@ def _consumer(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty, v_read
         g += n_blocks
         kt += n_blocks + 1
 
-        # Epilogue: O through the Q buffer and a TMA store (clipped at Sq); lse by pointer.
+        # Epilogue: O through shared memory and a TMA store (clipped at Sq); lse by pointer.
         out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        q.store(out.to(dtype))
+        tma.store_wait(0)  # the previous tile's O has left the buffer
+        o.store(out.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], q_smem)
+        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], o_smem)
         rows = m0 + gl.arange(0, ROWS, layout=row_s)
         lse = (m_i + gl.log2(l_i)) * _LN2
         gl.store(lse_ptr + (b * H + h).to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-        tma.store_wait(0)
-        mbarrier.arrive(q_empty, count=1)  # the loader may bring the next tile's Q
         i += 1
+    tma.store_wait(0)
 
 
 # ---------------------------------------------------------------------------
@@ -268,6 +272,7 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
     n_tiles = n_m * H * B
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -292,19 +297,19 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
                    v_empty, H, GROUP, Sq, Sk, n_m, n_tiles, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (q_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0), k_ready, k_empty,
-                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+            (_consumer, (q_smem.index(0), o_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0),
+                         k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, False, num_warps)),
             (_loader, loader_args),
         ], [1], [LOADER_REGS])
     else:
         gl.static_assert(CONSUMERS == 2)
         gl.warp_specialize([
-            (_consumer, (q_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0), k_ready, k_empty,
-                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+            (_consumer, (q_smem.index(0), o_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0),
+                         k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, PINGPONG, num_warps)),
-            (_consumer, (q_smem.index(1), k_ring, v_ring, q_ready.index(1), q_empty.index(1), k_ready, k_empty,
-                         v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
+            (_consumer, (q_smem.index(1), o_smem.index(1), k_ring, v_ring, q_ready.index(1), q_empty.index(1),
+                         k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 1, PINGPONG, num_warps)),
             (_loader, loader_args),
         ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -315,7 +320,7 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
 # ---------------------------------------------------------------------------
 def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
     """128 queries (two warpgroups of 64 rows) x 128 keys; the ring as deep as
-    shared memory allows (Q + STAGES x (K + V) tiles under ~227 KB).
+    shared memory allows (Q + O + STAGES x (K + V) tiles under ~227 KB).
     ``CONSUMERS``: 1 (one 8-warp partition, both warpgroups in step) or 2 (a
     4-warp partition per warpgroup, each on its own, ``PINGPONG`` optional).
     ``PERSISTENT``: one CTA per SM walking the tiles (the same compiled kernel)."""
@@ -398,7 +403,8 @@ def compile_sm90(D: int = 128, causal: bool = True, dtype=torch.bfloat16, cfg: d
     from triton import knobs
 
     # The options a launch would pass, so the compile lands where the launch looks in Triton's cache.
-    kw = dict(kw, debug=kernel.debug or knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
+    kw = dict(kw, debug=kernel.debug or knobs.runtime.debug,
+              instrumentation_mode=knobs.compilation.instrumentation_mode)
     bound, specialization, opts = binder(*args, **kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, opts)
     return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
