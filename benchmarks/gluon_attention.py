@@ -141,7 +141,7 @@ def part_check(quick: bool):
     from opforge.kernels import attention_gluon as KG
 
     cases = [c + (0,) for c in cases]
-    for D, causal in ((128, True), (64, False)):  # the other configs
+    for D, causal in ((128, True), (128, False), (64, False)):  # the other configs
         # S 3000: 384 tiles of 128 queries, several per CTA on a persistent grid
         cases += [(2, 8, 2, 3000, D, causal, torch.bfloat16, i) for i in range(1, len(KG.forward_configs(D, 1, 1)))]
     _say(f"{'case':54s} {'max|dO|':>9s} {'max|dLSE|':>9s} result")
@@ -197,8 +197,8 @@ def _peers(q, k, v, causal):
 
 
 def _tag(i: int, cfg: dict) -> str:
-    return (f"cfg{i} N{cfg['BLOCK_N']} c{cfg['CONSUMERS']}{' pp' if cfg['PINGPONG'] else ''}"
-            f"{' pers' if cfg['PERSISTENT'] else ''}")
+    return (f"cfg{i} N{cfg['BLOCK_N']} st{cfg['STAGES']} c{cfg['CONSUMERS']}{' pp' if cfg['PINGPONG'] else ''}"
+            f"{' pers' if cfg['PERSISTENT'] else ''}{' o-in-q' if cfg.get('O_IN_Q') else ''}")
 
 
 def part_time(quick: bool):

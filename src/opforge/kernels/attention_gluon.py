@@ -176,12 +176,14 @@ def _consumer(q_smem, o_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty
               o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, CONSUMERS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
-              num_warps: gl.constexpr):
+              O_IN_Q: gl.constexpr, num_warps: gl.constexpr):
     """Consumer ``C`` of ``CONSUMERS``: rows ``[C * ROWS, (C + 1) * ROWS)`` of
     each tile, in its own Q and O buffers; releases each K/V slot once (a
     slot's empty barrier counts every consumer) and its Q buffer after the
     tile's last QK^T, so the next tile's Q loads during the last PV and the
-    epilogue, whose O store drains while the next tile computes."""
+    epilogue, whose O store drains while the next tile computes. ``O_IN_Q``:
+    O is staged in the Q buffer (``o_smem`` is ``q_smem``), which then frees
+    only once O has left: the shared memory goes to a deeper K/V ring."""
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -232,7 +234,8 @@ def _consumer(q_smem, o_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p = gl.convert_layout(p_next.to(dtype), p_layout)
 
-        mbarrier.arrive(q_empty, count=1)  # every QK^T of the tile is done: the next tile's Q may load
+        if not O_IN_Q:
+            mbarrier.arrive(q_empty, count=1)  # every QK^T of the tile is done: the next tile's Q may load
         v = _values(v_ring, v_ready, g + n_blocks - 1, BLOCK_N, HEAD_D, STAGES)
         _take_turn(turn, kt + n_blocks, C, PINGPONG)
         acc = warpgroup_mma(p, v, acc, is_async=True)
@@ -251,6 +254,9 @@ def _consumer(q_smem, o_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty
         rows = m0 + gl.arange(0, ROWS, layout=row_s)
         lse = (m_i + gl.log2(l_i)) * _LN2
         gl.store(lse_ptr + (b * H + h).to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+        if O_IN_Q:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty, count=1)
         i += 1
     tma.store_wait(0)
 
@@ -262,7 +268,7 @@ def _consumer(q_smem, o_smem, k_ring, v_ring, q_ready, q_empty, k_ready, k_empty
 def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq, Sk, qk_scale,
                        CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                       PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                       PINGPONG: gl.constexpr, O_IN_Q: gl.constexpr, num_warps: gl.constexpr):
     """Tiles ``program_id, program_id + num_programs, ...`` of the ``cdiv(Sq,
     BLOCK_M) * H * B`` tiles: one each with a grid of all tiles, several with
     a persistent grid (the loader then fetches the next tile's Q and K/V
@@ -272,7 +278,10 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
     n_tiles = n_m * H * B
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+    if O_IN_Q:
+        o_smem = q_smem
+    else:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -299,7 +308,7 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
         gl.warp_specialize([
             (_consumer, (q_smem.index(0), o_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0),
                          k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, False, num_warps)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, False, O_IN_Q, num_warps)),
             (_loader, loader_args),
         ], [1], [LOADER_REGS])
     else:
@@ -307,10 +316,10 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
         gl.warp_specialize([
             (_consumer, (q_smem.index(0), o_smem.index(0), k_ring, v_ring, q_ready.index(0), q_empty.index(0),
                          k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, PINGPONG, num_warps)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 0, PINGPONG, O_IN_Q, num_warps)),
             (_consumer, (q_smem.index(1), o_smem.index(1), k_ring, v_ring, q_ready.index(1), q_empty.index(1),
                          k_ready, k_empty, v_ready, v_empty, turn, o_desc, lse_ptr, H, Sq, Sk, n_m, n_tiles, qk_scale,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 1, PINGPONG, num_warps)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, 1, PINGPONG, O_IN_Q, num_warps)),
             (_loader, loader_args),
         ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -330,7 +339,8 @@ def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
     Keys: ``CONSUMERS`` 1 (one 8-warp partition, both warpgroups in step) or 2
     (a 4-warp partition per warpgroup), ``PINGPONG`` (two consumers take
     turns at the tensor cores), ``PERSISTENT`` (one CTA per SM walking the
-    tiles; the same compiled kernel)."""
+    tiles; the same compiled kernel), ``O_IN_Q`` (O staged in the Q buffer:
+    room for a deeper ring)."""
     if D == 128:
         return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "PINGPONG": False,
                 "PERSISTENT": False, "num_warps": 4}
@@ -345,6 +355,8 @@ def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
     one = dict(two, CONSUMERS=1, num_warps=8)
     out = [forward_default_config(D, Sq, Sk), two, dict(two, PINGPONG=True), dict(two, PERSISTENT=True),
            dict(two, PINGPONG=True, PERSISTENT=True), one]
+    if D == 128:  # a 3-deep ring fits when O is staged in the Q buffer (32 + 3 x 64 KB)
+        out += [dict(two, STAGES=3, O_IN_Q=True), dict(two, STAGES=3, O_IN_Q=True, PINGPONG=True)]
     if D == 64:
         out += [dict(two, BLOCK_N=256, STAGES=2), dict(two, BLOCK_N=256, STAGES=2, PINGPONG=True, PERSISTENT=True)]
     unique = []
@@ -380,7 +392,8 @@ def forward_plan(q, k, v, out, lse, scale: float, causal: bool, cfg: dict):
     args = (descriptor(q, rows), descriptor(k, bn), descriptor(v, bn), descriptor(out, rows), lse,
             B, H, H // Hk, Sq, Sk, float(scale) * _LOG2E)
     constexprs = dict(CAUSAL=bool(causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, STAGES=cfg["STAGES"],
-                      CONSUMERS=cfg["CONSUMERS"], PINGPONG=bool(cfg["PINGPONG"]), num_warps=cfg["num_warps"],
+                      CONSUMERS=cfg["CONSUMERS"], PINGPONG=bool(cfg["PINGPONG"]), O_IN_Q=bool(cfg.get("O_IN_Q")),
+                      num_warps=cfg["num_warps"],
                       maxnreg=max_registers(cfg))
     n_tiles = triton.cdiv(Sq, bm) * H * B
     if cfg.get("PERSISTENT") and q.device.type == "cuda":
