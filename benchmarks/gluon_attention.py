@@ -15,8 +15,10 @@ waited on forever) or a crash costs that part only. Prints:
   SDPA, flash SDPA and our Triton forward (opforge.attention), and the
   ratios; GQA 32/8 S 4096 against SDPA with enable_gqa; D 64 S 4096;
   and every config of the kernel at each shape (the best one is named);
-* ``dispatch``: what ``opforge.attention`` picks with OPFORGE_GLUON=1, and
-  ``gluon_ws`` forced through the op's API against the reference.
+* ``dispatch``: what ``opforge.attention`` picks with OPFORGE_GLUON=1,
+  ``gluon_ws`` forced through the op's API against the reference, and the
+  selftest's check of the variant (``selftest`` part);
+* ``memcheck``: that selftest check under compute-sanitizer memcheck.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import subprocess
 import sys
 import time
 
-PARTS = ("warm", "check", "time", "dispatch")
-LIMITS = {"warm": 40, "check": 30, "time": 65, "dispatch": 15}  # 150 s in all at most
+PARTS = ("warm", "check", "time", "dispatch", "memcheck")
+LIMITS = {"warm": 25, "check": 20, "time": 50, "dispatch": 25, "memcheck": 30, "selftest": 30}  # 150 s at most
 
 
 def _say(*a):
@@ -274,6 +276,41 @@ def part_dispatch(quick: bool):
             err = (out.float() - ref.float()).abs().max().item()
             _say(f"opforge.attention [{d.variant.name}] {what} vs reference: max abs {err:.2e} "
                  f"{'PASS' if err <= 2e-2 else 'FAIL'}")
+    part_selftest(quick)
+
+
+def part_selftest(quick: bool):
+    """``opforge selftest``'s check of the one variant: the family's samples (GQA, Sq != Sk, strided
+    views, fp16/bf16...) that gluon_ws takes, against the float64 reference."""
+    os.environ["OPFORGE_GLUON"] = "1"
+    _setup()
+    from opforge.runtime import device as devmod
+    from opforge.runtime import registry
+    from opforge.selftest import check_variant
+
+    op = registry.get("attention")
+    r = check_variant(op, op.variant("gluon_ws"), devmod.default_device())
+    _say(f"selftest attention [gluon_ws]: passed {r.passed} failed {r.failed} skipped {r.skipped} "
+         f"worst rel err {r.worst_err:.2e} {'PASS' if r.passed and not r.failed else 'FAIL'} {r.failures}")
+
+
+def part_memcheck(quick: bool):
+    """The selftest part under compute-sanitizer memcheck (out-of-bounds TMA, bad shared memory use)."""
+    import shutil
+
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(tool):
+        _say("compute-sanitizer not found: memcheck skipped")
+        return
+    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, __file__, "--child", "selftest"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMITS["memcheck"] - 4)
+    except subprocess.TimeoutExpired:
+        _say("memcheck: did not finish in time")
+        return
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    _say("\n".join(lines[-8:]))
+    _say(f"memcheck: {'CLEAN' if done.returncode == 0 else f'exit {done.returncode} (3: errors found)'}")
 
 
 def main() -> int:
