@@ -18,6 +18,9 @@ waited on forever) or a crash costs that part only. Prints:
 * ``dispatch``: what ``opforge.attention`` picks with OPFORGE_GLUON=1,
   ``gluon_ws`` forced through the op's API against the reference, and the
   selftest's check of the variant (``selftest`` part);
+* ``backward``: the Gluon backward (kernels/attention_gluon_backward.py)
+  against autograd in fp32, and its TFLOP/s against our Triton backward and
+  cuDNN's (forward+backward less forward);
 * ``memcheck``: that selftest check under compute-sanitizer memcheck.
 """
 
@@ -30,8 +33,9 @@ import subprocess
 import sys
 import time
 
-PARTS = ("warm", "check", "time", "dispatch", "memcheck")
-LIMITS = {"warm": 25, "check": 20, "time": 50, "dispatch": 25, "memcheck": 30, "selftest": 30}  # 150 s at most
+PARTS = ("warm", "check", "time", "dispatch", "backward", "memcheck")
+LIMITS = {"warm": 25, "check": 15, "time": 45, "dispatch": 20, "backward": 25, "memcheck": 20,
+          "selftest": 30}  # 150 s at most
 
 
 def _say(*a):
@@ -119,6 +123,7 @@ def part_warm(quick: bool):
                 seen.append(key)
                 jobs += [(_compile_gluon, (D, c, "bfloat16", i)) for c in (True, False)]
     jobs += [(_compile_gluon, (64, True, "float16", 0)), (_warm_triton, ())]
+    jobs += [(_compile_gluon_backward, (D, c)) for D in (128, 64) for c in (True, False)]
     with ProcessPoolExecutor(min(len(jobs), max(2, (os.cpu_count() or 4) - 1)),
                              mp_context=mp.get_context("spawn")) as pool:
         futures = [pool.submit(fn, *args) for fn, args in jobs]
@@ -277,6 +282,87 @@ def part_dispatch(quick: bool):
             _say(f"opforge.attention [{d.variant.name}] {what} vs reference: max abs {err:.2e} "
                  f"{'PASS' if err <= 2e-2 else 'FAIL'}")
     part_selftest(quick)
+
+
+def _compile_gluon_backward(D, causal):
+    from opforge.kernels import attention_gluon_backward as KB
+
+    t0 = time.time()
+    KB.compile_sm90(D, causal)
+    return f"gluon backward D{D} {'causal' if causal else 'full'}: {time.time() - t0:.1f} s"
+
+
+def _gluon_backward(do, q, k, v, out, lse, causal):
+    import torch
+
+    from opforge.kernels import attention_gluon_backward as KB
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    KB.launch_backward(do, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, causal)
+    return dq, dk, dv
+
+
+def part_backward(quick: bool):
+    """The Gluon backward (not dispatched yet): dq/dk/dv against autograd through SDPA's math
+    in fp32, then TFLOP/s (2.5x the forward's FLOPs) against our Triton backward and cuDNN."""
+    torch = _setup()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    __import__("opforge.ops.attention")  # defines torch.ops.opforge.attention_backward
+
+    _say(f"{'case':40s} {'max|dQ|':>9s} {'max|dK|':>9s} {'max|dV|':>9s} result")
+    for B, H, Hk, S, D, causal in ((2, 8, 8, 1000, 128, True), (2, 8, 2, 1024, 64, False),
+                                   (1, 4, 1, 777, 128, False), (2, 4, 4, 1536, 128, True)):
+        name = f"B{B} H{H}/{Hk} S{S} D{D} {'causal' if causal else 'full'}"
+        try:
+            q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, Hk, S, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, Hk, S, D, device="cuda", dtype=torch.bfloat16)
+            do = torch.randn_like(q)
+            out, lse = _gluon(q, k, v, causal)
+            dq, dk, dv = _gluon_backward(do, q, k, v, out, lse, causal)
+            torch.cuda.synchronize()
+            qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.MATH):
+                ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal,
+                                                                       enable_gqa=H != Hk)
+            gq, gk, gv = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+            errs = [(a.float() - r).abs().max().item() for a, r in ((dq, gq), (dk, gk), (dv, gv))]
+            scales = [r.abs().max().item() for r in (gq, gk, gv)]
+            ok = all(e <= 2e-2 * max(1.0, sc) and math.isfinite(e) for e, sc in zip(errs, scales))
+            _say(f"{name:40s} " + " ".join(f"{e:9.2e}" for e in errs) + f" {'PASS' if ok else 'FAIL'}")
+        except Exception as e:
+            _say(f"{name:40s} ERROR {type(e).__name__}: {str(e)[:300]}")
+    _say(f"{'backward (bf16)':32s} {'gluon':>8s} {'triton':>8s} {'cudnn':>8s}  gl/triton gl/cudnn  (TFLOP/s)")
+    for S, causal in ((4096, False), (4096, True), (8192, True)):
+        B, H, D = 4, 16, 128
+        name = f"B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
+        q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out, lse = _gluon(q, k, v, causal)
+        flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        tf = {}
+        scale = D ** -0.5
+        runs = {"gluon": lambda: _gluon_backward(do, q, k, v, out, lse, causal),
+                "triton": lambda: torch.ops.opforge.attention_backward(do, q, k, v, out, lse, scale, -1,
+                                                                       0 if causal else -1, None, None, -1, -1)}
+        for cname, fn in runs.items():
+            try:
+                tf[cname] = flops / _bench(fn) / 1e9
+            except Exception as e:
+                _say(f"  {name} {cname}: {type(e).__name__}: {str(e)[:200]}")
+        try:  # cuDNN: forward+backward through autograd, less its forward
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                fwd = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal))
+                both = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    qg, kg, vg, is_causal=causal).backward(do))
+            tf["cudnn"] = flops / (both - fwd) / 1e9
+        except Exception as e:
+            _say(f"  {name} cudnn: {type(e).__name__}: {str(e)[:200]}")
+        cells = " ".join(f"{tf[c]:8.1f}" if c in tf else f"{'-':>8s}" for c in ("gluon", "triton", "cudnn"))
+        ratios = " ".join(f"{tf['gluon'] / tf[p]:9.2f}" if "gluon" in tf and p in tf else f"{'-':>9s}"
+                          for p in ("triton", "cudnn"))
+        _say(f"{name:32s} {cells}  {ratios}")
 
 
 def part_selftest(quick: bool):
