@@ -34,7 +34,7 @@ import sys
 import time
 
 PARTS = ("warm", "check", "time", "dispatch", "backward", "memcheck")
-LIMITS = {"warm": 25, "check": 15, "time": 45, "dispatch": 20, "backward": 25, "memcheck": 20,
+LIMITS = {"warm": 30, "check": 15, "time": 40, "dispatch": 25, "backward": 20, "memcheck": 20,
           "selftest": 30}  # 150 s at most
 
 
@@ -122,8 +122,11 @@ def part_warm(quick: bool):
             if key not in seen:
                 seen.append(key)
                 jobs += [(_compile_gluon, (D, c, "bfloat16", i)) for c in (True, False)]
-    jobs += [(_compile_gluon, (64, True, "float16", 0)), (_warm_triton, ())]
+    # fp16: the check part's case and the selftest samples' (D 64 full / causal, D 128 full)
+    jobs += [(_compile_gluon, (64, c, "float16", 0)) for c in (True, False)]
+    jobs += [(_compile_gluon, (128, False, "float16", 0)), (_warm_triton, ())]
     jobs += [(_compile_gluon_backward, (D, c)) for D in (128, 64) for c in (True, False)]
+    jobs += [(_compile_gluon_backward, (D, c, "float16")) for D, c in ((64, True), (64, False), (128, False))]
     with ProcessPoolExecutor(min(len(jobs), max(2, (os.cpu_count() or 4) - 1)),
                              mp_context=mp.get_context("spawn")) as pool:
         futures = [pool.submit(fn, *args) for fn, args in jobs]
@@ -284,12 +287,14 @@ def part_dispatch(quick: bool):
     part_selftest(quick)
 
 
-def _compile_gluon_backward(D, causal):
+def _compile_gluon_backward(D, causal, dtype_name="bfloat16"):
+    import torch
+
     from opforge.kernels import attention_gluon_backward as KB
 
     t0 = time.time()
-    KB.compile_sm90(D, causal)
-    return f"gluon backward D{D} {'causal' if causal else 'full'}: {time.time() - t0:.1f} s"
+    KB.compile_sm90(D, causal, getattr(torch, dtype_name))
+    return f"gluon backward D{D} {'causal' if causal else 'full'} {dtype_name}: {time.time() - t0:.1f} s"
 
 
 def _gluon_backward(do, q, k, v, out, lse, causal):
@@ -374,10 +379,11 @@ def part_selftest(quick: bool):
     from opforge.runtime import registry
     from opforge.selftest import check_variant
 
-    op = registry.get("attention")
-    r = check_variant(op, op.variant("gluon_ws"), devmod.default_device())
-    _say(f"selftest attention [gluon_ws]: passed {r.passed} failed {r.failed} skipped {r.skipped} "
-         f"worst rel err {r.worst_err:.2e} {'PASS' if r.passed and not r.failed else 'FAIL'} {r.failures}")
+    for name in ("attention", "attention_backward"):
+        op = registry.get(name)
+        r = check_variant(op, op.variant("gluon_ws"), devmod.default_device())
+        _say(f"selftest {name} [gluon_ws]: passed {r.passed} failed {r.failed} skipped {r.skipped} "
+             f"worst rel err {r.worst_err:.2e} {'PASS' if r.passed and not r.failed else 'FAIL'} {r.failures}")
 
 
 def part_memcheck(quick: bool):

@@ -55,10 +55,13 @@ def test_check_takes_only_what_the_kernel_handles(on_hopper, geom, reason):
 
 def test_guard_gpu_and_interpreter_rules(on_hopper, monkeypatch):
     g = _geometry()
+    assert AG.check(g) is None and AG.backward_check(g) is None
+    assert "varlen" in AG.backward_check(_geometry(varlen=True))
     monkeypatch.setenv("OPFORGE_GLUON", "0")
-    assert "OPFORGE_GLUON=1" in AG.check(g)
+    assert "OPFORGE_GLUON=1" in AG.check(g) and "OPFORGE_GLUON=1" in AG.backward_check(g)
     monkeypatch.delenv("OPFORGE_GLUON")
-    assert ("OPFORGE_GLUON=1" in AG.check(g)) is not AG.ENABLED_BY_DEFAULT
+    assert ("OPFORGE_GLUON=1" in (AG.check(g) or "")) is not AG.ENABLED_BY_DEFAULT
+    assert ("OPFORGE_GLUON=1" in (AG.backward_check(g) or "")) is not AG.BACKWARD_ENABLED_BY_DEFAULT
     monkeypatch.setattr(AG, "_hopper", lambda: False)
     assert "sm_90" in AG.check(g)
     monkeypatch.setattr(AG, "interpret_mode", lambda: True)
@@ -69,6 +72,7 @@ def test_dispatch_order_and_cpu_fallback(monkeypatch):
     monkeypatch.setenv("OPFORGE_GLUON", "1")
     op = registry.get("attention")
     assert [v.name for v in op.variants][:2] == ["gluon_ws", "triton_flash_tma"]
+    assert [v.name for v in registry.get("attention_backward").variants][:2] == ["gluon_ws", "triton_flash_tma"]
     assert op.variant("gluon_ws").min_capability == (9, 0)
     q = torch.randn(1, 2, 40, 64, dtype=torch.float16)
     d = dispatch.explain("attention", q, q, q, 0.125, -1, 0, None, None, -1, -1)

@@ -35,7 +35,8 @@ cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)``, window bounds
 
 Variants, in dispatch order: ``gluon_ws`` (forward only: the FA3-style
 warp-specialized Hopper kernel in Gluon, ``ops/attention_gluon.py``; taken
-only with ``OPFORGE_GLUON=1`` until measured), ``triton_flash_tma`` (the same kernels with
+only with ``OPFORGE_GLUON=1`` until measured; the backward has one too),
+``triton_flash_tma`` (the same kernels with
 the hot loops' tiles read through TMA descriptors; sm_90+, 16-byte aligned
 bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
 loads, any strides), ``torch_sdpa`` (forward only: SDPA's flash kernel, CUDA,
@@ -476,7 +477,9 @@ FORWARD_SPECS = [  # first, but guarded (ops/attention_gluon.py: OPFORGE_GLUON=1
          description="plain torch with materialized scores (the oracle and the CPU fallback)"),
 ]
 
-BACKWARD_SPECS = _flash_specs(
+BACKWARD_SPECS = [  # first, but guarded like the forward's
+    attention_gluon.make_backward_spec(lambda g, *args: Backward(True)(g, backward_default(g), *args)),
+] + _flash_specs(
     Backward, K.BWD_VERSION, backward_configs, backward_default,
     "triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)",
     "delta, then dK/dV per key block (GQA group summed in order) and dQ per query "

@@ -24,12 +24,13 @@ from opforge.runtime.shapes import bucket_size
 NAME = "gluon_ws"
 HEAD_DIMS = (64, 128)  # kernels/attention_gluon.HEAD_DIMS, without importing Gluon here
 # Flip to True once the device run shows it correct and faster (see the report of issue 27).
-ENABLED_BY_DEFAULT = False
+ENABLED_BY_DEFAULT = False  # the forward
+BACKWARD_ENABLED_BY_DEFAULT = False
 
 
-def enabled() -> bool:
+def enabled(by_default: bool) -> bool:
     flag = os.environ.get("OPFORGE_GLUON")
-    return ENABLED_BY_DEFAULT if flag is None else flag == "1"
+    return by_default if flag is None else flag == "1"
 
 
 def _hopper() -> bool:
@@ -37,7 +38,22 @@ def _hopper() -> bool:
 
 
 def check(g) -> str | None:
-    """Why the Gluon kernel cannot take geometry ``g`` (None when it can)."""
+    """Why the Gluon forward cannot take geometry ``g`` (None when it can)."""
+    return _reason(g) or _guard(ENABLED_BY_DEFAULT)
+
+
+def backward_check(g) -> str | None:
+    """Why the Gluon backward cannot take geometry ``g`` (None when it can)."""
+    return _reason(g) or _guard(BACKWARD_ENABLED_BY_DEFAULT)
+
+
+def _guard(by_default: bool) -> str | None:
+    if not enabled(by_default):
+        return "not yet measured on the device: set OPFORGE_GLUON=1 (or force the variant)"
+    return None
+
+
+def _reason(g) -> str | None:
     if interpret_mode():
         return "Gluon kernels do not run under the Triton interpreter"
     if g.dtype not in (torch.float16, torch.bfloat16):
@@ -56,8 +72,6 @@ def check(g) -> str | None:
         return g.tma
     if not _hopper():
         return "wgmma and setmaxnreg are sm_90 (Hopper) instructions"
-    if not enabled():
-        return "not yet measured on the device: set OPFORGE_GLUON=1 (or force the variant)"
     return None
 
 
@@ -99,3 +113,23 @@ def make_spec(fallback) -> Spec:
                 check=check, configs=configs, default_config=default_config, bucket=bucket,
                 description="FA3-style Hopper forward in Gluon: a TMA loader warp, two consumer warpgroups on "
                             "async wgmma, QK of the next block overlapping PV (fp16/bf16, D 64/128, GQA)")
+
+
+def make_backward_spec(fallback) -> Spec:
+    """The backward's ``Spec`` (``kernels/attention_gluon_backward.py``: dK/dV
+    and dQ kernels, deterministic); ``fallback(g, *args)`` as in ``make_spec``."""
+
+    def run(g, cfg, do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k):
+        if scale <= 0:
+            return fallback(g, do, q, k, v, out, lse, scale, left, right, cu_q, cu_k, max_q, max_k)
+        from opforge.kernels import attention_gluon_backward as KB
+
+        do, q, k, v, out = (t if t.stride(-1) == 1 else t.contiguous() for t in (do, q, k, v, out))
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        KB.launch_backward(do, q, k, v, out, lse, dq, dk, dv, float(scale), right == 0)
+        return dq, dk, dv
+
+    return Spec(NAME, run, version="1", dtypes=frozenset({torch.float16, torch.bfloat16}), min_capability=(9, 0),
+                check=backward_check, bucket=bucket,
+                description="Hopper backward in Gluon: dK/dV and dQ kernels, each a TMA loader warp and two "
+                            "consumer warpgroups on wgmma; GQA summed in order (deterministic)")
