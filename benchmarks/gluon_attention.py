@@ -103,6 +103,11 @@ def _warm_triton():
         k = torch.randn(1, Hk, 256, D, device="cuda", dtype=torch.bfloat16)
         for causal in (False, True):
             opforge.attention(q, k, k, causal=causal)
+            if H == Hk and D == 128:  # the backward part's Triton peer
+                out, lse = torch.ops.opforge.attention(q, q, q, D ** -0.5, -1, 0 if causal else -1,
+                                                       None, None, -1, -1)
+                torch.ops.opforge.attention_backward(out, q, q, q, out, lse, D ** -0.5, -1, 0 if causal else -1,
+                                                     None, None, -1, -1)
     torch.cuda.synchronize()
     return f"triton forward: {time.time() - t0:.1f} s"
 
@@ -340,34 +345,42 @@ def part_backward(quick: bool):
             _say(f"{name:40s} ERROR {type(e).__name__}: {str(e)[:300]}")
     _say(f"{'backward (bf16)':32s} {'gluon':>8s} {'triton':>8s} {'cudnn':>8s}  gl/triton gl/cudnn  (TFLOP/s)")
     for S, causal in ((4096, False), (4096, True), (8192, True)):
-        B, H, D = 4, 16, 128
-        name = f"B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
-        q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        out, lse = _gluon(q, k, v, causal)
-        flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-        tf = {}
-        scale = D ** -0.5
-        runs = {"gluon": lambda: _gluon_backward(do, q, k, v, out, lse, causal),
-                "triton": lambda: torch.ops.opforge.attention_backward(do, q, k, v, out, lse, scale, -1,
-                                                                       0 if causal else -1, None, None, -1, -1)}
-        for cname, fn in runs.items():
-            try:
-                tf[cname] = flops / _bench(fn) / 1e9
-            except Exception as e:
-                _say(f"  {name} {cname}: {type(e).__name__}: {str(e)[:200]}")
-        try:  # cuDNN: forward+backward through autograd, less its forward
-            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                fwd = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal))
-                both = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                    qg, kg, vg, is_causal=causal).backward(do))
-            tf["cudnn"] = flops / (both - fwd) / 1e9
+        try:
+            _time_backward(torch, 4, 16, S, 128, causal)
         except Exception as e:
-            _say(f"  {name} cudnn: {type(e).__name__}: {str(e)[:200]}")
-        cells = " ".join(f"{tf[c]:8.1f}" if c in tf else f"{'-':>8s}" for c in ("gluon", "triton", "cudnn"))
-        ratios = " ".join(f"{tf['gluon'] / tf[p]:9.2f}" if "gluon" in tf and p in tf else f"{'-':>9s}"
-                          for p in ("triton", "cudnn"))
-        _say(f"{name:32s} {cells}  {ratios}")
+            _say(f"  S{S} {'causal' if causal else 'full'}: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _time_backward(torch, B, H, S, D, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    name = f"B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
+    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = _gluon(q, k, v, causal)
+    flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+    tf = {}
+    scale = D ** -0.5
+    runs = {"gluon": lambda: _gluon_backward(do, q, k, v, out, lse, causal),
+            "triton": lambda: torch.ops.opforge.attention_backward(do, q, k, v, out, lse, scale, -1,
+                                                                   0 if causal else -1, None, None, -1, -1)}
+    for cname, fn in runs.items():
+        try:
+            tf[cname] = flops / _bench(fn) / 1e9
+        except Exception as e:
+            _say(f"  {name} {cname}: {type(e).__name__}: {str(e)[:200]}")
+    try:  # cuDNN: forward+backward through autograd, less its forward
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            fwd = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal))
+            both = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                qg, kg, vg, is_causal=causal).backward(do))
+        tf["cudnn"] = flops / (both - fwd) / 1e9
+    except Exception as e:
+        _say(f"  {name} cudnn: {type(e).__name__}: {str(e)[:200]}")
+    cells = " ".join(f"{tf[c]:8.1f}" if c in tf else f"{'-':>8s}" for c in ("gluon", "triton", "cudnn"))
+    ratios = " ".join(f"{tf['gluon'] / tf[p]:9.2f}" if "gluon" in tf and p in tf else f"{'-':>9s}"
+                      for p in ("triton", "cudnn"))
+    _say(f"{name:32s} {cells}  {ratios}")
 
 
 def part_selftest(quick: bool):
