@@ -3,28 +3,35 @@
 Why Gluon: Triton 3.6's automatic warp specialization failed on the FA2
 forward of ``kernels/attention.py``; Gluon lets us place the work by hand.
 
-One program per ``BLOCK_M`` queries of one head (grid ``(cdiv(Sq, BLOCK_M),
-H, B)``, the heaviest causal blocks first). The CTA is split with
-``gl.warp_specialize`` into
+Tiles of ``BLOCK_M`` queries of one head, numbered query block fastest (the
+CTAs in flight share a head's K/V in L2), heaviest causal block first; a
+1-D grid of one CTA per tile, or one per SM walking the tiles
+(``PERSISTENT``). The CTA is split with ``gl.warp_specialize`` into
 
-* a **loader** (1 warp, few registers): TMA loads of the Q tile and of the
-  K and V tiles into a ``STAGES``-deep shared-memory ring, each slot guarded
-  by a ``ready`` mbarrier (TMA transaction count) and an ``empty`` mbarrier
-  (the consumer's release);
-* the **consumer** (the default partition, ``num_warps`` = 4 per 64 query
-  rows: two warpgroups for ``BLOCK_M = 128``): ``S = Q K^T`` and ``O += P V``
-  on ``warpgroup_mma`` (async), with the online softmax in registers. The
-  loop is software-pipelined as in FA3: ``S_{j+1} = Q K_{j+1}^T`` is issued
-  before ``P_j V_j``, and the softmax of block ``j+1`` runs while ``P_j V_j``
-  is still on the tensor cores (``warpgroup_mma_wait(1)`` waits for the
-  older QK only; wgmma groups retire in order).
+* a **loader** (1 warp, 24 registers): TMA loads of each consumer's Q tile
+  and of the K and V tiles into a ``STAGES``-deep shared-memory ring, each
+  slot guarded by a ``ready`` mbarrier (TMA transaction count) and an
+  ``empty`` one (released by every consumer);
+* the **consumers**: ``CONSUMERS = 2`` partitions of one warpgroup, each
+  owning 64 query rows and running on its own (``CONSUMERS = 1``: one 8-warp
+  partition whose warpgroups wait for each other at every barrier, 25 %
+  slower on the H200), ``setmaxnreg`` giving them 240 registers.
+  ``S = Q K^T`` and ``O += P V`` run on ``warpgroup_mma`` (async; P from
+  registers), the online softmax in registers. The loop is
+  software-pipelined as in FA3: ``S_{j+1} = Q K_{j+1}^T`` is issued with
+  ``P_j V_j`` and the softmax of block ``j+1`` runs while ``P_j V_j`` is
+  still on the tensor cores (``warpgroup_mma_wait(1)`` waits for the older
+  QK only; wgmma groups retire in order). ``PINGPONG``: the two consumers
+  take turns issuing their GEMMs (an mbarrier pair), so one's softmax
+  overlaps the other's GEMMs.
 
 The scale is folded with ``log2(e)`` so the exponentials are ``exp2`` (the
 max commutes with a positive scale, so it is one FMA per score). Masks (the
 causal diagonal, keys past ``Sk``) are applied only to the blocks that need
-them (``n + BLOCK_N > full``). O goes out through a TMA store from the
-shared buffer that held Q; the log-sum-exp (natural log, fp32, ``(B, H,
-Sq)``) is the convention of ``kernels/attention.py`` so its backward takes it.
+them (``n + BLOCK_N > full``). O goes out through a TMA store from its own
+buffer (or, ``O_IN_Q``, the Q buffer, leaving room for a deeper ring); the
+log-sum-exp (natural log, fp32, ``(B, H, Sq)``) is the convention of
+``kernels/attention.py`` so its backward takes it.
 
 Tensors are seen through 4-D TMA descriptors ``[B, H, S, D]`` with a
 ``[1, 1, rows, D]`` box: the copy engine zero-fills rows past a head's
