@@ -363,7 +363,8 @@ def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
     out = [forward_default_config(D, Sq, Sk), two, dict(two, PINGPONG=True), dict(two, PERSISTENT=True),
            dict(two, PINGPONG=True, PERSISTENT=True), one]
     if D == 128:  # a 3-deep ring fits when O is staged in the Q buffer (32 + 3 x 64 KB)
-        out += [dict(two, STAGES=3, O_IN_Q=True), dict(two, STAGES=3, O_IN_Q=True, PINGPONG=True)]
+        out += [dict(two, STAGES=3, O_IN_Q=True), dict(two, STAGES=3, O_IN_Q=True, PINGPONG=True),
+                dict(two, STAGES=3, O_IN_Q=True, PERSISTENT=True), dict(two, BLOCK_N=64, STAGES=4)]
     if D == 64:
         out += [dict(two, BLOCK_N=256, STAGES=2), dict(two, BLOCK_N=256, STAGES=2, PINGPONG=True, PERSISTENT=True)]
     unique = []
