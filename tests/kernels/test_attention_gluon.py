@@ -114,3 +114,21 @@ def test_compiles_for_sm90_to_wgmma_tma_mbarriers_and_setmaxnreg(tmp_path):
     assert "LOCAL:0" in usage, usage  # no spills
     ptx = (tmp_path / "attn.ptx").read_text()
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)  # the loader's register budget
+
+
+def test_shipped_entries_name_configs_the_kernel_has():
+    """runtime/tuned/h200-attention-gluon.jsonl holds device-run measurements of configs of this kernel."""
+    import json
+
+    from opforge.kernels import attention_gluon as KG
+
+    path = Path(A.__file__).parents[1] / "runtime" / "tuned" / "h200-attention-gluon.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert entries
+    for e in entries:
+        key = e["key"]
+        assert (key["op"], key["variant"], key["kernel_version"]) == ("opforge::attention", "gluon_ws", "1")
+        heads, seqs, d, g, mask = re.fullmatch(r"(\d+)h:(\d+)x\d+:d(\d+):g(\d+):(full|causal)",
+                                               key["shape_bucket"]).groups()
+        assert e["config"] in KG.forward_configs(int(d), int(seqs), int(seqs), mask == "causal", int(g))
+        assert e["median_ms"] > 0

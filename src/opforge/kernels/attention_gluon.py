@@ -334,38 +334,43 @@ def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, B, H, GROUP, Sq,
 # ---------------------------------------------------------------------------
 # Host side
 # ---------------------------------------------------------------------------
-def forward_default_config(D: int, Sq: int, Sk: int) -> dict:
+def forward_default_config(D: int, Sq: int, Sk: int, causal: bool = False, group: int = 1) -> dict:
     """128 queries x 128 keys, two consumer partitions of one warpgroup (64
     rows) each, the ring as deep as shared memory allows (Q + O + STAGES x (K
-    + V) tiles under ~227 KB). Measured on the H200 (bf16, B 4, H 16, S 8192,
-    run 1): D 128 full 666 TFLOP/s with two consumers against 506 with one
-    8-warp consumer (whose warpgroups wait for each other at every barrier),
-    614 with ping-pong; causal 595 either way. D 64 (S 4096): two consumers
-    with ping-pong on a persistent grid, 462 / 386 TFLOP/s full / causal.
+    + V) tiles under ~227 KB). From the H200 (bf16, B 4, H 16, device run 2):
+    D 128 full runs best on a persistent grid (628 / 626 / 628 TFLOP/s at S
+    2048 / 8192 / 16384, against 589 / 619 / 599 with a CTA per tile), causal
+    on a CTA per tile (the persistent grid's round robin leaves causal tiles
+    unbalanced: 616 against 529 at S 16384), GQA 32/8 with O staged in the Q
+    buffer and a 3-deep ring (660 / 558 full / causal against 594 / 542); one
+    8-warp consumer runs 20-25 % slower everywhere. D 64: persistent, 465 /
+    389 full / causal at S 4096.
 
     Keys: ``CONSUMERS`` 1 (one 8-warp partition, both warpgroups in step) or 2
     (a 4-warp partition per warpgroup), ``PINGPONG`` (two consumers take
     turns at the tensor cores), ``PERSISTENT`` (one CTA per SM walking the
     tiles; the same compiled kernel), ``O_IN_Q`` (O staged in the Q buffer:
     room for a deeper ring)."""
-    if D == 128:
-        return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "PINGPONG": False,
-                "PERSISTENT": False, "num_warps": 4}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 4, "CONSUMERS": 2, "PINGPONG": True,
-            "PERSISTENT": True, "num_warps": 4}
+    two = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2 if D == 128 else 4, "CONSUMERS": 2, "PINGPONG": False,
+           "PERSISTENT": False, "num_warps": 4}
+    if D != 128:
+        return dict(two, PERSISTENT=True)
+    if group > 1:
+        return dict(two, STAGES=3, O_IN_Q=True)
+    return two if causal else dict(two, PERSISTENT=True)
 
 
-def forward_configs(D: int, Sq: int, Sk: int) -> list[dict]:
-    """The default first, then the variations run 1 measured, and (D 64) 256-key blocks."""
+def forward_configs(D: int, Sq: int, Sk: int, causal: bool = False, group: int = 1) -> list[dict]:
+    """The default first, then the variations the device runs measured (and, D 64, 256-key blocks)."""
     two = {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2 if D == 128 else 4, "CONSUMERS": 2, "PINGPONG": False,
            "PERSISTENT": False, "num_warps": 4}
     one = dict(two, CONSUMERS=1, num_warps=8)
-    out = [forward_default_config(D, Sq, Sk), two, dict(two, PINGPONG=True), dict(two, PERSISTENT=True),
-           dict(two, PINGPONG=True, PERSISTENT=True), one]
+    out = [forward_default_config(D, Sq, Sk, causal, group), two, dict(two, PINGPONG=True),
+           dict(two, PERSISTENT=True), dict(two, PINGPONG=True, PERSISTENT=True), one]
     if D == 128:  # a 3-deep ring fits when O is staged in the Q buffer (32 + 3 x 64 KB)
         out += [dict(two, STAGES=3, O_IN_Q=True), dict(two, STAGES=3, O_IN_Q=True, PINGPONG=True),
                 dict(two, STAGES=3, O_IN_Q=True, PERSISTENT=True), dict(two, BLOCK_N=64, STAGES=4)]
-    if D == 64:
+    else:
         out += [dict(two, BLOCK_N=256, STAGES=2), dict(two, BLOCK_N=256, STAGES=2, PINGPONG=True, PERSISTENT=True)]
     unique = []
     for cfg in out:

@@ -33,12 +33,11 @@ take normalized arguments: ``(q, k, v, scale, window_left, window_right,
 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)``, window bounds
 ``-1`` for unbounded, ``max_seqlen_* = -1`` without varlen.
 
-Variants, in dispatch order: ``gluon_ws`` (forward only: the FA3-style
-warp-specialized Hopper kernel in Gluon, ``ops/attention_gluon.py``; taken
-only with ``OPFORGE_GLUON=1`` until measured; the backward has one too),
-``triton_flash_tma`` (the same kernels with
-the hot loops' tiles read through TMA descriptors; sm_90+, 16-byte aligned
-bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
+Variants, in dispatch order: ``gluon_ws`` (the FA3-style warp-specialized
+Hopper kernels in Gluon, ``ops/attention_gluon.py``: the forward on by
+default, the backward behind ``OPFORGE_GLUON=1``), ``triton_flash_tma`` (the
+Triton kernels with the hot loops' tiles read through TMA descriptors;
+sm_90+, 16-byte aligned bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
 loads, any strides), ``torch_sdpa`` (forward only: SDPA's flash kernel, CUDA,
 fp16/bf16, no window/varlen/GQA, causal only when Sq == Sk because SDPA
 aligns causal top-left) and ``reference`` (plain torch; materializes the
@@ -463,7 +462,7 @@ def _flash_specs(runner, version: str, configs, default, tma_description: str, d
             Spec("triton_flash", runner(False), check=flash_check, description=description, **common)]
 
 
-FORWARD_SPECS = [  # first, but guarded (ops/attention_gluon.py: OPFORGE_GLUON=1 until measured)
+FORWARD_SPECS = [  # first; gated in ops/attention_gluon.py
     attention_gluon.make_spec(lambda g, *args: Forward(True)(g, forward_default(g), *args)),
 ] + _flash_specs(
     Forward, K.FWD_VERSION, forward_configs, forward_default,
@@ -477,7 +476,7 @@ FORWARD_SPECS = [  # first, but guarded (ops/attention_gluon.py: OPFORGE_GLUON=1
          description="plain torch with materialized scores (the oracle and the CPU fallback)"),
 ]
 
-BACKWARD_SPECS = [  # first, but guarded like the forward's
+BACKWARD_SPECS = [  # first; gated (off) in ops/attention_gluon.py
     attention_gluon.make_backward_spec(lambda g, *args: Backward(True)(g, backward_default(g), *args)),
 ] + _flash_specs(
     Backward, K.BWD_VERSION, backward_configs, backward_default,

@@ -1,14 +1,22 @@
-"""The ``gluon_ws`` variant of ``opforge.attention`` (forward): the warp-specialized
-FA3-style Hopper kernel of ``kernels/attention_gluon.py``.
+"""The ``gluon_ws`` variants of ``opforge.attention`` and its backward: the
+warp-specialized FA3-style Hopper kernels of ``kernels/attention_gluon.py``
+and ``kernels/attention_gluon_backward.py``.
 
-Guarded: dispatch takes it only with ``OPFORGE_GLUON=1`` (or when forced with
-``dispatch.force_variant``) until it has been measured on the device; the
-one line to flip is ``ENABLED_BY_DEFAULT``. Everything it does not handle
-falls back, by the reason ``check`` gives, to the next variant in dispatch
-order (``triton_flash_tma``): varlen, windows, fp32/fp64, head dims other
-than 64/128, ``Sq > Sk`` under causal (keyless queries), empty sequences,
-tensors TMA cannot read, GPUs other than sm_9x (wgmma is Hopper-only).
-The kernel module (and Gluon) is imported on first use, not with the family.
+Gate (``OPFORGE_GLUON=1`` / ``0`` overrides both flags): the forward is on
+(``ENABLED_BY_DEFAULT``): on the H200 (device run 2, bf16, B 4, H 16, D 128)
+it ran 1.11-1.28x our Triton forward at S 2048-16384 causal and full and GQA
+32/8, 0.92-1.08x cuDNN; its measured entries ship in
+``runtime/tuned/h200-attention-gluon.jsonl``, so dispatch compares them with
+the other variants' per bucket (a bucket where it has none keeps the
+variant that has one). The backward is off (``BACKWARD_ENABLED_BY_DEFAULT``):
+correct, but 0.92-1.07x our Triton backward and 0.64-0.81x cuDNN.
+
+Everything the kernels do not handle falls back, by the reason ``check``
+gives, to the next variant in dispatch order (``triton_flash_tma``): varlen,
+windows, fp32/fp64, head dims other than 64/128, ``Sq > Sk`` under causal
+(keyless queries), empty sequences, tensors TMA cannot read, GPUs other than
+sm_9x (wgmma is Hopper-only); a non-positive scale runs the Triton kernel
+per call. The kernel modules (and Gluon) are imported on first use.
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ from opforge.runtime.shapes import bucket_size
 
 NAME = "gluon_ws"
 HEAD_DIMS = (64, 128)  # kernels/attention_gluon.HEAD_DIMS, without importing Gluon here
-# Flip to True once the device run shows it correct and faster (see the report of issue 27).
-ENABLED_BY_DEFAULT = False  # the forward
+# The one-line gates (see the module docstring for the measurements behind them).
+ENABLED_BY_DEFAULT = True  # the forward: faster than triton_flash_tma at every measured D 128 shape (run 2)
 BACKWARD_ENABLED_BY_DEFAULT = False
 
 
@@ -78,17 +86,18 @@ def _reason(g) -> str | None:
 def default_config(g) -> dict:
     from opforge.kernels import attention_gluon as KG
 
-    return KG.forward_default_config(g.D, g.Sq, g.Sk)
+    return KG.forward_default_config(g.D, g.Sq, g.Sk, g.mask == "causal", g.H // max(g.Hk, 1))
 
 
 def configs(g) -> list[dict]:
     from opforge.kernels import attention_gluon as KG
 
-    return KG.forward_configs(g.D, g.Sq, g.Sk)
+    return KG.forward_configs(g.D, g.Sq, g.Sk, g.mask == "causal", g.H // max(g.Hk, 1))
 
 
 def bucket(g) -> str:
-    return f"{bucket_size(g.seqs * g.H)}h:{bucket_size(g.Sq)}x{bucket_size(g.Sk)}:d{g.D}:{g.mask}"
+    return (f"{bucket_size(g.seqs * g.H)}h:{bucket_size(g.Sq)}x{bucket_size(g.Sk)}:d{g.D}:g{g.H // max(g.Hk, 1)}"
+            f":{g.mask}")
 
 
 def make_spec(fallback) -> Spec:
