@@ -430,23 +430,27 @@ def compile_sm90(D: int = 128, causal: bool = True, dtype=torch.bfloat16, cfg: d
     cache as the first launch of that specialization would (the device script
     compiles its variants in parallel this way); returns the compiled kernel
     (``.asm['cubin']``, ``.asm['ptx']``, ``.metadata``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
     cfg = cfg or forward_default_config(D, S, S)
     q = torch.empty(B, H, S, D, dtype=dtype, device="meta")
     kv = torch.empty(B, Hk, S, D, dtype=dtype, device="meta")
     lse = torch.empty(B, H, S, dtype=torch.float32, device="meta")
     _, args, kw = forward_plan(q, kv, kv, q, lse, D ** -0.5, causal, cfg)
-    kernel = attn_fwd_ws_kernel
+    return compile_launch_sm90(attn_fwd_ws_kernel, args, kw)
+
+
+def compile_launch_sm90(kernel, args, kw):
+    """``triton.compile`` of the launch ``kernel[grid](*args, **kw)`` for sm_90,
+    with the options a launch passes, so it lands where the launch looks in
+    Triton's cache (``args`` may hold meta tensors: nothing runs)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    from triton import knobs
-
-    # The options a launch would pass, so the compile lands where the launch looks in Triton's cache.
     kw = dict(kw, debug=kernel.debug or knobs.runtime.debug,
               instrumentation_mode=knobs.compilation.instrumentation_mode)
     bound, specialization, opts = binder(*args, **kw)

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from opforge.kernels.attention_gluon import LOADER_REGS, descriptor
+from opforge.kernels.attention_gluon import LOADER_REGS, compile_launch_sm90, descriptor
 
 VERSION = "1"
 ROWS = 64  # queries or keys per consumer, and per streamed block
@@ -305,24 +305,8 @@ def launch_backward(do, q, k, v, out, lse, dq, dk, dv, scale: float, causal: boo
 def compile_sm90(D: int = 128, causal: bool = True, dtype=torch.bfloat16, B: int = 2, H: int = 4, Hk: int = 4,
                  S: int = 1024) -> list:
     """Compile (not run) both kernels for sm_90, into Triton's cache as their first launch would."""
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
     q = torch.empty(B, H, S, D, dtype=dtype, device="meta")
     kv = torch.empty(B, Hk, S, D, dtype=dtype, device="meta")
     lse = torch.empty(B, H, S, dtype=torch.float32, device="meta")
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    out = []
-    for kernel, _, args, kw in backward_plans(q, q, kv, kv, q, kv, kv, lse, lse, D ** -0.5, causal):
-        kw = dict(kw, debug=kernel.debug or knobs.runtime.debug,
-                  instrumentation_mode=knobs.compilation.instrumentation_mode)
-        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        bound, specialization, opts = binder(*args, **kw)
-        options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, opts)
-        out.append(triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                                  options=options.__dict__))
-    return out
+    return [compile_launch_sm90(kernel, args, kw)
+            for kernel, _, args, kw in backward_plans(q, q, kv, kv, q, kv, kv, lse, lse, D ** -0.5, causal)]
