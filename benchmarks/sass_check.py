@@ -1,10 +1,11 @@
 """Which Hopper instructions the compiled Triton kernels use: wgmma (HGMMA for
-16-bit, QGMMA for fp8, IGMMA for int8) and TMA (UTMALDG / UTMASTG).
+16-bit, QGMMA for fp8, IGMMA for int8), TMA (UTMALDG / UTMASTG) and, for the
+warp-specialized Gluon kernels, register rebalancing (USETMAXREG).
 
 Reads the cubins in Triton's on-disk cache (run it after a bench or selftest
 filled the cache), disassembles each with ``cuobjdump -sass`` and counts the
 instructions per kernel. With ``--compile`` it first compiles the Hopper
-variants (attention, matmul, FP8/INT8 scaled and grouped GEMM) at bench shapes
+variants (attention, its Gluon forward, matmul, FP8/INT8 scaled and grouped GEMM) at bench shapes
 for sm_90 into that cache, on any machine: Triton's bundled ptxas is the one
 the GPU machine uses. Usage::
 
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-INSTRUCTIONS = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "UTMALDG", "UTMASTG", "UBLKCP")
+INSTRUCTIONS = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "UTMALDG", "UTMASTG", "UBLKCP", "USETMAXREG")
 
 
 def cuobjdump() -> str:
@@ -76,6 +77,11 @@ def compile_hopper_variants(cache: str) -> None:
         _, res = profile.op_resources(op, *args, variant=variant)
         for r in res:
             print(f"compiled {op} [{variant}]: {r}")
+    from opforge.kernels import attention_gluon  # Gluon: compiled directly (dispatch takes it only when enabled)
+
+    for cfg in attention_gluon.forward_configs(128, 2048, 2048):
+        attention_gluon.compile_sm90(128, True, bf, cfg)
+        print(f"compiled attention [gluon_ws {cfg}]")
 
 
 def main() -> int:

@@ -273,10 +273,10 @@ def test_compile_fullgraph_forward_and_backward(gen):
 # Registry and dispatch
 # ---------------------------------------------------------------------------
 def test_registered_with_all_variants():
-    assert [v.name for v in registry.get("attention").variants] == ["triton_flash_tma", "triton_flash", "torch_sdpa",
-                                                                     "reference"]
-    assert [v.name for v in registry.get("attention_backward").variants] == ["triton_flash_tma", "triton_flash",
-                                                                              "reference"]
+    assert [v.name for v in registry.get("attention").variants] == ["gluon_ws", "triton_flash_tma", "triton_flash",
+                                                                     "torch_sdpa", "reference"]
+    assert [v.name for v in registry.get("attention_backward").variants] == ["gluon_ws", "triton_flash_tma",
+                                                                              "triton_flash", "reference"]
     assert registry.get("attention").variant("triton_flash_tma").min_capability == (9, 0)
     sdpa = registry.get("attention").variant("torch_sdpa")
     assert sdpa.kind == "vendor" and sdpa.devices == ("cuda",)

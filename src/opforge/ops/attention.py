@@ -33,9 +33,11 @@ take normalized arguments: ``(q, k, v, scale, window_left, window_right,
 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)``, window bounds
 ``-1`` for unbounded, ``max_seqlen_* = -1`` without varlen.
 
-Variants, in dispatch order: ``triton_flash_tma`` (the same kernels with
-the hot loops' tiles read through TMA descriptors; sm_90+, 16-byte aligned
-bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
+Variants, in dispatch order: ``gluon_ws`` (the FA3-style warp-specialized
+Hopper kernels in Gluon, ``ops/attention_gluon.py``: the forward on by
+default, the backward behind ``OPFORGE_GLUON=1``), ``triton_flash_tma`` (the
+Triton kernels with the hot loops' tiles read through TMA descriptors;
+sm_90+, 16-byte aligned bases and strides), ``triton_flash`` (FlashAttention-2 in Triton, pointer
 loads, any strides), ``torch_sdpa`` (forward only: SDPA's flash kernel, CUDA,
 fp16/bf16, no window/varlen/GQA, causal only when Sq == Sk because SDPA
 aligns causal top-left) and ``reference`` (plain torch; materializes the
@@ -54,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from opforge.kernels import attention as K
+from opforge.ops import attention_gluon
 from opforge.ops.checks import check_tensor
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
@@ -459,7 +462,9 @@ def _flash_specs(runner, version: str, configs, default, tma_description: str, d
             Spec("triton_flash", runner(False), check=flash_check, description=description, **common)]
 
 
-FORWARD_SPECS = _flash_specs(
+FORWARD_SPECS = [  # first; gated in ops/attention_gluon.py
+    attention_gluon.make_spec(lambda g, *args: Forward(True)(g, forward_default(g), *args)),
+] + _flash_specs(
     Forward, K.FWD_VERSION, forward_configs, forward_default,
     "triton_flash with K/V tiles through device-side TMA descriptors (Hopper)",
     "FlashAttention-2: a query tile per program, online softmax over key blocks "
@@ -471,7 +476,9 @@ FORWARD_SPECS = _flash_specs(
          description="plain torch with materialized scores (the oracle and the CPU fallback)"),
 ]
 
-BACKWARD_SPECS = _flash_specs(
+BACKWARD_SPECS = [  # first; gated (off) in ops/attention_gluon.py
+    attention_gluon.make_backward_spec(lambda g, *args: Backward(True)(g, backward_default(g), *args)),
+] + _flash_specs(
     Backward, K.BWD_VERSION, backward_configs, backward_default,
     "triton_flash with the hot loops' Q/dO and K/V tiles through TMA descriptors (Hopper)",
     "delta, then dK/dV per key block (GQA group summed in order) and dQ per query "
