@@ -1,0 +1,363 @@
+"""FP8 (e4m3 / e5m2) scaled GEMM for Hopper (sm_90), written in Gluon.
+
+``C = ((A * sa) @ (B * sb) + bias).to(C.dtype)`` with ``A [M, K]`` row-major
+and ``B`` given as ``Bt [N, K]`` row-major (K-major: what 8-bit wgmma reads
+from shared memory). Scale modes as in ``opforge.kernels.gemm_scaled``:
+``TENSOR`` (one scale), ``ROW`` (``sa[m]`` per row of A, ``sb[n]`` per
+column of C), ``BLOCK`` (DeepSeek-V3: ``sa[m, k // 128]`` and
+``sb[k // 128, n // 128]``).
+
+Why Gluon: Triton's automatic warp specialization does not give the
+producer / consumer split DeepGEMM and cuBLAS use on Hopper; Gluon states it
+explicitly (``gl.warp_specialize``), with the register budget per role
+(``setmaxnreg``).
+
+Accumulation. Hopper's fp8 wgmma keeps about 14 mantissa bits in its
+accumulator. By default (``FAST_ACC`` off, torch._scaled_mm's default) every
+128-wide K chunk is computed into a fresh fp32 partial and added into the
+main accumulator ("promotion", DeepGEMM's precise accumulation); with block
+scales that add is ``acc += partial * sa[m, kb] * sb[kb, nb]``, so block
+scaling costs one FMA per accumulator element per chunk and nothing else.
+With ``FAST_ACC`` (per-tensor / row scales only) wgmma accumulates the whole
+K loop itself.
+
+Kernels:
+
+* ``fp8_gemm_ws_kernel``: persistent (one CTA per SM walking grouped output
+  tiles), ``STAGES``-deep shared-memory ring of ``[128, 128]`` A and
+  ``[BN, 128]`` B tiles filled by TMA, ``ready`` / ``empty`` mbarriers per
+  slot; three partitions: two consumer warpgroups (rows 0-63 and 64-127 of
+  the tile; wgmma, promotion and the epilogue: scales, bias, TMA store) and
+  one producer warp issuing the TMA loads. Each consumer releases a slot with
+  its own arrive (``empty`` counts two), so the two warpgroups drift freely
+  and one's promotion FMAs overlap the other's MMAs.
+* ``fp8_gemm_simple_kernel``: the plain form (one tile per CTA, one
+  warpgroup, TMA loads ``STAGES - 1`` chunks ahead, synchronous wgmma): the
+  first-light kernel and a cross-check of the specialized one.
+
+TMA zero-fills the M / N / K edges of loads and clips stores, so any
+``M, N`` work; ``K`` and ``N`` need 16-byte aligned rows (``supported``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+VERSION = "gluon-fp8-1"
+TENSOR, ROW, BLOCK = 0, 1, 2
+SCALE_BLOCK = 128
+BLOCK_K = 128  # = SCALE_BLOCK: one promotion (and one block scale) per chunk
+SUB_M = 64  # rows per consumer warpgroup (wgmma's M)
+H200_SMS = 132
+
+_GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5, torch.bfloat16: gl.bfloat16,
+              torch.float16: gl.float16, torch.float32: gl.float32}
+
+
+# ---------------------------------------------------------------------------
+# Device helpers shared by both kernels
+# ---------------------------------------------------------------------------
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """Grouped rasterization: GROUP_M row-tiles share each B column strip in L2."""
+    group = GROUP_M * num_pid_n
+    first_m = (tile // group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % group) % size_m
+    pid_n = (tile % group) // size_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kb, pid_n, MODE_A: gl.constexpr,
+                  MODE_B: gl.constexpr):
+    """The K-chunk's scale: sa[rows, kb] * sb[kb, pid_n] for the block sides, 1 for the others."""
+    f = gl.full(rows.shape, 1.0, gl.float32, rows.type.layout)
+    if MODE_A == 2:
+        f = gl.load(sa_ptr + rows * stride_sa + kb, mask=rows < M, other=0.0)
+    if MODE_B == 2:
+        f = f * gl.load(sb_ptr + kb * stride_sb + pid_n)
+    return f
+
+
+@gluon.jit
+def _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A: gl.constexpr, MODE_B: gl.constexpr,
+                    HAS_BIAS: gl.constexpr):
+    """The per-tensor / row scales (the block ones were applied in the loop) and the bias."""
+    if MODE_A == 0:
+        acc = acc * gl.load(sa_ptr)
+    if MODE_A == 1:
+        acc = acc * gl.expand_dims(gl.load(sa_ptr + rows * stride_sa, mask=rows < M, other=0.0), 1)
+    if MODE_B == 0:
+        acc = acc * gl.load(sb_ptr)
+    if MODE_B == 1:
+        acc = acc * gl.expand_dims(gl.load(sb_ptr + cols, mask=cols < N, other=0.0), 0)
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
+    return acc
+
+
+# ---------------------------------------------------------------------------
+# Warp-specialized persistent kernel
+# ---------------------------------------------------------------------------
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_tiles = gl.cdiv(K, BK)
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = it % STAGES
+            # A fresh barrier counts as having completed the phase before 0: the first lap passes.
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kk * BK], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BN, kk * BK], ready.index(s), b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa,
+              stride_sb, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr,
+              FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    BM: gl.constexpr = a_bufs.shape[1]
+    BK: gl.constexpr = a_bufs.shape[2]
+    BN: gl.constexpr = b_bufs.shape[1]
+    SM: gl.constexpr = c_desc.block_type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_tiles = gl.cdiv(K, BK)
+    zero = gl.zeros([SM, BN], gl.float32, mma_layout)
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BM + WG * SM
+        off_n = pid_n * BN
+        rows = off_m + gl.arange(0, SM, layout=row_layout)
+        cols = off_n + gl.arange(0, BN, layout=col_layout)
+        acc = zero
+        for kk in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            a = a_bufs.index(s).slice(WG * SM, SM)
+            b = b_bufs.index(s).permute((1, 0))
+            if FAST_ACC:
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=[acc])
+                prev = (it + STAGES - 1) % STAGES
+                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # the MMA before this one is done
+            else:
+                part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+                f = _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk, pid_n, MODE_A, MODE_B)
+                part = warpgroup_mma_wait(0, deps=[part])
+                mbarrier.arrive(empty.index(s))
+                if MODE_A == 2 or MODE_B == 2:
+                    acc = acc + part * gl.expand_dims(f, 1)
+                else:
+                    acc = acc + part
+            it += 1
+        if FAST_ACC:
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        acc = _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A, MODE_B, HAS_BIAS)
+        tma.store_wait(0)  # the previous tile's store has left c_smem
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def fp8_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
+                       MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr, FAST_ACC: gl.constexpr,
+                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       PRODUCER_REGS: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    gl.warp_specialize([
+        (_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c0, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
+                     gl.constexpr(0), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES)),
+        (_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c1, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
+                     gl.constexpr(1), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------
+# Simple kernel (one warpgroup, one tile per CTA)
+# ---------------------------------------------------------------------------
+@gluon.jit
+def fp8_gemm_simple_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
+                           MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr,
+                           FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 32])
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    pid_m, pid_n = _tile_coords(gl.program_id(0), gl.cdiv(M, BM), gl.cdiv(N, BN), GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_layout))
+    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_layout))
+    k_tiles = gl.cdiv(K, BK)
+    zero = gl.zeros([BM, BN], gl.float32, mma_layout)
+    acc = zero
+    for kk in range(k_tiles + STAGES - 1):
+        if kk < k_tiles:  # load chunk kk into its slot (the slot's last reader finished: MMAs are synchronous)
+            s = kk % STAGES
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, kk * BK], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [off_n, kk * BK], ready.index(s), b_bufs.index(s))
+        j = kk - (STAGES - 1)
+        if j >= 0:
+            s = j % STAGES
+            mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+            b = b_bufs.index(s).permute((1, 0))
+            if FAST_ACC:
+                acc = warpgroup_mma(a_bufs.index(s), b, acc)
+            else:
+                f = _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, j, pid_n, MODE_A, MODE_B)
+                part = warpgroup_mma(a_bufs.index(s), b, zero, use_acc=False)
+                if MODE_A == 2 or MODE_B == 2:
+                    acc = acc + part * gl.expand_dims(f, 1)
+                else:
+                    acc = acc + part
+    acc = _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A, MODE_B, HAS_BIAS)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------
+KERNELS = {"ws": fp8_gemm_ws_kernel, "simple": fp8_gemm_simple_kernel}
+
+
+def supported(A, Bt, C, modes=(TENSOR, TENSOR), fast_acc=False, config=None) -> str | None:
+    """Why these operands cannot run here, or None. ``A [M, K]``, ``Bt [N, K]``, ``C [M, N]``."""
+    if A.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or Bt.dtype not in (torch.float8_e4m3fn,
+                                                                                    torch.float8_e5m2):
+        return "fp8 operands only (int8 runs the Triton kernels)"
+    if C.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return "output bf16, fp16 or fp32"
+    for name, t in (("a", A), ("b", Bt), ("out", C)):
+        if t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return f"{name}: TMA needs unit last stride, 16-byte aligned rows and base (K and N multiples of 16)"
+    if fast_acc and BLOCK in modes:
+        return "block scales are applied per K chunk: there is no fast-accumulation form"
+    bn = (config or {}).get("BLOCK_N", 128)
+    if modes[1] == BLOCK and bn != SCALE_BLOCK:
+        return f"128x128 B scales need BLOCK_N = {SCALE_BLOCK}"
+    return None
+
+
+def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False) -> dict:
+    """128 x 128 tiles (two 64-row warpgroups): with promotion each warpgroup holds two 64 x 128 fp32
+    accumulators (128 registers); fast accumulation has room for 128 x 256."""
+    if kernel == "simple":
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 4, "GROUP_M": 8}
+    bn = 256 if fast_acc and N >= 2048 else 128
+    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": 5 if bn == 128 else 4, "GROUP_M": 8,
+            "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+
+
+def _desc(t, block):
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS, kernel="ws"):
+    """(kernel, grid, positional args, constexpr kwargs) of one launch; shared by ``launch`` and the
+    sm_90 compile check (which passes CPU tensors)."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    sub_m = SUB_M if kernel == "ws" else bm
+    a_desc = _desc(A, [bm, BLOCK_K])
+    b_desc = _desc(Bt, [bn, BLOCK_K])
+    c_desc = _desc(C, [sub_m, bn])
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    grid = (max(1, min(sms, tiles)),) if kernel == "ws" else (tiles,)
+    SA, SB = SA.contiguous(), SB.contiguous()  # row strides = their widths
+    stride_sa, stride_sb = SA.shape[-1], SB.shape[-1]
+    args = (a_desc, b_desc, c_desc, SA, SB, bias if bias is not None else SA, M, N, K, stride_sa, stride_sb)
+    kw = {"MODE_A": mode_a, "MODE_B": mode_b, "HAS_BIAS": bias is not None, "FAST_ACC": bool(fast_acc),
+          "GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"]}
+    if kernel == "ws":
+        kw.update(CONSUMER_REGS=config["CONSUMER_REGS"], PRODUCER_REGS=config["PRODUCER_REGS"])
+    return KERNELS[kernel], grid, args, kw
+
+
+def launch(A, Bt, C, SA, SB, mode_a: int, mode_b: int, bias=None, fast_acc: bool = False, config=None,
+           sms: int = H200_SMS, kernel: str = "ws") -> None:
+    """C = scaled A @ Bt.T; ``supported(...)`` must be None. SA / SB are the 2-D scale views
+    (``opforge.ops.scaled_matmul.scales_2d``): [1, 1], [M, 1] / [1, N], [M, KB] / [KB, NB]."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    if M == 0 or N == 0:
+        return
+    config = config or default_config(M, N, K, kernel, fast_acc)
+    fn, grid, args, kw = plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms, kernel)
+    fn[grid](*args, **kw, num_warps=4)
+
+
+def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=torch.bfloat16, fast_acc: bool = False,
+                 bias: bool = False, config: dict | None = None, size: int = 512):
+    """Compile (not run) one launch for sm_90 on any machine, with CPU stand-in tensors: Triton's bundled
+    ptxas is the GPU machine's. Returns the CompiledKernel (``asm["cubin"]``, ``n_regs``, ``n_spills``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    M = N = K = size
+    A = torch.empty(M, K, dtype=torch.float8_e4m3fn)
+    Bt = torch.empty(N, K, dtype=torch.float8_e4m3fn)
+    C = torch.empty(M, N, dtype=out_dtype)
+    kb = -(-K // SCALE_BLOCK)
+    SA = torch.empty((1, 1) if modes[0] == TENSOR else (M, 1) if modes[0] == ROW else (M, kb))
+    SB = torch.empty((1, 1) if modes[1] == TENSOR else (1, N) if modes[1] == ROW else (kb, -(-N // SCALE_BLOCK)))
+    config = config or default_config(M, N, K, kernel, fast_acc)
+    fn, _, args, kw = plan(A, Bt, C, SA, SB, *modes, torch.empty(N) if bias else None, fast_acc, config,
+                           kernel=kernel)
+    names = [p.name for p in fn.params]
+    signature = {n: mangle_type(a) for n, a in zip(names, args)}
+    signature.update({n: "constexpr" for n in kw})
+    constexprs = {(names.index(n),): v for n, v in kw.items()}
+    src = GluonASTSource(fn, signature, constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
