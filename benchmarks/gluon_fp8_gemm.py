@@ -1,0 +1,255 @@
+"""Device check of the Gluon FP8 GEMM (``opforge.kernels.gemm_fp8_gluon``) on an H200.
+
+1. Correctness of every kernel form ("ws": warp-specialized persistent, "simple": one warpgroup) against a
+   float32 torch reference of the scaled product, per-tensor / row-wise / 128-block scales, fast
+   accumulation, bias and out dtypes; PASS/FAIL per case (a failure is printed, never fatal).
+2. Timing (triton.testing.do_bench) at 4096^3, 8192^3, 16384^3 and LLM shapes against
+   torch._scaled_mm (per-tensor, row-wise; use_fast_accum as the row says) and, for block scales, against
+   the best torch path: torch._scaled_mm's blockwise scaling where this torch/cuBLAS has it, our Triton
+   kernel (opforge.scaled_matmul forced to triton_tma_persistent) and dequantize + bf16 matmul.
+A watchdog ends the run at ~170 s (a hung kernel prints what it had). Usage, from the repo root::
+
+    PYTHONPATH=src python3 benchmarks/gluon_fp8_gemm.py [--quick] [--kernels ws,simple]
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import sys
+import time
+
+import torch
+
+E4M3, BF16, F16, F32 = torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32
+T0 = time.time()
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def quant(x, dtype=E4M3):
+    return x.clamp(-448, 448).to(dtype)
+
+
+def make(M, N, K, modes, seed=0):
+    """A [M, K], W [N, K] (fp8), their scales in the op's layout, and the float32 reference of the product."""
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, SCALE_BLOCK, TENSOR
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = quant(torch.randn(M, K, device="cuda", generator=g) * 2)
+    W = quant(torch.randn(N, K, device="cuda", generator=g) * 2)
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+
+    def pos(*shape):
+        return torch.rand(*shape, device="cuda", generator=g) * 0.02 + 0.005
+
+    ma, mb = modes
+    SA = pos(1, 1) if ma == TENSOR else pos(M, 1) if ma == ROW else pos(M, kb)
+    SB = pos(1, 1) if mb == TENSOR else pos(1, N) if mb == ROW else pos(kb, nb)
+    return A, W, SA, SB
+
+
+def expand(SA, SB, modes, M, N, K):
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, SCALE_BLOCK
+
+    ea = SA.repeat_interleave(SCALE_BLOCK, 1)[:, :K] if modes[0] == BLOCK else SA
+    eb = SB.repeat_interleave(SCALE_BLOCK, 0)[:K].repeat_interleave(SCALE_BLOCK, 1)[:, :N] if modes[1] == BLOCK \
+        else SB
+    return ea, eb  # broadcastable against [M, K] and [K, N]
+
+
+def reference(A, W, SA, SB, modes, bias=None):
+    M, K = A.shape
+    N = W.shape[0]
+    ea, eb = expand(SA, SB, modes, M, N, K)
+    z = (A.float() * ea) @ (W.float().t() * eb)
+    return z + bias.float() if bias is not None else z
+
+
+def run_gluon(A, W, SA, SB, modes, out_dtype=BF16, bias=None, fast=False, kernel="ws", config=None):
+    from opforge.kernels import gemm_fp8_gluon as G
+
+    C = torch.empty(A.shape[0], W.shape[0], dtype=out_dtype, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    G.launch(A, W, C, SA, SB, *modes, bias, fast, config, sms, kernel)
+    return C
+
+
+def correctness(kernels):
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
+
+    log("== correctness (rel = max|out - ref| / max|ref|, ref = float32 torch of the scaled product)")
+    cases = []
+    for M, N, K in ((512, 768, 1024), (1000, 1000, 1024), (256, 384, 4096)):
+        for modes in ((TENSOR, TENSOR), (ROW, ROW), (BLOCK, BLOCK), (ROW, BLOCK), (BLOCK, TENSOR)):
+            cases.append((M, N, K, modes, BF16, False, False))
+    cases += [(1000, 1000, 1024, (TENSOR, TENSOR), BF16, True, False),
+              (512, 768, 1024, (ROW, ROW), F16, False, True),
+              (512, 768, 1024, (BLOCK, BLOCK), F32, False, True),
+              (1000, 1000, 1024, (ROW, ROW), BF16, True, True)]
+    fails = 0
+    for kernel in kernels:
+        for M, N, K, modes, od, fast, with_bias in cases:
+            name = f"{kernel:6s} {M}x{N}x{K} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)}"
+            try:
+                A, W, SA, SB = make(M, N, K, modes)
+                bias = torch.randn(N, device="cuda") if with_bias else None
+                ref = reference(A, W, SA, SB, modes, bias)
+                out = run_gluon(A, W, SA, SB, modes, od, bias, fast, kernel)
+                torch.cuda.synchronize()
+                err = (out.float() - ref).abs().max().item()
+                rel = err / ref.abs().max().item()
+                tol = 2e-2 if fast else 1e-2
+                ok = rel < tol and torch.isfinite(out.float()).all().item()
+                fails += not ok
+                log(f"  {'PASS' if ok else 'FAIL'} {name}  abs {err:.3e} rel {rel:.2e}")
+            except Exception as e:  # noqa: BLE001 - one case must not end the run
+                fails += 1
+                log(f"  FAIL {name}  {type(e).__name__}: {str(e)[:300]}")
+    fails += through_dispatch()
+    return fails
+
+
+def through_dispatch():
+    """opforge.scaled_matmul with gluon_ws forced: the op's run path (3-D a, bias, activation)."""
+    import opforge
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW
+    from opforge.runtime import dispatch
+
+    fails = 0
+    for modes, act in (((ROW, ROW), "gelu"), ((BLOCK, BLOCK), None)):
+        name = f"op     scaled_matmul 2x300x1024 @ 1024x640 modes={modes} act={act} bias=1 (forced gluon_ws)"
+        try:
+            A, W, SA, SB = make(600, 640, 1024, modes, seed=3)
+            bias = torch.randn(640, device="cuda")
+            ref = reference(A, W, SA, SB, modes, bias)
+            ref = torch.nn.functional.gelu(ref) if act else ref
+            with dispatch.force_variant("scaled_matmul", "gluon_ws"):
+                out = opforge.scaled_matmul(A.view(2, 300, 1024), W.t(), SA.view(2, 300, -1), SB, bias=bias,
+                                            activation=act)
+            rel = ((out.float().reshape(600, 640) - ref).abs().max() / ref.abs().max()).item()
+            ok = rel < 1e-2
+            fails += not ok
+            log(f"  {'PASS' if ok else 'FAIL'} {name}  rel {rel:.2e}")
+        except Exception as e:  # noqa: BLE001
+            fails += 1
+            log(f"  FAIL {name}  {type(e).__name__}: {str(e)[:300]}")
+    return fails
+
+
+def bench(fn, ms_budget=120):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=20, rep=ms_budget)
+
+
+def tflops(M, N, K, ms):
+    return 2 * M * N * K / ms / 1e9
+
+
+def scaled_mm_fn(A, W, SA, SB, modes, fast):
+    from opforge.kernels.gemm_fp8_gluon import TENSOR
+
+    sa = SA.reshape(()) if modes[0] == TENSOR else SA
+    sb = SB.reshape(()) if modes[1] == TENSOR else SB
+    return lambda: torch._scaled_mm(A, W.t(), scale_a=sa, scale_b=sb, out_dtype=BF16, use_fast_accum=fast)
+
+
+def blockwise_scaled_mm_fn(A, W, SA, SB, ref):
+    """torch._scaled_mm with 1x128 / 128x128 scales, if this torch + cuBLAS takes them (checked against ref)."""
+    tries = [(SA.t().contiguous().t(), SB.t().contiguous()), (SA, SB.t().contiguous()), (SA.t().contiguous().t(), SB)]
+    for sa, sb in tries:
+        try:
+            fn = lambda sa=sa, sb=sb: torch._scaled_mm(A, W.t(), scale_a=sa, scale_b=sb, out_dtype=BF16)
+            out = fn()
+            rel = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+            if rel < 1e-2:
+                return fn
+        except Exception:  # noqa: BLE001,S112 - a layout this build rejects
+            continue
+    return None
+
+
+def timing(kernels, shapes, budget_s):
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
+    from opforge.ops.scaled_matmul import ScaledEpilogue
+
+    log("== timing (TFLOP/s; ratio = gluon / peer)")
+    log(f"  {'shape MxNxK':18s} {'scales':7s} {'acc':5s} {'peer':24s} {'peer TF':>8s} "
+        + " ".join(f"{k + ' TF':>9s} {'ratio':>6s}" for k in kernels))
+    for M, N, K in shapes:
+        if time.time() - T0 > budget_s:
+            log(f"  (time budget reached; skipped {M}x{N}x{K} and later)")
+            break
+        for modes, fast in (((TENSOR, TENSOR), False), ((TENSOR, TENSOR), True), ((ROW, ROW), False),
+                            ((BLOCK, BLOCK), False)):
+            tag = {TENSOR: "t", ROW: "r", BLOCK: "b"}
+            label = f"{tag[modes[0]]}{tag[modes[1]]}"
+            try:
+                A, W, SA, SB = make(M, N, K, modes)
+                peers = {}
+                if BLOCK in modes:
+                    fn = blockwise_scaled_mm_fn(A, W, SA, SB, reference(A, W, SA, SB, modes)) if M * N <= 8192 ** 2 \
+                        else None
+                    if fn is not None:
+                        peers["_scaled_mm blockwise"] = fn
+                    import opforge
+                    from opforge.runtime import dispatch
+
+                    def triton_fn(A=A, W=W, SA=SA, SB=SB):
+                        with dispatch.force_variant("scaled_matmul", "triton_tma_persistent"):
+                            return opforge.scaled_matmul(A, W.t(), SA, SB)
+                    peers["opforge triton_tma"] = triton_fn
+                    ea, eb = expand(SA, SB, modes, M, N, K)
+                    peers["dequant+bf16 mm"] = lambda: ((A.float() * ea).to(BF16) @ (W.float().t() * eb).to(BF16))
+                else:
+                    peers["_scaled_mm" + (" fast" if fast else "")] = scaled_mm_fn(A, W, SA, SB, modes, fast)
+                best_name, best_ms = None, float("inf")
+                for name, fn in peers.items():
+                    try:
+                        ms = bench(fn)
+                        if ms < best_ms:
+                            best_name, best_ms = name, ms
+                    except Exception as e:  # noqa: BLE001
+                        log(f"  peer {name} failed: {type(e).__name__}: {str(e)[:200]}")
+                cells = []
+                for k in kernels:
+                    try:
+                        ms = bench(lambda k=k: run_gluon(A, W, SA, SB, modes, BF16, None, fast, k))
+                        cells.append(f"{tflops(M, N, K, ms):9.1f} {best_ms / ms:6.2f}")
+                    except Exception as e:  # noqa: BLE001
+                        cells.append(f"{'ERR':>9s} {'-':>6s}")
+                        log(f"  {k} failed: {type(e).__name__}: {str(e)[:200]}")
+                log(f"  {f'{M}x{N}x{K}':18s} {label:7s} {'fast' if fast else 'prec':5s} {str(best_name):24s} "
+                    f"{tflops(M, N, K, best_ms):8.1f} " + " ".join(cells))
+                del A, W, SA, SB, peers
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001
+                log(f"  {M}x{N}x{K} {label}: {type(e).__name__}: {str(e)[:300]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="correctness and 4096^3 only")
+    p.add_argument("--kernels", default="ws,simple")
+    p.add_argument("--watchdog", type=float, default=170.0)
+    args = p.parse_args()
+    faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    kernels = args.kernels.split(",")
+    log(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+        f"triton {__import__('triton').__version__}")
+    fails = correctness(kernels)
+    log(f"correctness: {fails} failing case(s)  [{time.time() - T0:.0f} s]")
+    shapes = [(4096, 4096, 4096)] if args.quick else [
+        (4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (8192, 4096, 14336), (16384, 16384, 16384)]
+    timing(kernels, shapes, budget_s=args.watchdog - 25)
+    log(f"done [{time.time() - T0:.0f} s]")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OPFORGE_GLUON", "1")
+    sys.exit(main())

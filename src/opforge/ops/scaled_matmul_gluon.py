@@ -1,0 +1,88 @@
+"""The Gluon warp-specialized FP8 GEMM as a variant of ``opforge.scaled_matmul``.
+
+Opt-in until measured on the device: dispatch takes it only with
+``OPFORGE_GLUON=1`` or when forced (``dispatch.force_variant("scaled_matmul",
+"gluon_ws")``); ``ENABLED_BY_DEFAULT`` is the one line to flip once the H200
+run shows it ahead of torch._scaled_mm. It takes fp8 operands with
+K-major, 16-byte aligned rows (the TMA path's layout), M > 64 (decode shapes
+belong to the split-K kernel), and every scale mode; an activation runs as a
+torch op on the fp32 product (one rounding, as the reference).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from opforge.kernels import gemm_fp8_gluon as G
+from opforge.runtime import device as devmod
+from opforge.runtime import dispatch
+from opforge.runtime.registry import Spec
+
+NAME = "gluon_ws"
+OP_NAME = "scaled_matmul"
+ENABLED_BY_DEFAULT = False  # flip once measured (see the module docstring)
+MIN_M = 65
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def enabled() -> bool:
+    """OPFORGE_GLUON=1, this variant forced, or ENABLED_BY_DEFAULT."""
+    env = os.environ.get("OPFORGE_GLUON", "0").strip().lower() not in ("", "0", "false", "off")
+    return ENABLED_BY_DEFAULT or env or dispatch._forced.get(OP_NAME) == NAME
+
+
+def check(g) -> str | None:
+    if devmod.interpret_mode():
+        return "Gluon kernels do not run under the Triton interpreter"
+    if not enabled():
+        return "opt-in until measured on the device: set OPFORGE_GLUON=1 or force gluon_ws"
+    if g.a_dtype not in _FP8 or g.b_dtype not in _FP8:
+        return "fp8 operands only (int8 runs the Triton kernels)"
+    if not g.tma:
+        return "TMA needs both operands K-major with 16-byte aligned bases and rows (K a multiple of 16)"
+    if (g.N * g.out_dtype.itemsize) % 16:
+        return f"the output's rows must be 16-byte aligned for the TMA store (N={g.N})"
+    if g.M < MIN_M:
+        return f"M={g.M} < {MIN_M}: decode shapes run the split-K kernel"
+    if g.fast_accum and G.BLOCK in g.modes:
+        return "block scales are applied per K chunk: there is no fast-accumulation form"
+    return None
+
+
+def default_config(g) -> dict:
+    return G.default_config(g.M, g.N, g.K, "ws", g.fast_accum)
+
+
+def configs(g) -> list[dict]:
+    base = default_config(g)
+    widths = (128, 256) if g.fast_accum and G.BLOCK not in g.modes else (128,)
+    return [{**base, "BLOCK_N": bn, "STAGES": st, "GROUP_M": gm}
+            for bn in widths for st in ((4, 5, 6) if bn == 128 else (3, 4)) for gm in (8, 16)]
+
+
+def run(g, cfg, a, b, scale_a, scale_b, bias, epi):
+    """The kernel writes the scaled product (+ bias); an activation follows on its fp32 copy."""
+    from opforge.ops import scaled_matmul as S
+
+    M, N, K = g.M, g.N, g.K
+    C = torch.empty((M, N), dtype=torch.float32 if epi.activation else epi.out_dtype, device=a.device)
+    if C.numel() == 0 or K == 0:
+        return S.reference(a, b, scale_a, scale_b, bias, epi).contiguous()
+    SA, SB = S.scales_2d(a, scale_a, scale_b, g.modes)
+    G.launch(a.reshape(M, K), b.t(), C, SA, SB, *g.modes, bias, epi.fast_accum, cfg, g.sms, "ws")
+    if epi.activation:
+        C = S._act(C, epi.activation).to(epi.out_dtype)
+    return C.view(S.out_shape(a, b))
+
+
+def spec() -> Spec:
+    """Called by ``scaled_matmul.specs`` (its shape buckets are this variant's)."""
+    from opforge.ops.scaled_matmul import shape_bucket
+
+    return Spec(NAME, run, version=G.VERSION, min_capability=(9, 0), check=check, configs=configs,
+                default_config=default_config, bucket=shape_bucket,
+                description="Hopper, Gluon: persistent, warp-specialized (TMA producer warp, two consumer "
+                            "warpgroups), fp32 promotion every 128 of K (block scales applied there), scales "
+                            "and bias in the epilogue, TMA store")
