@@ -287,13 +287,23 @@ def supported(A, Bt, C, modes=(TENSOR, TENSOR), fast_acc=False, config=None) -> 
     return None
 
 
-def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False) -> dict:
+SMEM_BYTES = 232448 - 2048  # sm_90's per-block limit, less the barriers and slack
+
+
+def max_stages(bn: int, out_bytes: int, bm: int = 128) -> int:
+    """The deepest ring that fits next to the output tiles."""
+    stage = (bm + bn) * BLOCK_K
+    c = bm * bn * out_bytes
+    return min(6, (SMEM_BYTES - c) // stage)
+
+
+def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False, out_bytes: int = 2) -> dict:
     """128 x 128 tiles (two 64-row warpgroups): with promotion each warpgroup holds two 64 x 128 fp32
     accumulators (128 registers); fast accumulation has room for 128 x 256."""
     if kernel == "simple":
         return {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 4, "GROUP_M": 8}
-    bn = 256 if fast_acc and N >= 2048 else 128
-    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": 5 if bn == 128 else 4, "GROUP_M": 8,
+    bn = 256 if fast_acc and N >= 2048 and out_bytes == 2 else 128
+    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": min(5, max_stages(bn, out_bytes)), "GROUP_M": 8,
             "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
 
 
@@ -332,7 +342,7 @@ def launch(A, Bt, C, SA, SB, mode_a: int, mode_b: int, bias=None, fast_acc: bool
     N = Bt.shape[0]
     if M == 0 or N == 0:
         return
-    config = config or default_config(M, N, K, kernel, fast_acc)
+    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size())
     fn, grid, args, kw = plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms, kernel)
     fn[grid](*args, **kw, num_warps=4)
 
@@ -352,7 +362,7 @@ def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=torch.bfl
     kb = -(-K // SCALE_BLOCK)
     SA = torch.empty((1, 1) if modes[0] == TENSOR else (M, 1) if modes[0] == ROW else (M, kb))
     SB = torch.empty((1, 1) if modes[1] == TENSOR else (1, N) if modes[1] == ROW else (kb, -(-N // SCALE_BLOCK)))
-    config = config or default_config(M, N, K, kernel, fast_acc)
+    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size())
     fn, _, args, kw = plan(A, Bt, C, SA, SB, *modes, torch.empty(N) if bias else None, fast_acc, config,
                            kernel=kernel)
     names = [p.name for p in fn.params]

@@ -52,14 +52,14 @@ def check(g) -> str | None:
 
 
 def default_config(g) -> dict:
-    return G.default_config(g.M, g.N, g.K, "ws", g.fast_accum)
+    return G.default_config(g.M, g.N, g.K, "ws", g.fast_accum, g.out_dtype.itemsize)
 
 
 def configs(g) -> list[dict]:
     base = default_config(g)
     widths = (128, 256) if g.fast_accum and G.BLOCK not in g.modes else (128,)
     return [{**base, "BLOCK_N": bn, "STAGES": st, "GROUP_M": gm}
-            for bn in widths for st in ((4, 5, 6) if bn == 128 else (3, 4)) for gm in (8, 16)]
+            for bn in widths for st in range(3, G.max_stages(bn, g.out_dtype.itemsize) + 1) for gm in (8, 16)]
 
 
 def run(g, cfg, a, b, scale_a, scale_b, bias, epi):
