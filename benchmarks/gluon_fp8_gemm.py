@@ -36,7 +36,7 @@ def quant(x, dtype=E4M3):
 
 def make(M, N, K, modes, seed=0):
     """A [M, K], W [N, K] (fp8), their scales in the op's layout, and the float32 reference of the product."""
-    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, SCALE_BLOCK, TENSOR
+    from opforge.kernels.gemm_fp8_gluon import ROW, SCALE_BLOCK, TENSOR
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     A = quant(torch.randn(M, K, device="cuda", generator=g) * 2)
@@ -78,37 +78,52 @@ def run_gluon(A, W, SA, SB, modes, out_dtype=BF16, bias=None, fast=False, kernel
     return C
 
 
+def cfg(bn=128, stages=None, group_m=8, out_bytes=2):
+    from opforge.kernels import gemm_fp8_gluon as G
+
+    st = stages or min(5, G.max_stages(bn, out_bytes))
+    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": st, "GROUP_M": group_m, "CONSUMER_REGS": 232,
+            "PRODUCER_REGS": 40}
+
+
 def correctness(kernels):
     from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
 
     log("== correctness (rel = max|out - ref| / max|ref|, ref = float32 torch of the scaled product)")
-    cases = []
-    for M, N, K in ((512, 768, 1024), (1000, 1000, 1024), (256, 384, 4096)):
-        for modes in ((TENSOR, TENSOR), (ROW, ROW), (BLOCK, BLOCK), (ROW, BLOCK), (BLOCK, TENSOR)):
-            cases.append((M, N, K, modes, BF16, False, False))
-    cases += [(1000, 1000, 1024, (TENSOR, TENSOR), BF16, True, False),
-              (512, 768, 1024, (ROW, ROW), F16, False, True),
-              (512, 768, 1024, (BLOCK, BLOCK), F32, False, True),
-              (1000, 1000, 1024, (ROW, ROW), BF16, True, True)]
+    T, R, B = TENSOR, ROW, BLOCK
+    small, ragged, longk = (512, 768, 1024), (1000, 1000, 1024), (256, 384, 4096)
+    # (kernel, shape, modes, out dtype, fast, bias, config)
+    cases = [("ws", small, (T, T), BF16, False, False, None), ("ws", small, (R, R), BF16, False, False, None),
+             ("ws", small, (B, B), BF16, False, False, None), ("ws", ragged, (T, T), BF16, False, False, None),
+             ("ws", ragged, (R, B), BF16, False, False, None), ("ws", ragged, (B, T), BF16, False, False, None),
+             ("ws", ragged, (B, B), BF16, False, False, None), ("ws", longk, (B, B), BF16, False, False, None),
+             ("ws", ragged, (T, T), BF16, True, False, None), ("ws", small, (R, R), F16, False, True, None),
+             ("ws", small, (B, B), F32, False, True, None), ("ws", ragged, (R, R), BF16, True, True, None),
+             ("ws", ragged, (B, B), BF16, False, False, cfg(256)), ("ws", small, (T, T), BF16, True, False, cfg(256)),
+             ("ws", ragged, (R, R), F32, False, True, cfg(256, out_bytes=4)),
+             ("simple", small, (T, T), BF16, False, False, None), ("simple", ragged, (B, B), BF16, False, True, None)]
     fails = 0
-    for kernel in kernels:
-        for M, N, K, modes, od, fast, with_bias in cases:
-            name = f"{kernel:6s} {M}x{N}x{K} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)}"
-            try:
-                A, W, SA, SB = make(M, N, K, modes)
-                bias = torch.randn(N, device="cuda") if with_bias else None
-                ref = reference(A, W, SA, SB, modes, bias)
-                out = run_gluon(A, W, SA, SB, modes, od, bias, fast, kernel)
-                torch.cuda.synchronize()
-                err = (out.float() - ref).abs().max().item()
-                rel = err / ref.abs().max().item()
-                tol = 2e-2 if fast else 1e-2
-                ok = rel < tol and torch.isfinite(out.float()).all().item()
-                fails += not ok
-                log(f"  {'PASS' if ok else 'FAIL'} {name}  abs {err:.3e} rel {rel:.2e}")
-            except Exception as e:  # noqa: BLE001 - one case must not end the run
-                fails += 1
-                log(f"  FAIL {name}  {type(e).__name__}: {str(e)[:300]}")
+    for kernel, (M, N, K), modes, od, fast, with_bias, config in cases:
+        if kernel not in kernels:
+            continue
+        bn = config["BLOCK_N"] if config else "dflt"
+        name = (f"{kernel:6s} {M}x{N}x{K} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)} "
+                f"BN={bn}")
+        try:
+            A, W, SA, SB = make(M, N, K, modes)
+            bias = torch.randn(N, device="cuda") if with_bias else None
+            ref = reference(A, W, SA, SB, modes, bias)
+            out = run_gluon(A, W, SA, SB, modes, od, bias, fast, kernel, config)
+            torch.cuda.synchronize()
+            err = (out.float() - ref).abs().max().item()
+            rel = err / ref.abs().max().item()
+            tol = 2e-2 if fast else 1e-2
+            ok = rel < tol and torch.isfinite(out.float()).all().item()
+            fails += not ok
+            log(f"  {'PASS' if ok else 'FAIL'} {name}  abs {err:.3e} rel {rel:.2e}  [{time.time() - T0:.0f} s]")
+        except Exception as e:  # noqa: BLE001 - one case must not end the run
+            fails += 1
+            log(f"  FAIL {name}  {type(e).__name__}: {str(e)[:300]}")
     fails += through_dispatch()
     return fails
 
@@ -173,42 +188,55 @@ def blockwise_scaled_mm_fn(A, W, SA, SB, ref):
     return None
 
 
-def timing(kernels, shapes, budget_s):
-    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
-    from opforge.ops.scaled_matmul import ScaledEpilogue
+def peers_for(A, W, SA, SB, modes, fast):
+    """name -> callable: the torch paths this row is measured against (the fastest is the peer)."""
+    from opforge.kernels.gemm_fp8_gluon import BLOCK
 
-    log("== timing (TFLOP/s; ratio = gluon / peer)")
-    log(f"  {'shape MxNxK':18s} {'scales':7s} {'acc':5s} {'peer':24s} {'peer TF':>8s} "
-        + " ".join(f"{k + ' TF':>9s} {'ratio':>6s}" for k in kernels))
+    M, K = A.shape
+    N = W.shape[0]
+    if BLOCK not in modes:
+        return {"_scaled_mm" + (" fast" if fast else ""): scaled_mm_fn(A, W, SA, SB, modes, fast)}
+    import opforge
+    from opforge.runtime import dispatch
+
+    peers = {}
+    if M * N <= 8192 ** 2:
+        fn = blockwise_scaled_mm_fn(A, W, SA, SB, reference(A, W, SA, SB, modes))
+        if fn is not None:
+            peers["_scaled_mm blockwise"] = fn
+
+    def triton_tma():
+        with dispatch.force_variant("scaled_matmul", "triton_tma_persistent"):
+            return opforge.scaled_matmul(A, W.t(), SA, SB)
+
+    peers["opforge triton_tma"] = triton_tma
+    ea, eb = expand(SA, SB, modes, M, N, K)
+    peers["dequant+bf16 mm"] = lambda: (A.float() * ea).to(BF16) @ (W.float().t() * eb).to(BF16)
+    return peers
+
+
+COLUMNS = {"ws128": ("ws", 128), "ws256": ("ws", 256), "simple": ("simple", None)}
+
+
+def timing(columns, shapes, budget_s):
+    from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
+
+    log("== timing (TFLOP/s; x = gluon / fastest peer; ws128 / ws256: the warp-specialized kernel, 128x128 / "
+        "128x256 tiles)")
+    log(f"  {'shape MxNxK':18s} {'sc':3s} {'acc':4s} {'peer':21s} {'peer TF':>7s} "
+        + " ".join(f"{c + ' TF':>10s} {'x':>5s}" for c in columns))
+    tag = {TENSOR: "t", ROW: "r", BLOCK: "b"}
     for M, N, K in shapes:
-        if time.time() - T0 > budget_s:
-            log(f"  (time budget reached; skipped {M}x{N}x{K} and later)")
-            break
         for modes, fast in (((TENSOR, TENSOR), False), ((TENSOR, TENSOR), True), ((ROW, ROW), False),
                             ((BLOCK, BLOCK), False)):
-            tag = {TENSOR: "t", ROW: "r", BLOCK: "b"}
-            label = f"{tag[modes[0]]}{tag[modes[1]]}"
+            if time.time() - T0 > budget_s:
+                log(f"  (time budget reached at {M}x{N}x{K})")
+                return
+            label = tag[modes[0]] + tag[modes[1]]
             try:
                 A, W, SA, SB = make(M, N, K, modes)
-                peers = {}
-                if BLOCK in modes:
-                    fn = blockwise_scaled_mm_fn(A, W, SA, SB, reference(A, W, SA, SB, modes)) if M * N <= 8192 ** 2 \
-                        else None
-                    if fn is not None:
-                        peers["_scaled_mm blockwise"] = fn
-                    import opforge
-                    from opforge.runtime import dispatch
-
-                    def triton_fn(A=A, W=W, SA=SA, SB=SB):
-                        with dispatch.force_variant("scaled_matmul", "triton_tma_persistent"):
-                            return opforge.scaled_matmul(A, W.t(), SA, SB)
-                    peers["opforge triton_tma"] = triton_fn
-                    ea, eb = expand(SA, SB, modes, M, N, K)
-                    peers["dequant+bf16 mm"] = lambda: ((A.float() * ea).to(BF16) @ (W.float().t() * eb).to(BF16))
-                else:
-                    peers["_scaled_mm" + (" fast" if fast else "")] = scaled_mm_fn(A, W, SA, SB, modes, fast)
                 best_name, best_ms = None, float("inf")
-                for name, fn in peers.items():
+                for name, fn in peers_for(A, W, SA, SB, modes, fast).items():
                     try:
                         ms = bench(fn)
                         if ms < best_ms:
@@ -216,25 +244,47 @@ def timing(kernels, shapes, budget_s):
                     except Exception as e:  # noqa: BLE001
                         log(f"  peer {name} failed: {type(e).__name__}: {str(e)[:200]}")
                 cells = []
-                for k in kernels:
+                for c in columns:
+                    kernel, bn = COLUMNS[c]
+                    config = cfg(bn) if bn else None
                     try:
-                        ms = bench(lambda k=k: run_gluon(A, W, SA, SB, modes, BF16, None, fast, k))
-                        cells.append(f"{tflops(M, N, K, ms):9.1f} {best_ms / ms:6.2f}")
+                        ms = bench(lambda: run_gluon(A, W, SA, SB, modes, BF16, None, fast, kernel, config))
+                        cells.append(f"{tflops(M, N, K, ms):10.1f} {best_ms / ms:5.2f}")
                     except Exception as e:  # noqa: BLE001
-                        cells.append(f"{'ERR':>9s} {'-':>6s}")
-                        log(f"  {k} failed: {type(e).__name__}: {str(e)[:200]}")
-                log(f"  {f'{M}x{N}x{K}':18s} {label:7s} {'fast' if fast else 'prec':5s} {str(best_name):24s} "
-                    f"{tflops(M, N, K, best_ms):8.1f} " + " ".join(cells))
-                del A, W, SA, SB, peers
+                        cells.append(f"{'ERR':>10s} {'-':>5s}")
+                        log(f"  {c} failed: {type(e).__name__}: {str(e)[:200]}")
+                log(f"  {f'{M}x{N}x{K}':18s} {label:3s} {'fast' if fast else 'prec':4s} {str(best_name):21s} "
+                    f"{tflops(M, N, K, best_ms):7.1f} " + " ".join(cells))
+                A = W = SA = SB = None
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001
                 log(f"  {M}x{N}x{K} {label}: {type(e).__name__}: {str(e)[:300]}")
 
 
+def sweep(budget_s, M=8192, N=8192, K=8192):
+    """Ring depth and group size of the ws kernel at one shape, per-tensor scales."""
+    from opforge.kernels.gemm_fp8_gluon import TENSOR
+
+    log(f"== sweep {M}x{N}x{K} per-tensor (TFLOP/s)")
+    A, W, SA, SB = make(M, N, K, (TENSOR, TENSOR))
+    for fast in (False, True):
+        for bn, st, gm in ((128, 4, 8), (128, 6, 8), (128, 5, 16), (256, 3, 8), (256, 4, 16)):
+            if time.time() - T0 > budget_s:
+                log("  (time budget reached)")
+                return
+            try:
+                ms = bench(lambda: run_gluon(A, W, SA, SB, (TENSOR, TENSOR), BF16, None, fast, "ws",
+                                             cfg(bn, st, gm)))
+                log(f"  {'fast' if fast else 'prec'} BN={bn} STAGES={st} GROUP_M={gm}: {tflops(M, N, K, ms):7.1f}")
+            except Exception as e:  # noqa: BLE001
+                log(f"  BN={bn} STAGES={st} GROUP_M={gm}: {type(e).__name__}: {str(e)[:200]}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="correctness and 4096^3 only")
-    p.add_argument("--kernels", default="ws,simple")
+    p.add_argument("--kernels", default="ws,simple", help="correctness: kernel forms")
+    p.add_argument("--columns", default="ws128,ws256,simple", help="timing: " + ",".join(COLUMNS))
     p.add_argument("--watchdog", type=float, default=170.0)
     args = p.parse_args()
     faulthandler.dump_traceback_later(args.watchdog, exit=True)
@@ -244,8 +294,10 @@ def main() -> int:
     fails = correctness(kernels)
     log(f"correctness: {fails} failing case(s)  [{time.time() - T0:.0f} s]")
     shapes = [(4096, 4096, 4096)] if args.quick else [
-        (4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (8192, 4096, 14336), (16384, 16384, 16384)]
-    timing(kernels, shapes, budget_s=args.watchdog - 25)
+        (8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 16384), (4096, 14336, 4096), (8192, 4096, 14336)]
+    timing(args.columns.split(","), shapes, budget_s=args.watchdog - 40)
+    if not args.quick:
+        sweep(budget_s=args.watchdog - 8)
     log(f"done [{time.time() - T0:.0f} s]")
     return 0
 

@@ -59,6 +59,7 @@ TENSOR, ROW, BLOCK = 0, 1, 2
 SCALE_BLOCK = 128
 BLOCK_K = 128  # = SCALE_BLOCK: one promotion (and one block scale) per chunk
 SUB_M = 64  # rows per consumer warpgroup (wgmma's M)
+HALF_N = 128  # columns per accumulator (a 256-wide tile holds two)
 H200_SMS = 132
 
 _GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5, torch.bfloat16: gl.bfloat16,
@@ -80,20 +81,30 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kb, pid_n, MODE_A: gl.constexpr,
-                  MODE_B: gl.constexpr):
-    """The K-chunk's scale: sa[rows, kb] * sb[kb, pid_n] for the block sides, 1 for the others."""
-    f = gl.full(rows.shape, 1.0, gl.float32, rows.type.layout)
+def _row_factor(sa_ptr, rows, M, stride_sa, kb, MODE_A: gl.constexpr):
+    """The K-chunk's A-side scale: sa[rows, kb] for 1x128 blocks, else 1."""
     if MODE_A == 2:
         f = gl.load(sa_ptr + rows * stride_sa + kb, mask=rows < M, other=0.0)
-    if MODE_B == 2:
-        f = f * gl.load(sb_ptr + kb * stride_sb + pid_n)
+    else:
+        f = gl.full(rows.shape, 1.0, gl.float32, rows.type.layout)
     return f
 
 
 @gluon.jit
-def _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A: gl.constexpr, MODE_B: gl.constexpr,
-                    HAS_BIAS: gl.constexpr):
+def _promote(acc, part, fa, sb_ptr, stride_sb, kb, nb, MODE_A: gl.constexpr, MODE_B: gl.constexpr):
+    """acc += part * sa[m, kb] * sb[kb, nb] (the block sides only; plain promotion without block scales)."""
+    if MODE_B == 2:
+        fa = fa * gl.load(sb_ptr + kb * stride_sb + nb)
+    if MODE_A == 2 or MODE_B == 2:
+        acc = acc + part * gl.expand_dims(fa, 1)
+    else:
+        acc = acc + part
+    return acc
+
+
+@gluon.jit
+def _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A: gl.constexpr,
+                    MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr):
     """The per-tensor / row scales (the block ones were applied in the loop) and the bias."""
     if MODE_A == 0:
         acc = acc * gl.load(sa_ptr)
@@ -106,6 +117,18 @@ def _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, 
     if HAS_BIAS:
         acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
     return acc
+
+
+@gluon.jit
+def _store(acc, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa,
+           MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Epilogue of one [rows, 128] accumulator: scales, bias, cast, TMA store through c_smem."""
+    cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    acc = _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A, MODE_B, HAS_BIAS)
+    tma.store_wait(0)  # the previous store has left c_smem
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
 
 
 # ---------------------------------------------------------------------------
@@ -136,54 +159,69 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl
 def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa,
               stride_sb, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr,
               FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """Rows WG*64 .. WG*64+63 of each tile; a 256-wide tile runs as two 128-wide halves (acc0, acc1) so
+    that promotion needs one 64x128 partial at a time (registers: 2 x 64 + 64 of the 232)."""
     BM: gl.constexpr = a_bufs.shape[1]
     BK: gl.constexpr = a_bufs.shape[2]
     BN: gl.constexpr = b_bufs.shape[1]
     SM: gl.constexpr = c_desc.block_type.shape[0]
+    HN: gl.constexpr = c_desc.block_type.shape[1]
+    NSUB: gl.constexpr = BN // HN
+    gl.static_assert(NSUB == 1 or NSUB == 2, "BLOCK_N must be 128 or 256")
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BN, 32])
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+                                                         instr_shape=[16, HN, 32])
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
     k_tiles = gl.cdiv(K, BK)
-    zero = gl.zeros([SM, BN], gl.float32, mma_layout)
+    zero = gl.zeros([SM, HN], gl.float32, mma_layout)
     it = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BM + WG * SM
         off_n = pid_n * BN
-        rows = off_m + gl.arange(0, SM, layout=row_layout)
-        cols = off_n + gl.arange(0, BN, layout=col_layout)
-        acc = zero
+        rows = off_m + gl.arange(0, SM, layout=gl.SliceLayout(1, mma_layout))
+        acc0 = zero
+        acc1 = zero
         for kk in range(k_tiles):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             a = a_bufs.index(s).slice(WG * SM, SM)
-            b = b_bufs.index(s).permute((1, 0))
+            b0 = b_bufs.index(s).slice(0, HN).permute((1, 0))
             if FAST_ACC:
-                acc = warpgroup_mma(a, b, acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=[acc])
-                prev = (it + STAGES - 1) % STAGES
-                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # the MMA before this one is done
-            else:
-                part = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-                f = _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk, pid_n, MODE_A, MODE_B)
-                part = warpgroup_mma_wait(0, deps=[part])
-                mbarrier.arrive(empty.index(s))
-                if MODE_A == 2 or MODE_B == 2:
-                    acc = acc + part * gl.expand_dims(f, 1)
+                acc0 = warpgroup_mma(a, b0, acc0, is_async=True)
+                if NSUB == 2:
+                    acc1 = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), acc1, is_async=True)
+                    acc0, acc1 = warpgroup_mma_wait(2, deps=[acc0, acc1])
                 else:
-                    acc = acc + part
+                    acc0 = warpgroup_mma_wait(1, deps=[acc0])
+                prev = (it + STAGES - 1) % STAGES
+                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # this chunk's MMAs are all that may run
+            else:
+                part = warpgroup_mma(a, b0, zero, use_acc=False, is_async=True)
+                fa = _row_factor(sa_ptr, rows, M, stride_sa, kk, MODE_A)
+                part = warpgroup_mma_wait(0, deps=[part])
+                if NSUB == 2:
+                    acc0 = _promote(acc0, part, fa, sb_ptr, stride_sb, kk, pid_n * 2, MODE_A, MODE_B)
+                    part = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), zero, use_acc=False,
+                                         is_async=True)
+                    part = warpgroup_mma_wait(0, deps=[part])
+                    mbarrier.arrive(empty.index(s))
+                    acc1 = _promote(acc1, part, fa, sb_ptr, stride_sb, kk, pid_n * 2 + 1, MODE_A, MODE_B)
+                else:
+                    mbarrier.arrive(empty.index(s))
+                    acc0 = _promote(acc0, part, fa, sb_ptr, stride_sb, kk, pid_n, MODE_A, MODE_B)
             it += 1
         if FAST_ACC:
-            acc = warpgroup_mma_wait(0, deps=[acc])
+            if NSUB == 2:
+                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+            else:
+                acc0 = warpgroup_mma_wait(0, deps=[acc0])
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-        acc = _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A, MODE_B, HAS_BIAS)
-        tma.store_wait(0)  # the previous tile's store has left c_smem
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        _store(acc0, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa, MODE_A, MODE_B,
+               HAS_BIAS)
+        if NSUB == 2:
+            _store(acc1, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n + HN, M, N, stride_sa, MODE_A,
+                   MODE_B, HAS_BIAS)
     tma.store_wait(0)
 
 
@@ -231,7 +269,6 @@ def fp8_gemm_simple_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, 
     off_m = pid_m * BM
     off_n = pid_n * BN
     rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_layout))
-    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_layout))
     k_tiles = gl.cdiv(K, BK)
     zero = gl.zeros([BM, BN], gl.float32, mma_layout)
     acc = zero
@@ -249,17 +286,12 @@ def fp8_gemm_simple_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, 
             if FAST_ACC:
                 acc = warpgroup_mma(a_bufs.index(s), b, acc)
             else:
-                f = _block_factor(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, j, pid_n, MODE_A, MODE_B)
+                fa = _row_factor(sa_ptr, rows, M, stride_sa, j, MODE_A)
                 part = warpgroup_mma(a_bufs.index(s), b, zero, use_acc=False)
-                if MODE_A == 2 or MODE_B == 2:
-                    acc = acc + part * gl.expand_dims(f, 1)
-                else:
-                    acc = acc + part
-    acc = _epilogue_scale(acc, sa_ptr, sb_ptr, bias_ptr, rows, cols, M, N, stride_sa, MODE_A, MODE_B, HAS_BIAS)
+                acc = _promote(acc, part, fa, sb_ptr, stride_sb, j, pid_n, MODE_A, MODE_B)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c_smem.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    _store(acc, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa, MODE_A, MODE_B,
+           HAS_BIAS)
     tma.store_wait(0)
 
 
@@ -281,9 +313,6 @@ def supported(A, Bt, C, modes=(TENSOR, TENSOR), fast_acc=False, config=None) -> 
             return f"{name}: TMA needs unit last stride, 16-byte aligned rows and base (K and N multiples of 16)"
     if fast_acc and BLOCK in modes:
         return "block scales are applied per K chunk: there is no fast-accumulation form"
-    bn = (config or {}).get("BLOCK_N", 128)
-    if modes[1] == BLOCK and bn != SCALE_BLOCK:
-        return f"128x128 B scales need BLOCK_N = {SCALE_BLOCK}"
     return None
 
 
@@ -291,18 +320,18 @@ SMEM_BYTES = 232448 - 2048  # sm_90's per-block limit, less the barriers and sla
 
 
 def max_stages(bn: int, out_bytes: int, bm: int = 128) -> int:
-    """The deepest ring that fits next to the output tiles."""
+    """The deepest ring that fits next to the output tiles (one [64, 128] per consumer warpgroup)."""
     stage = (bm + bn) * BLOCK_K
-    c = bm * bn * out_bytes
+    c = bm * HALF_N * out_bytes
     return min(6, (SMEM_BYTES - c) // stage)
 
 
 def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False, out_bytes: int = 2) -> dict:
-    """128 x 128 tiles (two 64-row warpgroups): with promotion each warpgroup holds two 64 x 128 fp32
-    accumulators (128 registers); fast accumulation has room for 128 x 256."""
+    """128 x 128 or 128 x 256 tiles (two 64-row warpgroups; a 256-wide tile is two 128-wide accumulators
+    per warpgroup, promoted one at a time); the ring as deep as shared memory allows, up to 5."""
     if kernel == "simple":
         return {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 4, "GROUP_M": 8}
-    bn = 256 if fast_acc and N >= 2048 and out_bytes == 2 else 128
+    bn = 256 if fast_acc and N >= 2048 else 128
     return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": min(5, max_stages(bn, out_bytes)), "GROUP_M": 8,
             "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
 
@@ -321,7 +350,7 @@ def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS,
     sub_m = SUB_M if kernel == "ws" else bm
     a_desc = _desc(A, [bm, BLOCK_K])
     b_desc = _desc(Bt, [bn, BLOCK_K])
-    c_desc = _desc(C, [sub_m, bn])
+    c_desc = _desc(C, [sub_m, HALF_N if kernel == "ws" else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     grid = (max(1, min(sms, tiles)),) if kernel == "ws" else (tiles,)
     SA, SB = SA.contiguous(), SB.contiguous()  # row strides = their widths
