@@ -79,7 +79,8 @@ def test_interpreter_refuses_gluon_and_cpu_runs_the_reference(gen):
 @pytest.mark.parametrize("fast, out_bytes", [(False, 2), (False, 4), (True, 2), (True, 4)])
 def test_default_config_fits_shared_memory(fast, out_bytes):
     cfg = G.default_config(8192, 8192, 8192, "ws", fast, out_bytes)
-    smem = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * G.BLOCK_K + cfg["BLOCK_M"] * cfg["BLOCK_N"] * out_bytes
+    # the ring, and one [64, 128] output tile per consumer warpgroup
+    smem = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * G.BLOCK_K + cfg["BLOCK_M"] * G.HALF_N * out_bytes
     assert cfg["STAGES"] >= 3 and smem <= G.SMEM_BYTES
 
 
