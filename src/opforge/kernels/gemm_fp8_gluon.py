@@ -81,22 +81,24 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _row_factor(sa_ptr, rows, M, stride_sa, kb, MODE_A: gl.constexpr):
-    """The K-chunk's A-side scale: sa[rows, kb] for 1x128 blocks, else 1."""
+def _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kb, nb, MODE_A: gl.constexpr,
+                 MODE_B: gl.constexpr):
+    """The K-chunk's block scale per row: sa[rows, kb] * sb[kb, nb] for the block sides, 1 for the others
+    (loaded a chunk or an MMA ahead of its use, so its latency hides behind the tensor cores)."""
     if MODE_A == 2:
         f = gl.load(sa_ptr + rows * stride_sa + kb, mask=rows < M, other=0.0)
     else:
         f = gl.full(rows.shape, 1.0, gl.float32, rows.type.layout)
+    if MODE_B == 2:
+        f = f * gl.load(sb_ptr + kb * stride_sb + nb)
     return f
 
 
 @gluon.jit
-def _promote(acc, part, fa, sb_ptr, stride_sb, kb, nb, MODE_A: gl.constexpr, MODE_B: gl.constexpr):
-    """acc += part * sa[m, kb] * sb[kb, nb] (the block sides only; plain promotion without block scales)."""
-    if MODE_B == 2:
-        fa = fa * gl.load(sb_ptr + kb * stride_sb + nb)
+def _promote(acc, part, f, MODE_A: gl.constexpr, MODE_B: gl.constexpr):
+    """acc += part * f with block scales, acc += part without (fp32 promotion of the fp8 partial)."""
     if MODE_A == 2 or MODE_B == 2:
-        acc = acc + part * gl.expand_dims(fa, 1)
+        acc = acc + part * gl.expand_dims(f, 1)
     else:
         acc = acc + part
     return acc
@@ -156,9 +158,40 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
+def _mainloop_pipelined(a_bufs, b_bufs, ready, empty, zero, sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, pid_n,
+                        k_tiles, it, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr,
+                        STAGES: gl.constexpr):
+    """Precise accumulation with the next chunk's MMA in flight while this chunk's partial is promoted
+    (two 64x128 partials + the accumulator: 192 registers), so the tensor cores never wait on the FMAs.
+    The block scales are loaded a chunk ahead."""
+    SM: gl.constexpr = zero.shape[0]
+    s = it % STAGES
+    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+    part = warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                         is_async=True)
+    f = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, 0, pid_n, MODE_A, MODE_B)
+    acc = zero
+    for kk in range(k_tiles - 1):
+        cur = warpgroup_mma_wait(0, deps=[part])
+        mbarrier.arrive(empty.index(s))
+        it += 1
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        part = warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)
+        f_next = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk + 1, pid_n, MODE_A, MODE_B)
+        acc = _promote(acc, cur, f, MODE_A, MODE_B)
+        f = f_next
+    cur = warpgroup_mma_wait(0, deps=[part])
+    mbarrier.arrive(empty.index(s))
+    acc = _promote(acc, cur, f, MODE_A, MODE_B)
+    return acc, it + 1
+
+
+@gluon.jit
 def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa,
               stride_sb, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr,
-              FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+              FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PIPE: gl.constexpr):
     """Rows WG*64 .. WG*64+63 of each tile; a 256-wide tile runs as two 128-wide halves (acc0, acc1) so
     that promotion needs one 64x128 partial at a time (registers: 2 x 64 + 64 of the 232)."""
     BM: gl.constexpr = a_bufs.shape[1]
@@ -167,6 +200,7 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
     SM: gl.constexpr = c_desc.block_type.shape[0]
     HN: gl.constexpr = c_desc.block_type.shape[1]
     NSUB: gl.constexpr = BN // HN
+    PIPELINED: gl.constexpr = PIPE and NSUB == 1 and not FAST_ACC
     gl.static_assert(NSUB == 1 or NSUB == 2, "BLOCK_N must be 128 or 256")
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HN, 32])
@@ -182,41 +216,49 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
         rows = off_m + gl.arange(0, SM, layout=gl.SliceLayout(1, mma_layout))
         acc0 = zero
         acc1 = zero
-        for kk in range(k_tiles):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            a = a_bufs.index(s).slice(WG * SM, SM)
-            b0 = b_bufs.index(s).slice(0, HN).permute((1, 0))
+        if PIPELINED:
+            acc0, it = _mainloop_pipelined(a_bufs, b_bufs, ready, empty, zero, sa_ptr, sb_ptr, rows, M, stride_sa,
+                                           stride_sb, pid_n, k_tiles, it, WG, MODE_A, MODE_B, STAGES)
+        else:
+            for kk in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                a = a_bufs.index(s).slice(WG * SM, SM)
+                b0 = b_bufs.index(s).slice(0, HN).permute((1, 0))
+                if FAST_ACC:
+                    acc0 = warpgroup_mma(a, b0, acc0, is_async=True)
+                    if NSUB == 2:
+                        acc1 = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), acc1, is_async=True)
+                        acc0, acc1 = warpgroup_mma_wait(2, deps=[acc0, acc1])
+                    else:
+                        acc0 = warpgroup_mma_wait(1, deps=[acc0])
+                    prev = (it + STAGES - 1) % STAGES
+                    mbarrier.arrive(empty.index(prev), pred=kk > 0)  # this chunk's MMAs are all that may run
+                else:
+                    part = warpgroup_mma(a, b0, zero, use_acc=False, is_async=True)
+                    f0 = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk, pid_n * NSUB, MODE_A,
+                                      MODE_B)
+                    if NSUB == 2:
+                        f1 = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk, pid_n * 2 + 1, MODE_A,
+                                          MODE_B)
+                        part = warpgroup_mma_wait(0, deps=[part])
+                        acc0 = _promote(acc0, part, f0, MODE_A, MODE_B)
+                        part = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), zero, use_acc=False,
+                                             is_async=True)
+                        part = warpgroup_mma_wait(0, deps=[part])
+                        mbarrier.arrive(empty.index(s))
+                        acc1 = _promote(acc1, part, f1, MODE_A, MODE_B)
+                    else:
+                        part = warpgroup_mma_wait(0, deps=[part])
+                        mbarrier.arrive(empty.index(s))
+                        acc0 = _promote(acc0, part, f0, MODE_A, MODE_B)
+                it += 1
             if FAST_ACC:
-                acc0 = warpgroup_mma(a, b0, acc0, is_async=True)
                 if NSUB == 2:
-                    acc1 = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), acc1, is_async=True)
-                    acc0, acc1 = warpgroup_mma_wait(2, deps=[acc0, acc1])
+                    acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
                 else:
-                    acc0 = warpgroup_mma_wait(1, deps=[acc0])
-                prev = (it + STAGES - 1) % STAGES
-                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # this chunk's MMAs are all that may run
-            else:
-                part = warpgroup_mma(a, b0, zero, use_acc=False, is_async=True)
-                fa = _row_factor(sa_ptr, rows, M, stride_sa, kk, MODE_A)
-                part = warpgroup_mma_wait(0, deps=[part])
-                if NSUB == 2:
-                    acc0 = _promote(acc0, part, fa, sb_ptr, stride_sb, kk, pid_n * 2, MODE_A, MODE_B)
-                    part = warpgroup_mma(a, b_bufs.index(s).slice(HN, HN).permute((1, 0)), zero, use_acc=False,
-                                         is_async=True)
-                    part = warpgroup_mma_wait(0, deps=[part])
-                    mbarrier.arrive(empty.index(s))
-                    acc1 = _promote(acc1, part, fa, sb_ptr, stride_sb, kk, pid_n * 2 + 1, MODE_A, MODE_B)
-                else:
-                    mbarrier.arrive(empty.index(s))
-                    acc0 = _promote(acc0, part, fa, sb_ptr, stride_sb, kk, pid_n, MODE_A, MODE_B)
-            it += 1
-        if FAST_ACC:
-            if NSUB == 2:
-                acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
-            else:
-                acc0 = warpgroup_mma_wait(0, deps=[acc0])
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+                    acc0 = warpgroup_mma_wait(0, deps=[acc0])
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         _store(acc0, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa, MODE_A, MODE_B,
                HAS_BIAS)
         if NSUB == 2:
@@ -229,7 +271,7 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
 def fp8_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
                        MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr, FAST_ACC: gl.constexpr,
                        GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       PRODUCER_REGS: gl.constexpr):
+                       PRODUCER_REGS: gl.constexpr, PIPE: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -241,9 +283,9 @@ def fp8_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K
     c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     gl.warp_specialize([
         (_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c0, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
-                     gl.constexpr(0), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES)),
+                     gl.constexpr(0), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES, PIPE)),
         (_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c1, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa, stride_sb,
-                     gl.constexpr(1), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES)),
+                     gl.constexpr(1), MODE_A, MODE_B, HAS_BIAS, FAST_ACC, GROUP_M, STAGES, PIPE)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -286,9 +328,9 @@ def fp8_gemm_simple_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, 
             if FAST_ACC:
                 acc = warpgroup_mma(a_bufs.index(s), b, acc)
             else:
-                fa = _row_factor(sa_ptr, rows, M, stride_sa, j, MODE_A)
+                f = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, j, pid_n, MODE_A, MODE_B)
                 part = warpgroup_mma(a_bufs.index(s), b, zero, use_acc=False)
-                acc = _promote(acc, part, fa, sb_ptr, stride_sb, j, pid_n, MODE_A, MODE_B)
+                acc = _promote(acc, part, f, MODE_A, MODE_B)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     _store(acc, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa, MODE_A, MODE_B,
            HAS_BIAS)
@@ -359,7 +401,8 @@ def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS,
     kw = {"MODE_A": mode_a, "MODE_B": mode_b, "HAS_BIAS": bias is not None, "FAST_ACC": bool(fast_acc),
           "GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"]}
     if kernel == "ws":
-        kw.update(CONSUMER_REGS=config["CONSUMER_REGS"], PRODUCER_REGS=config["PRODUCER_REGS"])
+        kw.update(CONSUMER_REGS=config["CONSUMER_REGS"], PRODUCER_REGS=config["PRODUCER_REGS"],
+                  PIPE=config.get("PIPE", 0))
     return KERNELS[kernel], grid, args, kw
 
 
