@@ -78,12 +78,12 @@ def run_gluon(A, W, SA, SB, modes, out_dtype=BF16, bias=None, fast=False, kernel
     return C
 
 
-def cfg(bn=128, stages=None, group_m=8, out_bytes=2):
+def cfg(bn=128, stages=None, group_m=8, out_bytes=2, pipe=1):
     from opforge.kernels import gemm_fp8_gluon as G
 
     st = stages or min(5, G.max_stages(bn, out_bytes))
     return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": st, "GROUP_M": group_m, "CONSUMER_REGS": 232,
-            "PRODUCER_REGS": 40}
+            "PRODUCER_REGS": 40, "PIPE": pipe}
 
 
 def correctness(kernels):
@@ -101,6 +101,11 @@ def correctness(kernels):
              ("ws", small, (B, B), F32, False, True, None), ("ws", ragged, (R, R), BF16, True, True, None),
              ("ws", ragged, (B, B), BF16, False, False, cfg(256)), ("ws", small, (T, T), BF16, True, False, cfg(256)),
              ("ws", ragged, (R, R), F32, False, True, cfg(256, out_bytes=4)),
+             ("ws", (384, 512, 1152), (B, B), BF16, False, False, None),  # odd number of K chunks
+             ("ws", (256, 256, 128), (T, T), BF16, False, False, None),  # one chunk
+             ("ws", (300, 300, 208), (R, R), BF16, False, True, None),  # two chunks, the second ragged
+             ("ws", ragged, (B, B), BF16, False, False, cfg(pipe=0)), ("ws", ragged, (T, T), BF16, False, False,
+                                                                      cfg(256, pipe=0)),
              ("simple", small, (T, T), BF16, False, False, None), ("simple", ragged, (B, B), BF16, False, True, None)]
     fails = 0
     for kernel, (M, N, K), modes, od, fast, with_bias, config in cases:
@@ -215,14 +220,15 @@ def peers_for(A, W, SA, SB, modes, fast):
     return peers
 
 
-COLUMNS = {"ws128": ("ws", 128), "ws256": ("ws", 256), "simple": ("simple", None)}
+COLUMNS = {"ws128": ("ws", 128, 1), "ws128np": ("ws", 128, 0), "ws256": ("ws", 256, 1),
+           "simple": ("simple", None, 0)}
 
 
 def timing(columns, shapes, budget_s):
     from opforge.kernels.gemm_fp8_gluon import BLOCK, ROW, TENSOR
 
     log("== timing (TFLOP/s; x = gluon / fastest peer; ws128 / ws256: the warp-specialized kernel, 128x128 / "
-        "128x256 tiles)")
+        "128x256 tiles; np: promotion not pipelined within a warpgroup)")
     log(f"  {'shape MxNxK':18s} {'sc':3s} {'acc':4s} {'peer':21s} {'peer TF':>7s} "
         + " ".join(f"{c + ' TF':>10s} {'x':>5s}" for c in columns))
     tag = {TENSOR: "t", ROW: "r", BLOCK: "b"}
@@ -245,8 +251,8 @@ def timing(columns, shapes, budget_s):
                         log(f"  peer {name} failed: {type(e).__name__}: {str(e)[:200]}")
                 cells = []
                 for c in columns:
-                    kernel, bn = COLUMNS[c]
-                    config = cfg(bn) if bn else None
+                    kernel, bn, pipe = COLUMNS[c]
+                    config = cfg(bn, pipe=pipe) if bn else None
                     try:
                         ms = bench(lambda: run_gluon(A, W, SA, SB, modes, BF16, None, fast, kernel, config))
                         cells.append(f"{tflops(M, N, K, ms):10.1f} {best_ms / ms:5.2f}")
@@ -284,7 +290,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="correctness and 4096^3 only")
     p.add_argument("--kernels", default="ws,simple", help="correctness: kernel forms")
-    p.add_argument("--columns", default="ws128,ws256,simple", help="timing: " + ",".join(COLUMNS))
+    p.add_argument("--columns", default="ws128,ws128np,ws256", help="timing: " + ",".join(COLUMNS))
     p.add_argument("--watchdog", type=float, default=170.0)
     args = p.parse_args()
     faulthandler.dump_traceback_later(args.watchdog, exit=True)

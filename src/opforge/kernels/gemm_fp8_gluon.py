@@ -158,34 +158,53 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
+def _issue(a_bufs, b_bufs, ready, zero, it, WG: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for chunk ``it``'s slot to fill, then start its MMA into a fresh partial."""
+    SM: gl.constexpr = zero.shape[0]
+    s = it % STAGES
+    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+    return warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
 def _mainloop_pipelined(a_bufs, b_bufs, ready, empty, zero, sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, pid_n,
                         k_tiles, it, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr,
                         STAGES: gl.constexpr):
     """Precise accumulation with the next chunk's MMA in flight while this chunk's partial is promoted
-    (two 64x128 partials + the accumulator: 192 registers), so the tensor cores never wait on the FMAs.
-    The block scales are loaded a chunk ahead."""
-    SM: gl.constexpr = zero.shape[0]
-    s = it % STAGES
-    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-    part = warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                         is_async=True)
-    f = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, 0, pid_n, MODE_A, MODE_B)
+    (two 64x128 partials + the accumulator: 192 registers), so the tensor cores need not wait on the FMAs.
+    Unrolled by two with the partials in alternate registers (pa, pb): a partial carried in flight across
+    the loop's back edge in the same registers needs no copy, which would make ptxas serialize the wgmmas.
+    The block scales are loaded an MMA ahead."""
+    pa = _issue(a_bufs, b_bufs, ready, zero, it, WG, STAGES)
+    fa = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, 0, pid_n, MODE_A, MODE_B)
     acc = zero
-    for kk in range(k_tiles - 1):
-        cur = warpgroup_mma_wait(0, deps=[part])
-        mbarrier.arrive(empty.index(s))
+    for p in range(0, (k_tiles - 1) // 2):
+        ca = warpgroup_mma_wait(0, deps=[pa])
+        mbarrier.arrive(empty.index(it % STAGES))
+        pb = _issue(a_bufs, b_bufs, ready, zero, it + 1, WG, STAGES)
+        fb = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, 2 * p + 1, pid_n, MODE_A, MODE_B)
+        acc = _promote(acc, ca, fa, MODE_A, MODE_B)
+        cb = warpgroup_mma_wait(0, deps=[pb])
+        mbarrier.arrive(empty.index((it + 1) % STAGES))
+        pa = _issue(a_bufs, b_bufs, ready, zero, it + 2, WG, STAGES)
+        fa = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, 2 * p + 2, pid_n, MODE_A, MODE_B)
+        acc = _promote(acc, cb, fb, MODE_A, MODE_B)
+        it += 2
+    ca = warpgroup_mma_wait(0, deps=[pa])
+    mbarrier.arrive(empty.index(it % STAGES))
+    it += 1
+    if k_tiles % 2 == 0:  # one chunk left
+        pb = _issue(a_bufs, b_bufs, ready, zero, it, WG, STAGES)
+        fb = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, k_tiles - 1, pid_n, MODE_A, MODE_B)
+        acc = _promote(acc, ca, fa, MODE_A, MODE_B)
+        cb = warpgroup_mma_wait(0, deps=[pb])
+        mbarrier.arrive(empty.index(it % STAGES))
         it += 1
-        s = it % STAGES
-        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        part = warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).permute((1, 0)), zero,
-                             use_acc=False, is_async=True)
-        f_next = _chunk_scale(sa_ptr, sb_ptr, rows, M, stride_sa, stride_sb, kk + 1, pid_n, MODE_A, MODE_B)
-        acc = _promote(acc, cur, f, MODE_A, MODE_B)
-        f = f_next
-    cur = warpgroup_mma_wait(0, deps=[part])
-    mbarrier.arrive(empty.index(s))
-    acc = _promote(acc, cur, f, MODE_A, MODE_B)
-    return acc, it + 1
+        acc = _promote(acc, cb, fb, MODE_A, MODE_B)
+    else:
+        acc = _promote(acc, ca, fa, MODE_A, MODE_B)
+    return acc, it
 
 
 @gluon.jit
@@ -375,7 +394,7 @@ def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = 
         return {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 4, "GROUP_M": 8}
     bn = 256 if fast_acc and N >= 2048 else 128
     return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": min(5, max_stages(bn, out_bytes)), "GROUP_M": 8,
-            "CONSUMER_REGS": 232, "PRODUCER_REGS": 40}
+            "CONSUMER_REGS": 232, "PRODUCER_REGS": 40, "PIPE": 1}
 
 
 def _desc(t, block):
@@ -402,7 +421,7 @@ def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS,
           "GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"]}
     if kernel == "ws":
         kw.update(CONSUMER_REGS=config["CONSUMER_REGS"], PRODUCER_REGS=config["PRODUCER_REGS"],
-                  PIPE=config.get("PIPE", 0))
+                  PIPE=config.get("PIPE", 1))
     return KERNELS[kernel], grid, args, kw
 
 
