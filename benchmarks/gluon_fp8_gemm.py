@@ -93,7 +93,8 @@ def correctness(kernels):
     T, R, B = TENSOR, ROW, BLOCK
     small, ragged, longk = (512, 768, 1024), (1000, 1000, 1024), (256, 384, 4096)
     # (kernel, shape, modes, out dtype, fast, bias, config)
-    cases = [("ws", small, (T, T), BF16, False, False, None), ("ws", small, (R, R), BF16, False, False, None),
+    cases = [("simple", small, (T, T), BF16, False, False, None), ("simple", ragged, (B, B), BF16, False, True, None),
+             ("ws", small, (T, T), BF16, False, False, None), ("ws", small, (R, R), BF16, False, False, None),
              ("ws", small, (B, B), BF16, False, False, None), ("ws", ragged, (T, T), BF16, False, False, None),
              ("ws", ragged, (R, B), BF16, False, False, None), ("ws", ragged, (B, T), BF16, False, False, None),
              ("ws", ragged, (B, B), BF16, False, False, None), ("ws", longk, (B, B), BF16, False, False, None),
@@ -106,16 +107,19 @@ def correctness(kernels):
              ("ws", (300, 300, 208), (R, R), BF16, False, True, None),  # two chunks, the second ragged
              ("ws", ragged, (B, B), BF16, False, False, cfg(pipe=0)), ("ws", ragged, (T, T), BF16, False, False,
                                                                       cfg(256, pipe=0)),
-             ("simple", small, (T, T), BF16, False, False, None), ("simple", ragged, (B, B), BF16, False, True, None)]
+             ("ws-e5m2", small, (R, R), BF16, False, False, None)]  # b in float8_e5m2
     fails = 0
     for kernel, (M, N, K), modes, od, fast, with_bias, config in cases:
+        w_dtype = torch.float8_e5m2 if kernel.endswith("-e5m2") else E4M3
+        kernel = kernel.split("-")[0]
         if kernel not in kernels:
             continue
         bn = config["BLOCK_N"] if config else "dflt"
-        name = (f"{kernel:6s} {M}x{N}x{K} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)} "
+        name = (f"{kernel:6s} {M}x{N}x{K} b={str(w_dtype)[6:]} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)} "
                 f"BN={bn}")
         try:
             A, W, SA, SB = make(M, N, K, modes)
+            W = W.float().to(w_dtype)
             bias = torch.randn(N, device="cuda") if with_bias else None
             ref = reference(A, W, SA, SB, modes, bias)
             out = run_gluon(A, W, SA, SB, modes, od, bias, fast, kernel, config)

@@ -51,7 +51,8 @@ def test_gluon_variant_is_first_and_opt_in(on_device, monkeypatch):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"a_dtype": torch.int8, "b_dtype": torch.int8}, "fp8 operands only"),
+    ({"a_dtype": torch.int8, "b_dtype": torch.int8}, "float8_e4m3fn operands only"),
+    ({"b_dtype": torch.float8_e5m2}, "float8_e4m3fn operands only"),
     ({"tma": False}, "K-major"),
     ({"N": 4100}, "16-byte aligned"),
     ({"M": 64}, "split-K"),
