@@ -36,7 +36,7 @@ Kernels:
   first-light kernel and a cross-check of the specialized one.
 
 TMA zero-fills the M / N / K edges of loads and clips stores, so any
-``M, N`` work; ``K`` and ``N`` need 16-byte aligned rows (``supported``).
+``M, N`` work; ``A``, ``Bt`` and ``C`` need 16-byte aligned bases and rows (the op's ``check``).
 """
 
 from __future__ import annotations
@@ -362,21 +362,6 @@ def fp8_gemm_simple_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, 
 KERNELS = {"ws": fp8_gemm_ws_kernel, "simple": fp8_gemm_simple_kernel}
 
 
-def supported(A, Bt, C, modes=(TENSOR, TENSOR), fast_acc=False, config=None) -> str | None:
-    """Why these operands cannot run here, or None. ``A [M, K]``, ``Bt [N, K]``, ``C [M, N]``."""
-    if A.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or Bt.dtype not in (torch.float8_e4m3fn,
-                                                                                    torch.float8_e5m2):
-        return "fp8 operands only (int8 runs the Triton kernels)"
-    if C.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return "output bf16, fp16 or fp32"
-    for name, t in (("a", A), ("b", Bt), ("out", C)):
-        if t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return f"{name}: TMA needs unit last stride, 16-byte aligned rows and base (K and N multiples of 16)"
-    if fast_acc and BLOCK in modes:
-        return "block scales are applied per K chunk: there is no fast-accumulation form"
-    return None
-
-
 SMEM_BYTES = 232448 - 2048  # sm_90's per-block limit, less the barriers and slack
 
 
@@ -427,7 +412,7 @@ def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS,
 
 def launch(A, Bt, C, SA, SB, mode_a: int, mode_b: int, bias=None, fast_acc: bool = False, config=None,
            sms: int = H200_SMS, kernel: str = "ws") -> None:
-    """C = scaled A @ Bt.T; ``supported(...)`` must be None. SA / SB are the 2-D scale views
+    """C = scaled A @ Bt.T (fp8 operands, TMA-aligned: see ``opforge.ops.scaled_matmul_gluon.check``). SA / SB are the 2-D scale views
     (``opforge.ops.scaled_matmul.scales_2d``): [1, 1], [M, 1] / [1, N], [M, KB] / [KB, NB]."""
     M, K = A.shape
     N = Bt.shape[0]
