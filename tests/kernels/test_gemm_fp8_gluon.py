@@ -38,10 +38,14 @@ def on_device(monkeypatch):
     monkeypatch.delenv("OPFORGE_GLUON", raising=False)
 
 
-def test_gluon_variant_is_first_and_opt_in(on_device, monkeypatch):
+def test_gluon_variant_is_first_on_for_block_scales_opt_in_for_the_others(on_device, monkeypatch):
     names = [v.name for v in registry.get("scaled_matmul").variants]
     assert names[0] == SG.NAME and names[-1] == "reference"
-    g = _geometry()
+    assert SG.check(_geometry(modes=(S.BLOCK, S.BLOCK))) is None
+    assert SG.check(_geometry(modes=(S.ROW, S.BLOCK))) is None
+    monkeypatch.setattr(SG, "BLOCK_SCALES_BY_DEFAULT", False)
+    assert "OPFORGE_GLUON=1" in SG.check(_geometry(modes=(S.BLOCK, S.BLOCK)))
+    g = _geometry(modes=(S.ROW, S.ROW))
     assert "OPFORGE_GLUON=1" in SG.check(g)
     monkeypatch.setenv("OPFORGE_GLUON", "1")
     assert SG.check(g) is None
@@ -80,6 +84,7 @@ def test_interpreter_refuses_gluon_and_cpu_runs_the_reference(gen):
 @pytest.mark.parametrize("fast, out_bytes", [(False, 2), (False, 4), (True, 2), (True, 4)])
 def test_default_config_fits_shared_memory(fast, out_bytes):
     cfg = G.default_config(8192, 8192, 8192, "ws", fast, out_bytes)
+    assert cfg["BLOCK_N"] == 256 and G.default_config(8192, 8192, 8192, block=True)["BLOCK_N"] == 128
     # the ring, and one [64, 128] output tile per consumer warpgroup
     smem = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * G.BLOCK_K + cfg["BLOCK_M"] * G.HALF_N * out_bytes
     assert cfg["STAGES"] >= 3 and smem <= G.SMEM_BYTES
@@ -105,6 +110,6 @@ def test_ws_kernel_compiles_for_sm90_with_hopper_instructions():
         res = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
     for ins in ("QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"):
         assert re.search(rf"\b{ins}\b", sass), f"{ins} missing from the SASS"
-    assert re.search(r"\bLOCAL:0\b", res), f"the kernel spills: {res}"
+    assert re.search(r"\bLOCAL:0\b", res) and re.search(r"\bSTACK:0\b", res), f"the kernel spills: {res}"
     maxnreg = {int(v, 16) for v in re.findall(r"USETMAXREG\.\S+ (?:UP0, )?0x([0-9a-f]+)", sass)}
     assert {40, 232} <= maxnreg  # the producer's and the consumers' budgets

@@ -219,7 +219,8 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
     SM: gl.constexpr = c_desc.block_type.shape[0]
     HN: gl.constexpr = c_desc.block_type.shape[1]
     NSUB: gl.constexpr = BN // HN
-    PIPELINED: gl.constexpr = PIPE and NSUB == 1 and not FAST_ACC
+    # Pipelined promotion: 128-wide tiles without block scales (with them it spills and ptxas serializes).
+    PIPELINED: gl.constexpr = PIPE and NSUB == 1 and not FAST_ACC and MODE_A != 2 and MODE_B != 2
     gl.static_assert(NSUB == 1 or NSUB == 2, "BLOCK_N must be 128 or 256")
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HN, 32])
@@ -372,13 +373,16 @@ def max_stages(bn: int, out_bytes: int, bm: int = 128) -> int:
     return min(6, (SMEM_BYTES - c) // stage)
 
 
-def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False, out_bytes: int = 2) -> dict:
-    """128 x 128 or 128 x 256 tiles (two 64-row warpgroups; a 256-wide tile is two 128-wide accumulators
-    per warpgroup, promoted one at a time); the ring as deep as shared memory allows, up to 5."""
+def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = False, out_bytes: int = 2,
+                   block: bool = False, sms: int = H200_SMS) -> dict:
+    """Measured on the H200 (benchmarks/gluon_fp8_gemm.py): 128 x 256 tiles (a 256-wide tile is two
+    128-wide accumulators per warpgroup) once there are four waves of them, else 128 x 128 with the
+    pipelined promotion; block scales run 128 x 128 (1.5x the 128 x 256 form there)."""
     if kernel == "simple":
         return {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 4, "GROUP_M": 8}
-    bn = 256 if fast_acc and N >= 2048 else 128
-    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": min(5, max_stages(bn, out_bytes)), "GROUP_M": 8,
+    wide = not block and triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 4 * sms
+    bn = 256 if wide else 128
+    return {"BLOCK_M": 128, "BLOCK_N": bn, "STAGES": min(5, max_stages(bn, out_bytes)), "GROUP_M": 16 if wide else 8,
             "CONSUMER_REGS": 232, "PRODUCER_REGS": 40, "PIPE": 1}
 
 
@@ -418,7 +422,7 @@ def launch(A, Bt, C, SA, SB, mode_a: int, mode_b: int, bias=None, fast_acc: bool
     N = Bt.shape[0]
     if M == 0 or N == 0:
         return
-    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size())
+    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size(), BLOCK in (mode_a, mode_b), sms)
     fn, grid, args, kw = plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms, kernel)
     fn[grid](*args, **kw, num_warps=4)
 
@@ -438,7 +442,7 @@ def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=torch.bfl
     kb = -(-K // SCALE_BLOCK)
     SA = torch.empty((1, 1) if modes[0] == TENSOR else (M, 1) if modes[0] == ROW else (M, kb))
     SB = torch.empty((1, 1) if modes[1] == TENSOR else (1, N) if modes[1] == ROW else (kb, -(-N // SCALE_BLOCK)))
-    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size())
+    config = config or default_config(M, N, K, kernel, fast_acc, C.element_size(), BLOCK in modes)
     fn, _, args, kw = plan(A, Bt, C, SA, SB, *modes, torch.empty(N) if bias else None, fast_acc, config,
                            kernel=kernel)
     names = [p.name for p in fn.params]
