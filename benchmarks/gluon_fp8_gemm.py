@@ -107,19 +107,22 @@ def correctness(kernels):
              ("ws", (300, 296, 208), (R, R), BF16, False, True, None),  # two chunks, the second ragged
              ("ws", ragged, (B, B), BF16, False, False, cfg(pipe=0)), ("ws", ragged, (T, T), BF16, False, False,
                                                                       cfg(256, pipe=0)),
-             ("ws-e5m2", small, (R, R), BF16, False, False, None)]  # b in float8_e5m2
+             ("ws-e5m2", small, (R, R), BF16, False, False, None),  # b in float8_e5m2
+             ("ws-e5m2a", ragged, (B, B), BF16, False, False, None)]  # a in float8_e5m2
     fails = 0
     for kernel, (M, N, K), modes, od, fast, with_bias, config in cases:
         w_dtype = torch.float8_e5m2 if kernel.endswith("-e5m2") else E4M3
+        a_dtype = torch.float8_e5m2 if kernel.endswith("-e5m2a") else E4M3
         kernel = kernel.split("-")[0]
         if kernel not in kernels:
             continue
         bn = config["BLOCK_N"] if config else "dflt"
-        name = (f"{kernel:6s} {M}x{N}x{K} b={str(w_dtype)[6:]} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)} "
+        name = (f"{kernel:6s} {M}x{N}x{K} a={str(a_dtype)[6:]} b={str(w_dtype)[6:]} modes={modes} out={str(od)[6:]} fast={int(fast)} bias={int(with_bias)} "
                 f"BN={bn}")
         try:
             A, W, SA, SB = make(M, N, K, modes)
             W = W.float().to(w_dtype)
+            A = A.float().to(a_dtype)
             bias = torch.randn(N, device="cuda") if with_bias else None
             ref = reference(A, W, SA, SB, modes, bias)
             out = run_gluon(A, W, SA, SB, modes, od, bias, fast, kernel, config)
@@ -134,7 +137,23 @@ def correctness(kernels):
             fails += 1
             log(f"  FAIL {name}  {type(e).__name__}: {str(e)[:300]}")
     fails += through_dispatch()
+    fails += selftest_samples()
     return fails
+
+
+def selftest_samples():
+    """opforge selftest's check of gluon_ws: every scaled_matmul sample it accepts, against the reference."""
+    from opforge import selftest
+    from opforge.ops.scaled_matmul import OP
+
+    try:
+        r = selftest.check_variant(OP, OP.variant("gluon_ws"), torch.device("cuda"))
+        log(f"  {'PASS' if not r.failed else 'FAIL'} selftest samples: {r.passed} passed, {r.failed} failed, "
+            f"{r.skipped} refused, worst rel {r.worst_err:.1e} {r.failures[:2]}")
+        return r.failed
+    except Exception as e:  # noqa: BLE001
+        log(f"  FAIL selftest samples  {type(e).__name__}: {str(e)[:300]}")
+        return 1
 
 
 def through_dispatch():
