@@ -56,7 +56,6 @@ clustered 256x128 ones.
 
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -77,8 +76,8 @@ SUB_M = 64  # rows per consumer warpgroup (wgmma's M)
 HALF_N = 128  # columns per accumulator (a 256-wide tile holds two)
 H200_SMS = 132
 
-_GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5, torch.bfloat16: gl.bfloat16,
-              torch.float16: gl.float16, torch.float32: gl.float32}
+_GL_DTYPES = {"torch.float8_e4m3fn": gl.float8e4nv, "torch.float8_e5m2": gl.float8e5, "torch.bfloat16": gl.bfloat16,
+              "torch.float16": gl.float16, "torch.float32": gl.float32}  # by name: kernels do not import torch
 
 
 # ---------------------------------------------------------------------------
@@ -468,7 +467,7 @@ def default_config(M: int, N: int, K: int, kernel: str = "ws", fast_acc: bool = 
 
 
 def _desc(t, block):
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[str(t.dtype)])
     return TensorDescriptor.from_tensor(t, block, layout)
 
 
@@ -510,10 +509,12 @@ def launch(A, Bt, C, SA, SB, mode_a: int, mode_b: int, bias=None, fast_acc: bool
     fn[grid](*args, **kw, num_warps=4)
 
 
-def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=torch.bfloat16, fast_acc: bool = False,
+def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=None, fast_acc: bool = False,
                  bias: bool = False, config: dict | None = None, size: int = 512):
     """Compile (not run) one launch for sm_90 on any machine, with CPU stand-in tensors: Triton's bundled
-    ptxas is the GPU machine's. Returns the CompiledKernel (``asm["cubin"]``, ``n_regs``, ``n_spills``)."""
+    ptxas is the GPU machine's. ``out_dtype``: a torch dtype, bf16 by default. Returns the CompiledKernel
+    (``asm["cubin"]``, ``asm["ptx"]``, ``metadata``)."""
+    import torch
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -521,7 +522,7 @@ def compile_sm90(kernel: str = "ws", modes=(TENSOR, TENSOR), out_dtype=torch.bfl
     M = N = K = size
     A = torch.empty(M, K, dtype=torch.float8_e4m3fn)
     Bt = torch.empty(N, K, dtype=torch.float8_e4m3fn)
-    C = torch.empty(M, N, dtype=out_dtype)
+    C = torch.empty(M, N, dtype=out_dtype or torch.bfloat16)
     kb = -(-K // SCALE_BLOCK)
     SA = torch.empty((1, 1) if modes[0] == TENSOR else (M, 1) if modes[0] == ROW else (M, kb))
     SB = torch.empty((1, 1) if modes[1] == TENSOR else (1, N) if modes[1] == ROW else (kb, -(-N // SCALE_BLOCK)))
