@@ -43,15 +43,17 @@ TMA zero-fills the M / N / K edges of loads and clips stores, so any
 ``M, N`` work; ``A``, ``Bt`` and ``C`` need 16-byte aligned bases and rows
 (the op's ``check``).
 
-H200, device run 1 (TFLOP/s, bf16 out; benchmarks/gluon_fp8_gemm.py):
-8192^3 per-tensor 1205-1237 precise (torch._scaled_mm 1349), 1339 fast
-accumulation (_scaled_mm fast 1288); 4096^3 to 16384^3 and LLM shapes
-0.89-1.04x _scaled_mm per-tensor / row-wise; 128-block scales 870-955, 1.4-1.6x
-the fastest other path (opforge's Triton kernel, 580-635; torch 2.11 has no
-blockwise _scaled_mm on sm_90). Not reached: 1.1x _scaled_mm per-tensor; the
-epilogue does not overlap the next tile's MMAs (both warpgroups store at
-once) and 128x128 tiles move twice the L2 bytes per FLOP of cuBLAS's
-clustered 256x128 ones.
+H200, two device runs (TFLOP/s, bf16 out; benchmarks/gluon_fp8_gemm.py;
+run-to-run noise about 5 %): per-tensor precise 1140-1243 at the default
+config, 0.92-1.06x torch._scaled_mm (1137-1336); fast accumulation
+1259-1332, 0.95-1.02x; row-wise 0.92-1.02x; 128-block scales 890-973,
+1.37-1.62x the fastest other path (opforge's Triton kernel, 590-650; torch
+2.11 has no blockwise _scaled_mm on sm_90). Not reached: 1.1x _scaled_mm
+per-tensor. What is left: the epilogue does not overlap the next tile's MMAs
+(both warpgroups store at once), a 128 x 256 tile promotes its two halves
+one at a time (registers: the pipelined form needs 256), and 128-wide tiles
+move twice the L2 bytes per FLOP of cuBLAS's clustered 256 x 128 ones (no
+TMA multicast in triton 3.6's Gluon).
 """
 
 from __future__ import annotations
@@ -222,61 +224,6 @@ def _mainloop_pipelined(a_bufs, b_bufs, ready, empty, zero, sa_ptr, sb_ptr, rows
 
 
 @gluon.jit
-def _issue_part(a_bufs, b_bufs, ready, zero, it, j: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr,
-                WAIT: gl.constexpr):
-    """Start the MMA of column part ``j`` (``zero``'s width) of chunk ``it`` into a fresh partial; the
-    first part of a chunk waits for its slot to fill."""
-    SM: gl.constexpr = zero.shape[0]
-    QN: gl.constexpr = zero.shape[1]
-    s = it % STAGES
-    if WAIT:
-        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-    return warpgroup_mma(a_bufs.index(s).slice(WG * SM, SM), b_bufs.index(s).slice(j * QN, QN).permute((1, 0)),
-                         zero, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _parts_123(a_bufs, b_bufs, ready, zero, pa, acc0, acc1, acc2, it, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Quarters 1-3 of chunk ``it`` (quarter 0 in flight in ``pa``), each issued before the previous
-    quarter is promoted; returns quarter 3 in flight."""
-    ca = warpgroup_mma_wait(0, deps=[pa])
-    pb = _issue_part(a_bufs, b_bufs, ready, zero, it, 1, WG, STAGES, False)
-    acc0 = acc0 + ca
-    cb = warpgroup_mma_wait(0, deps=[pb])
-    pa = _issue_part(a_bufs, b_bufs, ready, zero, it, 2, WG, STAGES, False)
-    acc1 = acc1 + cb
-    ca = warpgroup_mma_wait(0, deps=[pa])
-    pb = _issue_part(a_bufs, b_bufs, ready, zero, it, 3, WG, STAGES, False)
-    acc2 = acc2 + ca
-    return acc0, acc1, acc2, pb
-
-
-@gluon.jit
-def _mainloop_quarters(a_bufs, b_bufs, ready, empty, zero, k_tiles, it, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Precise accumulation of a 64 x 256 slab as four 64 x 64 accumulators (128 registers) with one
-    64 x 64 partial in flight while the previous one is promoted (2 x 32 registers): the pipelined
-    promotion of the 128-wide form at twice the width. Per-tensor / row scales only. Experimental
-    (``PIPE=2``, never a default): ptxas spills ~700 bytes."""
-    acc0 = zero
-    acc1 = zero
-    acc2 = zero
-    acc3 = zero
-    pa = _issue_part(a_bufs, b_bufs, ready, zero, it, 0, WG, STAGES, True)
-    for kk in range(k_tiles - 1):
-        acc0, acc1, acc2, pb = _parts_123(a_bufs, b_bufs, ready, zero, pa, acc0, acc1, acc2, it, WG, STAGES)
-        cb = warpgroup_mma_wait(0, deps=[pb])
-        mbarrier.arrive(empty.index(it % STAGES))
-        pa = _issue_part(a_bufs, b_bufs, ready, zero, it + 1, 0, WG, STAGES, True)
-        acc3 = acc3 + cb
-        it += 1
-    acc0, acc1, acc2, pb = _parts_123(a_bufs, b_bufs, ready, zero, pa, acc0, acc1, acc2, it, WG, STAGES)
-    cb = warpgroup_mma_wait(0, deps=[pb])
-    mbarrier.arrive(empty.index(it % STAGES))
-    acc3 = acc3 + cb
-    return acc0, acc1, acc2, acc3, it + 1
-
-
-@gluon.jit
 def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_sa,
               stride_sb, WG: gl.constexpr, MODE_A: gl.constexpr, MODE_B: gl.constexpr, HAS_BIAS: gl.constexpr,
               FAST_ACC: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PIPE: gl.constexpr):
@@ -290,8 +237,7 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
     NSUB: gl.constexpr = BN // HN
     # Pipelined promotion: 128-wide tiles without block scales (with them it spills and ptxas serializes).
     PIPELINED: gl.constexpr = PIPE and NSUB == 1 and not FAST_ACC and MODE_A != 2 and MODE_B != 2
-    QUARTERS: gl.constexpr = NSUB == 4  # 64-wide parts: precise, per-tensor / row scales (plan's choice)
-    gl.static_assert(NSUB == 1 or NSUB == 2 or NSUB == 4, "BLOCK_N must be 128 or 256")
+    gl.static_assert(NSUB == 1 or NSUB == 2, "BLOCK_N must be 128 or 256")
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HN, 32])
     num_pid_m = gl.cdiv(M, BM)
@@ -306,12 +252,7 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
         rows = off_m + gl.arange(0, SM, layout=gl.SliceLayout(1, mma_layout))
         acc0 = zero
         acc1 = zero
-        acc2 = zero
-        acc3 = zero
-        if QUARTERS:
-            acc0, acc1, acc2, acc3, it = _mainloop_quarters(a_bufs, b_bufs, ready, empty, zero, k_tiles, it, WG,
-                                                            STAGES)
-        elif PIPELINED:
+        if PIPELINED:
             acc0, it = _mainloop_pipelined(a_bufs, b_bufs, ready, empty, zero, sa_ptr, sb_ptr, rows, M, stride_sa,
                                            stride_sb, pid_n, k_tiles, it, WG, MODE_A, MODE_B, STAGES)
         else:
@@ -356,14 +297,9 @@ def _consumer(c_desc, a_bufs, b_bufs, ready, empty, c_smem, sa_ptr, sb_ptr, bias
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         _store(acc0, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n, M, N, stride_sa, MODE_A, MODE_B,
                HAS_BIAS)
-        if NSUB >= 2:
+        if NSUB == 2:
             _store(acc1, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n + HN, M, N, stride_sa, MODE_A,
                    MODE_B, HAS_BIAS)
-        if NSUB == 4:
-            _store(acc2, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n + 2 * HN, M, N, stride_sa,
-                   MODE_A, MODE_B, HAS_BIAS)
-            _store(acc3, c_desc, c_smem, sa_ptr, sb_ptr, bias_ptr, rows, off_m, off_n + 3 * HN, M, N, stride_sa,
-                   MODE_A, MODE_B, HAS_BIAS)
     tma.store_wait(0)
 
 
@@ -480,9 +416,7 @@ def plan(A, Bt, C, SA, SB, mode_a, mode_b, bias, fast_acc, config, sms=H200_SMS,
     sub_m = SUB_M if kernel == "ws" else bm
     a_desc = _desc(A, [bm, BLOCK_K])
     b_desc = _desc(Bt, [bn, BLOCK_K])
-    quarters = kernel == "ws" and config.get("PIPE", 1) == 2 and bn == 256 and not fast_acc and BLOCK not in (
-        mode_a, mode_b)
-    c_desc = _desc(C, [sub_m, 64 if quarters else HALF_N if kernel == "ws" else bn])
+    c_desc = _desc(C, [sub_m, HALF_N if kernel == "ws" else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     grid = (max(1, min(sms, tiles)),) if kernel == "ws" else (tiles,)
     SA, SB = SA.contiguous(), SB.contiguous()  # row strides = their widths

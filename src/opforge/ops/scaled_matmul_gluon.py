@@ -1,14 +1,23 @@
 """The Gluon warp-specialized FP8 GEMM as a variant of ``opforge.scaled_matmul``.
 
-Dispatch takes it by default for block scales (H200, 4096^3 to 16384^3 and
-LLM shapes: 1.4-1.6x the Triton kernel, the fastest other path; torch has no
-blockwise _scaled_mm there), the one line ``BLOCK_SCALES_BY_DEFAULT``; for
-per-tensor / row scales torch._scaled_mm is as fast (0.9-1.04x), so those are
-opt-in: ``OPFORGE_GLUON=1`` or forced (``dispatch.force_variant(
-"scaled_matmul", "gluon_ws")``); ``ENABLED_BY_DEFAULT`` turns it on for all. It takes float8_e4m3fn operands with
-K-major, 16-byte aligned rows (the TMA path's layout), M > 64 (decode shapes
-belong to the split-K kernel), and every scale mode; an activation runs as a
-torch op on the fp32 product (one rounding, as the reference).
+Dispatch rule, from the two H200 runs of benchmarks/gluon_fp8_gemm.py
+(4096^3 to 16384^3 and two LLM shapes, bf16 out):
+
+* block scales (1x128 / 128x128, either side): on by default
+  (``BLOCK_SCALES_BY_DEFAULT``, the one line): 890-973 TFLOP/s, 1.37-1.62x the
+  fastest other path (opforge's Triton kernel, 590-650; torch 2.11 has no
+  blockwise torch._scaled_mm on sm_90, dequantize + bf16 matmul is slower);
+* per-tensor / row scales: 0.92-1.06x torch._scaled_mm precise, 0.95-1.02x
+  with fast accumulation, within the runs' noise of it: opt-in,
+  ``OPFORGE_GLUON=1`` or forced (``dispatch.force_variant("scaled_matmul",
+  "gluon_ws")``); ``ENABLED_BY_DEFAULT`` turns it on for every mode.
+
+It takes fp8 operands (e4m3 / e5m2 either side, checked on the device),
+K-major with 16-byte aligned rows (the TMA path's layout), an output whose
+rows are 16-byte aligned, M > 64 (decode shapes belong to the split-K
+kernel), and every scale mode; an activation runs as a torch op on the fp32
+product (one rounding, as the reference). Anything else falls back to the
+next variant with the reason in ``opforge.explain``.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ OP_NAME = "scaled_matmul"
 ENABLED_BY_DEFAULT = False  # every scale mode (see the module docstring)
 BLOCK_SCALES_BY_DEFAULT = True  # passed and measured on the H200 (device run 1)
 MIN_M = 65
-_E4M3 = torch.float8_e4m3fn
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # e5m2 x e5m2 never gets here (validate rejects it)
 
 
 def enabled(g) -> bool:
@@ -43,8 +52,8 @@ def check(g) -> str | None:
     if not enabled(g):
         return ("per-tensor / row scales: torch._scaled_mm is as fast on the H200; opt in with OPFORGE_GLUON=1 "
                 "or force gluon_ws")
-    if g.a_dtype != _E4M3 or g.b_dtype != _E4M3:
-        return "float8_e4m3fn operands only so far (e5m2 not yet checked on the device; int8 runs Triton)"
+    if g.a_dtype not in _FP8 or g.b_dtype not in _FP8:
+        return "fp8 operands only (int8 runs the Triton kernels)"
     if not g.tma:
         return "TMA needs both operands K-major with 16-byte aligned bases and rows (K a multiple of 16)"
     if (g.N * g.out_dtype.itemsize) % 16:
