@@ -100,7 +100,7 @@ def run(variant, cfg, a, b, sa, sb, bias=None, out_dtype=F32, activation=None, f
 # ---------------------------------------------------------------------------
 def test_registered_with_all_variants():
     op = registry.get("scaled_matmul")
-    assert [v.name for v in op.variants] == ["triton_splitk", "triton_tma_persistent", "triton_tiled",
+    assert [v.name for v in op.variants] == ["gluon_ws", "triton_splitk", "triton_tma_persistent", "triton_tiled",
                                              "torch_scaled_mm", "reference"]
     assert op.variant("torch_scaled_mm").kind == "vendor" and op.variant("torch_scaled_mm").devices == ("cuda",)
     assert op.variant("reference").kind == "reference" and "cpu" in op.variant("reference").devices

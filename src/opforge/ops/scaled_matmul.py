@@ -36,7 +36,7 @@ scales above: ``qa`` per tensor / "token" / "channel" along rows (axis 0 of a
 2-D ``qa``) / "block" ``(1, 128)``; ``qb`` per tensor / "channel" along N
 (``axis=-1``, scale ``[1, N]``) / "block" ``(128, 128)``.
 
-Variants, in dispatch order: ``triton_splitk`` (decode: M <= 64, K cut across
+Variants, in dispatch order: ``gluon_ws`` (opt-in: ``opforge.ops.scaled_matmul_gluon``), ``triton_splitk`` (decode: M <= 64, K cut across
 programs), ``triton_tma_persistent`` (Hopper TMA + QGMMA / IGMMA; both
 operands K-major and 16-byte aligned), ``triton_tiled`` (portable, any
 strides), ``torch_scaled_mm`` (torch._scaled_mm for fp8 per-tensor / rowwise,
@@ -388,7 +388,10 @@ def _vendor_reason(*args) -> str | None:
 
 def specs(name: str) -> list[Spec]:
     """The variants of ``scaled_matmul``, in dispatch order."""
+    from opforge.ops import scaled_matmul_gluon
+
     return [
+        scaled_matmul_gluon.spec(),  # opt-in (OPFORGE_GLUON=1 or forced) until measured
         Spec("triton_splitk", Scaled(tma=False), version=K.SPLITK_VERSION, check=splitk_check,
              configs=splitk_configs, default_config=splitk_default, bucket=shape_bucket,
              description="decode shapes (M <= 64): K cut across programs, scaled fp32 partials summed "
