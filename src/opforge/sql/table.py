@@ -46,6 +46,7 @@ class LazyColumns(Sequence):
         self.num_rows = num_rows
         self._read = read
         self._columns: list[Column | None] = [None] * len(self.names)
+        self.parquet: tuple[str, pq.FileMetaData] | None = None  # the file, when read from one
 
     @staticmethod
     def of_arrow(source: pa.Table, device) -> "LazyColumns":
@@ -66,7 +67,9 @@ class LazyColumns(Sequence):
             field = schema.field(i)
             as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
             return parquet_read.column_row_groups(path, meta, field.name, as_dictionary)
-        return LazyColumns(schema, meta.num_rows, read, device)
+        columns = LazyColumns(schema, meta.num_rows, read, device)
+        columns.parquet = (path, meta)  # an out-of-core scan reads it in chunks (sql/outofcore/chunked_scan.py)
+        return columns
 
     def __len__(self) -> int:
         return len(self._columns)

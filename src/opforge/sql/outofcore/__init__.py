@@ -1,0 +1,11 @@
+"""Out of core: queries over data larger than the device memory limit (``connect(memory_limit=...)``,
+``SET memory_limit``, ``$OPFORGE_SQL_MEMORY_LIMIT``).
+
+* ``sizes``: "24GiB" -> bytes, the limit's sources.
+* ``spill``: where partitions wait (pinned host memory up to a host limit, then files on disk).
+* ``chunked_scan``: a Parquet table whose scanned columns exceed the limit is read in chunks.
+* ``partition``: rows to hash partitions by key *values* (consistent across chunks and tables).
+* ``grace``: the partitioned (grace) hash join and hash aggregation over spilled partitions.
+* ``streaming``: the executor's side of it: which subtrees stream chunk by chunk, which operators
+  consume streams (aggregate, join) and partition them.
+"""

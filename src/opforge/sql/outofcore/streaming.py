@@ -1,0 +1,196 @@
+"""The executor's out-of-core side: which subtrees stream chunk by chunk and which operators
+consume the streams, under ``ExecContext.memory_limit``.
+
+A subtree *streams* when its data would not fit: a scan whose selected columns exceed the limit
+(``chunked_scan``), a filter or projection over a streaming child (applied chunk by chunk), and an
+equi-join with a streaming input. A streaming join whose other input fits the limit joins each
+chunk against it (the chunked side must be one the join distributes over: the left side of inner /
+left / semi / anti joins, either side of an inner join), with the runtime filter of the resident
+side pushed into the chunked scan; otherwise it is a grace join (``grace``), whose output streams
+partition by partition. Consumers: a grouped aggregation over a stream is a grace aggregation; any
+other operator gets the stream concatenated (its input is then what survived the filters and
+joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
+side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
+
+Profiling: a streaming subtree runs inside its consumer, so EXPLAIN ANALYZE shows it in the
+consumer's figures and notes (chunks read, spilled bytes, partitions)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from opforge.sql import plan as P
+from opforge.sql.expr import Batch
+from opforge.sql.outofcore import chunked_scan
+from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_join, quiet
+from opforge.sql.outofcore.partition import key_types
+from opforge.sql.outofcore.sizes import default_host_limit
+from opforge.sql.outofcore.spill import SpillStore
+from opforge.sql.physical import runtime_filter as RF
+from opforge.sql.physical.filter import keep_rows
+from opforge.sql.physical.join import run_join
+from opforge.sql.physical.project import run_project
+from opforge.sql.physical.scan import run_scan
+from opforge.sql.profile import batch_bytes
+
+_STREAM_KINDS = ("inner", "left", "right", "full", "semi", "anti")
+
+
+class OutOfCore:
+    def __init__(self, executor):
+        self.ex = executor
+        self.ctx = executor.ctx
+        self.limit: int = executor.ctx.memory_limit
+        self._streams: dict[int, bool] = {}
+
+    # -- what streams ------------------------------------------------------------------------------
+    def streams(self, node: P.Node) -> bool:
+        key = id(node)
+        if key not in self._streams:
+            self._streams[key] = self._decide(node)
+        return self._streams[key]
+
+    def _decide(self, node: P.Node) -> bool:
+        if isinstance(node, P.Scan):
+            table = self.ex.tables.get(node.table)
+            return table is not None and chunked_scan.scan_bytes(table, node) > self.limit
+        if isinstance(node, (P.Filter, P.Project)):
+            return self.streams(node.child)
+        if isinstance(node, P.Join):
+            return self.partitionable(node) and (self.streams(node.left) or self.streams(node.right))
+        return False
+
+    def partitionable(self, node: P.Join) -> bool:
+        return (bool(node.left_keys) and node.kind in _STREAM_KINDS and not node.null_aware
+                and self.ctx.workers == 1
+                and key_types([e.type for e in node.left_keys], [e.type for e in node.right_keys]) is not None)
+
+    # -- the executor's hooks ----------------------------------------------------------------------
+    def run(self, node: P.Node, pushed: list) -> Batch | None:
+        """``node``'s output when it runs out of core (None: the executor runs it as usual)."""
+        if isinstance(node, P.Aggregate) and node.keys and self.streams(node.child) \
+                and key_types([e.type for _, e in node.keys]) is not None:
+            routes = RF.route(node, pushed)
+            est = self._estimate(node.child)
+            return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
+        if self.streams(node):
+            return self._measured(node, lambda: concat(list(self.stream(node, pushed))))
+        return None
+
+    def operator(self, node: P.Node, inputs: list[Batch]) -> Batch | None:
+        """A resident operator over the limit: a join whose build side or a grouped aggregation whose
+        input exceeds it runs partitioned (None: in memory as usual)."""
+        if isinstance(node, P.Join) and self.partitionable(node) and batch_bytes(inputs[1]) > self.limit:
+            run = self._grace_run()
+            try:
+                bits = fanout_bits(batch_bytes(inputs[1]), self.limit)
+                out = concat(list(grace_join(node, [inputs[0]], [inputs[1]], self.ctx, run, bits)))
+            finally:
+                run.store.close()
+            run.report(self.ctx, "grace hash join")
+            return out
+        if isinstance(node, P.Aggregate) and node.keys and batch_bytes(inputs[0]) > self.limit \
+                and key_types([e.type for _, e in node.keys]) is not None:
+            return self._aggregate(node, [inputs[0]], batch_bytes(inputs[0]))
+        return None
+
+    # -- streams -----------------------------------------------------------------------------------
+    def stream(self, node: P.Node, pushed: list) -> Iterator[Batch]:
+        """``node``'s output as a sequence of batches (at least one)."""
+        if not self.streams(node):
+            yield self._resident(node, pushed)
+            return
+        if isinstance(node, P.Scan):
+            yield from self._scan(node, pushed)
+        elif isinstance(node, P.Filter):
+            for b in self.stream(node.child, RF.route(node, pushed)[0]):
+                yield keep_rows(node.predicate, b)
+        elif isinstance(node, P.Project):
+            for b in self.stream(node.child, RF.route(node, pushed)[0]):
+                yield run_project(node, b)
+        else:
+            yield from self._join(node, pushed)
+
+    def _scan(self, node: P.Scan, pushed: list) -> Iterator[Batch]:
+        table = self.ex.tables[node.table]
+        mine = [p for p in pushed if p.cid in {o.cid for o in node.outputs}]
+        counts: dict = {}
+        rows = chunked_scan.chunk_rows(table, node, self.limit)
+        for b in chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts):
+            yield b
+        if not counts:  # an empty table: one empty batch
+            yield run_scan(node, table, self.ex.device, mine, None)
+        self.ctx.note(f"chunked scan of {node.table}: {counts.get('chunks', 0)} chunks, "
+                      f"{counts.get('rows_read', 0)} rows read")
+        self.ctx.count("scan_chunks", counts.get("chunks", 0))
+
+    def _join(self, node: P.Join, pushed: list) -> Iterator[Batch]:
+        routes = RF.route(node, pushed)
+        ls, rs = self.streams(node.left), self.streams(node.right)
+        inner = quiet(self.ctx)
+        if ls and not rs:  # probe the left chunks against the resident right side
+            right = self._resident(node.right, routes[1])
+            if batch_bytes(right) <= self.limit and node.kind in ("inner", "left", "semi", "anti"):
+                plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
+                extra = [RF.make(node, plan, right)] if plan is not None and plan.source == "right" else []
+                for b in self.stream(node.left, routes[0] + extra):
+                    yield run_join(node, b, right, inner)
+                self.ctx.note(f"streamed join {node.kind}: left chunks probe the resident right side")
+                return
+            yield from self._grace(node, self.stream(node.left, routes[0]), [right])
+            return
+        if rs and not ls:
+            left = self._resident(node.left, routes[0])
+            if batch_bytes(left) <= self.limit and node.kind == "inner":
+                plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
+                extra = [RF.make(node, plan, left)] if plan is not None and plan.source == "left" else []
+                for b in self.stream(node.right, routes[1] + extra):
+                    yield run_join(node, left, b, inner)
+                self.ctx.note("streamed join inner: right chunks against the resident left side")
+                return
+            yield from self._grace(node, [left], self.stream(node.right, routes[1]))
+            return
+        yield from self._grace(node, self.stream(node.left, routes[0]), self.stream(node.right, routes[1]))
+
+    def _grace(self, node: P.Join, left, right) -> Iterator[Batch]:
+        run = self._grace_run()
+        try:
+            yield from grace_join(node, left, right, self.ctx, run, fanout_bits(self._estimate(node.right), self.limit))
+        finally:
+            run.store.close()
+        run.report(self.ctx, f"grace hash join {node.kind}")
+
+    def _aggregate(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
+        run = self._grace_run()
+        try:
+            out = concat(grace_aggregate(node, chunks, self.ctx, run, fanout_bits(estimate, self.limit)))
+        finally:
+            run.store.close()
+        run.report(self.ctx, "grace hash aggregate")
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _grace_run(self) -> GraceRun:
+        host = self.ctx.spill_host_limit if self.ctx.spill_host_limit is not None else default_host_limit()
+        return GraceRun(self.limit, SpillStore(host, self.ctx.spill_dir))
+
+    def _estimate(self, node: P.Node) -> int:
+        """Bytes a subtree's output may take: its scans' selected columns (an upper bound for the
+        filters and projections over them; a join: both sides)."""
+        if isinstance(node, P.Scan):
+            table = self.ex.tables.get(node.table)
+            return chunked_scan.scan_bytes(table, node) if table is not None else 0
+        return sum(self._estimate(c) for c in node.inputs())
+
+    def _resident(self, node: P.Node, pushed: list) -> Batch:
+        """``node`` run by the executor, its profiler notes kept out of the consumer's."""
+        notes, metrics = self.ctx.notes, self.ctx.metrics
+        try:
+            return self.ex.run(node, pushed)
+        finally:
+            self.ctx.notes, self.ctx.metrics = notes, metrics
+
+    def _measured(self, node: P.Node, fn) -> Batch:
+        prof = self.ex.profiler
+        if prof is None:
+            return fn()
+        return prof.measure(node, fn, 0, self.ctx)
