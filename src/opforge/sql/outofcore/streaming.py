@@ -16,6 +16,7 @@ Profiling: a streaming subtree runs inside its consumer, so EXPLAIN ANALYZE show
 consumer's figures and notes (chunks read, spilled bytes, partitions)."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from opforge.sql import plan as P
@@ -26,6 +27,7 @@ from opforge.sql.outofcore.partition import key_types
 from opforge.sql.outofcore.sizes import default_host_limit
 from opforge.sql.outofcore.spill import SpillStore
 from opforge.sql.physical import runtime_filter as RF
+from opforge.sql.physical.aggregate import run_aggregate
 from opforge.sql.physical.filter import keep_rows
 from opforge.sql.physical.join import run_join
 from opforge.sql.physical.project import run_project
@@ -149,7 +151,14 @@ class OutOfCore:
                 return
             yield from self._grace(node, [left], self.stream(node.right, routes[1]))
             return
-        yield from self._grace(node, self.stream(node.left, routes[0]), self.stream(node.right, routes[1]))
+        right, fits = self._buffer(self.stream(node.right, routes[1]))
+        if fits and node.kind in ("inner", "left", "semi", "anti"):  # the build side turned out small
+            build = concat(right)
+            for b in self.stream(node.left, routes[0]):
+                yield run_join(node, b, build, inner)
+            self.ctx.note(f"streamed join {node.kind}: the right stream fit the limit ({batch_bytes(build)} B)")
+            return
+        yield from self._grace(node, self.stream(node.left, routes[0]), right)
 
     def _grace(self, node: P.Join, left, right) -> Iterator[Batch]:
         run = self._grace_run()
@@ -160,6 +169,10 @@ class OutOfCore:
         run.report(self.ctx, f"grace hash join {node.kind}")
 
     def _aggregate(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
+        chunks, fits = self._buffer(chunks)
+        if fits:  # what reached the aggregation fits: no partitions
+            self.ctx.note("out of core: the aggregation's input stream fit the limit; aggregated in memory")
+            return run_aggregate(node, concat(chunks), quiet(self.ctx))
         run = self._grace_run()
         try:
             out = concat(grace_aggregate(node, chunks, self.ctx, run, fanout_bits(estimate, self.limit)))
@@ -169,6 +182,19 @@ class OutOfCore:
         return out
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _buffer(self, chunks):
+        """(chunks, fits): the stream's batches held on the device while they total at most the
+        limit; ``fits`` when the stream ended within it (a list), else the held batches chained
+        before the rest of the stream."""
+        held, size = [], 0
+        it = iter(chunks)
+        for b in it:
+            held.append(b)
+            size += batch_bytes(b)
+            if size > self.limit:
+                return itertools.chain(held, it), False
+        return held, True
+
     def _grace_run(self) -> GraceRun:
         host = self.ctx.spill_host_limit if self.ctx.spill_host_limit is not None else default_host_limit()
         return GraceRun(self.limit, SpillStore(host, self.ctx.spill_dir))
