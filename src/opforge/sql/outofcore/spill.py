@@ -28,6 +28,10 @@ class SpillStats:
     pieces: int = 0
 
 
+# every store's spills in this process, for benchmarks that time plain runs (no EXPLAIN ANALYZE)
+TOTALS = SpillStats()
+
+
 @dataclass
 class _Piece:
     n: int
@@ -59,14 +63,17 @@ class SpillStore:
                 tensors[f"{cid}.m"] = c.valid
             meta[cid] = (c.type, c.dictionary, c.valid is not None)
         self.stats.pieces += 1
+        TOTALS.pieces += 1
         if self.host_used + nbytes <= self.host_limit:
             self.host_used += nbytes
             self.stats.host_bytes += nbytes
+            TOTALS.host_bytes += nbytes
             piece = _Piece(batch.n, batch.device, meta, {k: _to_host(t) for k, t in tensors.items()}, None, nbytes)
         else:
             path = os.path.join(self._directory(), f"{next(self._ids)}.safetensors")
             save_file({k: t.contiguous().cpu() for k, t in tensors.items()}, path)
             self.stats.disk_bytes += nbytes
+            TOTALS.disk_bytes += nbytes
             piece = _Piece(batch.n, batch.device, meta, None, path, nbytes)
         self._pieces.setdefault(key, []).append(piece)
 
