@@ -12,12 +12,18 @@ other operator gets the stream concatenated (its input is then what survived the
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
 side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
 
-Profiling: a streaming subtree runs inside its consumer, so EXPLAIN ANALYZE shows it in the
-consumer's figures and notes (chunks read, spilled bytes, partitions)."""
+EXPLAIN ANALYZE: every operator keeps its own row (a streamed one: its time summed over its chunks,
+its inputs' excluded), with notes and metrics for chunks read, bytes spilled to host and to disk,
+partitions and partitions split again."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
 
 from opforge.sql import plan as P
 from opforge.sql.expr import Batch
@@ -43,6 +49,8 @@ class OutOfCore:
         self.ctx = executor.ctx
         self.limit: int = executor.ctx.memory_limit
         self._streams: dict[int, bool] = {}
+        self._accounts: dict[int, _Account] = {}  # EXPLAIN ANALYZE figures of streamed operators
+        self._frames: list[float] = []
 
     # -- what streams ------------------------------------------------------------------------------
     def streams(self, node: P.Node) -> bool:
@@ -74,8 +82,10 @@ class OutOfCore:
             routes = RF.route(node, pushed)
             est = self._estimate(node.child)
             return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
-        if self.streams(node):
-            return self._measured(node, lambda: concat(list(self.stream(node, pushed))))
+        if self.streams(node):  # a consumer that needs it whole
+            out = concat(list(self.stream(node, pushed)))
+            self._flush()
+            return out
         return None
 
     def operator(self, node: P.Node, inputs: list[Batch]) -> Batch | None:
@@ -101,6 +111,9 @@ class OutOfCore:
         if not self.streams(node):
             yield self._resident(node, pushed)
             return
+        yield from self._timed(node, self._stream(node, pushed))
+
+    def _stream(self, node: P.Node, pushed: list) -> Iterator[Batch]:
         if isinstance(node, P.Scan):
             yield from self._scan(node, pushed)
         elif isinstance(node, P.Filter):
@@ -211,12 +224,86 @@ class OutOfCore:
         """``node`` run by the executor, its profiler notes kept out of the consumer's."""
         notes, metrics = self.ctx.notes, self.ctx.metrics
         try:
-            return self.ex.run(node, pushed)
+            with self._frame():
+                return self.ex.run(node, pushed)
         finally:
             self.ctx.notes, self.ctx.metrics = notes, metrics
 
+    # -- EXPLAIN ANALYZE for streamed operators ------------------------------------------------------
+    # A streamed operator's work happens in pieces, inside its consumer's: each ``next()`` of its
+    # stream is timed with the nested ones (its inputs') subtracted, its notes and metrics are kept
+    # apart, and its totals become its own row of the profile when the consumer is done.
     def _measured(self, node: P.Node, fn) -> Batch:
         prof = self.ex.profiler
         if prof is None:
             return fn()
-        return prof.measure(node, fn, 0, self.ctx)
+        nested = []
+        with self._frame(nested):
+            out = prof.measure(node, fn, 0, self.ctx)
+        prof.exclude(node, nested[0])
+        self._flush()
+        return out
+
+    def _timed(self, node: P.Node, it: Iterator[Batch]) -> Iterator[Batch]:
+        if self.ex.profiler is None:
+            yield from it
+            return
+        acc = self._accounts.setdefault(id(node), _Account(node))
+        while True:
+            notes, metrics = self.ctx.notes, self.ctx.metrics
+            self.ctx.notes, self.ctx.metrics = acc.notes, acc.metrics
+            nested = []
+            try:
+                with self._frame(nested) as start:
+                    try:
+                        b = next(it)
+                    except StopIteration:
+                        return
+            finally:
+                self.ctx.notes, self.ctx.metrics = notes, metrics
+                acc.ms += self._elapsed_ms(start) - nested[0] if nested else 0.0
+            acc.rows += b.n
+            acc.bytes_out += batch_bytes(b)
+            yield b
+
+    @contextlib.contextmanager
+    def _frame(self, nested: list | None = None):
+        """Times a block; its time counts as nested time of the enclosing frame. ``nested`` gets
+        the time of the frames inside this one (ms)."""
+        self._sync()
+        start = time.perf_counter()
+        self._frames.append(0.0)
+        try:
+            yield start
+        finally:
+            self._sync()
+            inner = self._frames.pop()
+            if nested is not None:
+                nested.append(inner)
+            if self._frames:
+                self._frames[-1] += self._elapsed_ms(start)
+
+    def _elapsed_ms(self, start: float) -> float:
+        return (time.perf_counter() - start) * 1e3
+
+    def _sync(self) -> None:
+        if self.ex.profiler is not None and self.ex.device.type == "cuda":
+            torch.cuda.synchronize(self.ex.device)
+
+    def _flush(self) -> None:
+        prof = self.ex.profiler
+        if prof is None:
+            return
+        for a in self._accounts.values():
+            prof.record(a.node, a.ms, a.rows, a.bytes_out, a.notes, a.metrics)
+        self._accounts.clear()
+
+
+@dataclass
+class _Account:
+    node: P.Node
+    ms: float = 0.0
+    rows: int = 0
+    bytes_out: int = 0
+    notes: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
