@@ -8,6 +8,7 @@ to the scale both sides share, numbers cast to the pair's common type. ``seed`` 
 so that a partition split again spreads its rows over new partitions."""
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -52,11 +53,17 @@ def _word_hashes(words: tuple) -> torch.Tensor:
     hit = _WORD_HASHES.get(key)
     if hit is not None and hit[0] is words:
         return hit[1]
-    h = torch.from_numpy(np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words)))
+    # crc32 under two seeds: deterministic across processes (str's hash is salted per process)
+    h = torch.from_numpy(np.fromiter((_word_hash(w.encode()) for w in words), dtype=np.uint64,
+                                     count=len(words)).view(np.int64))
     _WORD_HASHES[key] = (words, h)
     while len(_WORD_HASHES) > 32:
         _WORD_HASHES.popitem(last=False)
     return h
+
+
+def _word_hash(b: bytes) -> int:
+    return zlib.crc32(b) | (zlib.crc32(b, 0x9747B28C) << 32)
 
 
 def canonical(col: Column, typ: T.SqlType) -> torch.Tensor:
