@@ -17,7 +17,8 @@ def _tables():
     n = 6000
     k = rng.integers(0, 2000, n)
     k[: n // 6] = 7  # a hot key: a sixth of the build rows
-    build = pa.table({"bk": k, "bv": rng.integers(0, 100, n), "bs": pa.array([f"s{x % 13}" for x in k])})
+    bn = pa.array([None if x % 3 == 0 else int(x) for x in rng.integers(0, 1000, n)])  # NULLs, whole groups too
+    build = pa.table({"bk": k, "bv": rng.integers(0, 100, n), "bs": pa.array([f"s{x % 13}" for x in k]), "bn": bn})
     probe = pa.table({"pk": rng.integers(0, 2500, 12000), "pv": rng.integers(0, 100, 12000)})
     return probe, build
 
@@ -57,6 +58,10 @@ def _same(got: pa.Table, want: pa.Table):
 
 JOIN = "SELECT pk, pv, bv, bs FROM p JOIN b ON pk = bk"
 GROUP = "SELECT bk, bs, count(*) AS c, sum(bv) AS s FROM b GROUP BY bk, bs"
+DISTINCT = "SELECT bk, count(DISTINCT bv) AS d, sum(bv) AS s FROM b GROUP BY bk"
+TWO_STEP = ("SELECT bv % 7 AS g, count(bn) AS c, count(*) AS n, sum(bn) AS s, round(avg(bn), 6) AS a, "
+            "min(bs) AS lo, max(bn) AS hi FROM b GROUP BY g")
+KEYLESS = "SELECT count(bn), sum(bn), round(avg(bn), 6), min(bn), max(bs) FROM b WHERE bk > 1500"
 
 
 def test_skewed_join_resplits_and_matches_duckdb(tables):
@@ -69,10 +74,20 @@ def test_skewed_join_resplits_and_matches_duckdb(tables):
 
 
 def test_grace_aggregate_spills_to_disk_when_host_is_full(tables):
+    # count(DISTINCT) partitions the rows; the others aggregate each chunk, then the partials
+    # (about 1000 groups a chunk here: the partials partition and spill too)
     con = _con(tables, memory_limit="16KiB", spill_host_limit="8KiB")
-    m = _metrics(con, GROUP)
-    assert m.get("spill_disk_bytes", 0) > 0 and m.get("spill_host_bytes", 0) > 0, m
-    _same(con.sql(GROUP).to_arrow(), _duck(tables, GROUP))
+    for q in (DISTINCT, GROUP):
+        m = _metrics(con, q)
+        assert m.get("spill_disk_bytes", 0) > 0 and m.get("spill_host_bytes", 0) > 0, (q, m)
+        _same(con.sql(q).to_arrow(), _duck(tables, q))
+
+
+def test_two_step_aggregation_with_nulls(tables):
+    con = _con(tables, memory_limit="16KiB")
+    for q in (TWO_STEP, KEYLESS):
+        assert _metrics(con, q).get("partial_chunks", 0) > 1, q
+        _same(con.sql(q).to_arrow(), _duck(tables, q))
 
 
 def test_single_key_over_the_limit_is_a_clear_error():

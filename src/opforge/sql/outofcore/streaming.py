@@ -7,7 +7,9 @@ equi-join with a streaming input. A streaming join whose other input fits the li
 chunk against it (the chunked side must be one the join distributes over: the left side of inner /
 left / semi / anti joins, either side of an inner join), with the runtime filter of the resident
 side pushed into the chunked scan; otherwise it is a grace join (``grace``), whose output streams
-partition by partition. Consumers: a grouped aggregation over a stream is a grace aggregation; any
+partition by partition. Consumers: an aggregation over a stream aggregates each chunk, then the
+partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
+or, with count(DISTINCT), is a grace aggregation of the rows; any
 other operator gets the stream concatenated (its input is then what survived the filters and
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
 side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
@@ -29,6 +31,7 @@ from opforge.sql import plan as P
 from opforge.sql.expr import Batch
 from opforge.sql.outofcore import chunked_scan
 from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_join, quiet
+from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.outofcore.partition import key_types
 from opforge.sql.outofcore.sizes import default_host_limit
 from opforge.sql.outofcore.spill import SpillStore
@@ -77,11 +80,14 @@ class OutOfCore:
     # -- the executor's hooks ----------------------------------------------------------------------
     def run(self, node: P.Node, pushed: list) -> Batch | None:
         """``node``'s output when it runs out of core (None: the executor runs it as usual)."""
-        if isinstance(node, P.Aggregate) and node.keys and self.streams(node.child) \
-                and key_types([e.type for _, e in node.keys]) is not None:
+        if isinstance(node, P.Aggregate) and self.streams(node.child):
+            keyed = key_types([e.type for _, e in node.keys]) is not None
             routes = RF.route(node, pushed)
             est = self._estimate(node.child)
-            return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
+            if decomposable(node) and (keyed or not node.keys):
+                return self._measured(node, lambda: self._two_step(node, self.stream(node.child, routes[0]), est))
+            if node.keys and keyed:
+                return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
         if self.streams(node):  # a consumer that needs it whole
             out = concat(list(self.stream(node, pushed)))
             self._flush()
@@ -180,6 +186,27 @@ class OutOfCore:
         finally:
             run.store.close()
         run.report(self.ctx, f"grace hash join {node.kind}")
+
+    def _two_step(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
+        """Each chunk aggregated on its own, then the partials (``partial_aggregate``)."""
+        steps = two_step(node)
+        inner = quiet(self.ctx)
+        counts = {"chunks": 0, "groups": 0}
+
+        def partials():
+            for b in chunks:
+                p = run_aggregate(steps.partial, b, inner)
+                counts["chunks"] += 1
+                counts["groups"] += p.n
+                yield p
+        if node.keys:
+            out = self._aggregate(steps.final, partials(), estimate)
+        else:
+            out = run_aggregate(steps.final, concat(list(partials())), inner)
+        self.ctx.count("partial_chunks", counts["chunks"])
+        self.ctx.note(f"out of core: two-step aggregation, {counts['chunks']} chunks aggregated on their own "
+                      f"into {counts['groups']} partial groups, then combined")
+        return steps.finish(out)
 
     def _aggregate(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
         chunks, fits = self._buffer(chunks)
