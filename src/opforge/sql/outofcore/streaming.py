@@ -42,6 +42,7 @@ from opforge.sql.physical.join import run_join
 from opforge.sql.physical.project import run_project
 from opforge.sql.physical.scan import run_scan
 from opforge.sql.profile import batch_bytes
+from opforge.sql.table import LazyColumns
 
 _STREAM_KINDS = ("inner", "left", "right", "full", "semi", "anti")
 
@@ -54,6 +55,7 @@ class OutOfCore:
         self._streams: dict[int, bool] = {}
         self._accounts: dict[int, _Account] = {}  # EXPLAIN ANALYZE figures of streamed operators
         self._frames: list[float] = []
+        self._planned = False
 
     # -- what streams ------------------------------------------------------------------------------
     def streams(self, node: P.Node) -> bool:
@@ -61,6 +63,38 @@ class OutOfCore:
         if key not in self._streams:
             self._streams[key] = self._decide(node)
         return self._streams[key]
+
+    def plan(self, root: P.Node) -> None:
+        """Before the query runs: which scans read in chunks, and room on the device for the rest.
+        The largest scans are chunked until the others' columns take at most half the limit (the
+        other half is for intermediates), a scan of less than ``limit / 16`` never (a chunked scan
+        costs a Parquet decode per query); then columns that earlier queries left on the device and
+        this one does not read are dropped if they would crowd it."""
+        scans = []
+
+        def walk(n):
+            if isinstance(n, P.Scan) and n.table in self.ex.tables:
+                scans.append((chunked_scan.scan_bytes(self.ex.tables[n.table], n), n))
+            for c in n.inputs():
+                walk(c)
+        walk(root)
+        scans.sort(key=lambda x: -x[0])
+        resident = sum(b for b, _ in scans)
+        for nbytes, scan in scans:
+            chunk = nbytes > self.limit or (resident > self.limit // 2 and nbytes > self.limit // 16)
+            self._streams[id(scan)] = chunk
+            if chunk:
+                resident -= nbytes
+        keep: dict[str, set] = {}
+        for _, scan in scans:
+            if not self._streams[id(scan)]:
+                keep.setdefault(scan.table, set()).update(o.name for o in scan.outputs)
+        cached = sum(t.columns.loaded_bytes() for t in self.ex.tables.values() if isinstance(t.columns, LazyColumns))
+        if cached > self.limit // 2:
+            freed = sum(t.columns.unload(keep.get(name, ())) for name, t in self.ex.tables.items()
+                        if isinstance(t.columns, LazyColumns))
+            if freed:
+                self.ctx.note(f"out of core: dropped {freed} B of columns cached by earlier queries")
 
     def _decide(self, node: P.Node) -> bool:
         if isinstance(node, P.Scan):
@@ -80,6 +114,9 @@ class OutOfCore:
     # -- the executor's hooks ----------------------------------------------------------------------
     def run(self, node: P.Node, pushed: list) -> Batch | None:
         """``node``'s output when it runs out of core (None: the executor runs it as usual)."""
+        if not self._planned:
+            self._planned = True
+            self.plan(node)
         if isinstance(node, P.Aggregate) and self.streams(node.child):
             keyed = key_types([e.type for _, e in node.keys]) is not None
             routes = RF.route(node, pushed)
