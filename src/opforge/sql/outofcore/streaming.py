@@ -30,6 +30,7 @@ import torch
 from opforge.sql import plan as P
 from opforge.sql.expr import Batch
 from opforge.sql.outofcore import chunked_scan
+from opforge.sql.outofcore.external_sort import external_sort
 from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_join, quiet
 from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.outofcore.partition import key_types
@@ -41,6 +42,7 @@ from opforge.sql.physical.filter import keep_rows
 from opforge.sql.physical.join import run_join
 from opforge.sql.physical.project import run_project
 from opforge.sql.physical.scan import run_scan
+from opforge.sql.physical.sort import run_sort
 from opforge.sql.profile import batch_bytes
 from opforge.sql.table import LazyColumns
 
@@ -125,6 +127,9 @@ class OutOfCore:
                 return self._measured(node, lambda: self._two_step(node, self.stream(node.child, routes[0]), est))
             if node.keys and keyed:
                 return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
+        if isinstance(node, P.Sort) and self.streams(node.child):
+            routes = RF.route(node, pushed)
+            return self._measured(node, lambda: self._sort(node, self.stream(node.child, routes[0])))
         if self.streams(node):  # a consumer that needs it whole
             out = concat(list(self.stream(node, pushed)))
             self._flush()
@@ -143,6 +148,8 @@ class OutOfCore:
                 run.store.close()
             run.report(self.ctx, "grace hash join")
             return out
+        if isinstance(node, P.Sort) and batch_bytes(inputs[0]) > self.limit:
+            return self._sort(node, [inputs[0]])
         if isinstance(node, P.Aggregate) and node.keys and batch_bytes(inputs[0]) > self.limit \
                 and key_types([e.type for _, e in node.keys]) is not None:
             return self._aggregate(node, [inputs[0]], batch_bytes(inputs[0]))
@@ -223,6 +230,25 @@ class OutOfCore:
         finally:
             run.store.close()
         run.report(self.ctx, f"grace hash join {node.kind}")
+
+    def _sort(self, node: P.Sort, chunks) -> Batch:
+        chunks, fits = self._buffer(chunks)
+        if fits:
+            return run_sort(node, concat(chunks))
+        store = self._grace_run().store
+        counts: dict = {}
+        try:
+            out = external_sort(node, chunks, self.limit, store, counts)
+        finally:
+            store.close()
+        s = store.stats
+        self.ctx.note(f"out of core: external merge sort, {counts.get('runs', 0)} sorted runs, "
+                      f"{counts.get('merge_steps', 0)} merge steps; spilled {s.host_bytes} B to host, "
+                      f"{s.disk_bytes} B to disk")
+        self.ctx.count("sort_runs", counts.get("runs", 0))
+        self.ctx.count("spill_host_bytes", s.host_bytes)
+        self.ctx.count("spill_disk_bytes", s.disk_bytes)
+        return out
 
     def _two_step(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
         """Each chunk aggregated on its own, then the partials (``partial_aggregate``)."""
