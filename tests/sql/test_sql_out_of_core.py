@@ -119,3 +119,17 @@ def test_external_merge_sort_matches_duckdb(tables):
     assert m.get("sort_runs", 0) > 1, m
     got, want = con.sql(q).to_arrow(), _duck(tables, q)
     assert [c.to_pylist() for c in got.columns] == [c.to_pylist() for c in want.columns]
+
+
+@pytest.mark.parametrize("host_cache", ["64MiB", "1KiB"])  # decoded once and kept / read batch by batch
+def test_chunked_parquet_scan_matches_duckdb(tables, tmp_path, monkeypatch, host_cache):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("OPFORGE_SQL_HOST_CACHE", host_cache)
+    path = tmp_path / "b.parquet"
+    pq.write_table(tables[1], path, row_group_size=1500)
+    con = sql.connect("cpu", memory_limit="16KiB")
+    con.register("b", str(path))
+    q = "SELECT bs, count(*) AS c, sum(bn) AS s, max(bk) AS m FROM b WHERE bs <> 's3' GROUP BY bs"
+    assert _metrics(con, q).get("scan_chunks", 0) > 1
+    _same(con.sql(q).to_arrow(), _duck(tables, q))
