@@ -11,7 +11,9 @@ limit read in chunks; joins and aggregations partition and spill, ``sql/outofcor
 views over the files), runs each query ``--repeats`` times on both, checks opforge's answer against
 DuckDB's and prints one row per query: opforge's first (cold: Parquet decode into the host cache,
 small tables to the device) and best later run in ms, DuckDB's best, DuckDB / opforge (best runs),
-bytes spilled to host and to disk (one run), and whether the answers agree. Writes the rows as JSON to ``--out`` (default
+bytes spilled to host and to disk (one run), the device's peak allocated bytes during the query's
+runs (cuda: cached columns and planner statistics included, to hold against the limit), and whether
+the answers agree. Writes the rows as JSON to ``--out`` (default
 ``benchmarks/results/sql-out-of-core-<device>-sf<sf>-<date>.json``). Exit status 1 when an answer
 differs or a query fails."""
 from __future__ import annotations
@@ -37,6 +39,23 @@ def _sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def _peak_reset(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> int | None:
+    """Device bytes allocated at the peak since the last reset (tables' cached columns and the
+    planner's statistics included: what the limit is measured against)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated()
 
 
 def main(argv=None) -> int:
@@ -65,12 +84,13 @@ def main(argv=None) -> int:
 
     rows, failed = [], 0
     head = (f"{'query':>5} {'cold ms':>9} {'opforge ms':>11} {'duckdb ms':>10} {'ratio':>6} {'spill host':>11} "
-            f"{'spill disk':>11}  answer")
+            f"{'spill disk':>11} {'dev peak':>10}  answer")
     print(f"memory_limit {format_size(budget)} on {args.device}, best of {args.repeats}\n{head}", flush=True)
     for n in numbers:
         text = queries.query(n)
         host0, disk0 = spill.TOTALS.host_bytes, spill.TOTALS.disk_bytes
         error, times, ours = None, [], None
+        _peak_reset(args.device)
         try:
             for _ in range(max(1, args.repeats)):
                 _sync(args.device)
@@ -81,6 +101,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - reported per query, the run goes on
             error = f"{type(e).__name__}: {e}"
         runs = len(times) or 1
+        peak = _peak(args.device)
         duck_times = []
         for _ in range(max(1, args.repeats)):
             t0 = time.perf_counter()
@@ -99,12 +120,14 @@ def main(argv=None) -> int:
                "opforge_runs_ms": times, "duckdb_ms": duck_ms, "duckdb_runs_ms": duck_times,
                "ratio": duck_ms / best if times else None,
                "spill_host_bytes": (spill.TOTALS.host_bytes - host0) // runs,
-               "spill_disk_bytes": (spill.TOTALS.disk_bytes - disk0) // runs, "answer": answer}
+               "spill_disk_bytes": (spill.TOTALS.disk_bytes - disk0) // runs, "device_peak_bytes": peak,
+               "answer": answer}
         rows.append(row)
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
         cold = f"{times[0]:9.1f}" if times else f"{'-':>9}"
         print(f"{'q%02d' % n:>5} {cold} {best:11.1f} {duck_ms:10.1f} {ratio:>6} "
-              f"{format_size(row['spill_host_bytes']):>11} {format_size(row['spill_disk_bytes']):>11}  {answer}",
+              f"{format_size(row['spill_host_bytes']):>11} {format_size(row['spill_disk_bytes']):>11} "
+              f"{format_size(peak) if peak is not None else '-':>10}  {answer}",
               flush=True)
     ok = [r for r in rows if r["answer"] == "ok"]
     total_ours, total_duck = sum(r["opforge_ms"] for r in ok), sum(r["duckdb_ms"] for r in ok)
