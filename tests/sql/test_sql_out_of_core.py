@@ -111,14 +111,15 @@ def test_memory_limit_settings(tables, monkeypatch):
     assert _metrics(con, GROUP).get("scan_chunks", 0) > 0
 
 
-def test_external_merge_sort_matches_duckdb(tables):
+def test_external_merge_sort_and_top_k_match_duckdb(tables):
     # the selected columns are the sort keys, so rows that tie are equal and the order is defined
     q = "SELECT bn, bs, bk FROM b ORDER BY bn DESC NULLS FIRST, bs, bk"
     con = _con(tables, memory_limit="16KiB")
     m = _metrics(con, q)
     assert m.get("sort_runs", 0) > 1, m
-    got, want = con.sql(q).to_arrow(), _duck(tables, q)
-    assert [c.to_pylist() for c in got.columns] == [c.to_pylist() for c in want.columns]
+    for text in (q, q + " LIMIT 25 OFFSET 10"):
+        got, want = con.sql(text).to_arrow(), _duck(tables, text)
+        assert [c.to_pylist() for c in got.columns] == [c.to_pylist() for c in want.columns], text
 
 
 @pytest.mark.parametrize("host_cache", ["64MiB", "1KiB"])  # decoded once and kept / read batch by batch

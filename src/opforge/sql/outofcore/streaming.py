@@ -9,7 +9,9 @@ left / semi / anti joins, either side of an inner join), with the runtime filter
 side pushed into the chunked scan; otherwise it is a grace join (``grace``), whose output streams
 partition by partition. Consumers: an aggregation over a stream aggregates each chunk, then the
 partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
-or, with count(DISTINCT), is a grace aggregation of the rows; any
+or, with count(DISTINCT), is a grace aggregation of the rows; ORDER BY over a stream is an
+external merge sort (``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of
+those; any
 other operator gets the stream concatenated (its input is then what survived the filters and
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
 side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
@@ -20,6 +22,7 @@ partitions and partitions split again."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
@@ -43,6 +46,7 @@ from opforge.sql.physical.join import run_join
 from opforge.sql.physical.project import run_project
 from opforge.sql.physical.scan import run_scan
 from opforge.sql.physical.sort import run_sort
+from opforge.sql.physical.topk import run_topk
 from opforge.sql.profile import batch_bytes
 from opforge.sql.table import LazyColumns
 
@@ -130,6 +134,9 @@ class OutOfCore:
         if isinstance(node, P.Sort) and self.streams(node.child):
             routes = RF.route(node, pushed)
             return self._measured(node, lambda: self._sort(node, self.stream(node.child, routes[0])))
+        if isinstance(node, P.TopK) and self.streams(node.child):
+            routes = RF.route(node, pushed)
+            return self._measured(node, lambda: self._topk(node, self.stream(node.child, routes[0])))
         if self.streams(node):  # a consumer that needs it whole
             out = concat(list(self.stream(node, pushed)))
             self._flush()
@@ -230,6 +237,15 @@ class OutOfCore:
         finally:
             run.store.close()
         run.report(self.ctx, f"grace hash join {node.kind}")
+
+    def _topk(self, node: P.TopK, chunks) -> Batch:
+        """ORDER BY ... LIMIT over a stream: each chunk's first offset + limit rows, then the top
+        of those (chunks come in row order, so ties resolve as the stable sort of all rows would)."""
+        each = dataclasses.replace(node, limit=node.offset + node.limit, offset=0)
+        inner = quiet(self.ctx)
+        candidates = [run_topk(each, b, inner) for b in chunks]
+        self.ctx.note(f"out of core: top-{each.limit} of each of {len(candidates)} chunks, then of those")
+        return run_topk(node, concat(candidates), inner)
 
     def _sort(self, node: P.Sort, chunks) -> Batch:
         chunks, fits = self._buffer(chunks)
