@@ -73,8 +73,9 @@ class OutOfCore:
     def plan(self, root: P.Node) -> None:
         """Before the query runs: which scans read in chunks, and room on the device for the rest.
         The largest scans are chunked until the others' columns take at most half the limit (the
-        other half is for intermediates), a scan of less than ``limit / 16`` never (a chunked scan
-        costs a Parquet decode per query); then columns that earlier queries left on the device and
+        other half is for intermediates), a scan of less than ``limit / 16`` never (chunks cost a
+        copy over the link each query, and a small table's columns are better left on the device);
+        then columns that earlier queries left on the device and
         this one does not read are dropped if they would crowd it."""
         scans = []
 
