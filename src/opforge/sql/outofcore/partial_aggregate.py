@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column
