@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.expr import Batch, Ref
