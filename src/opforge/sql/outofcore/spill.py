@@ -1,5 +1,5 @@
 """Where spilled partitions wait: pinned host memory first, files on disk once the host limit is
-used up (safetensors files, no pickle), read back to the device one partition at a time.
+used up (numpy .npz files, read back with pickle off), read back to the device one partition at a time.
 
 A ``SpillStore`` belongs to one operator run: ``put(key, batch)`` files a piece of partition
 ``key`` (a batch's columns leave the device), ``take(key)`` gives the pieces back on the device
@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from opforge.sql.column import Column
 from opforge.sql.expr import Batch
@@ -70,8 +70,8 @@ class SpillStore:
             TOTALS.host_bytes += nbytes
             piece = _Piece(batch.n, batch.device, meta, {k: _to_host(t) for k, t in tensors.items()}, None, nbytes)
         else:
-            path = os.path.join(self._directory(), f"{next(self._ids)}.safetensors")
-            save_file({k: t.contiguous().cpu() for k, t in tensors.items()}, path)
+            path = os.path.join(self._directory(), f"{next(self._ids)}.npz")
+            np.savez(path, **{k: t.cpu().numpy() for k, t in tensors.items()})
             self.stats.disk_bytes += nbytes
             TOTALS.disk_bytes += nbytes
             piece = _Piece(batch.n, batch.device, meta, None, path, nbytes)
@@ -91,7 +91,8 @@ class SpillStore:
                 tensors = p.tensors
                 self.host_used -= p.nbytes
             else:
-                tensors = load_file(p.path)
+                with np.load(p.path, allow_pickle=False) as f:
+                    tensors = {k: torch.from_numpy(f[k]) for k in f.files}
                 os.remove(p.path)
             dev = p.device
             cols = {cid: Column(tensors[f"{cid}.v"].to(dev, non_blocking=True),
