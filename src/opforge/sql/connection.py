@@ -28,6 +28,7 @@ from opforge.sql.executor import Executor
 from opforge.sql.frontend.binder import Binder
 from opforge.sql.frontend.parser import parse_all
 from opforge.sql.optimizer import optimize
+from opforge.sql.outofcore.sizes import env_limit, parse_size
 from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD, ExecContext, check_options
 from opforge.sql.physical.joins.base import Hardware
 from opforge.sql.planner.cardinality import Estimator
@@ -150,11 +151,15 @@ class Connection:
     def __init__(self, device: str | torch.device | None = None, memory_budget: int | None = None,
                  join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
-                 join_distribution: str = "auto", cluster=None, database: str | os.PathLike | None = None):
+                 join_distribution: str = "auto", cluster=None, database: str | os.PathLike | None = None,
+                 memory_limit: int | str | None = None, spill_host_limit: int | str | None = None):
         check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
         check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
         self.memory_budget = memory_budget
+        # out of core (sql/outofcore): the device limit (else SET memory_limit, else the env) and the host tier
+        self.memory_limit = parse_size(memory_limit)
+        self.spill_host_limit = parse_size(spill_host_limit, "spill_host_limit")
         self.join_algorithm = join_algorithm
         self.join_reordering = join_reordering
         self.runtime_filters = runtime_filters
@@ -177,8 +182,10 @@ class Connection:
     def _context(self) -> ExecContext:
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
                       self.workers, self.join_distribution)
+        limit = self._settings.memory_limit or self.memory_limit or env_limit()
+        spill_dir = None if self.database is None else os.path.join(self.database.folder, ".spill")
         return ExecContext(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
-                           self.workers, self.join_distribution)
+                           self.workers, self.join_distribution, limit, self.spill_host_limit, spill_dir)
 
     def _cluster_options(self) -> dict:
         """The ExecContext options a cluster's workers run with (runtime filters are theirs to drop)."""
@@ -362,7 +369,8 @@ def connect(target: str | os.PathLike | torch.device | None = None, memory_budge
             join_algorithm: str = "auto", join_reordering: str = "auto", runtime_filters: bool = True,
             skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
             join_distribution: str = "auto", cluster=None, *, device: str | torch.device | None = None,
-            database: str | os.PathLike | None = None) -> Connection:
+            database: str | os.PathLike | None = None, memory_limit: int | str | None = None,
+            spill_host_limit: int | str | None = None) -> Connection:
     """A new connection; device defaults to cuda when available, else cpu. ``memory_budget``
     (bytes): a join build side or group table larger than this is radix-partitioned and processed
     part by part. ``join_algorithm``: "auto" (the planner's physical choice for the inner joins
@@ -381,7 +389,11 @@ def connect(target: str | os.PathLike | torch.device | None = None, memory_budge
     ``cluster``: an ``opforge.cluster.Cluster``; queries run on its workers (``cluster/dist_executor.py``).
     ``database``: a folder whose tables persist (``sql/database.py``); None or ":memory:" keeps
     them in memory. ``target``: a device ("cpu", "cuda", "cuda:1", a torch.device) or, as in
-    DuckDB's ``connect("path/to/db")``, the database."""
+    DuckDB's ``connect("path/to/db")``, the database.
+    ``memory_limit`` ("24GiB", bytes; also ``SET memory_limit`` and ``$OPFORGE_SQL_MEMORY_LIMIT``):
+    the device memory the query's data may take; above it scans read in chunks and joins /
+    aggregations partition and spill to host memory (up to ``spill_host_limit``), then to disk
+    (``sql/outofcore``)."""
     if target is not None:
         is_device = isinstance(target, torch.device) or _is_device(target)
         if (device if is_device else database) is not None:
@@ -391,7 +403,7 @@ def connect(target: str | os.PathLike | torch.device | None = None, memory_budge
         else:
             database = target
     return Connection(device, memory_budget, join_algorithm, join_reordering, runtime_filters, skew_threshold,
-                      workers, join_distribution, cluster, database)
+                      workers, join_distribution, cluster, database, memory_limit, spill_host_limit)
 
 
 def _is_device(name) -> bool:

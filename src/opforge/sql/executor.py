@@ -6,7 +6,10 @@ Each operator's inputs are computed first, then the operator itself runs: under 
 Runtime filters (``connect(runtime_filters=True)``, ``physical/runtime_filter.py``): a join that can
 make one runs the filter's source input first (the right one of an inner / semi / right join, the
 left one of a left / anti join), builds the filter from its keys, and runs the other input with the
-filter travelling down to the scans that may apply it."""
+filter travelling down to the scans that may apply it.
+
+Out of core (``connect(memory_limit=...)``): ``sql/outofcore/streaming.py`` runs the subtrees whose
+data exceed the limit chunk by chunk and the joins / aggregations over them partitioned, spilling."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -39,12 +42,21 @@ class Executor:
         self.tables, self.device = tables, device
         self.ctx = ctx or ExecContext()
         self.profiler = profiler
+        self.ooc = None
+        if self.ctx.memory_limit is not None:
+            from opforge.sql.outofcore.streaming import OutOfCore
+
+            self.ooc = OutOfCore(self)
 
     def run(self, node: P.Node, pushed: list | None = None) -> Batch:
         """``pushed``: runtime filters (``runtime_filter.Pushed``) this subtree's scans may apply."""
         if isinstance(node, P.Scan) and node.table not in self.tables:
             raise SqlError(f"table {node.table!r} is no longer registered")
         pushed = pushed or []
+        if self.ooc is not None:
+            out = self.ooc.run(node, pushed)
+            if out is not None:
+                return out
         routes = RF.route(node, pushed)
         if aggregates_without_pairs(node):  # over a cross product: its two sides, never the pairs
             join = node.child
@@ -92,6 +104,10 @@ class Executor:
 
     def _operator(self, node: P.Node, inputs: list[Batch], pushed=()) -> Batch:
         ctx = self.ctx
+        if self.ooc is not None and isinstance(node, (P.Join, P.Aggregate, P.Sort)):
+            out = self.ooc.operator(node, inputs)
+            if out is not None:
+                return out
         if isinstance(node, P.Scan):
             return run_scan(node, self.tables[node.table], self.device, pushed, ctx)
         if isinstance(node, P.OneRow):

@@ -124,6 +124,19 @@ class Profiler:
         self._stats[id(node)] = st
         return out
 
+    def record(self, node, time_ms: float, rows: int, bytes_out: int, notes: list, metrics: dict) -> None:
+        """Figures of an operator that ran in pieces inside another's measurement (an out-of-core
+        stream, ``sql/outofcore/streaming.py``)."""
+        st = OperatorStats(self._depth.get(id(node), 0), node.describe(), self.estimate(node), rows,
+                           max(time_ms, 1e-6), 0, bytes_out, Counter(), list(notes), dict(metrics))
+        self._stats[id(node)] = st
+
+    def exclude(self, node, ms: float) -> None:
+        """Take ``ms`` (its inputs' time, measured inside it) off ``node``'s time."""
+        st = self._stats.get(id(node))
+        if st is not None:
+            st.time_ms = max(st.time_ms - ms, 1e-6)
+
     @property
     def stats(self) -> list[OperatorStats]:
         return [self._stats[k] for k in sorted(self._stats, key=lambda k: self._order.get(k, 1 << 30))]

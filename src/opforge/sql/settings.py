@@ -9,11 +9,12 @@ import re
 from sqlglot import exp
 
 from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.outofcore.sizes import parse_size
 
 NULL_ORDERS = ("nulls_last", "nulls_first", "nulls_first_on_asc_last_on_desc", "nulls_last_on_asc_first_on_desc")
 # DuckDB settings that tune execution only: no query result depends on them
 NO_EFFECT = {"threads", "debug_force_external", "enable_caching_operators", "delim_join_as_cte",
-             "preserve_insertion_order", "pivot_filter_threshold", "max_execution_time", "memory_limit",
+             "preserve_insertion_order", "pivot_filter_threshold", "max_execution_time",
              "enable_progress_bar", "enable_object_cache", "verify_parallelism", "disabled_optimizers"}
 _RESET = re.compile(r"^\s*reset\s+(session\s+|global\s+|local\s+)?(\w+)\s*;?\s*$", re.IGNORECASE)
 _NULLS_WORD = re.compile(r"\bnulls\s+(first|last)\b", re.IGNORECASE)
@@ -25,6 +26,7 @@ class Settings:
         self.order_by_non_integer_literal = False  # ORDER BY 'literal' is an error unless set
         # a scalar subquery with several rows is an error; false: its first row (any row, correlated)
         self.scalar_subquery_error_on_multiple_rows = True
+        self.memory_limit: int | None = None  # the device limit of the out-of-core path (sql/outofcore)
 
     def set(self, tree: exp.Set) -> str:
         for item in tree.expressions:
@@ -42,6 +44,8 @@ class Settings:
                 self.order_by_non_integer_literal = _bool_setting(name, value)
             elif name == "scalar_subquery_error_on_multiple_rows":
                 self.scalar_subquery_error_on_multiple_rows = _bool_setting(name, value)
+            elif name in ("memory_limit", "max_memory"):
+                self.memory_limit = parse_size(value.name if isinstance(value, exp.Literal) else value.sql(), name)
             elif name not in NO_EFFECT:
                 raise NotSupportedError(f"SET {name}")
         return "set"
@@ -58,6 +62,8 @@ class Settings:
             self.order_by_non_integer_literal = False
         elif name == "scalar_subquery_error_on_multiple_rows":
             self.scalar_subquery_error_on_multiple_rows = True
+        elif name in ("memory_limit", "max_memory"):
+            self.memory_limit = None
         elif name not in NO_EFFECT:
             raise NotSupportedError(f"RESET {name}")
         return "reset"

@@ -46,6 +46,7 @@ class LazyColumns(Sequence):
         self.num_rows = num_rows
         self._read = read
         self._columns: list[Column | None] = [None] * len(self.names)
+        self.parquet: tuple[str, pq.FileMetaData] | None = None  # the file, when read from one
 
     @staticmethod
     def of_arrow(source: pa.Table, device) -> "LazyColumns":
@@ -66,7 +67,9 @@ class LazyColumns(Sequence):
             field = schema.field(i)
             as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
             return parquet_read.column_row_groups(path, meta, field.name, as_dictionary)
-        return LazyColumns(schema, meta.num_rows, read, device)
+        columns = LazyColumns(schema, meta.num_rows, read, device)
+        columns.parquet = (path, meta)  # an out-of-core scan reads it in chunks (sql/outofcore/chunked_scan.py)
+        return columns
 
     def __len__(self) -> int:
         return len(self._columns)
@@ -85,8 +88,28 @@ class LazyColumns(Sequence):
         """Names of the columns already on the device."""
         return [n for n, c in zip(self.names, self._columns) if c is not None]
 
+    def loaded_bytes(self) -> int:
+        return sum(_column_bytes(c) for c in self._columns if c is not None)
+
+    def unload(self, keep=()) -> int:
+        """Drop the device copies of the loaded columns not named in ``keep``, when they can be read
+        again (a Parquet file's); the bytes freed. Why: under a device memory limit
+        (``sql/outofcore``) columns cached by earlier queries must not crowd out this one's."""
+        if self.parquet is None:
+            return 0
+        freed = 0
+        for i, c in enumerate(self._columns):
+            if c is not None and self.names[i] not in keep:
+                freed += _column_bytes(c)
+                self._columns[i] = None
+        return freed
+
     def __repr__(self) -> str:
         return f"LazyColumns({len(self)} columns, loaded: {self.loaded()})"
+
+
+def _column_bytes(c: Column) -> int:
+    return c.values.numel() * c.values.element_size() + (0 if c.valid is None else c.valid.numel())
 
 
 @dataclass

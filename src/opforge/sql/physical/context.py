@@ -19,7 +19,10 @@ class ExecContext:
     ``skew_threshold``: a probe key value holding more than this share of the probe rows is
     handled apart in partitioned joins (None: no skew handling). ``workers`` /
     ``join_distribution``: the simulated multi-worker mode (``physical/simulated_workers.py``).
-    ``notes``: what each operator chose (algorithm, partitions), read by EXPLAIN; ``metrics``:
+    ``memory_limit``: device bytes the query's data may take (None: no limit): above it scans read
+    in chunks and joins / aggregations partition and spill (``sql/outofcore``), spilling to host
+    memory up to ``spill_host_limit`` bytes, then to files under ``spill_dir`` (None: the system
+    temp dir). ``notes``: what each operator chose (algorithm, partitions), read by EXPLAIN; ``metrics``:
     the same as numbers (rows read, partitions skipped, ...), read by EXPLAIN ANALYZE and tests."""
 
     memory_budget: int | None = None
@@ -28,6 +31,9 @@ class ExecContext:
     skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD
     workers: int = 1
     join_distribution: str = "auto"
+    memory_limit: int | None = None
+    spill_host_limit: int | None = None
+    spill_dir: str | None = None
     notes: list[str] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
 

@@ -1,0 +1,13 @@
+"""Out of core: queries over data larger than the device memory limit (``connect(memory_limit=...)``,
+``SET memory_limit``, ``$OPFORGE_SQL_MEMORY_LIMIT``).
+
+* ``sizes``: "24GiB" -> bytes, the limit's sources.
+* ``spill``: where partitions wait (pinned host memory up to a host limit, then files on disk).
+* ``chunked_scan``: a Parquet table whose scanned columns exceed the limit is read in chunks.
+* ``partition``: rows to hash partitions by key *values* (consistent across chunks and tables).
+* ``grace``: the partitioned (grace) hash join and hash aggregation over spilled partitions.
+* ``partial_aggregate``: an aggregation in two steps, each chunk first, then the partials.
+* ``external_sort``: ORDER BY over the limit as sorted runs spilled and merged.
+* ``streaming``: the executor's side of it: which subtrees stream chunk by chunk, which operators
+  consume streams (aggregate, join, sort, top-k) and how; EXPLAIN ANALYZE rows for streamed operators.
+"""

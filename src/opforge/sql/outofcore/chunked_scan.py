@@ -1,0 +1,192 @@
+"""A scan read in chunks: the table's selected columns never sit on the device all at once.
+
+A Parquet-backed table is read with ``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time,
+only the selected columns); any other table is cut into row ranges of its device columns. Each
+chunk gets the scan's filters and the runtime filters pushed to it (``physical/scan.run_scan`` on
+the chunk), so what leaves a chunk is only the rows that survive.
+
+Host cache: a Parquet column a chunked scan reads is decoded once (all row groups, in parallel)
+and kept in host memory (``HOST_CACHE``, least recently used first out, up to
+``$OPFORGE_SQL_HOST_CACHE``, default a quarter of the machine's memory), so later chunks and
+later queries cost a slice and a copy over the link, not a Parquet decode. A scan whose columns
+would not fit the cache reads the file batch by batch instead (``iter_batches``).
+
+String columns: every chunk must code a word the same way (a join or GROUP BY downstream compares
+codes), so each string column gets one dictionary for the whole file, built once on the host from
+the column's Parquet dictionaries (the distinct words, sorted: code order is string order) and
+cached per file and column; a chunk's words are mapped onto it with ``pc.index_in``."""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from opforge.sql import column_load, parquet_read
+from opforge.sql.column import Column, arrow_dictionary
+from opforge.sql.expr import Batch
+from opforge.sql.outofcore.sizes import default_host_limit, parse_size
+from opforge.sql.physical.scan import run_scan
+from opforge.sql.plan import Scan
+from opforge.sql.table import LazyColumns, Table
+
+_DICTIONARIES: dict[tuple, tuple[tuple, pa.Array]] = {}
+
+
+def row_bytes(table: Table, names: list[str]) -> int:
+    """Device bytes per row of these columns (values plus a validity byte)."""
+    types = {n: t for n, t in zip(table.names, table.types)}
+    return sum(torch.empty(0, dtype=types[n].torch_dtype).element_size() + 1 for n in names) or 1
+
+
+def scan_bytes(table: Table, node: Scan) -> int:
+    return table.num_rows * row_bytes(table, [o.name for o in node.outputs])
+
+
+def chunk_rows(table: Table, node: Scan, limit: int) -> int:
+    """Rows per chunk: a quarter of the limit, leaving room for what the pipeline makes of it."""
+    return max(1024, limit // 4 // row_bytes(table, [o.name for o in node.outputs]))
+
+
+def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict) -> Iterator[Batch]:
+    """The scan's output, chunk by chunk; ``counts`` gets rows_read / chunks."""
+    for raw in _raw_chunks(node, table, device, rows):
+        counts["chunks"] = counts.get("chunks", 0) + 1
+        counts["rows_read"] = counts.get("rows_read", 0) + raw.n
+        names = [o.name for o in node.outputs]
+        piece = Table(names, [raw.cols[o.cid] for o in node.outputs])
+        yield run_scan(node, piece, device, pushed, None)
+
+
+def _raw_chunks(node: Scan, table: Table, device, rows: int) -> Iterator[Batch]:
+    lazy = table.columns if isinstance(table.columns, LazyColumns) else None
+    names = [o.name for o in node.outputs]
+    if lazy is None or lazy.parquet is None or not names:
+        for start in range(0, table.num_rows, rows):
+            idx = torch.arange(start, min(start + rows, table.num_rows), device=device)
+            yield Batch({o.cid: table.column(o.name).take(idx) for o in node.outputs}, len(idx), device)
+        return
+    path, meta = lazy.parquet
+    types = dict(zip(lazy.names, lazy.arrow_types))
+    strings = [n for n in dict.fromkeys(names) if column_load.is_string(types[n])]
+    words = {n: _dictionary(path, meta, n) for n in strings}
+    if HOST_CACHE.fits(path, meta, list(dict.fromkeys(names))):
+        host = {n: HOST_CACHE.column(path, meta, n, words.get(n)) for n in dict.fromkeys(names)}
+        for start in range(0, table.num_rows, rows):
+            n_rows = min(rows, table.num_rows - start)
+            cols = {}
+            for o in node.outputs:
+                piece = host[o.name].slice(start, n_rows)
+                if o.name in words:
+                    cols[o.cid] = _codes_column(piece, words[o.name][0], lazy.types[lazy.names.index(o.name)],
+                                                device)
+                else:
+                    cols[o.cid] = column_load.load_column(piece.chunks, n_rows, types[o.name], device, o.name)
+            yield Batch(cols, n_rows, device)
+        return
+    f = pq.ParquetFile(path, metadata=meta, read_dictionary=strings or None)
+    for rb in f.iter_batches(batch_size=rows, columns=list(dict.fromkeys(names))):
+        cols = {}
+        for o in node.outputs:
+            arr = rb.column(rb.schema.get_field_index(o.name))
+            if o.name in words:
+                cols[o.cid] = _string_column(arr, words[o.name], lazy.types[lazy.names.index(o.name)], device)
+            else:
+                cols[o.cid] = column_load.load_column([arr], len(arr), types[o.name], device, o.name)
+        yield Batch(cols, rb.num_rows, device)
+
+
+class HostCache:
+    """Decoded Parquet columns in host memory, least recently used evicted first. A string column
+    is kept as int32 codes into its file-wide dictionary (``_dictionary``)."""
+
+    def __init__(self):
+        self._entries: OrderedDict[tuple, pa.ChunkedArray] = OrderedDict()
+        self.bytes = 0
+
+    @staticmethod
+    def limit() -> int:
+        return parse_size(os.environ.get(HOST_CACHE_ENV) or None, HOST_CACHE_ENV) or default_host_limit()
+
+    def fits(self, path: str, meta: pq.FileMetaData, names: list[str]) -> bool:
+        """Whether these columns (their decoded size, estimated from the file) fit the cache."""
+        need = 0
+        schema = meta.schema.to_arrow_schema()
+        for n in names:
+            t = schema.field(n).type
+            width = 4 if column_load.is_string(t) else max(1, getattr(t, "byte_width", 8))
+            need += meta.num_rows * (width + 1)
+        return need <= self.limit()
+
+    def column(self, path: str, meta: pq.FileMetaData, name: str, words=None) -> pa.ChunkedArray:
+        key = (path, id(meta), name)
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            return hit
+        chunks = list(parquet_read.column_row_groups(path, meta, name, as_dictionary=words is not None))
+        if words is not None:
+            chunks = [_codes(c, words[1]) for c in chunks]
+            data = pa.chunked_array(chunks, pa.int32())
+        else:
+            data = pa.chunked_array(chunks, meta.schema.to_arrow_schema().field(name).type)
+        self._entries[key] = data
+        self.bytes += data.nbytes
+        limit = self.limit()
+        while self.bytes > limit and len(self._entries) > 1:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= old.nbytes
+        return data
+
+
+HOST_CACHE_ENV = "OPFORGE_SQL_HOST_CACHE"
+HOST_CACHE = HostCache()
+
+
+def _codes(arr: pa.Array, ordered: pa.Array) -> pa.Array:
+    """A chunk of strings as int32 codes into ``ordered`` (NULL stays NULL)."""
+    if pa.types.is_dictionary(arr.type):
+        return pc.index_in(arr.dictionary.cast(pa.string()), value_set=ordered).take(arr.indices)
+    return pc.index_in(arr.cast(pa.string()), value_set=ordered)
+
+
+def _codes_column(piece: pa.ChunkedArray, words: tuple, typ, device) -> Column:
+    arr = piece.combine_chunks() if piece.num_chunks != 1 else piece.chunk(0)
+    valid = None
+    if arr.null_count:
+        valid = torch.from_numpy(arr.is_valid().to_numpy(zero_copy_only=False).astype(bool)).to(device)
+    values = np.array(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int32)
+    return Column(torch.from_numpy(values).to(device), valid, typ, words)
+
+
+def _dictionary(path: str, meta: pq.FileMetaData, name: str) -> tuple[tuple, pa.Array]:
+    """The column's distinct words, sorted, for the whole file (cached)."""
+    key = (path, id(meta), name)
+    hit = _DICTIONARIES.get(key)
+    if hit is not None:
+        return hit
+    seen = []
+    for chunk in parquet_read.column_row_groups(path, meta, name, as_dictionary=True):
+        if pa.types.is_dictionary(chunk.type):
+            used = pc.unique(chunk.indices).drop_null()
+            seen.append(chunk.dictionary.take(used).cast(pa.string()))
+        else:
+            seen.append(pc.unique(chunk).drop_null().cast(pa.string()))
+    distinct = pc.unique(pa.chunked_array(seen, pa.string())) if seen else pa.array([], pa.string())
+    ordered = distinct.take(pc.sort_indices(distinct))
+    if isinstance(ordered, pa.ChunkedArray):
+        ordered = ordered.combine_chunks()
+    words = tuple(ordered.to_pylist())
+    arrow_dictionary(words, ordered)
+    _DICTIONARIES[key] = (words, ordered)
+    return words, ordered
+
+
+def _string_column(arr: pa.Array, dictionary: tuple[tuple, pa.Array], typ, device) -> Column:
+    words, ordered = dictionary
+    return _codes_column(pa.chunked_array([_codes(arr, ordered)], pa.int32()), words, typ, device)

@@ -1,0 +1,416 @@
+"""The executor's out-of-core side: which subtrees stream chunk by chunk and which operators
+consume the streams, under ``ExecContext.memory_limit``.
+
+A subtree *streams* when its data would not fit: a scan whose selected columns exceed the limit
+(``chunked_scan``), a filter or projection over a streaming child (applied chunk by chunk), and an
+equi-join with a streaming input. A streaming join whose other input fits the limit joins each
+chunk against it (the chunked side must be one the join distributes over: the left side of inner /
+left / semi / anti joins, either side of an inner join), with the runtime filter of the resident
+side pushed into the chunked scan; otherwise it is a grace join (``grace``), whose output streams
+partition by partition. Consumers: an aggregation over a stream aggregates each chunk, then the
+partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
+or, with count(DISTINCT), is a grace aggregation of the rows; ORDER BY over a stream is an
+external merge sort (``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of
+those; any
+other operator gets the stream concatenated (its input is then what survived the filters and
+joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
+side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
+
+EXPLAIN ANALYZE: every operator keeps its own row (a streamed one: its time summed over its chunks,
+its inputs' excluded), with notes and metrics for chunks read, bytes spilled to host and to disk,
+partitions and partitions split again."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from opforge.sql import plan as P
+from opforge.sql.expr import Batch
+from opforge.sql.outofcore import chunked_scan
+from opforge.sql.outofcore.external_sort import external_sort
+from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_join, quiet
+from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
+from opforge.sql.outofcore.partition import key_types
+from opforge.sql.outofcore.sizes import default_host_limit
+from opforge.sql.outofcore.spill import SpillStore
+from opforge.sql.physical import runtime_filter as RF
+from opforge.sql.physical.aggregate import run_aggregate
+from opforge.sql.physical.filter import keep_rows
+from opforge.sql.physical.join import run_join
+from opforge.sql.physical.project import run_project
+from opforge.sql.physical.scan import run_scan
+from opforge.sql.physical.sort import run_sort
+from opforge.sql.physical.topk import run_topk
+from opforge.sql.profile import batch_bytes
+from opforge.sql.table import LazyColumns
+
+_STREAM_KINDS = ("inner", "left", "right", "full", "semi", "anti")
+
+
+class OutOfCore:
+    def __init__(self, executor):
+        self.ex = executor
+        self.ctx = executor.ctx
+        self.limit: int = executor.ctx.memory_limit
+        self._streams: dict[int, bool] = {}
+        self._accounts: dict[int, _Account] = {}  # EXPLAIN ANALYZE figures of streamed operators
+        self._frames: list[float] = []
+        self._planned = False
+
+    # -- what streams ------------------------------------------------------------------------------
+    def streams(self, node: P.Node) -> bool:
+        key = id(node)
+        if key not in self._streams:
+            self._streams[key] = self._decide(node)
+        return self._streams[key]
+
+    def plan(self, root: P.Node) -> None:
+        """Before the query runs: which scans read in chunks, and room on the device for the rest.
+        The largest scans are chunked until the others' columns take at most half the limit (the
+        other half is for intermediates), a scan of less than ``limit / 16`` never (chunks cost a
+        copy over the link each query, and a small table's columns are better left on the device);
+        then columns that earlier queries left on the device and
+        this one does not read are dropped if they would crowd it."""
+        scans = []
+
+        def walk(n):
+            if isinstance(n, P.Scan) and n.table in self.ex.tables:
+                scans.append((chunked_scan.scan_bytes(self.ex.tables[n.table], n), n))
+            for c in n.inputs():
+                walk(c)
+        walk(root)
+        scans.sort(key=lambda x: -x[0])
+        resident = sum(b for b, _ in scans)
+        for nbytes, scan in scans:
+            chunk = nbytes > self.limit or (resident > self.limit // 2 and nbytes > self.limit // 16)
+            self._streams[id(scan)] = chunk
+            if chunk:
+                resident -= nbytes
+        keep: dict[str, set] = {}
+        for _, scan in scans:
+            if not self._streams[id(scan)]:
+                keep.setdefault(scan.table, set()).update(o.name for o in scan.outputs)
+        cached = sum(t.columns.loaded_bytes() for t in self.ex.tables.values() if isinstance(t.columns, LazyColumns))
+        if cached > self.limit // 2:
+            freed = sum(t.columns.unload(keep.get(name, ())) for name, t in self.ex.tables.items()
+                        if isinstance(t.columns, LazyColumns))
+            if freed:
+                self.ctx.note(f"out of core: dropped {freed} B of columns cached by earlier queries")
+
+    def _decide(self, node: P.Node) -> bool:
+        if isinstance(node, P.Scan):
+            table = self.ex.tables.get(node.table)
+            return table is not None and chunked_scan.scan_bytes(table, node) > self.limit
+        if isinstance(node, (P.Filter, P.Project)):
+            return self.streams(node.child)
+        if isinstance(node, P.Join):
+            return self.partitionable(node) and (self.streams(node.left) or self.streams(node.right))
+        return False
+
+    def partitionable(self, node: P.Join) -> bool:
+        return (bool(node.left_keys) and node.kind in _STREAM_KINDS and not node.null_aware
+                and self.ctx.workers == 1
+                and key_types([e.type for e in node.left_keys], [e.type for e in node.right_keys]) is not None)
+
+    # -- the executor's hooks ----------------------------------------------------------------------
+    def run(self, node: P.Node, pushed: list) -> Batch | None:
+        """``node``'s output when it runs out of core (None: the executor runs it as usual)."""
+        if not self._planned:
+            self._planned = True
+            self.plan(node)
+        if isinstance(node, P.Aggregate) and self.streams(node.child):
+            keyed = key_types([e.type for _, e in node.keys]) is not None
+            routes = RF.route(node, pushed)
+            est = self._estimate(node.child)
+            if decomposable(node) and (keyed or not node.keys):
+                return self._measured(node, lambda: self._two_step(node, self.stream(node.child, routes[0]), est))
+            if node.keys and keyed:
+                return self._measured(node, lambda: self._aggregate(node, self.stream(node.child, routes[0]), est))
+        if isinstance(node, P.Sort) and self.streams(node.child):
+            routes = RF.route(node, pushed)
+            return self._measured(node, lambda: self._sort(node, self.stream(node.child, routes[0])))
+        if isinstance(node, P.TopK) and self.streams(node.child):
+            routes = RF.route(node, pushed)
+            return self._measured(node, lambda: self._topk(node, self.stream(node.child, routes[0])))
+        if self.streams(node):  # a consumer that needs it whole
+            out = concat(list(self.stream(node, pushed)))
+            self._flush()
+            return out
+        return None
+
+    def operator(self, node: P.Node, inputs: list[Batch]) -> Batch | None:
+        """A resident operator over the limit: a join whose build side or a grouped aggregation whose
+        input exceeds it runs partitioned (None: in memory as usual)."""
+        if isinstance(node, P.Join) and self.partitionable(node) and batch_bytes(inputs[1]) > self.limit:
+            run = self._grace_run()
+            try:
+                bits = fanout_bits(batch_bytes(inputs[1]), self.limit)
+                out = concat(list(grace_join(node, [inputs[0]], [inputs[1]], self.ctx, run, bits)))
+            finally:
+                run.store.close()
+            run.report(self.ctx, "grace hash join")
+            return out
+        if isinstance(node, P.Sort) and batch_bytes(inputs[0]) > self.limit:
+            return self._sort(node, [inputs[0]])
+        if isinstance(node, P.Aggregate) and node.keys and batch_bytes(inputs[0]) > self.limit \
+                and key_types([e.type for _, e in node.keys]) is not None:
+            return self._aggregate(node, [inputs[0]], batch_bytes(inputs[0]))
+        return None
+
+    # -- streams -----------------------------------------------------------------------------------
+    def stream(self, node: P.Node, pushed: list) -> Iterator[Batch]:
+        """``node``'s output as a sequence of batches (at least one)."""
+        if not self.streams(node):
+            yield self._resident(node, pushed)
+            return
+        yield from self._timed(node, self._stream(node, pushed))
+
+    def _stream(self, node: P.Node, pushed: list) -> Iterator[Batch]:
+        if isinstance(node, P.Scan):
+            yield from self._scan(node, pushed)
+        elif isinstance(node, P.Filter):
+            for b in self.stream(node.child, RF.route(node, pushed)[0]):
+                yield keep_rows(node.predicate, b)
+        elif isinstance(node, P.Project):
+            for b in self.stream(node.child, RF.route(node, pushed)[0]):
+                yield run_project(node, b)
+        else:
+            yield from self._join(node, pushed)
+
+    def _scan(self, node: P.Scan, pushed: list) -> Iterator[Batch]:
+        table = self.ex.tables[node.table]
+        mine = [p for p in pushed if p.cid in {o.cid for o in node.outputs}]
+        counts: dict = {}
+        rows = chunked_scan.chunk_rows(table, node, self.limit)
+        for b in chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts):
+            yield b
+        if not counts:  # an empty table: one empty batch
+            yield run_scan(node, table, self.ex.device, mine, None)
+        self.ctx.note(f"chunked scan of {node.table}: {counts.get('chunks', 0)} chunks, "
+                      f"{counts.get('rows_read', 0)} rows read")
+        self.ctx.count("scan_chunks", counts.get("chunks", 0))
+
+    def _join(self, node: P.Join, pushed: list) -> Iterator[Batch]:
+        routes = RF.route(node, pushed)
+        ls, rs = self.streams(node.left), self.streams(node.right)
+        inner = quiet(self.ctx)
+        if ls and not rs:  # probe the left chunks against the resident right side
+            right = self._resident(node.right, routes[1])
+            if batch_bytes(right) <= self.limit and node.kind in ("inner", "left", "semi", "anti"):
+                plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
+                extra = [RF.make(node, plan, right)] if plan is not None and plan.source == "right" else []
+                for b in self.stream(node.left, routes[0] + extra):
+                    yield run_join(node, b, right, inner)
+                self.ctx.note(f"streamed join {node.kind}: left chunks probe the resident right side")
+                return
+            yield from self._grace(node, self.stream(node.left, routes[0]), [right])
+            return
+        if rs and not ls:
+            left = self._resident(node.left, routes[0])
+            if batch_bytes(left) <= self.limit and node.kind == "inner":
+                plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
+                extra = [RF.make(node, plan, left)] if plan is not None and plan.source == "left" else []
+                for b in self.stream(node.right, routes[1] + extra):
+                    yield run_join(node, left, b, inner)
+                self.ctx.note("streamed join inner: right chunks against the resident left side")
+                return
+            yield from self._grace(node, [left], self.stream(node.right, routes[1]))
+            return
+        right, fits = self._buffer(self.stream(node.right, routes[1]))
+        if fits and node.kind in ("inner", "left", "semi", "anti"):  # the build side turned out small
+            build = concat(right)
+            for b in self.stream(node.left, routes[0]):
+                yield run_join(node, b, build, inner)
+            self.ctx.note(f"streamed join {node.kind}: the right stream fit the limit ({batch_bytes(build)} B)")
+            return
+        yield from self._grace(node, self.stream(node.left, routes[0]), right)
+
+    def _grace(self, node: P.Join, left, right) -> Iterator[Batch]:
+        run = self._grace_run()
+        try:
+            yield from grace_join(node, left, right, self.ctx, run, fanout_bits(self._estimate(node.right), self.limit))
+        finally:
+            run.store.close()
+        run.report(self.ctx, f"grace hash join {node.kind}")
+
+    def _topk(self, node: P.TopK, chunks) -> Batch:
+        """ORDER BY ... LIMIT over a stream: each chunk's first offset + limit rows, then the top
+        of those (chunks come in row order, so ties resolve as the stable sort of all rows would)."""
+        each = dataclasses.replace(node, limit=node.offset + node.limit, offset=0)
+        inner = quiet(self.ctx)
+        candidates = [run_topk(each, b, inner) for b in chunks]
+        self.ctx.note(f"out of core: top-{each.limit} of each of {len(candidates)} chunks, then of those")
+        return run_topk(node, concat(candidates), inner)
+
+    def _sort(self, node: P.Sort, chunks) -> Batch:
+        chunks, fits = self._buffer(chunks)
+        if fits:
+            return run_sort(node, concat(chunks))
+        store = self._grace_run().store
+        counts: dict = {}
+        try:
+            out = external_sort(node, chunks, self.limit, store, counts)
+        finally:
+            store.close()
+        s = store.stats
+        self.ctx.note(f"out of core: external merge sort, {counts.get('runs', 0)} sorted runs, "
+                      f"{counts.get('merge_steps', 0)} merge steps; spilled {s.host_bytes} B to host, "
+                      f"{s.disk_bytes} B to disk")
+        self.ctx.count("sort_runs", counts.get("runs", 0))
+        self.ctx.count("spill_host_bytes", s.host_bytes)
+        self.ctx.count("spill_disk_bytes", s.disk_bytes)
+        return out
+
+    def _two_step(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
+        """Each chunk aggregated on its own, then the partials (``partial_aggregate``)."""
+        steps = two_step(node)
+        inner = quiet(self.ctx)
+        counts = {"chunks": 0, "groups": 0}
+
+        def partials():
+            for b in chunks:
+                p = run_aggregate(steps.partial, b, inner)
+                counts["chunks"] += 1
+                counts["groups"] += p.n
+                yield p
+        if node.keys:
+            out = self._aggregate(steps.final, partials(), estimate)
+        else:
+            out = run_aggregate(steps.final, concat(list(partials())), inner)
+        self.ctx.count("partial_chunks", counts["chunks"])
+        self.ctx.note(f"out of core: two-step aggregation, {counts['chunks']} chunks aggregated on their own "
+                      f"into {counts['groups']} partial groups, then combined")
+        return steps.finish(out)
+
+    def _aggregate(self, node: P.Aggregate, chunks, estimate: int) -> Batch:
+        chunks, fits = self._buffer(chunks)
+        if fits:  # what reached the aggregation fits: no partitions
+            self.ctx.note("out of core: the aggregation's input stream fit the limit; aggregated in memory")
+            return run_aggregate(node, concat(chunks), quiet(self.ctx))
+        run = self._grace_run()
+        try:
+            out = concat(grace_aggregate(node, chunks, self.ctx, run, fanout_bits(estimate, self.limit)))
+        finally:
+            run.store.close()
+        run.report(self.ctx, "grace hash aggregate")
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _buffer(self, chunks):
+        """(chunks, fits): the stream's batches held on the device while they total at most the
+        limit; ``fits`` when the stream ended within it (a list), else the held batches chained
+        before the rest of the stream."""
+        held, size = [], 0
+        it = iter(chunks)
+        for b in it:
+            held.append(b)
+            size += batch_bytes(b)
+            if size > self.limit:
+                return itertools.chain(held, it), False
+        return held, True
+
+    def _grace_run(self) -> GraceRun:
+        host = self.ctx.spill_host_limit if self.ctx.spill_host_limit is not None else default_host_limit()
+        return GraceRun(self.limit, SpillStore(host, self.ctx.spill_dir))
+
+    def _estimate(self, node: P.Node) -> int:
+        """Bytes a subtree's output may take: its scans' selected columns (an upper bound for the
+        filters and projections over them; a join: both sides)."""
+        if isinstance(node, P.Scan):
+            table = self.ex.tables.get(node.table)
+            return chunked_scan.scan_bytes(table, node) if table is not None else 0
+        return sum(self._estimate(c) for c in node.inputs())
+
+    def _resident(self, node: P.Node, pushed: list) -> Batch:
+        """``node`` run by the executor, its profiler notes kept out of the consumer's."""
+        notes, metrics = self.ctx.notes, self.ctx.metrics
+        try:
+            with self._frame():
+                return self.ex.run(node, pushed)
+        finally:
+            self.ctx.notes, self.ctx.metrics = notes, metrics
+
+    # -- EXPLAIN ANALYZE for streamed operators ------------------------------------------------------
+    # A streamed operator's work happens in pieces, inside its consumer's: each ``next()`` of its
+    # stream is timed with the nested ones (its inputs') subtracted, its notes and metrics are kept
+    # apart, and its totals become its own row of the profile when the consumer is done.
+    def _measured(self, node: P.Node, fn) -> Batch:
+        prof = self.ex.profiler
+        if prof is None:
+            return fn()
+        nested = []
+        with self._frame(nested):
+            out = prof.measure(node, fn, 0, self.ctx)
+        prof.exclude(node, nested[0])
+        self._flush()
+        return out
+
+    def _timed(self, node: P.Node, it: Iterator[Batch]) -> Iterator[Batch]:
+        if self.ex.profiler is None:
+            yield from it
+            return
+        acc = self._accounts.setdefault(id(node), _Account(node))
+        while True:
+            notes, metrics = self.ctx.notes, self.ctx.metrics
+            self.ctx.notes, self.ctx.metrics = acc.notes, acc.metrics
+            nested = []
+            try:
+                with self._frame(nested) as start:
+                    try:
+                        b = next(it)
+                    except StopIteration:
+                        return
+            finally:
+                self.ctx.notes, self.ctx.metrics = notes, metrics
+                acc.ms += self._elapsed_ms(start) - nested[0] if nested else 0.0
+            acc.rows += b.n
+            acc.bytes_out += batch_bytes(b)
+            yield b
+
+    @contextlib.contextmanager
+    def _frame(self, nested: list | None = None):
+        """Times a block; its time counts as nested time of the enclosing frame. ``nested`` gets
+        the time of the frames inside this one (ms)."""
+        self._sync()
+        start = time.perf_counter()
+        self._frames.append(0.0)
+        try:
+            yield start
+        finally:
+            self._sync()
+            inner = self._frames.pop()
+            if nested is not None:
+                nested.append(inner)
+            if self._frames:
+                self._frames[-1] += self._elapsed_ms(start)
+
+    def _elapsed_ms(self, start: float) -> float:
+        return (time.perf_counter() - start) * 1e3
+
+    def _sync(self) -> None:
+        if self.ex.profiler is not None and self.ex.device.type == "cuda":
+            torch.cuda.synchronize(self.ex.device)
+
+    def _flush(self) -> None:
+        prof = self.ex.profiler
+        if prof is None:
+            return
+        for a in self._accounts.values():
+            prof.record(a.node, a.ms, a.rows, a.bytes_out, a.notes, a.metrics)
+        self._accounts.clear()
+
+
+@dataclass
+class _Account:
+    node: P.Node
+    ms: float = 0.0
+    rows: int = 0
+    bytes_out: int = 0
+    notes: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
