@@ -48,12 +48,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from opforge.kernels.waves import wave_arrive, wave_counters, wave_plan, wave_role, wave_rows_for, wave_wait
 from opforge.runtime.launch import launch
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
 SPLIT_VERSION = "2"
+WAVE_VERSION = "1"
 COL_VERSION = "2"
 COL_SPLIT_VERSION = "2"
 
@@ -280,6 +282,53 @@ def split_backward_kernel(
     else:
         dx = y * (g - total)
     tl.store(dx_ptr + row * sdx + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------
+# Wave kernel (forward): a long row cut into P pieces, stats and apply
+# programs interleaved by waves of rows (``kernels.waves``): one HBM read,
+# the second touch of a piece an L2 hit, no program holding a piece while it
+# waits.
+# ---------------------------------------------------------------------------
+@triton.jit
+def wave_forward_kernel(
+    x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, rows, cols, sx, sy, P, n, W,
+    LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
+    INT64: tl.constexpr,
+):
+    is_stats, wave, idx = wave_role(tl.program_id(0), n, W)
+    slot = wave * n + idx  # [waves * wave_rows, P] partials: row-major by (row, part)
+    row = slot // P
+    part = slot - row * P
+    if INT64:
+        row = row.to(tl.int64)
+    c = part * CHUNK + tl.arange(0, CHUNK)
+    mask = (c < cols) & (row < rows)
+    if is_stats:
+        x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF).to(COMPUTE)
+        m = tl.max(x, axis=0)
+        m_sub = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(m_ptr + slot, m)
+        tl.store(s_ptr + slot, tl.sum(tl.exp(x - m_sub), axis=0))
+        wave_arrive(count_ptr, wave)
+    else:
+        # Issued before the wait: the piece comes from L2 while the stats land.
+        x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF, eviction_policy="evict_first").to(COMPUTE)
+        wave_wait(count_ptr, wave, n)
+        p = tl.arange(0, P_BLOCK)
+        first = slot - part
+        ms = tl.load(m_ptr + first + p, mask=p < P, other=_NEG_INF, volatile=True)
+        ss = tl.load(s_ptr + first + p, mask=p < P, other=0.0, volatile=True)
+        big = tl.max(ms, axis=0)
+        big_sub = tl.where(big == float("-inf"), 0.0, big)
+        total = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp(ms - big_sub)), axis=0)
+        if LOG:
+            # A row of all -inf has big = -inf: x - big is NaN, as in torch.
+            out = x - (big + tl.log(total))
+        else:
+            # 0 / 0 = NaN for a row of all -inf, as in torch.
+            out = tl.exp(x - big_sub) / total
+        tl.store(y_ptr + row * sy + c, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------
@@ -605,6 +654,41 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
         g, y, dx, s, count, cols, g.stride(0), y.stride(0), dx.stride(0), parts,
         LOG=log, COMPUTE=compute_dtype(dx.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
         INT64=_needs_int64(rows, cols, (g, y, dx), chunk), num_warps=config.get("num_warps", 16),
+    )
+
+
+def wave_default_config(rows: int, cols: int, itemsize: int = 2) -> dict:
+    """Pieces of 16 KiB (8192 bf16 or 4096 fp32 values) with 8 warps: 4 or 2
+    values a thread per 16-byte load; waves of about 16 MiB of input."""
+    chunk = min(triton.next_power_of_2(max(cols, 1)), max(1024, 16384 // itemsize))
+    return {"CHUNK": chunk, "num_warps": max(2, min(8, chunk // 1024)),
+            "WAVE_ROWS": wave_rows_for(cols * itemsize)}
+
+
+def wave_configs(rows: int, cols: int) -> list[dict]:
+    return [{"CHUNK": ch, "num_warps": w, "WAVE_ROWS": wr}
+            for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16) for wr in (wave_rows_for(cols * 2, t << 20)
+                                                                               for t in (8, 16, 32))
+            if 4 <= ch // (32 * w) <= 64]
+
+
+def launch_wave_forward(x, y, log: bool, config: dict) -> None:
+    import torch
+
+    rows, cols = x.shape
+    if rows == 0 or cols == 0:
+        return
+    chunk = config.get("CHUNK", 8192)
+    parts = split_parts(cols, chunk)
+    wave_rows, waves, programs = wave_plan(rows, parts, config.get("WAVE_ROWS", 32))
+    n = wave_rows * parts
+    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+    m = torch.empty(waves * n, dtype=wide, device=x.device)
+    s = torch.empty(waves * n, dtype=wide, device=x.device)
+    launch(wave_forward_kernel, (programs,),
+        x, y, m, s, wave_counters(waves, x.device), rows, cols, x.stride(0), y.stride(0), parts, n, waves,
+        LOG=log, COMPUTE=compute_dtype(y.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
+        INT64=_needs_int64(waves * wave_rows, cols, (x, y), chunk), num_warps=config.get("num_warps", 8),
     )
 
 
