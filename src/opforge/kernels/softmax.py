@@ -665,10 +665,9 @@ def wave_default_config(rows: int, cols: int, itemsize: int = 2) -> dict:
             "WAVE_ROWS": wave_rows_for(cols * itemsize)}
 
 
-def wave_configs(rows: int, cols: int) -> list[dict]:
-    return [{"CHUNK": ch, "num_warps": w, "WAVE_ROWS": wr}
-            for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16) for wr in (wave_rows_for(cols * 2, t << 20)
-                                                                               for t in (8, 16, 32))
+def wave_configs(rows: int, cols: int, itemsize: int = 2) -> list[dict]:
+    return [{"CHUNK": ch, "num_warps": w, "WAVE_ROWS": wave_rows_for(cols * itemsize, t << 20)}
+            for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16) for t in (8, 16, 32)
             if 4 <= ch // (32 * w) <= 64]
 
 
