@@ -59,9 +59,9 @@ import triton.language as tl
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 COL_VERSION = "1"
-LOOKBACK_VERSION = "1"
+LOOKBACK_VERSION = "2"
 REDUCE_SCAN_VERSION = "1"
-COMPACT_VERSION = "2"
+COMPACT_VERSION = "3"
 
 SUM, PROD, MAX, MIN = 0, 1, 2, 3
 
@@ -347,7 +347,7 @@ def tile_scan_kernel(
     x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, cols, sx, sf, sy, tiles_per_row,
     OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr, MODE: tl.constexpr,
     ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
-    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False,
 ):
     """MODE 0: look-back (state = [counter, flags...]); MODE 1: prefixes given in inc_ptr.
 
@@ -355,6 +355,12 @@ def tile_scan_kernel(
     so look-back walks all the way to the row start through aggregates: the
     path a GPU takes when predecessors are still running, which the
     interpreter (programs in order) never takes otherwise.
+
+    LATE (unsegmented): the tile's total (a reduction, cheaper than the scan)
+    is published first, the look-back follows, and the tile's own scan runs
+    after the inclusive prefix is out: the scan's latency leaves the chain of
+    tiles that successors wait on, and the loaded values are the only state
+    carried across the wait.
     """
     if MODE == 0:
         t = tl.atomic_add(state_ptr, 1)
@@ -380,8 +386,9 @@ def tile_scan_kernel(
         tf = tl.max(fs, 0)
         total = tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sv, 0), 0)
     else:
-        sv = _scan(x, 0, OP)
         total = _total(x, 0, OP)
+        if not LATE:
+            sv = _scan(x, 0, OP)
     flag_ptr = state_ptr + 1
     if MODE == 0:
         if SEG:
@@ -401,6 +408,8 @@ def tile_scan_kernel(
     if SEG:
         y = tl.where(sf_ != 0, sv, prefix + sv)
     else:
+        if LATE:
+            sv = _scan(x, 0, OP)
         y = _combine(prefix, sv, OP)
     tl.store(y_ptr + row * sy + p, y.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -412,9 +421,12 @@ def tile_scan_kernel(
 def compact_kernel(
     x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, n, out_size,
     INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
-    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False,
 ):
-    """Keep x[i] where mask[i], in order (INDEX: write i instead). Slots >= out_size are dropped."""
+    """Keep x[i] where mask[i], in order (INDEX: write i instead). Slots >= out_size are dropped.
+
+    LATE: the tile's count is published first and its local scan runs after the look-back
+    (see ``tile_scan_kernel``)."""
     t = tl.atomic_add(state_ptr, 1)
     if INT64:
         t = t.to(tl.int64)
@@ -422,8 +434,9 @@ def compact_kernel(
     valid = i < n
     keep = tl.load(m_ptr + i, mask=valid, other=0).to(tl.int32)
     keep = tl.where(valid & (keep != 0), 1, 0).to(ACC)
-    local = tl.cumsum(keep, 0) - keep
     total = tl.sum(keep, 0)
+    if not LATE:
+        local = tl.cumsum(keep, 0) - keep
     if not INDEX:
         # Issued before the look-back, whose latency it then hides: its mask
         # must not wait for the prefix.
@@ -437,6 +450,8 @@ def compact_kernel(
     if t != 0:
         if PUBLISH_INCLUSIVE:
             _publish(flag_ptr, inc_ptr, t, prefix + total, 2)
+    if LATE:
+        local = tl.cumsum(keep, 0) - keep
     slot = prefix + local
     w = (keep != 0) & (slot < out_size)
     if INDEX:
@@ -588,7 +603,7 @@ def launch_lookback_scan(x, y, flags, op: int, exclusive: bool, reverse: bool, c
         IDENT=identity(y.dtype, op), BLOCK=block, WINDOW=config.get("WINDOW", 32),
         PUBLISH_INCLUSIVE=publish_inclusive,
         INT64=max(_reach((x, y, flags), rows, cols) + block, n_tiles) > _INT32_MAX,
-        num_warps=config.get("num_warps", 8),
+        LATE=bool(config.get("LATE", 0)), num_warps=config.get("num_warps", 8),
     )
 
 
@@ -639,5 +654,6 @@ def launch_compact(x, mask, out, index: bool, config: dict, publish_inclusive: b
         x if x is not None else mask, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
         out, state, agg, inc, n, out.numel(), INDEX=index, ACC=tl.int64 if int64 else tl.int32, BLOCK=block,
         WINDOW=config.get("WINDOW", 32),
-        PUBLISH_INCLUSIVE=publish_inclusive, INT64=int64, num_warps=config.get("num_warps", 8),
+        PUBLISH_INCLUSIVE=publish_inclusive, INT64=int64, LATE=bool(config.get("LATE", 0)),
+        num_warps=config.get("num_warps", 8),
     )

@@ -22,6 +22,7 @@ import torch
 
 from opforge.kernels import scan as K
 from opforge.ops.checks import check_tensor
+from opforge.ops.device_gate import unmeasured
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Spec
@@ -157,11 +158,14 @@ def value_check(g: Geometry) -> str | None:
 
 
 def default_config(g: Geometry):
-    return K.compact_default_config(g.numel)
+    """LATE (the tile's local scan after its look-back) once measured on the device."""
+    cfg = K.compact_default_config(g.numel)
+    return cfg if unmeasured("LATE") else dict(cfg, LATE=1)
 
 
 def configs(g: Geometry):
-    return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
+    base = [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
+    return base if unmeasured("LATE") else base + [dict(c, LATE=1) for c in base]
 
 
 def compact_bucket(g: Geometry) -> str:

@@ -42,6 +42,7 @@ import torch
 from opforge.kernels import scan as K
 
 from opforge.ops.checks import check_dim, check_tensor
+from opforge.ops.device_gate import unmeasured
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.registry import Spec
@@ -355,11 +356,14 @@ def row_default(g: Geometry):
 
 
 def tile_configs(g: Geometry):
-    return K.tile_configs(g.rows, g.cols)
+    base = K.tile_configs(g.rows, g.cols)
+    return base if unmeasured("LATE") else base + [dict(c, LATE=1) for c in base]
 
 
 def tile_default(g: Geometry):
-    return K.tile_default_config(g.rows, g.cols)
+    """LATE (the tile's scan after its look-back) once measured on the device."""
+    cfg = K.tile_default_config(g.rows, g.cols)
+    return cfg if unmeasured("LATE") else dict(cfg, LATE=1)
 
 
 def col_configs(g: Geometry):

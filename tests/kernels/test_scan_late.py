@@ -1,0 +1,36 @@
+"""The LATE look-back (a tile's total published first, its own scan after the
+look-back) under the interpreter: the cumsum and the compaction against torch,
+with carries across many tiles, both publication paths (inclusive prefixes,
+and aggregates only: the walk a GPU takes when predecessors still run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opforge.kernels import scan as K
+
+LATE = {"BLOCK": 16, "WINDOW": 4, "LATE": 1}
+
+
+@pytest.mark.parametrize("publish,exclusive,reverse", [(True, False, False), (False, True, True)],
+                         ids=["inclusive", "aggregates-only-exclusive-reverse"])
+def test_late_lookback_cumsum_carries_across_tiles(publish, exclusive, reverse, gen):
+    x = torch.randn((2, 100), generator=gen)  # 7 tiles a row, a ragged last one
+    y = torch.empty_like(x)
+    K.launch_lookback_scan(x, y, None, K.SUM, exclusive, reverse, LATE, publish_inclusive=publish)
+    x64 = x.double().flip(1) if reverse else x.double()
+    ref = x64.cumsum(1) - (x64 if exclusive else 0)
+    ref = ref.flip(1) if reverse else ref
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_late_compact_matches_masked_select(gen):
+    x = torch.randn(120, generator=gen)  # 8 tiles
+    mask = torch.rand(120, generator=gen) < 0.4
+    out = torch.empty(int(mask.sum()))
+    K.launch_compact(x, mask, out, False, LATE, publish_inclusive=False)
+    assert torch.equal(out, x[mask])
+    idx = torch.empty(int(mask.sum()), dtype=torch.int64)
+    K.launch_compact(None, mask, idx, True, LATE, publish_inclusive=True)
+    assert torch.equal(idx, torch.nonzero(mask).flatten())
