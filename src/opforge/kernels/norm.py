@@ -239,14 +239,15 @@ def norm_split_stats_kernel(
 ):
     # Pass 1: this piece's statistics -> part[row, piece, 0:2].
     _split_stats(x_ptr, res_ptr, s_ptr, part_ptr, tl.program_id(0), rows, cols, pieces,
-                 IS_RMS, HAS_RES, COMPUTE, CHUNK, INT64)
+                 IS_RMS, HAS_RES, COMPUTE, CHUNK, INT64, False)
 
 
 @triton.jit
 def _split_stats(x_ptr, res_ptr, s_ptr, part_ptr, pid, rows, cols, pieces,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr,
-                 INT64: tl.constexpr):
-    """Piece ``pid`` (row-major over ``[rows, pieces]``; rows past ``rows`` are empty) -> part[pid, 0:2]."""
+                 INT64: tl.constexpr, KEEP: tl.constexpr):
+    """Piece ``pid`` (row-major over ``[rows, pieces]``; rows past ``rows`` are empty) -> part[pid, 0:2].
+    ``KEEP`` (no residual): the piece is loaded evict_last, for a re-read from L2 soon after."""
     row = pid // pieces
     piece = pid - row * pieces
     if INT64:
@@ -256,7 +257,10 @@ def _split_stats(x_ptr, res_ptr, s_ptr, part_ptr, pid, rows, cols, pieces,
     c = start + tl.arange(0, CHUNK)
     m = (c < cols) & (row < rows)
     roff = row * cols
-    x = _load_input(x_ptr, res_ptr, s_ptr, roff + c, m, HAS_RES, True, COMPUTE)
+    if KEEP:
+        x = tl.load(x_ptr + roff + c, mask=m, other=0.0, eviction_policy="evict_last").to(COMPUTE)
+    else:
+        x = _load_input(x_ptr, res_ptr, s_ptr, roff + c, m, HAS_RES, True, COMPUTE)
     if IS_RMS:
         p0 = tl.sum(x * x, axis=0)
         p1 = p0 * 0.0
@@ -363,7 +367,8 @@ def norm_wave_kernel(
     is_stats, wave, idx = wave_role(tl.program_id(0), n, W)
     slot = wave * n + idx
     if is_stats:
-        _split_stats(x_ptr, x_ptr, x_ptr, part_ptr, slot, rows, cols, pieces, IS_RMS, False, COMPUTE, CHUNK, INT64)
+        _split_stats(x_ptr, x_ptr, x_ptr, part_ptr, slot, rows, cols, pieces, IS_RMS, False, COMPUTE, CHUNK, INT64,
+                     True)
         wave_arrive(count_ptr, wave)
     else:
         wave_wait(count_ptr, wave, n)

@@ -305,7 +305,8 @@ def wave_forward_kernel(
     c = part * CHUNK + tl.arange(0, CHUNK)
     mask = (c < cols) & (row < rows)
     if is_stats:
-        x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF).to(COMPUTE)
+        # evict_last: the apply program re-reads the piece about one wave later.
+        x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF, eviction_policy="evict_last").to(COMPUTE)
         m = tl.max(x, axis=0)
         m_sub = tl.where(m == float("-inf"), 0.0, m)
         tl.store(m_ptr + slot, m)
@@ -328,7 +329,7 @@ def wave_forward_kernel(
         else:
             # 0 / 0 = NaN for a row of all -inf, as in torch.
             out = tl.exp(x - big_sub) / total
-        tl.store(y_ptr + row * sy + c, out.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row * sy + c, out.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
 # ---------------------------------------------------------------------------
