@@ -1,7 +1,9 @@
-"""The LATE look-back (a tile's total published first, its own scan after the
-look-back) under the interpreter: the cumsum and the compaction against torch,
-with carries across many tiles, both publication paths (inclusive prefixes,
-and aggregates only: the walk a GPU takes when predecessors still run)."""
+"""The LATE look-back (loads issued at the program's own index before the
+tile counter confirms it, the tile's total published first, its own scan
+after the look-back) under the interpreter: the cumsum and the compaction
+against torch, with carries across many tiles, both publication paths
+(inclusive prefixes, and aggregates only: the walk a GPU takes when
+predecessors still run), and SKEW=1 (every guessed tile wrong: the reload)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ from opforge.kernels import scan as K
 LATE = {"BLOCK": 16, "WINDOW": 4, "LATE": 1}
 
 
-@pytest.mark.parametrize("publish,exclusive,reverse", [(True, False, False), (False, True, True)],
-                         ids=["inclusive", "aggregates-only-exclusive-reverse"])
-def test_late_lookback_cumsum_carries_across_tiles(publish, exclusive, reverse, gen):
+@pytest.mark.parametrize("publish,exclusive,reverse,skew", [(True, False, False, 0), (False, True, True, 1)],
+                         ids=["inclusive", "aggregates-only-exclusive-reverse-reload"])
+def test_late_lookback_cumsum_carries_across_tiles(publish, exclusive, reverse, skew, gen):
     x = torch.randn((2, 100), generator=gen)  # 7 tiles a row, a ragged last one
     y = torch.empty_like(x)
-    K.launch_lookback_scan(x, y, None, K.SUM, exclusive, reverse, LATE, publish_inclusive=publish)
+    K.launch_lookback_scan(x, y, None, K.SUM, exclusive, reverse, dict(LATE, SKEW=skew), publish_inclusive=publish)
     x64 = x.double().flip(1) if reverse else x.double()
     ref = x64.cumsum(1) - (x64 if exclusive else 0)
     ref = ref.flip(1) if reverse else ref
@@ -29,7 +31,7 @@ def test_late_compact_matches_masked_select(gen):
     x = torch.randn(120, generator=gen)  # 8 tiles
     mask = torch.rand(120, generator=gen) < 0.4
     out = torch.empty(int(mask.sum()))
-    K.launch_compact(x, mask, out, False, LATE, publish_inclusive=False)
+    K.launch_compact(x, mask, out, False, dict(LATE, SKEW=1), publish_inclusive=False)
     assert torch.equal(out, x[mask])
     idx = torch.empty(int(mask.sum()), dtype=torch.int64)
     K.launch_compact(None, mask, idx, True, LATE, publish_inclusive=True)

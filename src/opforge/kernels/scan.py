@@ -347,7 +347,7 @@ def tile_scan_kernel(
     x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, cols, sx, sf, sy, tiles_per_row,
     OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr, MODE: tl.constexpr,
     ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
-    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False, SKEW: tl.constexpr = 0,
 ):
     """MODE 0: look-back (state = [counter, flags...]); MODE 1: prefixes given in inc_ptr.
 
@@ -356,22 +356,35 @@ def tile_scan_kernel(
     path a GPU takes when predecessors are still running, which the
     interpreter (programs in order) never takes otherwise.
 
-    LATE (unsegmented): the tile's total (a reduction, cheaper than the scan)
-    is published first, the look-back follows, and the tile's own scan runs
+    LATE: the tile's loads go out first, at the program's own index (programs
+    start in launch order, so it is almost always the tile the counter then
+    hands out; a reload when not), instead of after a counter round trip;
+    unsegmented, the tile's total (a reduction, cheaper than the scan) is
+    published first, the look-back follows, and the tile's own scan runs
     after the inclusive prefix is out: the scan's latency leaves the chain of
     tiles that successors wait on, and the loaded values are the only state
-    carried across the wait.
+    carried across the wait. SKEW (tests only) makes every guess wrong.
     """
-    if MODE == 0:
+    if MODE == 0 and not LATE:
         t = tl.atomic_add(state_ptr, 1)
     else:
         t = tl.program_id(0)
+        if SKEW != 0:
+            t = (t + SKEW) % tl.num_programs(0)  # tests of the reload below
     if INT64:
         t = t.to(tl.int64)
     row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
+    x = tl.load(x_ptr + row * sx + src, mask=lm, other=0)
+    if MODE == 0 and LATE:
+        # The loads above went out at the program's own index; the counter's
+        # order (the one look-back may wait on) confirms it, or the tile is reloaded.
+        got = tl.atomic_add(state_ptr, 1).to(t.dtype)
+        if got != t:
+            t = got
+            row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
+            x = tl.load(x_ptr + row * sx + src, mask=lm, other=0)
     m = j < cols
-    x = tl.load(x_ptr + row * sx + src, mask=lm, other=0).to(ACC)
-    x = tl.where(lm, x, IDENT)
+    x = tl.where(lm, x.to(ACC), IDENT)
     if SEG:
         # Segment starts in logical order: a reverse scan starts at segment ends.
         if REV:
@@ -421,19 +434,31 @@ def tile_scan_kernel(
 def compact_kernel(
     x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, n, out_size,
     INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
-    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr = False, SKEW: tl.constexpr = 0,
 ):
     """Keep x[i] where mask[i], in order (INDEX: write i instead). Slots >= out_size are dropped.
 
-    LATE: the tile's count is published first and its local scan runs after the look-back
-    (see ``tile_scan_kernel``)."""
-    t = tl.atomic_add(state_ptr, 1)
+    LATE: the mask's loads go out at the program's own index before the counter
+    confirms it, the tile's count is published first and its local scan runs
+    after the look-back (see ``tile_scan_kernel``)."""
+    if LATE:
+        t = tl.program_id(0)  # a guess, confirmed below
+        if SKEW != 0:
+            t = (t + SKEW) % tl.num_programs(0)
+    else:
+        t = tl.atomic_add(state_ptr, 1)
     if INT64:
         t = t.to(tl.int64)
     i = t * BLOCK + tl.arange(0, BLOCK)
+    keep = tl.load(m_ptr + i, mask=i < n, other=0)
+    if LATE:
+        got = tl.atomic_add(state_ptr, 1).to(t.dtype)
+        if got != t:
+            t = got
+            i = t * BLOCK + tl.arange(0, BLOCK)
+            keep = tl.load(m_ptr + i, mask=i < n, other=0)
     valid = i < n
-    keep = tl.load(m_ptr + i, mask=valid, other=0).to(tl.int32)
-    keep = tl.where(valid & (keep != 0), 1, 0).to(ACC)
+    keep = tl.where(valid & (keep.to(tl.int32) != 0), 1, 0).to(ACC)
     total = tl.sum(keep, 0)
     if not LATE:
         local = tl.cumsum(keep, 0) - keep
@@ -603,7 +628,7 @@ def launch_lookback_scan(x, y, flags, op: int, exclusive: bool, reverse: bool, c
         IDENT=identity(y.dtype, op), BLOCK=block, WINDOW=config.get("WINDOW", 32),
         PUBLISH_INCLUSIVE=publish_inclusive,
         INT64=max(_reach((x, y, flags), rows, cols) + block, n_tiles) > _INT32_MAX,
-        LATE=bool(config.get("LATE", 0)), num_warps=config.get("num_warps", 8),
+        LATE=bool(config.get("LATE", 0)), SKEW=config.get("SKEW", 0), num_warps=config.get("num_warps", 8),
     )
 
 
@@ -655,5 +680,5 @@ def launch_compact(x, mask, out, index: bool, config: dict, publish_inclusive: b
         out, state, agg, inc, n, out.numel(), INDEX=index, ACC=tl.int64 if int64 else tl.int32, BLOCK=block,
         WINDOW=config.get("WINDOW", 32),
         PUBLISH_INCLUSIVE=publish_inclusive, INT64=int64, LATE=bool(config.get("LATE", 0)),
-        num_warps=config.get("num_warps", 8),
+        SKEW=config.get("SKEW", 0), num_warps=config.get("num_warps", 8),
     )
