@@ -18,6 +18,12 @@ Every case catches its own failure and prints it; a time budget (140 s) skips
 what is left of its section's share. Usage, from the repo root::
 
     PYTHONPATH=src python3 benchmarks/rows_scan.py [--only softmax,norm,small,scan,compact] [--quick]
+        [--tuned OUT.jsonl]
+
+``--tuned`` writes, for each op, variant and bucket measured, the fastest
+passing config as a tuned entry (old variants, torch eager and the new ones
+alike, timed in the same run): shipped as ``runtime/tuned/h200-rows.jsonl``,
+they let dispatch choose between them by measurement once the gate is open.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from opforge.kernels import norm as NK  # noqa: E402
 from opforge.kernels import scan as SK  # noqa: E402
 from opforge.kernels import softmax as K  # noqa: E402
 from opforge.kernels.waves import wave_rows_for  # noqa: E402
-from opforge.runtime import dispatch  # noqa: E402
+from opforge.runtime import autotune, dispatch, registry  # noqa: E402
+from opforge.runtime.cache import TuneEntry  # noqa: E402
 
 BUDGET_S = 140.0
 T0 = time.time()
@@ -77,8 +84,24 @@ def line(section, variant, shape, ms, nbytes, eager_ms, err, tol, note=""):
           f"{100 * copy / ms:6.1f} {eager_ms / ms:6.2f} {err:9.2e} {verdict} {note}", flush=True)
 
 
-def case(section, variant, shape, run, ref, nbytes, eager_ms, tol):
-    """Check ``run()`` against ``ref``, then time it; never raise."""
+_entries: dict[tuple, TuneEntry] = {}  # (op, variant, bucket) -> the fastest passing config
+
+
+def record(entry, ms) -> None:
+    """Keep ``entry = (op name, variant, args, config)`` timed at ``ms`` as a tuned entry."""
+    if entry is None:
+        return
+    name, variant, args, cfg = entry
+    op = registry.get(name)
+    key = autotune.tune_key(op, op.variant(variant), args)
+    slot = (key.op, key.variant, key.dtype, key.shape_bucket)
+    if slot not in _entries or ms < _entries[slot].median_ms:
+        _entries[slot] = TuneEntry(key, dict(cfg), ms)
+
+
+def case(section, variant, shape, run, ref, nbytes, eager_ms, tol, entry=None):
+    """Check ``run()`` against ``ref``, then time it; never raise. A passing
+    case with ``entry`` is a candidate tuned entry (``--tuned``)."""
     if time.time() > _deadline:
         print(f"{section:<10} {variant:<34} {shape:<14} SKIPPED (time budget)", flush=True)
         return None
@@ -88,6 +111,8 @@ def case(section, variant, shape, run, ref, nbytes, eager_ms, tol):
         err = rel_err(out, ref) if ref is not None else 0.0
         ms = ms_of(run)
         line(section, variant, shape, ms, nbytes, eager_ms, err, tol)
+        if err <= tol:
+            record(entry, ms)
         return ms
     except Exception as e:  # noqa: BLE001 - one failure must not stop the run
         msg = traceback.format_exception_only(type(e), e)[-1].strip()
@@ -110,11 +135,13 @@ def long_softmax(quick):
         ref = torch.softmax(x.float(), -1)
         shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 2
         eager = ms_of(lambda: torch.softmax(x, -1))
-        case("softmax", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-2)
+        case("softmax", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-2,
+             ("softmax", "torch_eager", (x, -1), {}))
         d = dispatch.explain("softmax", x, -1)
         variant = d.variant.name
         print(f"# dispatch: {variant} {d.config} ({d.source})")
-        case("softmax", f"dispatch ({variant})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-2)
+        case("softmax", f"dispatch ({variant})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-2,
+             ("softmax", variant, (x, -1), d.config))
         for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (16384, 8))):
             for mib in (16,) if quick or i else (8, 16, 32):
                 cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
@@ -123,7 +150,8 @@ def long_softmax(quick):
                     y = torch.empty_like(x)
                     K.launch_wave_forward(x, y, False, cfg)
                     return y
-                case("softmax", f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 1e-2)
+                case("softmax", f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 1e-2,
+                     ("softmax", "triton_wave", (x, -1), cfg))
         del x, ref
         torch.cuda.empty_cache()
 
@@ -142,15 +170,18 @@ def long_norms(quick):
                 ref = F.rms_norm(x.float(), (cols,), w.float(), 1e-6)
                 eager_fn = lambda: F.rms_norm(x, (cols,), w, 1e-6)  # noqa: E731
                 ours = lambda: opforge.rms_norm(x, (cols,), w, 1e-6)  # noqa: E731
-                variant = dispatch.explain("rms_norm", x, (cols,), 1e-6, w).variant.name
+                args = (x, (cols,), 1e-6, w)
             else:
                 ref = F.layer_norm(x.float(), (cols,), w.float(), b.float(), 1e-5)
                 eager_fn = lambda: F.layer_norm(x, (cols,), w, b, 1e-5)  # noqa: E731
                 ours = lambda: opforge.layer_norm(x, (cols,), w, b, 1e-5)  # noqa: E731
-                variant = dispatch.explain("layer_norm", x, (cols,), 1e-5, w, b).variant.name
+                args = (x, (cols,), 1e-5, w, b)
+            d = dispatch.explain(name, *args)
+            variant = d.variant.name
+            print(f"# dispatch: {variant} {d.config} ({d.source})")
             eager = ms_of(eager_fn)
-            case(name, "torch eager", shape, eager_fn, ref, nbytes, eager, 2e-2)
-            case(name, f"dispatch ({variant})", shape, ours, ref, nbytes, eager, 2e-2)
+            case(name, "torch eager", shape, eager_fn, ref, nbytes, eager, 2e-2, (name, "torch_eager", args, {}))
+            case(name, f"dispatch ({variant})", shape, ours, ref, nbytes, eager, 2e-2, (name, variant, args, d.config))
             for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (8192, 16))):
                 for mib in (16,) if quick or i else (8, 16, 32):
                     cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
@@ -159,7 +190,8 @@ def long_norms(quick):
                         y = torch.empty_like(x)
                         NK.launch_fwd_wave(x, y, w, None if rms else b, None, None, 1e-6 if rms else 1e-5, rms, cfg)
                         return y
-                    case(name, f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 2e-2)
+                    case(name, f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 2e-2,
+                         (name, "triton_wave", args, cfg))
             del ref
         del x, w, b
         torch.cuda.empty_cache()
@@ -172,10 +204,12 @@ def small_rows(quick):
     ref = torch.softmax(x.double(), -1)
     shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 4
     eager = ms_of(lambda: torch.softmax(x, -1))
-    case("small", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-5)
+    case("small", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-5,
+         ("softmax", "torch_eager", (x, -1), {}))
     d = dispatch.explain("softmax", x, -1)
     print(f"# dispatch: {d.variant.name} {d.config} ({d.source})")
-    case("small", f"dispatch ({d.variant.name})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-5)
+    case("small", f"dispatch ({d.variant.name})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-5,
+         ("softmax", d.variant.name, (x, -1), d.config))
     grid = ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16), (8, 16))
     for br, warps in grid[:4] if quick else grid:
         cfg = {"BLOCK_R": br, "num_warps": warps}
@@ -184,7 +218,8 @@ def small_rows(quick):
             y = torch.empty_like(x)
             K.launch_row_forward(x, y, False, cfg)
             return y
-        case("small", f"row BLOCK_R={br} {warps}w", shape, run, ref, nbytes, eager, 1e-5)
+        case("small", f"row BLOCK_R={br} {warps}w", shape, run, ref, nbytes, eager, 1e-5,
+             ("softmax", "triton_row", (x, -1), cfg))
 
 
 def scans(quick):
@@ -194,11 +229,13 @@ def scans(quick):
         ref = torch.cumsum(x.double(), 0)
         shape, nbytes = f"2^{n.bit_length() - 1}", 2 * n * 4
         eager = ms_of(lambda: torch.cumsum(x, 0))
-        case("cumsum", "torch eager", shape, lambda: torch.cumsum(x, 0), ref, nbytes, eager, 1e-5)
+        case("cumsum", "torch eager", shape, lambda: torch.cumsum(x, 0), ref, nbytes, eager, 1e-5,
+             ("cumsum", "torch_eager", (x, 0), {}))
         d = dispatch.explain("cumsum", x, 0)
         variant = d.variant.name
         print(f"# dispatch: {variant} {d.config} ({d.source})")
-        case("cumsum", f"dispatch ({variant})", shape, lambda: opforge.cumsum(x, 0), ref, nbytes, eager, 1e-5)
+        case("cumsum", f"dispatch ({variant})", shape, lambda: opforge.cumsum(x, 0), ref, nbytes, eager, 1e-5,
+             ("cumsum", variant, (x, 0), d.config))
         grid = ((8192, 8), (16384, 16), (8192, 4), (4096, 4))
         for late in (0, 1):
             for block, warps in grid[:2] if (quick or n < (1 << 28)) else grid:
@@ -208,7 +245,8 @@ def scans(quick):
                     y = torch.empty_like(x)
                     SK.launch_lookback_scan(x.view(1, n), y.view(1, n), None, SK.SUM, False, False, cfg)
                     return y
-                case("cumsum", f"lookback LATE={late} {block}/{warps}w", shape, run, ref, nbytes, eager, 1e-5)
+                case("cumsum", f"lookback LATE={late} {block}/{warps}w", shape, run, ref, nbytes, eager, 1e-5,
+                     ("cumsum", "triton_lookback", (x, 0), cfg))
         del x, ref
         torch.cuda.empty_cache()
 
@@ -243,6 +281,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ",".join(SECTIONS))
     ap.add_argument("--quick", action="store_true", help="fewer configs and shapes")
+    ap.add_argument("--tuned", metavar="JSONL", help="write the fastest passing config of each variant and "
+                    "bucket measured here as tuned entries (the format of runtime/tuned/*.jsonl)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("rows_scan: needs a CUDA GPU")
@@ -253,6 +293,10 @@ def main() -> None:
     for i, name in enumerate(names):
         _deadline = time.time() + (T0 + BUDGET_S - time.time()) / (len(names) - i)
         SECTIONS[name](a.quick)
+    if a.tuned:
+        with open(a.tuned, "w") as f:
+            f.writelines(e.to_json() + "\n" for e in _entries.values())
+        print(f"\n{len(_entries)} tuned entries -> {a.tuned}")
     print(f"\ntotal {time.time() - T0:.0f} s")
 
 
