@@ -120,6 +120,17 @@ def case(section, variant, shape, run, ref, nbytes, eager_ms, tol, entry=None):
         return None
 
 
+def baselines(section, name, args, eager_fn, ours, shape, ref, nbytes, tol) -> float:
+    """Time torch eager and today's dispatch (the old path) on registry ``args``; eager's ms."""
+    eager = ms_of(eager_fn)
+    case(section, "torch eager", shape, eager_fn, ref, nbytes, eager, tol, (name, "torch_eager", args, {}))
+    d = dispatch.explain(name, *args)
+    print(f"# dispatch: {d.variant.name} {d.config} ({d.source})")
+    case(section, f"dispatch ({d.variant.name})", shape, ours, ref, nbytes, eager, tol,
+         (name, d.variant.name, args, d.config))
+    return eager
+
+
 def header(title):
     print(f"\n== {title}")
     print(f"{'section':<10} {'variant':<34} {'shape':<14} {'us':>9} {'GB/s':>8} {'%copy':>6} {'xeager':>6} "
@@ -134,14 +145,8 @@ def long_softmax(quick):
         x = torch.randn(rows, cols, device="cuda", dtype=BF) * 3
         ref = torch.softmax(x.float(), -1)
         shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 2
-        eager = ms_of(lambda: torch.softmax(x, -1))
-        case("softmax", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-2,
-             ("softmax", "torch_eager", (x, -1), {}))
-        d = dispatch.explain("softmax", x, -1)
-        variant = d.variant.name
-        print(f"# dispatch: {variant} {d.config} ({d.source})")
-        case("softmax", f"dispatch ({variant})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-2,
-             ("softmax", variant, (x, -1), d.config))
+        eager = baselines("softmax", "softmax", (x, -1), lambda: torch.softmax(x, -1), lambda: opforge.softmax(x, -1),
+                          shape, ref, nbytes, 1e-2)
         for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (16384, 8))):
             for mib in (16,) if quick or i else (8, 16, 32):
                 cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
@@ -152,7 +157,6 @@ def long_softmax(quick):
                     return y
                 case("softmax", f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 1e-2,
                      ("softmax", "triton_wave", (x, -1), cfg))
-        del x, ref
         torch.cuda.empty_cache()
 
 
@@ -176,12 +180,7 @@ def long_norms(quick):
                 eager_fn = lambda: F.layer_norm(x, (cols,), w, b, 1e-5)  # noqa: E731
                 ours = lambda: opforge.layer_norm(x, (cols,), w, b, 1e-5)  # noqa: E731
                 args = (x, (cols,), 1e-5, w, b)
-            d = dispatch.explain(name, *args)
-            variant = d.variant.name
-            print(f"# dispatch: {variant} {d.config} ({d.source})")
-            eager = ms_of(eager_fn)
-            case(name, "torch eager", shape, eager_fn, ref, nbytes, eager, 2e-2, (name, "torch_eager", args, {}))
-            case(name, f"dispatch ({variant})", shape, ours, ref, nbytes, eager, 2e-2, (name, variant, args, d.config))
+            eager = baselines(name, name, args, eager_fn, ours, shape, ref, nbytes, 2e-2)
             for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (8192, 16))):
                 for mib in (16,) if quick or i else (8, 16, 32):
                     cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
@@ -192,8 +191,6 @@ def long_norms(quick):
                         return y
                     case(name, f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 2e-2,
                          (name, "triton_wave", args, cfg))
-            del ref
-        del x, w, b
         torch.cuda.empty_cache()
 
 
@@ -203,13 +200,8 @@ def small_rows(quick):
     x = torch.randn(rows, cols, device="cuda", dtype=F32) * 3
     ref = torch.softmax(x.double(), -1)
     shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 4
-    eager = ms_of(lambda: torch.softmax(x, -1))
-    case("small", "torch eager", shape, lambda: torch.softmax(x, -1), ref, nbytes, eager, 1e-5,
-         ("softmax", "torch_eager", (x, -1), {}))
-    d = dispatch.explain("softmax", x, -1)
-    print(f"# dispatch: {d.variant.name} {d.config} ({d.source})")
-    case("small", f"dispatch ({d.variant.name})", shape, lambda: opforge.softmax(x, -1), ref, nbytes, eager, 1e-5,
-         ("softmax", d.variant.name, (x, -1), d.config))
+    eager = baselines("small", "softmax", (x, -1), lambda: torch.softmax(x, -1), lambda: opforge.softmax(x, -1),
+                      shape, ref, nbytes, 1e-5)
     grid = ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16), (8, 16))
     for br, warps in grid[:4] if quick else grid:
         cfg = {"BLOCK_R": br, "num_warps": warps}
@@ -228,14 +220,8 @@ def scans(quick):
         x = torch.randn(n, device="cuda", dtype=F32)
         ref = torch.cumsum(x.double(), 0)
         shape, nbytes = f"2^{n.bit_length() - 1}", 2 * n * 4
-        eager = ms_of(lambda: torch.cumsum(x, 0))
-        case("cumsum", "torch eager", shape, lambda: torch.cumsum(x, 0), ref, nbytes, eager, 1e-5,
-             ("cumsum", "torch_eager", (x, 0), {}))
-        d = dispatch.explain("cumsum", x, 0)
-        variant = d.variant.name
-        print(f"# dispatch: {variant} {d.config} ({d.source})")
-        case("cumsum", f"dispatch ({variant})", shape, lambda: opforge.cumsum(x, 0), ref, nbytes, eager, 1e-5,
-             ("cumsum", variant, (x, 0), d.config))
+        eager = baselines("cumsum", "cumsum", (x, 0), lambda: torch.cumsum(x, 0), lambda: opforge.cumsum(x, 0),
+                          shape, ref, nbytes, 1e-5)
         grid = ((8192, 8), (16384, 16), (8192, 4), (4096, 4))
         for late in (0, 1):
             for block, warps in grid[:2] if (quick or n < (1 << 28)) else grid:
@@ -247,7 +233,6 @@ def scans(quick):
                     return y
                 case("cumsum", f"lookback LATE={late} {block}/{warps}w", shape, run, ref, nbytes, eager, 1e-5,
                      ("cumsum", "triton_lookback", (x, 0), cfg))
-        del x, ref
         torch.cuda.empty_cache()
 
 

@@ -678,8 +678,9 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
 
 
 def wave_default_config(rows: int, cols: int, itemsize: int = 2) -> dict:
-    """Pieces of 16 KiB (8192 bf16 or 4096 fp32 values) with 8 warps: 4 or 2
-    values a thread per 16-byte load; waves of about 16 MiB of input."""
+    """Pieces of 16 KiB (8192 bf16 or 4096 fp32 values), a warp per 1024
+    values (8 at most): 16-byte loads, 32 or 16 values a thread; waves of
+    about 16 MiB of input."""
     chunk = min(triton.next_power_of_2(max(cols, 1)), max(1024, 16384 // itemsize))
     return {"CHUNK": chunk, "num_warps": max(2, min(8, chunk // 1024)),
             "WAVE_ROWS": wave_rows_for(cols * itemsize)}
