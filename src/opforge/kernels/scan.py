@@ -439,8 +439,9 @@ def compact_kernel(
     """Keep x[i] where mask[i], in order (INDEX: write i instead). Slots >= out_size are dropped.
 
     LATE: the mask's loads go out at the program's own index before the counter
-    confirms it, the tile's count is published first and its local scan runs
-    after the look-back (see ``tile_scan_kernel``)."""
+    confirms it, the values are loaded as whole vectors (not per kept element),
+    the tile's count is published first and its local scan runs after the
+    look-back (see ``tile_scan_kernel``)."""
     if LATE:
         t = tl.program_id(0)  # a guess, confirmed below
         if SKEW != 0:
@@ -465,7 +466,13 @@ def compact_kernel(
     if not INDEX:
         # Issued before the look-back, whose latency it then hides: its mask
         # must not wait for the prefix.
-        v = tl.load(x_ptr + i, mask=keep != 0, other=0)
+        if LATE:
+            # Whole 16-byte vectors: with kept elements spread over the tile every
+            # sector is fetched anyway, and a per-element mask splits the load
+            # into scalar ones.
+            v = tl.load(x_ptr + i, mask=valid, other=0)
+        else:
+            v = tl.load(x_ptr + i, mask=keep != 0, other=0)
     flag_ptr = state_ptr + 1
     if t == 0:
         _publish(flag_ptr, inc_ptr, t, total, 2)
