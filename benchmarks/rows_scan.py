@@ -147,8 +147,8 @@ def long_softmax(quick):
         shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 2
         eager = baselines("softmax", "softmax", (x, -1), lambda: torch.softmax(x, -1), lambda: opforge.softmax(x, -1),
                           shape, ref, nbytes, 1e-2)
-        for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (16384, 8))):
-            for mib in (16,) if quick or i else (8, 16, 32):
+        for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (8192, 4))):
+            for mib in (4,) if quick or i else (2, 4, 6, 8):
                 cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
 
                 def run(cfg=cfg):
@@ -181,8 +181,8 @@ def long_norms(quick):
                 ours = lambda: opforge.layer_norm(x, (cols,), w, b, 1e-5)  # noqa: E731
                 args = (x, (cols,), 1e-5, w, b)
             eager = baselines(name, name, args, eager_fn, ours, shape, ref, nbytes, 2e-2)
-            for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (8192, 16))):
-                for mib in (16,) if quick or i else (8, 16, 32):
+            for i, (chunk, warps) in enumerate(((8192, 8), (4096, 4), (8192, 4))):
+                for mib in (4,) if quick or i else (2, 4, 6, 8):
                     cfg = {"CHUNK": chunk, "num_warps": warps, "WAVE_ROWS": wave_rows_for(cols * 2, mib << 20)}
 
                     def run(cfg=cfg, rms=rms):
@@ -202,7 +202,7 @@ def small_rows(quick):
     shape, nbytes = f"{rows}x{cols}", 2 * x.numel() * 4
     eager = baselines("small", "softmax", (x, -1), lambda: torch.softmax(x, -1), lambda: opforge.softmax(x, -1),
                       shape, ref, nbytes, 1e-5)
-    grid = ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16), (8, 16))
+    grid = ((1, 4), (1, 8), (1, 2), (2, 8), (2, 4), (4, 16))
     for br, warps in grid[:4] if quick else grid:
         cfg = {"BLOCK_R": br, "num_warps": warps}
 
@@ -222,9 +222,9 @@ def scans(quick):
         shape, nbytes = f"2^{n.bit_length() - 1}", 2 * n * 4
         eager = baselines("cumsum", "cumsum", (x, 0), lambda: torch.cumsum(x, 0), lambda: opforge.cumsum(x, 0),
                           shape, ref, nbytes, 1e-5)
-        grid = ((8192, 8), (16384, 16), (8192, 4), (4096, 4))
+        grid = ((8192, 4), (16384, 8), (8192, 2), (16384, 4), (4096, 2), (16384, 16))
         for late in (0, 1):
-            for block, warps in grid[:2] if (quick or n < (1 << 28)) else grid:
+            for block, warps in grid[:3] if (quick or n < (1 << 28) or not late) else grid:
                 cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late}
 
                 def run(cfg=cfg):
@@ -248,9 +248,9 @@ def compaction(quick):
     case("compact", "torch eager x[mask]", shape, lambda: x[mask], ref, nbytes, eager, 0.0)
     case("compact", "opforge.compact (sum + sync)", shape, lambda: opforge.compact(x, mask), ref, nbytes, eager, 0.0)
     out = torch.empty(k, device="cuda", dtype=F32)
-    grid = ((4096, 8), (2048, 4), (8192, 8), (1024, 4))
+    grid = ((2048, 4), (4096, 4), (2048, 2), (1024, 2))
     for late in (0, 1):
-        for block, warps in grid[:2] if quick else grid:
+        for block, warps in grid[:2] if quick or not late else grid:
             cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late}
 
             def run(cfg=cfg):

@@ -87,15 +87,3 @@ def test_wave_variants_are_gated_until_measured(monkeypatch):
     assert dispatch.explain("softmax", long, -1).variant.name == "triton_wave"
     assert dispatch.explain("rms_norm", long, (SK.ROW_LIMIT + 1,), 1e-5).variant.name == "triton_wave"
 
-
-def test_wide_rows_rule_packs_odd_rows_when_the_gate_is_open(monkeypatch):
-    # 4097x3001 fp32: two 3001-column rows a program (24 KiB), 16 warps; 16-bit rows: four.
-    assert SK.row_wide_config(4097, 3001, 4) == {"BLOCK_R": 2, "num_warps": 16}
-    assert SK.row_wide_config(4097, 3001, 2) == {"BLOCK_R": 4, "num_warps": 16}
-    assert SK.row_wide_config(300, 3001, 4)["BLOCK_R"] == 1  # fewer rows: every SM keeps two programs
-    x = torch.empty((4097, 3001))
-    monkeypatch.delenv("OPFORGE_ROWS", raising=False)
-    assert dispatch.explain("softmax", x, -1).config["BLOCK_R"] == 1
-    monkeypatch.setenv("OPFORGE_ROWS", "1")
-    dispatch.reset()
-    assert dispatch.explain("softmax", x, -1).config == {"BLOCK_R": 2, "num_warps": 16}

@@ -81,8 +81,8 @@ from opforge.runtime.launch import launch
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "2"
 LOOPED_VERSION = "3"
-SPLIT_VERSION = "1"
-WAVE_VERSION = "1"
+SPLIT_VERSION = "2"
+WAVE_VERSION = "2"
 
 # Longest row the row-resident kernels hold in registers (elements).
 ROW_MAX = 16384
@@ -295,14 +295,27 @@ def norm_split_apply_kernel(
 def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, rows, cols, pieces, eps,
                  IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
                  COMPUTE: tl.constexpr, CHUNK: tl.constexpr, PBLOCK: tl.constexpr, INT64: tl.constexpr,
-                 VOLATILE: tl.constexpr):
+                 VOLATILE: tl.constexpr, count_ptr=None, wave=0, expected=0, WAIT: tl.constexpr = False):
     """Merge piece ``q``'s row statistics, normalize and write the piece (rows past ``rows`` write
-    nothing). ``VOLATILE``: the statistics were written by programs of the same grid (L1 bypassed)."""
+    nothing). The piece (and the row's shift) are loaded first, so their latency overlaps the
+    wait and the statistics' loads. ``VOLATILE``: the statistics were written by programs of
+    the same grid (L1 bypassed); ``WAIT``: first wait for them (``kernels.waves``)."""
     row = q // pieces
     piece = q - row * pieces
     if INT64:
         row = row.to(tl.int64)
         piece = piece.to(tl.int64)
+    roff = row * cols
+    c = piece * CHUNK + tl.arange(0, CHUNK)
+    live = row < rows
+    m = (c < cols) & live
+    # Last use of this piece, and y is never re-read here: evict_first keeps
+    # L2 for the pass-1 data the next programs re-read.
+    x = tl.load(x_ptr + roff + c, mask=m, other=0.0, eviction_policy="evict_first").to(COMPUTE)
+    if not IS_RMS:
+        shift = tl.load(x_ptr + roff, mask=live, other=0.0).to(COMPUTE)
+    if WAIT:
+        wave_wait(count_ptr, wave, expected)
     pbase = row * pieces * 2
     k = tl.arange(0, PBLOCK)
     if IS_RMS:
@@ -313,36 +326,38 @@ def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, ro
         rstd = _inv_sqrt(tl.sum(acc, axis=0) / cols + eps)
     else:
         # Chan: mean = sum(n_i mean_i) / N; M2 = sum(M2_i + n_i (mean_i - mean)^2).
-        acc = tl.zeros([PBLOCK], dtype=COMPUTE)
-        for p0 in range(0, pieces, PBLOCK):
-            i = p0 + k
-            if INT64:
-                i = i.to(tl.int64)
-            km = i < pieces
-            n = tl.where(km, tl.minimum(cols - i * CHUNK, CHUNK), 0).to(COMPUTE)
-            acc += n * tl.load(part_ptr + pbase + i * 2, mask=km, other=0.0, volatile=VOLATILE)
-        ms = tl.sum(acc, axis=0) / cols
-        acc2 = tl.zeros([PBLOCK], dtype=COMPUTE)
-        for p0 in range(0, pieces, PBLOCK):
-            i = p0 + k
-            if INT64:
-                i = i.to(tl.int64)
-            km = i < pieces
-            n = tl.where(km, tl.minimum(cols - i * CHUNK, CHUNK), 0).to(COMPUTE)
-            d = tl.load(part_ptr + pbase + i * 2, mask=km, other=0.0, volatile=VOLATILE) - ms
-            acc2 += tl.load(part_ptr + pbase + i * 2 + 1, mask=km, other=0.0, volatile=VOLATILE) + n * d * d
-        rstd = _inv_sqrt(tl.sum(acc2, axis=0) / cols + eps)
-    roff = row * cols
-    c = piece * CHUNK + tl.arange(0, CHUNK)
-    live = row < rows
-    m = (c < cols) & live
-    # Last use of this piece, and y is never re-read here: evict_first keeps
-    # L2 for the pass-1 data the next programs re-read.
-    x = tl.load(x_ptr + roff + c, mask=m, other=0.0, eviction_policy="evict_first").to(COMPUTE)
+        if PBLOCK >= pieces:
+            # One block: both statistics in one round of loads, kept in registers.
+            km = k < pieces
+            n = tl.where(km, tl.minimum(cols - k * CHUNK, CHUNK), 0).to(COMPUTE)
+            mu = tl.load(part_ptr + pbase + k * 2, mask=km, other=0.0, volatile=VOLATILE)
+            m2 = tl.load(part_ptr + pbase + k * 2 + 1, mask=km, other=0.0, volatile=VOLATILE)
+            ms = tl.sum(n * mu, axis=0) / cols
+            d = mu - ms
+            rstd = _inv_sqrt(tl.sum(m2 + n * d * d, axis=0) / cols + eps)
+        else:
+            acc = tl.zeros([PBLOCK], dtype=COMPUTE)
+            for p0 in range(0, pieces, PBLOCK):
+                i = p0 + k
+                if INT64:
+                    i = i.to(tl.int64)
+                km = i < pieces
+                n = tl.where(km, tl.minimum(cols - i * CHUNK, CHUNK), 0).to(COMPUTE)
+                acc += n * tl.load(part_ptr + pbase + i * 2, mask=km, other=0.0, volatile=VOLATILE)
+            ms = tl.sum(acc, axis=0) / cols
+            acc2 = tl.zeros([PBLOCK], dtype=COMPUTE)
+            for p0 in range(0, pieces, PBLOCK):
+                i = p0 + k
+                if INT64:
+                    i = i.to(tl.int64)
+                km = i < pieces
+                n = tl.where(km, tl.minimum(cols - i * CHUNK, CHUNK), 0).to(COMPUTE)
+                d = tl.load(part_ptr + pbase + i * 2, mask=km, other=0.0, volatile=VOLATILE) - ms
+                acc2 += tl.load(part_ptr + pbase + i * 2 + 1, mask=km, other=0.0, volatile=VOLATILE) + n * d * d
+            rstd = _inv_sqrt(tl.sum(acc2, axis=0) / cols + eps)
     if IS_RMS:
         y = x * rstd
     else:
-        shift = tl.load(x_ptr + roff, mask=live, other=0.0).to(COMPUTE)
         y = ((x - shift) - ms) * rstd
     if HAS_W:
         y = y * tl.load(w_ptr + c, mask=m, other=0.0).to(COMPUTE)
@@ -371,9 +386,8 @@ def norm_wave_kernel(
                      True)
         wave_arrive(count_ptr, wave)
     else:
-        wave_wait(count_ptr, wave, n)
         _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, slot, rows, cols, pieces, eps,
-                     IS_RMS, HAS_W, HAS_B, STATS, COMPUTE, CHUNK, PBLOCK, INT64, True)
+                     IS_RMS, HAS_W, HAS_B, STATS, COMPUTE, CHUNK, PBLOCK, INT64, True, count_ptr, wave, n, True)
 
 
 # ---------------------------------------------------------------------------
@@ -654,7 +668,7 @@ def launch_fwd_split(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: d
 
 
 def wave_default_config(rows: int, cols: int, elem_bytes: int = 2) -> dict:
-    """The split pieces (8192 columns at most), waves of about 16 MiB of input."""
+    """The split pieces (8192 columns at most), waves of about 8 MiB of input (``wave_rows_for``)."""
     cfg = split_default_config(rows, cols, elem_bytes)
     cfg["WAVE_ROWS"] = wave_rows_for(cols * elem_bytes)
     return cfg

@@ -506,25 +506,6 @@ def row_default_config(rows: int, cols: int) -> dict:
     return {"BLOCK_R": br, "num_warps": warps}
 
 
-# Rows the plain rule gives one program each (a 4096- or 8192-column tile)
-# while they are short enough for several a program: ``row_wide_config``.
-WIDE_MIN_COLS, WIDE_MAX_COLS = 2049, 8192
-
-
-def row_wide_config(rows: int, cols: int, itemsize: int, sms: int = 132) -> dict:
-    """Rows a program for mid-length rows (``WIDE_MIN_COLS..WIDE_MAX_COLS``): rows are
-    added while a program reads at most 32 KiB and every SM still gets two
-    programs; 16 values a thread. At 4097x3001 fp32 the plain rule
-    (``row_default_config``) gives one 12 KiB row per program and 8 warps;
-    this one two rows (24 KiB), 16 warps, 2049 programs."""
-    bc = triton.next_power_of_2(max(cols, 1))
-    br = 1
-    while (2 * br * bc * itemsize <= 32768 and 2 * br * bc <= ROW_LIMIT
-           and triton.cdiv(rows, 2 * br) >= 2 * sms and 2 * br <= 64):
-        br *= 2
-    return {"BLOCK_R": br, "num_warps": max(4, min(16, br * bc // 512))}
-
-
 def row_configs(rows: int, cols: int) -> list[dict]:
     bc = triton.next_power_of_2(max(cols, 1))
     out = []
@@ -680,7 +661,7 @@ def launch_split_backward(g, y, dx, log: bool, config: dict) -> None:
 def wave_default_config(rows: int, cols: int, itemsize: int = 2) -> dict:
     """Pieces of 16 KiB (8192 bf16 or 4096 fp32 values), a warp per 1024
     values (8 at most): 16-byte loads, 32 or 16 values a thread; waves of
-    about 16 MiB of input."""
+    about 8 MiB of input (``wave_rows_for``)."""
     chunk = min(triton.next_power_of_2(max(cols, 1)), max(1024, 16384 // itemsize))
     return {"CHUNK": chunk, "num_warps": max(2, min(8, chunk // 1024)),
             "WAVE_ROWS": wave_rows_for(cols * itemsize)}
@@ -688,7 +669,7 @@ def wave_default_config(rows: int, cols: int, itemsize: int = 2) -> dict:
 
 def wave_configs(rows: int, cols: int, itemsize: int = 2) -> list[dict]:
     return [{"CHUNK": ch, "num_warps": w, "WAVE_ROWS": wave_rows_for(cols * itemsize, t << 20)}
-            for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16) for t in (8, 16, 32)
+            for ch in (2048, 4096, 8192, 16384) for w in (4, 8, 16) for t in (2, 4, 8)
             if 4 <= ch // (32 * w) <= 64]
 
 

@@ -14,7 +14,6 @@ import os
 ENV = "OPFORGE_ROWS"
 MEASURED = {
     "triton_wave": False,  # softmax / layer_norm / rms_norm forward, long rows (kernels.waves)
-    "wide rows": False,  # softmax: several 2049-8192-column rows a program (kernels.softmax.row_wide_config)
     "LATE": False,  # scan and compaction: loads first, scan after the look-back (kernels.scan)
 }
 

@@ -396,7 +396,7 @@ def wave_reason(g: Geometry) -> str | None:
 
 def wave_candidates(g: Geometry):
     return [dict(c, WAVE_ROWS=K.wave_rows_for(g.cols * g.itemsize, t << 20))
-            for c in split_configs(g.rows, g.cols) for t in (8, 16, 32)]
+            for c in split_configs(g.rows, g.cols) for t in (2, 4, 8)]
 
 
 def wave_default(g: Geometry):

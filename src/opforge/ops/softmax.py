@@ -315,8 +315,6 @@ def row_check(g: Geometry) -> str | None:
 
 
 def row_default(g: Geometry):
-    if K.WIDE_MIN_COLS <= g.cols <= K.WIDE_MAX_COLS and unmeasured("wide rows") is None:
-        return K.row_wide_config(g.rows, g.cols, g.itemsize)
     return K.row_default_config(g.rows, g.cols)
 
 
