@@ -48,12 +48,35 @@ def test_wave_roles_cover_every_piece_once_with_applies_after_their_stats():
     assert waves.wave_plan(5, 3, 2) == (2, 3, 36)
 
 
-@pytest.mark.parametrize("dtype,log", [(torch.float32, False), (torch.bfloat16, True)])
-def test_softmax_wave_matches_torch(dtype, log, gen):
+@triton.jit
+def _pairs_kernel(lo_ptr, hi_ptr, word_ptr, out_ptr, N: tl.constexpr):
+    i = tl.program_id(0)
+    waves.wave_publish_pair(word_ptr + i, tl.load(lo_ptr + i), tl.load(hi_ptr + i))
+    if i == tl.num_programs(0) - 1:
+        k = tl.arange(0, N)
+        lo, hi = waves.wave_gather_pairs(word_ptr + k, k < tl.num_programs(0))
+        tl.store(out_ptr + k, lo)
+        tl.store(out_ptr + N + k, hi)
+
+
+def test_packed_pairs_round_trip_every_float_and_start_pending():
+    lo = torch.tensor([1.5, float("-inf"), float("nan"), -0.0, 3.4e38, -2.0])
+    hi = torch.tensor([0.0, 7.25, float("nan"), float("inf"), 1e-40, 5.0])
+    assert bool((waves.pending_words(3, "cpu") >> 32).to(torch.int32).view(torch.float32).eq(-1.0).all())
+    words = waves.pending_words(8, "cpu")
+    out = torch.full((16,), 9.0)
+    _pairs_kernel[(6,)](lo, hi, words, out, N=8)
+    assert torch.equal(out[:6].view(torch.int32), lo.view(torch.int32))
+    assert torch.equal(out[8:14].view(torch.int32), hi.view(torch.int32))
+    assert torch.equal(out[6:8], torch.zeros(2)) and torch.equal(out[14:], torch.zeros(2))  # masked lanes
+
+
+@pytest.mark.parametrize("dtype,log,packed", [(torch.float32, False, 1), (torch.bfloat16, True, 0)])
+def test_softmax_wave_matches_torch(dtype, log, packed, gen):
     x = (torch.randn((ROWS, COLS), generator=gen, dtype=torch.float64) * 4).to(dtype)
     x[1] = float("-inf")
     y = torch.empty_like(x)
-    SK.launch_wave_forward(x, y, log, CFG)
+    SK.launch_wave_forward(x, y, log, dict(CFG, PACKED=packed))
     ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert torch.isnan(y[1]).all()
     assert rel_err(y[[0, 2]], ref[[0, 2]]) <= (1e-2 if dtype == torch.bfloat16 else 1e-6)

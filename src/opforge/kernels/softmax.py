@@ -48,14 +48,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from opforge.kernels.waves import wave_arrive, wave_counters, wave_plan, wave_role, wave_rows_for, wave_wait
+from opforge.kernels.waves import (pending_words, wave_arrive, wave_counters, wave_gather_pairs, wave_plan,
+                                  wave_publish_pair, wave_role, wave_rows_for, wave_wait)
 from opforge.runtime.launch import launch
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 ONLINE_VERSION = "1"
 SPLIT_VERSION = "2"
-WAVE_VERSION = "1"
+WAVE_VERSION = "2"
 COL_VERSION = "2"
 COL_SPLIT_VERSION = "2"
 
@@ -294,8 +295,10 @@ def split_backward_kernel(
 def wave_forward_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, count_ptr, rows, cols, sx, sy, P, n, W,
     LOG: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr, P_BLOCK: tl.constexpr,
-    INT64: tl.constexpr,
+    INT64: tl.constexpr, PACKED: tl.constexpr = False,
 ):
+    """PACKED (fp32): ``m_ptr`` holds each piece's (max, sum) as one int64 word
+    (``waves.wave_publish_pair``); else separate arrays and the wave counter."""
     is_stats, wave, idx = wave_role(tl.program_id(0), n, W)
     slot = wave * n + idx  # [waves * wave_rows, P] partials: row-major by (row, part)
     row = slot // P
@@ -309,17 +312,25 @@ def wave_forward_kernel(
         x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF, eviction_policy="evict_last").to(COMPUTE)
         m = tl.max(x, axis=0)
         m_sub = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(m_ptr + slot, m)
-        tl.store(s_ptr + slot, tl.sum(tl.exp(x - m_sub), axis=0))
-        wave_arrive(count_ptr, wave)
+        s = tl.sum(tl.exp(x - m_sub), axis=0)
+        if PACKED:
+            wave_publish_pair(m_ptr + slot, m, s)
+        else:
+            tl.store(m_ptr + slot, m)
+            tl.store(s_ptr + slot, s)
+            wave_arrive(count_ptr, wave)
     else:
         # Issued before the wait: the piece comes from L2 while the stats land.
         x = tl.load(x_ptr + row * sx + c, mask=mask, other=_NEG_INF, eviction_policy="evict_first").to(COMPUTE)
-        wave_wait(count_ptr, wave, n)
         p = tl.arange(0, P_BLOCK)
         first = slot - part
-        ms = tl.load(m_ptr + first + p, mask=p < P, other=_NEG_INF, volatile=True)
-        ss = tl.load(s_ptr + first + p, mask=p < P, other=0.0, volatile=True)
+        if PACKED:
+            ms, ss = wave_gather_pairs(m_ptr + first + p, p < P)
+            ms = tl.where(p < P, ms, float("-inf"))
+        else:
+            wave_wait(count_ptr, wave, n)
+            ms = tl.load(m_ptr + first + p, mask=p < P, other=_NEG_INF, volatile=True)
+            ss = tl.load(s_ptr + first + p, mask=p < P, other=0.0, volatile=True)
         big = tl.max(ms, axis=0)
         big_sub = tl.where(big == float("-inf"), 0.0, big)
         total = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp(ms - big_sub)), axis=0)
@@ -683,13 +694,19 @@ def launch_wave_forward(x, y, log: bool, config: dict) -> None:
     parts = split_parts(cols, chunk)
     wave_rows, waves, programs = wave_plan(rows, parts, config.get("WAVE_ROWS", 32))
     n = wave_rows * parts
-    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
-    m = torch.empty(waves * n, dtype=wide, device=x.device)
-    s = torch.empty(waves * n, dtype=wide, device=x.device)
+    packed = bool(config.get("PACKED", 1)) and y.dtype != torch.float64
+    if packed:
+        m = s = count = pending_words(waves * n, x.device)
+    else:
+        wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+        m = torch.empty(waves * n, dtype=wide, device=x.device)
+        s = torch.empty(waves * n, dtype=wide, device=x.device)
+        count = wave_counters(waves, x.device)
     launch(wave_forward_kernel, (programs,),
-        x, y, m, s, wave_counters(waves, x.device), rows, cols, x.stride(0), y.stride(0), parts, n, waves,
+        x, y, m, s, count, rows, cols, x.stride(0), y.stride(0), parts, n, waves,
         LOG=log, COMPUTE=compute_dtype(y.dtype), CHUNK=chunk, P_BLOCK=triton.next_power_of_2(parts),
-        INT64=_needs_int64(waves * wave_rows, cols, (x, y), chunk), num_warps=config.get("num_warps", 8),
+        INT64=_needs_int64(waves * wave_rows, cols, (x, y), chunk), PACKED=packed,
+        num_warps=config.get("num_warps", 8),
     )
 
 

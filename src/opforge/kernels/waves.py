@@ -65,6 +65,59 @@ def wave_wait(count_ptr, wave, expected):
     tl.debug_barrier()
 
 
+# ---------------------------------------------------------------------------
+# Packed statistics (fp32 pairs): no counter and no fence. A stats program
+# publishes its two values as one 64-bit word with a relaxed atomic exchange
+# (single-copy atomic: a reader sees the old word or the new one, whole); the
+# apply program polls the row's words with volatile (strong) loads until
+# none is PENDING. The values are their own flag, so nothing else needs
+# ordering (the input is read-only), and the stats program's release fence
+# (a MEMBAR.GPU that holds it for an L2 round trip) is gone.
+# ---------------------------------------------------------------------------
+# A word not yet published: its high value is -1.0, which no published high
+# value (a sum of exponentials, a sum of squares) can be.
+PENDING_WORD = (0xBF800000 << 32) - (1 << 64)
+
+
+@triton.jit
+def pack_pair(lo, hi):
+    """Two fp32 values as one int64, ``lo`` in the low word."""
+    lo_bits = lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    return lo_bits | (hi.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+
+
+@triton.jit
+def unpack_pair(w):
+    lo = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    hi = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def wave_publish_pair(word_ptr, lo, hi):
+    tl.atomic_xchg(word_ptr, pack_pair(lo, hi), sem="relaxed")
+
+
+@triton.jit
+def wave_gather_pairs(word_ptr, mask):
+    """The published pairs at ``word_ptr`` (a vector; masked lanes read 0, 0),
+    once none is pending."""
+    w = tl.load(word_ptr, mask=mask, other=0, volatile=True)
+    lo, hi = unpack_pair(w)
+    pending = tl.sum((mask & (hi == -1.0)).to(tl.int32), axis=0)
+    while pending > 0:
+        w = tl.load(word_ptr, mask=mask, other=0, volatile=True)
+        lo, hi = unpack_pair(w)
+        pending = tl.sum((mask & (hi == -1.0)).to(tl.int32), axis=0)
+    return lo, hi
+
+
+def pending_words(count: int, device):
+    import torch
+
+    return torch.full((count,), PENDING_WORD, dtype=torch.int64, device=device)
+
+
 def wave_plan(rows: int, pieces: int, wave_rows: int) -> tuple[int, int, int]:
     """``(wave_rows, waves, programs)``: the grid is two programs (stats and
     apply) per piece of each wave, full waves of ``wave_rows`` rows."""
