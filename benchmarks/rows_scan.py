@@ -8,7 +8,9 @@ the ratio to torch eager (> 1: faster than eager). Rows:
 
 * ``dispatch``: what ``opforge.<op>`` runs today (the gate ``OPFORGE_ROWS`` is
   closed, so the new variants are not picked): the old path.
-* ``wave ...``: the one-grid split (``kernels.waves``) with the config shown.
+* ``wave ...``: the one-grid split (``kernels.waves``) with the config shown
+  (statistics packed in 64-bit words; ``counter+fence``: the wave counter with
+  a release fence instead).
 * ``row ...``: the row-resident softmax with several rows a program.
 * ``lookback LATE=0/1 ...`` / ``compact LATE=0/1 ...``: the look-back scan and
   the compaction kernel (kernel only: the output preallocated), with the
@@ -157,6 +159,13 @@ def long_softmax(quick):
                     return y
                 case("softmax", f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 1e-2,
                      ("softmax", "triton_wave", (x, -1), cfg))
+        cfg = {"CHUNK": 8192, "num_warps": 8, "WAVE_ROWS": wave_rows_for(cols * 2, 8 << 20), "PACKED": 0}
+
+        def unpacked(cfg=cfg):
+            y = torch.empty_like(x)
+            K.launch_wave_forward(x, y, False, cfg)
+            return y
+        case("softmax", "wave 8192/8w 8MiB counter+fence", shape, unpacked, ref, nbytes, eager, 1e-2)
         torch.cuda.empty_cache()
 
 
@@ -191,6 +200,13 @@ def long_norms(quick):
                         return y
                     case(name, f"wave {chunk}/{warps}w {mib}MiB", shape, run, ref, nbytes, eager, 2e-2,
                          (name, "triton_wave", args, cfg))
+            cfg = {"CHUNK": 8192, "num_warps": 8, "WAVE_ROWS": wave_rows_for(cols * 2, 8 << 20), "PACKED": 0}
+
+            def unpacked(cfg=cfg, rms=rms):
+                y = torch.empty_like(x)
+                NK.launch_fwd_wave(x, y, w, None if rms else b, None, None, 1e-6 if rms else 1e-5, rms, cfg)
+                return y
+            case(name, "wave 8192/8w 8MiB counter+fence", shape, unpacked, ref, nbytes, eager, 2e-2)
         torch.cuda.empty_cache()
 
 

@@ -82,14 +82,14 @@ def test_softmax_wave_matches_torch(dtype, log, packed, gen):
     assert rel_err(y[[0, 2]], ref[[0, 2]]) <= (1e-2 if dtype == torch.bfloat16 else 1e-6)
 
 
-@pytest.mark.parametrize("is_rms", [False, True])
-def test_norm_wave_matches_torch(is_rms, gen):
+@pytest.mark.parametrize("is_rms,packed", [(False, 1), (True, 1), (False, 0)])
+def test_norm_wave_matches_torch(is_rms, packed, gen):
     x = torch.randn((ROWS, COLS), generator=gen, dtype=torch.float64).float() * 3 + 5
     w = torch.rand(COLS, generator=gen) + 0.5
     b = None if is_rms else torch.randn(COLS, generator=gen)
     y, rstd = torch.empty_like(x), torch.empty(ROWS)
     mean = None if is_rms else torch.empty(ROWS)
-    NK.launch_fwd_wave(x, y, w, b, mean, rstd, 1e-5, is_rms, CFG)
+    NK.launch_fwd_wave(x, y, w, b, mean, rstd, 1e-5, is_rms, dict(CFG, PACKED=packed))
     x64 = x.double()
     ref = F.rms_norm(x64, (COLS,), w.double(), 1e-5) if is_rms else F.layer_norm(x64, (COLS,), w.double(),
                                                                                  b.double(), 1e-5)

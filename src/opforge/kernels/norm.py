@@ -75,14 +75,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from opforge.kernels.waves import wave_arrive, wave_counters, wave_plan, wave_role, wave_rows_for, wave_wait
+from opforge.kernels.waves import (pending_words, wave_arrive, wave_counters, wave_gather_pairs, wave_plan,
+                                  wave_publish_pair, wave_role, wave_rows_for, wave_wait)
 from opforge.runtime.launch import launch
 
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "2"
 LOOPED_VERSION = "3"
 SPLIT_VERSION = "2"
-WAVE_VERSION = "2"
+WAVE_VERSION = "3"
 
 # Longest row the row-resident kernels hold in registers (elements).
 ROW_MAX = 16384
@@ -245,9 +246,10 @@ def norm_split_stats_kernel(
 @triton.jit
 def _split_stats(x_ptr, res_ptr, s_ptr, part_ptr, pid, rows, cols, pieces,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr,
-                 INT64: tl.constexpr, KEEP: tl.constexpr):
+                 INT64: tl.constexpr, KEEP: tl.constexpr, word_ptr=None, PACKED: tl.constexpr = False):
     """Piece ``pid`` (row-major over ``[rows, pieces]``; rows past ``rows`` are empty) -> part[pid, 0:2].
-    ``KEEP`` (no residual): the piece is loaded evict_last, for a re-read from L2 soon after."""
+    ``KEEP`` (no residual): the piece is loaded evict_last, for a re-read from L2 soon after.
+    ``PACKED`` (fp32): the pair is published as one word at ``word_ptr + pid`` (``kernels.waves``)."""
     row = pid // pieces
     piece = pid - row * pieces
     if INT64:
@@ -271,12 +273,15 @@ def _split_stats(x_ptr, res_ptr, s_ptr, part_ptr, pid, rows, cols, pieces,
         p0 = tl.sum(xs, axis=0) / n  # mean of x - K over the piece
         xc = tl.where(m, xs - p0, 0.0)
         p1 = tl.sum(xc * xc, axis=0)  # its sum of squared deviations
-    if INT64:
-        pofs = pid.to(tl.int64) * 2
+    if PACKED:
+        wave_publish_pair(word_ptr + pid, p0, p1)
     else:
-        pofs = pid * 2
-    tl.store(part_ptr + pofs, p0)
-    tl.store(part_ptr + pofs + 1, p1)
+        if INT64:
+            pofs = pid.to(tl.int64) * 2
+        else:
+            pofs = pid * 2
+        tl.store(part_ptr + pofs, p0)
+        tl.store(part_ptr + pofs + 1, p1)
 
 
 @triton.jit
@@ -295,11 +300,13 @@ def norm_split_apply_kernel(
 def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, rows, cols, pieces, eps,
                  IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
                  COMPUTE: tl.constexpr, CHUNK: tl.constexpr, PBLOCK: tl.constexpr, INT64: tl.constexpr,
-                 VOLATILE: tl.constexpr, count_ptr=None, wave=0, expected=0, WAIT: tl.constexpr = False):
+                 VOLATILE: tl.constexpr, count_ptr=None, wave=0, expected=0, WAIT: tl.constexpr = False,
+                 word_ptr=None, PACKED: tl.constexpr = False):
     """Merge piece ``q``'s row statistics, normalize and write the piece (rows past ``rows`` write
     nothing). The piece (and the row's shift) are loaded first, so their latency overlaps the
     wait and the statistics' loads. ``VOLATILE``: the statistics were written by programs of
-    the same grid (L1 bypassed); ``WAIT``: first wait for them (``kernels.waves``)."""
+    the same grid (L1 bypassed); ``WAIT``: first wait for them (``kernels.waves``); ``PACKED``:
+    they are words at ``word_ptr``, polled until published (one block: ``PBLOCK >= pieces``)."""
     row = q // pieces
     piece = q - row * pieces
     if INT64:
@@ -318,7 +325,17 @@ def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, ro
         wave_wait(count_ptr, wave, expected)
     pbase = row * pieces * 2
     k = tl.arange(0, PBLOCK)
-    if IS_RMS:
+    if PACKED:
+        km = k < pieces
+        mu, m2 = wave_gather_pairs(word_ptr + row * pieces + k, km)  # masked lanes: 0, 0
+        if IS_RMS:
+            rstd = _inv_sqrt(tl.sum(mu, axis=0) / cols + eps)
+        else:
+            n = tl.where(km, tl.minimum(cols - k * CHUNK, CHUNK), 0).to(COMPUTE)
+            ms = tl.sum(n * mu, axis=0) / cols
+            d = mu - ms
+            rstd = _inv_sqrt(tl.sum(m2 + n * d * d, axis=0) / cols + eps)
+    elif IS_RMS:
         acc = tl.zeros([PBLOCK], dtype=COMPUTE)
         for p0 in range(0, pieces, PBLOCK):
             km = p0 + k < pieces
@@ -373,21 +390,25 @@ def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, ro
 
 @triton.jit
 def norm_wave_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, count_ptr, rows, cols, pieces, eps, n, W,
+    x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, count_ptr, word_ptr, rows, cols, pieces, eps, n, W,
     IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
     COMPUTE: tl.constexpr, CHUNK: tl.constexpr, PBLOCK: tl.constexpr, INT64: tl.constexpr,
+    PACKED: tl.constexpr = False,
 ):
     """Both split passes in one grid, interleaved by waves of rows (``kernels.waves``):
-    the apply program re-reads its piece from L2, so HBM sees one read and one write."""
+    the apply program re-reads its piece from L2, so HBM sees one read and one write.
+    PACKED: the pieces' statistics are words at ``word_ptr`` (no counter, no fence)."""
     is_stats, wave, idx = wave_role(tl.program_id(0), n, W)
     slot = wave * n + idx
     if is_stats:
         _split_stats(x_ptr, x_ptr, x_ptr, part_ptr, slot, rows, cols, pieces, IS_RMS, False, COMPUTE, CHUNK, INT64,
-                     True)
-        wave_arrive(count_ptr, wave)
+                     True, word_ptr, PACKED)
+        if not PACKED:
+            wave_arrive(count_ptr, wave)
     else:
         _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, slot, rows, cols, pieces, eps,
-                     IS_RMS, HAS_W, HAS_B, STATS, COMPUTE, CHUNK, PBLOCK, INT64, True, count_ptr, wave, n, True)
+                     IS_RMS, HAS_W, HAS_B, STATS, COMPUTE, CHUNK, PBLOCK, INT64, True, count_ptr, wave, n,
+                     not PACKED, word_ptr, PACKED)
 
 
 # ---------------------------------------------------------------------------
@@ -687,15 +708,22 @@ def launch_fwd_wave(x, y, w, b, mean, rstd, eps: float, is_rms: bool, config: di
     if programs > _INT32_MAX:
         raise ValueError(f"kernels.norm: {rows} rows x {pieces} pieces exceed the grid; use a larger CHUNK")
     n = wave_rows * pieces
-    part = torch.empty(waves * n * 2, dtype=torch_compute_dtype(x.dtype), device=x.device)
+    pblock = min(_PART_BLOCK, triton.next_power_of_2(pieces))
+    packed = bool(config.get("PACKED", 1)) and x.dtype != torch.float64 and pblock >= pieces
+    if packed:
+        words = pending_words(waves * n, x.device)
+        part, count = words.view(torch.float32), words  # the same memory: (lo, hi) = part[2i], part[2i + 1]
+    else:
+        part = torch.empty(waves * n * 2, dtype=torch_compute_dtype(x.dtype), device=x.device)
+        words, count = part, wave_counters(waves, x.device)
     stats = rstd is not None
     launch(norm_wave_kernel, (programs,),
         x, y, w if w is not None else x, b if b is not None else x, part,
-        mean if mean is not None else (rstd if stats else y), rstd if stats else y, wave_counters(waves, x.device),
+        mean if mean is not None else (rstd if stats else y), rstd if stats else y, count, words,
         rows, cols, pieces, eps, n, waves,
         IS_RMS=is_rms, HAS_W=w is not None, HAS_B=b is not None, STATS=stats, COMPUTE=compute_dtype(x.dtype),
-        CHUNK=chunk, PBLOCK=min(_PART_BLOCK, triton.next_power_of_2(pieces)),
-        INT64=needs_int64(waves * wave_rows, cols, chunk), num_warps=config.get("num_warps", 8),
+        CHUNK=chunk, PBLOCK=pblock, INT64=needs_int64(waves * wave_rows, cols, chunk), PACKED=packed,
+        num_warps=config.get("num_warps", 8),
     )
 
 
