@@ -22,10 +22,11 @@ what is left of its section's share. Usage, from the repo root::
     PYTHONPATH=src python3 benchmarks/rows_scan.py [--only softmax,norm,small,scan,compact] [--quick]
         [--tuned OUT.jsonl]
 
-``--tuned`` writes, for each op, variant and bucket measured, the fastest
-passing config as a tuned entry (old variants, torch eager and the new ones
-alike, timed in the same run): shipped as ``runtime/tuned/h200-rows.jsonl``,
-they let dispatch choose between them by measurement once the gate is open.
+``--tuned`` writes (else the log shows, as ``TUNED {...}`` lines), for each
+op, variant and bucket measured, the fastest passing config as a tuned entry
+(old variants, torch eager and the new ones alike, timed in the same run):
+shipped as ``runtime/tuned/h200-rows.jsonl``, they let dispatch choose
+between them by measurement once the gate is open.
 """
 
 from __future__ import annotations
@@ -294,10 +295,14 @@ def main() -> None:
     for i, name in enumerate(names):
         _deadline = time.time() + (T0 + BUDGET_S - time.time()) / (len(names) - i)
         SECTIONS[name](a.quick)
+    lines = [e.to_json() + "\n" for e in _entries.values()]
     if a.tuned:
         with open(a.tuned, "w") as f:
-            f.writelines(e.to_json() + "\n" for e in _entries.values())
-        print(f"\n{len(_entries)} tuned entries -> {a.tuned}")
+            f.writelines(lines)
+        print(f"\n{len(lines)} tuned entries -> {a.tuned}")
+    else:  # into the log, for runtime/tuned/h200-rows.jsonl
+        print(f"\n{len(lines)} tuned entries (the fastest passing config per op, variant and bucket):")
+        print("".join("TUNED " + line for line in lines), end="")
     print(f"\ntotal {time.time() - T0:.0f} s")
 
 
