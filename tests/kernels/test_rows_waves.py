@@ -18,6 +18,7 @@ from opforge.bench.case import rel_err
 from opforge.kernels import norm as NK
 from opforge.kernels import softmax as SK
 from opforge.kernels import waves
+from opforge.ops import device_gate
 from opforge.runtime import dispatch
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -102,6 +103,7 @@ def test_norm_wave_matches_torch(is_rms, packed, gen):
 
 def test_wave_variants_are_gated_until_measured(monkeypatch):
     long = torch.empty((2, SK.ROW_LIMIT + 1))
+    monkeypatch.setitem(device_gate.MEASURED, "triton_wave", False)
     monkeypatch.delenv("OPFORGE_ROWS", raising=False)
     assert "OPFORGE_ROWS" in dispatch.explain("softmax", long, -1).rejected["triton_wave"]
     assert "OPFORGE_ROWS" in dispatch.explain("rms_norm", long, (SK.ROW_LIMIT + 1,), 1e-5).rejected["triton_wave"]
