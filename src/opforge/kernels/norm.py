@@ -297,6 +297,15 @@ def norm_split_apply_kernel(
 
 
 @triton.jit
+def _chan(mu, m2, k, km, cols, eps, COMPUTE: tl.constexpr, CHUNK: tl.constexpr):
+    """Chan's merge of one block of pieces (``k``, live where ``km``): the row's mean of x - K and rstd."""
+    n = tl.where(km, tl.minimum(cols - k * CHUNK, CHUNK), 0).to(COMPUTE)
+    ms = tl.sum(n * mu, axis=0) / cols
+    d = mu - ms
+    return ms, _inv_sqrt(tl.sum(m2 + n * d * d, axis=0) / cols + eps)
+
+
+@triton.jit
 def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, rows, cols, pieces, eps,
                  IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
                  COMPUTE: tl.constexpr, CHUNK: tl.constexpr, PBLOCK: tl.constexpr, INT64: tl.constexpr,
@@ -331,10 +340,7 @@ def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, ro
         if IS_RMS:
             rstd = _inv_sqrt(tl.sum(mu, axis=0) / cols + eps)
         else:
-            n = tl.where(km, tl.minimum(cols - k * CHUNK, CHUNK), 0).to(COMPUTE)
-            ms = tl.sum(n * mu, axis=0) / cols
-            d = mu - ms
-            rstd = _inv_sqrt(tl.sum(m2 + n * d * d, axis=0) / cols + eps)
+            ms, rstd = _chan(mu, m2, k, km, cols, eps, COMPUTE, CHUNK)
     elif IS_RMS:
         acc = tl.zeros([PBLOCK], dtype=COMPUTE)
         for p0 in range(0, pieces, PBLOCK):
@@ -346,12 +352,9 @@ def _split_apply(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, mean_ptr, rstd_ptr, q, ro
         if PBLOCK >= pieces:
             # One block: both statistics in one round of loads, kept in registers.
             km = k < pieces
-            n = tl.where(km, tl.minimum(cols - k * CHUNK, CHUNK), 0).to(COMPUTE)
             mu = tl.load(part_ptr + pbase + k * 2, mask=km, other=0.0, volatile=VOLATILE)
             m2 = tl.load(part_ptr + pbase + k * 2 + 1, mask=km, other=0.0, volatile=VOLATILE)
-            ms = tl.sum(n * mu, axis=0) / cols
-            d = mu - ms
-            rstd = _inv_sqrt(tl.sum(m2 + n * d * d, axis=0) / cols + eps)
+            ms, rstd = _chan(mu, m2, k, km, cols, eps, COMPUTE, CHUNK)
         else:
             acc = tl.zeros([PBLOCK], dtype=COMPUTE)
             for p0 in range(0, pieces, PBLOCK):
