@@ -15,7 +15,8 @@ the ratio to torch eager (> 1: faster than eager). Rows:
 * ``lookback LATE=0/1 ...`` / ``compact LATE=0/1 ...``: the look-back scan and
   the compaction kernel (kernel only: the output preallocated): ``LATE=0``
   today's kernels; ``LATE=1`` the loads first, the tile's scan after its
-  look-back and (unless ``PACK=0``) status and value packed in one word.
+  look-back and (unless ``PACK=0``) status and value packed in one word;
+  ``ORDERED=1``: no tile counter, the program id is the tile.
 
 Every case catches its own failure and prints it; a time budget (140 s) skips
 what is left of its section's share. Usage, from the repo root::
@@ -241,18 +242,16 @@ def scans(quick):
         eager = baselines("cumsum", "cumsum", (x, 0), lambda: torch.cumsum(x, 0), lambda: opforge.cumsum(x, 0),
                           shape, ref, nbytes, 1e-5)
         grid = ((8192, 4), (16384, 8), (8192, 2), (16384, 4), (4096, 2), (16384, 16))
-        for late, pack in ((0, 0), (1, 1), (1, 0)):
-            some = grid[:1] if late and not pack else grid[:3]
-            for block, warps in some if (quick or n < (1 << 28) or not pack) else grid:
-                cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late}
-                if late and not pack:
-                    cfg["PACK"] = 0
+        for late, extra in ((0, {}), (1, {}), (1, {"PACK": 0}), (1, {"ORDERED": 1})):
+            some = grid[:1] if extra else grid[:3]
+            for block, warps in some if (quick or n < (1 << 28) or extra or not late) else grid:
+                cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late, **extra}
 
                 def run(cfg=cfg):
                     y = torch.empty_like(x)
                     SK.launch_lookback_scan(x.view(1, n), y.view(1, n), None, SK.SUM, False, False, cfg)
                     return y
-                label = f"lookback LATE={late}{' PACK=0' if late and not pack else ''} {block}/{warps}w"
+                label = f"lookback LATE={late}{''.join(f' {k}={v}' for k, v in extra.items())} {block}/{warps}w"
                 case("cumsum", label, shape, run, ref, nbytes, eager, 1e-5, ("cumsum", "triton_lookback", (x, 0), cfg))
         torch.cuda.empty_cache()
 
@@ -270,16 +269,14 @@ def compaction(quick):
     case("compact", "opforge.compact (sum + sync)", shape, lambda: opforge.compact(x, mask), ref, nbytes, eager, 0.0)
     out = torch.empty(k, device="cuda", dtype=F32)
     grid = ((2048, 4), (4096, 4), (2048, 2), (1024, 2))
-    for late, pack in ((0, 0), (1, 1), (1, 0)):
-        for block, warps in grid[:1] if late and not pack else (grid[:2] if quick or not late else grid):
-            cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late}
-            if late and not pack:
-                cfg["PACK"] = 0
+    for late, extra in ((0, {}), (1, {}), (1, {"PACK": 0}), (1, {"ORDERED": 1})):
+        for block, warps in grid[:1] if extra else (grid[:2] if quick or not late else grid):
+            cfg = {"BLOCK": block, "num_warps": warps, "WINDOW": 32, "LATE": late, **extra}
 
             def run(cfg=cfg):
                 SK.launch_compact(x, mask, out, False, cfg)
                 return out
-            label = f"compact LATE={late}{' PACK=0' if late and not pack else ''} {block}/{warps}w"
+            label = f"compact LATE={late}{''.join(f' {k}={v}' for k, v in extra.items())} {block}/{warps}w"
             case("compact", label, shape, run, ref, nbytes, eager, 0.0)
 
 

@@ -418,6 +418,7 @@ def tile_scan_late_kernel(
     OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr,
     ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, SKEW: tl.constexpr, PACK: tl.constexpr,
+    ORDERED: tl.constexpr = False,
 ):
     """The look-back scan (MODE 0) in its LATE form (a kernel of its own, so
     ``tile_scan_kernel``'s specializations, listed in the warmup manifests,
@@ -431,11 +432,15 @@ def tile_scan_late_kernel(
     after the inclusive prefix is out: the scan's latency leaves the chain of
     tiles that successors wait on, and the loaded values are the only state
     carried across the wait. SKEW (tests only) makes every guess wrong.
+    ORDERED: no tile counter at all, the program id is the tile (programs
+    start in launch order, the assumption ``kernels.waves`` and the split
+    softmax make too; without it a look-back could wait on a tile whose
+    program cannot start).
     PACK (unsegmented, 32-bit accumulator): status and value as one word at
     ``word_ptr`` (``_publish_word``).
     """
     _tile_scan(x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, cols, sx, sf, sy, tiles_per_row,
-               OP, EXCL, REV, SEG, 0, ACC, IDENT, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK)
+               OP, EXCL, REV, SEG, 0, ACC, IDENT, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK, ORDERED)
 
 
 @triton.jit
@@ -444,7 +449,7 @@ def _tile_scan(
     OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr, MODE: tl.constexpr,
     ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr, SKEW: tl.constexpr,
-    PACK: tl.constexpr,
+    PACK: tl.constexpr, ORDERED: tl.constexpr = False,
 ):
     if MODE == 0 and not LATE:
         t = tl.atomic_add(state_ptr, 1)
@@ -456,7 +461,7 @@ def _tile_scan(
         t = t.to(tl.int64)
     row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
     x = tl.load(x_ptr + row * sx + src, mask=lm, other=0)
-    if MODE == 0 and LATE:
+    if MODE == 0 and LATE and not ORDERED:
         # The loads above went out at the program's own index; the counter's
         # order (the one look-back may wait on) confirms it, or the tile is reloaded.
         got = tl.atomic_add(state_ptr, 1, sem="relaxed").to(t.dtype)  # an order, no data
@@ -537,6 +542,7 @@ def compact_late_kernel(
     x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
     INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, SKEW: tl.constexpr, PACK: tl.constexpr,
+    ORDERED: tl.constexpr = False,
 ):
     """``compact_kernel`` in its LATE form (a kernel of its own, as ``tile_scan_late_kernel``).
 
@@ -545,7 +551,7 @@ def compact_late_kernel(
     the tile's count is published first and its local scan runs after the
     look-back; PACK: packed status words (see ``tile_scan_late_kernel``)."""
     _compact(x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
-             INDEX, ACC, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK)
+             INDEX, ACC, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK, ORDERED)
 
 
 @triton.jit
@@ -553,7 +559,7 @@ def _compact(
     x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
     INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
     PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr, SKEW: tl.constexpr,
-    PACK: tl.constexpr,
+    PACK: tl.constexpr, ORDERED: tl.constexpr = False,
 ):
     if LATE:
         t = tl.program_id(0)  # a guess, confirmed below
@@ -565,7 +571,7 @@ def _compact(
         t = t.to(tl.int64)
     i = t * BLOCK + tl.arange(0, BLOCK)
     keep = tl.load(m_ptr + i, mask=i < n, other=0)
-    if LATE:
+    if LATE and not ORDERED:
         got = tl.atomic_add(state_ptr, 1, sem="relaxed").to(t.dtype)  # an order, no data
         if got != t:
             t = got
@@ -774,7 +780,8 @@ def launch_lookback_scan(x, y, flags, op: int, exclusive: bool, reverse: bool, c
     if config.get("LATE", 0):
         pack = _packs(config, acc) and flags is None
         tile_scan_late_kernel[(n_tiles,)](*head, _words(n_tiles, pack, x.device), *tail,
-                                          SKEW=config.get("SKEW", 0), PACK=pack, **common)
+                                          SKEW=config.get("SKEW", 0), PACK=pack,
+                                          ORDERED=bool(config.get("ORDERED", 0)), **common)
     else:
         tile_scan_kernel[(n_tiles,)](*head, *tail, MODE=0, **common)
 
@@ -830,6 +837,7 @@ def launch_compact(x, mask, out, index: bool, config: dict, publish_inclusive: b
     if config.get("LATE", 0):
         pack = _packs(config, acc)
         compact_late_kernel[(n_tiles,)](*head, _words(n_tiles, pack, mask.device), n, out.numel(),
-                                        SKEW=config.get("SKEW", 0), PACK=pack, **common)
+                                        SKEW=config.get("SKEW", 0), PACK=pack,
+                                        ORDERED=bool(config.get("ORDERED", 0)), **common)
     else:
         compact_kernel[(n_tiles,)](*head, n, out.numel(), **common)
