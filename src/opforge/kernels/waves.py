@@ -16,7 +16,7 @@ the two roles interleaved in launch order::
 ``Sk`` (``n = wave_rows * pieces`` programs) reads wave ``k``'s pieces once and
 publishes each piece's statistic, then counts itself on wave ``k``'s arrival
 counter; ``Ak`` re-reads its piece, which ``Sk`` read one wave earlier and L2
-still holds when a wave is ~8 MB, combines the row's statistics and writes.
+still holds when a wave is a few MB, combines the row's statistics and writes.
 An ``Ak`` program waits only for ``Sk``'s programs, launched a whole wave
 before it: they are running or done (programs start in launch order), so the
 wait is short and cannot deadlock, whatever the number of pieces; under the
@@ -126,11 +126,11 @@ def wave_plan(rows: int, pieces: int, wave_rows: int) -> tuple[int, int, int]:
     return wave_rows, waves, 2 * waves * wave_rows * pieces
 
 
-def wave_rows_for(row_bytes: int, target_bytes: int = 8 << 20) -> int:
+def wave_rows_for(row_bytes: int, target_bytes: int = 4 << 20) -> int:
     """Rows per wave: about ``target_bytes`` of input a wave. L2 (50 MB on the
     H200) holds a wave awaiting its re-read, the next one being read and the
-    writes of the one before: 8 MiB waves ran faster than 16 and 32 MiB ones
-    at 1024x65536 and 1024x262144 bf16 (H200, 2026-12-02, rows_scan.py)."""
+    writes of the one before: 4 MiB waves ran fastest (2, 6, 8, 16 and 32 MiB
+    slower) at 1024x65536 and 1024x262144 bf16 (H200, 2026-12-02, rows_scan.py)."""
     return max(1, target_bytes // max(row_bytes, 1))
 
 

@@ -361,9 +361,12 @@ def tile_configs(g: Geometry):
 
 
 def tile_default(g: Geometry):
-    """LATE (the tile's scan after its look-back) once measured on the device."""
-    cfg = K.tile_default_config(g.rows, g.cols)
-    return cfg if unmeasured("LATE") else dict(cfg, LATE=1)
+    """LATE (the LATE look-back kernel) once measured on the device: tiles of
+    4096 with 2 warps, the fastest at fp32 2^28 on the H200 (657 us, 77 % of
+    copy, 1.30x eager; 2026-12-02, rows_scan.py)."""
+    if unmeasured("LATE"):
+        return K.tile_default_config(g.rows, g.cols)
+    return K.tile_late_default_config(g.rows, g.cols)
 
 
 def col_configs(g: Geometry):
