@@ -36,7 +36,7 @@ def rand(shape, gen, dtype=F32, scale=2.0):
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"])
 def test_registered_with_all_variants(name):
     op = registry.get(name)
-    assert [v.name for v in op.variants] == ["triton_col_split", "triton_col", "triton_row", "triton_split", "triton_online", "torch_eager", "reference"]
+    assert [v.name for v in op.variants] == ["triton_col_split", "triton_col", "triton_row", "triton_wave", "triton_split", "triton_online", "torch_eager", "reference"]
     assert op.variant("torch_eager").kind == "vendor" and op.variant("torch_eager").devices == ("cuda",)
     assert op.samples(torch.device("cpu"))
 

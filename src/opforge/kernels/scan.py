@@ -41,6 +41,13 @@ Kernels:
   looking back, so it publishes flag 2 at once; its head (the elements before
   its first start) still takes the looked-back prefix. A reverse segmented
   scan treats segment *ends* (the element before a start) as starts.
+* ``tile_scan_late_kernel`` / ``compact_late_kernel``: the look-back kernels
+  in their LATE form (config ``LATE: 1``): the tile's loads issued at the
+  program's own index before the tile counter's round trip, the tile's total
+  published before its own scan, and (``PACK``, 32-bit accumulators) each
+  tile's status and value in one 64-bit word: no fences, no L1 invalidation.
+  Kernels of their own, so the plain kernels' specializations (listed in the
+  warmup manifests) stay as they were.
 * ``compact_kernel``: stream compaction. The same look-back tile scan over the
   int32 mask gives each kept element its output slot; the tile then scatters
   its kept values (or, for ``nonzero``, their flat indices) in order. One
@@ -59,9 +66,9 @@ import triton.language as tl
 # Bump when a kernel's code changes: it invalidates tuned entries of that kernel.
 ROW_VERSION = "1"
 COL_VERSION = "1"
-LOOKBACK_VERSION = "1"
+LOOKBACK_VERSION = "3"
 REDUCE_SCAN_VERSION = "1"
-COMPACT_VERSION = "2"
+COMPACT_VERSION = "4"
 
 SUM, PROD, MAX, MIN = 0, 1, 2, 3
 
@@ -303,6 +310,51 @@ def _look_back(flag_ptr, agg_ptr, inc_ptr, t, row_first,
     return prefix
 
 
+# Packed look-back (LATE with a 32-bit accumulator): a tile's status and value
+# are one 64-bit word, ``flag << 32 | value bits``, written by a relaxed
+# exchange and read by volatile (strong) loads: single-copy atomic, so a
+# reader sees a flag with its own value and nothing else needs ordering, as in
+# CUB. No release fence (MEMBAR.GPU) on publishing, no acquire and no L1
+# invalidation on polling, one load per predecessor instead of two.
+@triton.jit
+def _publish_word(word_ptr, t, value, FLAG: tl.constexpr, ACC: tl.constexpr):
+    if ACC == tl.float32:
+        bits = value.to(tl.int32, bitcast=True)
+    else:
+        bits = value.to(tl.int32)
+    tl.atomic_xchg(word_ptr + t, (bits.to(tl.int64) & 0xFFFFFFFF) | (FLAG << 32), sem="relaxed")
+
+
+@triton.jit
+def _look_back_words(word_ptr, t, row_first, OP: tl.constexpr, ACC: tl.constexpr, IDENT: tl.constexpr,
+                     WINDOW: tl.constexpr):
+    """``_look_back`` over packed words: the combined value of tiles ``row_first .. t-1``."""
+    prefix = tl.full([], IDENT, ACC)
+    hi = t
+    todo = (t != row_first).to(tl.int32)
+    w = tl.arange(0, WINDOW)
+    while todo != 0:
+        js = hi - WINDOW + w
+        valid = js >= row_first
+        word = tl.load(word_ptr + js, mask=valid, other=0, volatile=True)
+        fl = tl.where(valid, (word >> 32).to(tl.int32), 0)
+        low = (word & 0xFFFFFFFF).to(tl.int32)
+        if ACC == tl.float32:
+            v = low.to(tl.float32, bitcast=True)
+        else:
+            v = low.to(ACC)
+        last_inc = tl.max(tl.where(valid & (fl == 2), js, -1), 0)
+        pending = tl.sum(tl.where(valid & (js > last_inc) & (fl == 0), 1, 0), 0)
+        if pending == 0:
+            # The last inclusive prefix in the window and the aggregates after it
+            # (all aggregates when the window holds none: keep walking back).
+            take = valid & (js >= last_inc)
+            prefix = _combine(_total(tl.where(take, v, IDENT), 0, OP), prefix, OP)
+            hi = hi - WINDOW
+            todo = (last_inc < row_first).to(tl.int32)
+    return prefix
+
+
 @triton.jit
 def _tile_positions(t, cols, tiles_per_row, BLOCK: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr):
     """Tile ``t`` of a row scan: its row, its index in the row, its lanes ``j``
@@ -356,16 +408,69 @@ def tile_scan_kernel(
     path a GPU takes when predecessors are still running, which the
     interpreter (programs in order) never takes otherwise.
     """
-    if MODE == 0:
+    _tile_scan(x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, agg_ptr, cols, sx, sf, sy, tiles_per_row,
+               OP, EXCL, REV, SEG, MODE, ACC, IDENT, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, False, 0, False)
+
+
+@triton.jit
+def tile_scan_late_kernel(
+    x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, cols, sx, sf, sy, tiles_per_row,
+    OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr,
+    ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, SKEW: tl.constexpr, PACK: tl.constexpr,
+    ORDERED: tl.constexpr = False,
+):
+    """The look-back scan (MODE 0) in its LATE form (a kernel of its own, so
+    ``tile_scan_kernel``'s specializations, listed in the warmup manifests,
+    stay as they were).
+
+    LATE: the tile's loads go out first, at the program's own index (programs
+    start in launch order, so it is almost always the tile the counter then
+    hands out; a reload when not), instead of after a counter round trip;
+    unsegmented, the tile's total (a reduction, cheaper than the scan) is
+    published first, the look-back follows, and the tile's own scan runs
+    after the inclusive prefix is out: the scan's latency leaves the chain of
+    tiles that successors wait on, and the loaded values are the only state
+    carried across the wait. SKEW (tests only) makes every guess wrong.
+    ORDERED: no tile counter at all, the program id is the tile (programs
+    start in launch order, the assumption ``kernels.waves`` and the split
+    softmax make too; without it a look-back could wait on a tile whose
+    program cannot start).
+    PACK (unsegmented, 32-bit accumulator): status and value as one word at
+    ``word_ptr`` (``_publish_word``).
+    """
+    _tile_scan(x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, cols, sx, sf, sy, tiles_per_row,
+               OP, EXCL, REV, SEG, 0, ACC, IDENT, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK, ORDERED)
+
+
+@triton.jit
+def _tile_scan(
+    x_ptr, f_ptr, y_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, cols, sx, sf, sy, tiles_per_row,
+    OP: tl.constexpr, EXCL: tl.constexpr, REV: tl.constexpr, SEG: tl.constexpr, MODE: tl.constexpr,
+    ACC: tl.constexpr, IDENT: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr, SKEW: tl.constexpr,
+    PACK: tl.constexpr, ORDERED: tl.constexpr = False,
+):
+    if MODE == 0 and not LATE:
         t = tl.atomic_add(state_ptr, 1)
     else:
         t = tl.program_id(0)
+        if SKEW != 0:
+            t = (t + SKEW) % tl.num_programs(0)  # tests of the reload below
     if INT64:
         t = t.to(tl.int64)
     row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
+    x = tl.load(x_ptr + row * sx + src, mask=lm, other=0)
+    if MODE == 0 and LATE and not ORDERED:
+        # The loads above went out at the program's own index; the counter's
+        # order (the one look-back may wait on) confirms it, or the tile is reloaded.
+        got = tl.atomic_add(state_ptr, 1, sem="relaxed").to(t.dtype)  # an order, no data
+        if got != t:
+            t = got
+            row, k, j, p, src, lm = _tile_positions(t, cols, tiles_per_row, BLOCK, REV, EXCL)
+            x = tl.load(x_ptr + row * sx + src, mask=lm, other=0)
     m = j < cols
-    x = tl.load(x_ptr + row * sx + src, mask=lm, other=0).to(ACC)
-    x = tl.where(lm, x, IDENT)
+    x = tl.where(lm, x.to(ACC), IDENT)
     if SEG:
         # Segment starts in logical order: a reverse scan starts at segment ends.
         if REV:
@@ -380,27 +485,40 @@ def tile_scan_kernel(
         tf = tl.max(fs, 0)
         total = tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, sv, 0), 0)
     else:
-        sv = _scan(x, 0, OP)
         total = _total(x, 0, OP)
+        if not LATE:
+            sv = _scan(x, 0, OP)
     flag_ptr = state_ptr + 1
     if MODE == 0:
         if SEG:
             early = (k == 0) | (tf != 0)
         else:
             early = k == 0
-        if early:
-            _publish(flag_ptr, inc_ptr, t, total, 2)
+        if PACK:
+            if early:
+                _publish_word(word_ptr, t, total, 2, ACC)
+            else:
+                _publish_word(word_ptr, t, total, 1, ACC)
+            prefix = _look_back_words(word_ptr, t, row * tiles_per_row, OP, ACC, IDENT, WINDOW)
+            if early == 0:
+                if PUBLISH_INCLUSIVE:
+                    _publish_word(word_ptr, t, _combine(prefix, total, OP), 2, ACC)
         else:
-            _publish(flag_ptr, agg_ptr, t, total, 1)
-        prefix = _look_back(flag_ptr, agg_ptr, inc_ptr, t, row * tiles_per_row, OP, ACC, IDENT, WINDOW)
-        if early == 0:
-            if PUBLISH_INCLUSIVE:
-                _publish(flag_ptr, inc_ptr, t, _combine(prefix, total, OP), 2)
+            if early:
+                _publish(flag_ptr, inc_ptr, t, total, 2)
+            else:
+                _publish(flag_ptr, agg_ptr, t, total, 1)
+            prefix = _look_back(flag_ptr, agg_ptr, inc_ptr, t, row * tiles_per_row, OP, ACC, IDENT, WINDOW)
+            if early == 0:
+                if PUBLISH_INCLUSIVE:
+                    _publish(flag_ptr, inc_ptr, t, _combine(prefix, total, OP), 2)
     else:
         prefix = tl.load(inc_ptr + t).to(ACC)
     if SEG:
         y = tl.where(sf_ != 0, sv, prefix + sv)
     else:
+        if LATE:
+            sv = _scan(x, 0, OP)
         y = _combine(prefix, sv, OP)
     tl.store(y_ptr + row * sy + p, y.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -415,28 +533,86 @@ def compact_kernel(
     PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr,
 ):
     """Keep x[i] where mask[i], in order (INDEX: write i instead). Slots >= out_size are dropped."""
-    t = tl.atomic_add(state_ptr, 1)
+    _compact(x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, agg_ptr, n, out_size,
+             INDEX, ACC, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, False, 0, False)
+
+
+@triton.jit
+def compact_late_kernel(
+    x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
+    INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, SKEW: tl.constexpr, PACK: tl.constexpr,
+    ORDERED: tl.constexpr = False,
+):
+    """``compact_kernel`` in its LATE form (a kernel of its own, as ``tile_scan_late_kernel``).
+
+    LATE: the mask's loads go out at the program's own index before the counter
+    confirms it, the values are loaded as whole vectors (not per kept element),
+    the tile's count is published first and its local scan runs after the
+    look-back; PACK: packed status words (see ``tile_scan_late_kernel``)."""
+    _compact(x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
+             INDEX, ACC, BLOCK, WINDOW, PUBLISH_INCLUSIVE, INT64, True, SKEW, PACK, ORDERED)
+
+
+@triton.jit
+def _compact(
+    x_ptr, m_ptr, out_ptr, state_ptr, agg_ptr, inc_ptr, word_ptr, n, out_size,
+    INDEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+    PUBLISH_INCLUSIVE: tl.constexpr, INT64: tl.constexpr, LATE: tl.constexpr, SKEW: tl.constexpr,
+    PACK: tl.constexpr, ORDERED: tl.constexpr = False,
+):
+    if LATE:
+        t = tl.program_id(0)  # a guess, confirmed below
+        if SKEW != 0:
+            t = (t + SKEW) % tl.num_programs(0)
+    else:
+        t = tl.atomic_add(state_ptr, 1)
     if INT64:
         t = t.to(tl.int64)
     i = t * BLOCK + tl.arange(0, BLOCK)
+    keep = tl.load(m_ptr + i, mask=i < n, other=0)
+    if LATE and not ORDERED:
+        got = tl.atomic_add(state_ptr, 1, sem="relaxed").to(t.dtype)  # an order, no data
+        if got != t:
+            t = got
+            i = t * BLOCK + tl.arange(0, BLOCK)
+            keep = tl.load(m_ptr + i, mask=i < n, other=0)
     valid = i < n
-    keep = tl.load(m_ptr + i, mask=valid, other=0).to(tl.int32)
-    keep = tl.where(valid & (keep != 0), 1, 0).to(ACC)
-    local = tl.cumsum(keep, 0) - keep
+    keep = tl.where(valid & (keep.to(tl.int32) != 0), 1, 0).to(ACC)
     total = tl.sum(keep, 0)
+    if not LATE:
+        local = tl.cumsum(keep, 0) - keep
     if not INDEX:
         # Issued before the look-back, whose latency it then hides: its mask
         # must not wait for the prefix.
-        v = tl.load(x_ptr + i, mask=keep != 0, other=0)
+        if LATE:
+            # Whole 16-byte vectors: with kept elements spread over the tile every
+            # sector is fetched anyway, and a per-element mask splits the load
+            # into scalar ones.
+            v = tl.load(x_ptr + i, mask=valid, other=0)
+        else:
+            v = tl.load(x_ptr + i, mask=keep != 0, other=0)
     flag_ptr = state_ptr + 1
-    if t == 0:
-        _publish(flag_ptr, inc_ptr, t, total, 2)
+    if PACK:
+        if t == 0:
+            _publish_word(word_ptr, t, total, 2, ACC)
+        else:
+            _publish_word(word_ptr, t, total, 1, ACC)
+        prefix = _look_back_words(word_ptr, t, 0, 0, ACC, 0, WINDOW)
+        if t != 0:
+            if PUBLISH_INCLUSIVE:
+                _publish_word(word_ptr, t, prefix + total, 2, ACC)
     else:
-        _publish(flag_ptr, agg_ptr, t, total, 1)
-    prefix = _look_back(flag_ptr, agg_ptr, inc_ptr, t, 0, 0, ACC, 0, WINDOW)
-    if t != 0:
-        if PUBLISH_INCLUSIVE:
-            _publish(flag_ptr, inc_ptr, t, prefix + total, 2)
+        if t == 0:
+            _publish(flag_ptr, inc_ptr, t, total, 2)
+        else:
+            _publish(flag_ptr, agg_ptr, t, total, 1)
+        prefix = _look_back(flag_ptr, agg_ptr, inc_ptr, t, 0, 0, ACC, 0, WINDOW)
+        if t != 0:
+            if PUBLISH_INCLUSIVE:
+                _publish(flag_ptr, inc_ptr, t, prefix + total, 2)
+    if LATE:
+        local = tl.cumsum(keep, 0) - keep
     slot = prefix + local
     w = (keep != 0) & (slot < out_size)
     if INDEX:
@@ -554,6 +730,13 @@ def tile_default_config(rows: int, cols: int) -> dict:
     return {"BLOCK": block, "num_warps": 8 if block >= 4096 else 4, "WINDOW": 32}
 
 
+def tile_late_default_config(rows: int, cols: int) -> dict:
+    """The LATE kernel: at least four tiles a row, 4096 elements at most, 64 a
+    thread (2 warps at 4096: the fastest at fp32 2^28 on the H200)."""
+    block = max(16, min(4096, triton.next_power_of_2(max(cols, 1)) // 4))
+    return {"BLOCK": block, "num_warps": max(1, min(2, block // 2048)), "WINDOW": 32, "LATE": 1}
+
+
 def tile_configs(rows: int, cols: int) -> list[dict]:
     return [{"BLOCK": b, "num_warps": w, "WINDOW": 32} for b in (2048, 4096, 8192, 16384) for w in (4, 8, 16)
             if b // (32 * w) >= 8 and b // (32 * w) <= 64]
@@ -570,6 +753,18 @@ def _scratch(num_tiles: int, acc, device):
     return state, vals[0], vals[1]
 
 
+def _packs(config: dict, acc) -> bool:
+    """Packed status words: LATE with a 32-bit accumulator, unless ``PACK: 0``."""
+    return bool(config.get("LATE", 0)) and bool(config.get("PACK", 1)) and acc in (tl.float32, tl.int32)
+
+
+def _words(n_tiles: int, pack: bool, device):
+    """The packed status words, zeroed (flag 0: not published); one dummy word when unused."""
+    import torch
+
+    return torch.zeros(n_tiles if pack else 1, dtype=torch.int64, device=device)
+
+
 def launch_lookback_scan(x, y, flags, op: int, exclusive: bool, reverse: bool, config: dict,
                          publish_inclusive: bool = True) -> None:
     """x, y (and flags for a segmented sum): [rows, cols] with unit column stride."""
@@ -581,15 +776,21 @@ def launch_lookback_scan(x, y, flags, op: int, exclusive: bool, reverse: bool, c
     n_tiles = rows * tpr
     acc = acc_dtype(y.dtype, op)
     state, agg, inc = _scratch(n_tiles, acc, x.device)
-    tile_scan_kernel[(n_tiles,)](
-        x, flags if flags is not None else x, y, state, agg, inc, cols, x.stride(0),
-        flags.stride(0) if flags is not None else 0, y.stride(0), tpr,
-        OP=op, EXCL=exclusive, REV=reverse, SEG=flags is not None, MODE=0, ACC=acc,
+    common = dict(
+        OP=op, EXCL=exclusive, REV=reverse, SEG=flags is not None, ACC=acc,
         IDENT=identity(y.dtype, op), BLOCK=block, WINDOW=config.get("WINDOW", 32),
         PUBLISH_INCLUSIVE=publish_inclusive,
         INT64=max(_reach((x, y, flags), rows, cols) + block, n_tiles) > _INT32_MAX,
-        num_warps=config.get("num_warps", 8),
-    )
+        num_warps=config.get("num_warps", 8))
+    head = (x, flags if flags is not None else x, y, state, agg, inc)
+    tail = (cols, x.stride(0), flags.stride(0) if flags is not None else 0, y.stride(0), tpr)
+    if config.get("LATE", 0):
+        pack = _packs(config, acc) and flags is None
+        tile_scan_late_kernel[(n_tiles,)](*head, _words(n_tiles, pack, x.device), *tail,
+                                          SKEW=config.get("SKEW", 0), PACK=pack,
+                                          ORDERED=bool(config.get("ORDERED", 0)), **common)
+    else:
+        tile_scan_kernel[(n_tiles,)](*head, *tail, MODE=0, **common)
 
 
 def launch_reduce_then_scan(x, y, op: int, exclusive: bool, reverse: bool, config: dict) -> None:
@@ -634,10 +835,16 @@ def launch_compact(x, mask, out, index: bool, config: dict, publish_inclusive: b
     block = config.get("BLOCK", 4096)
     n_tiles = triton.cdiv(n, block)
     int64 = n + block > _INT32_MAX
-    state, agg, inc = _scratch(n_tiles, tl.int64 if int64 else tl.int32, mask.device)
-    compact_kernel[(n_tiles,)](
-        x if x is not None else mask, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
-        out, state, agg, inc, n, out.numel(), INDEX=index, ACC=tl.int64 if int64 else tl.int32, BLOCK=block,
-        WINDOW=config.get("WINDOW", 32),
-        PUBLISH_INCLUSIVE=publish_inclusive, INT64=int64, num_warps=config.get("num_warps", 8),
-    )
+    acc = tl.int64 if int64 else tl.int32
+    state, agg, inc = _scratch(n_tiles, acc, mask.device)
+    head = (x if x is not None else mask, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
+            out, state, agg, inc)
+    common = dict(INDEX=index, ACC=acc, BLOCK=block, WINDOW=config.get("WINDOW", 32),
+                  PUBLISH_INCLUSIVE=publish_inclusive, INT64=int64, num_warps=config.get("num_warps", 8))
+    if config.get("LATE", 0):
+        pack = _packs(config, acc)
+        compact_late_kernel[(n_tiles,)](*head, _words(n_tiles, pack, mask.device), n, out.numel(),
+                                        SKEW=config.get("SKEW", 0), PACK=pack,
+                                        ORDERED=bool(config.get("ORDERED", 0)), **common)
+    else:
+        compact_kernel[(n_tiles,)](*head, n, out.numel(), **common)

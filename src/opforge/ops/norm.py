@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from opforge.kernels import norm as K
+from opforge.ops.device_gate import unmeasured
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.launch import Launcher
@@ -238,7 +239,8 @@ class Forward:
     """A forward kernel (``row``, ``split`` or ``looped``) into a new output of x's shape."""
 
     def __init__(self, strategy: str):
-        self.launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped}[strategy]
+        self.launch = {"row": K.launch_fwd_row, "split": K.launch_fwd_split, "looped": K.launch_fwd_looped,
+                       "wave": K.launch_fwd_wave}[strategy]
 
     def __call__(self, g: Geometry, cfg, x, shape, eps, weight=None, bias=None):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -388,6 +390,19 @@ def split_default(g: Geometry):
     return K.split_default_config(g.rows, g.cols, g.itemsize, g.sms)
 
 
+def wave_reason(g: Geometry) -> str | None:
+    return split_check(g.rows, g.cols, g.sms) or unmeasured("triton_wave")
+
+
+def wave_candidates(g: Geometry):
+    return [dict(c, WAVE_ROWS=K.wave_rows_for(g.cols * g.itemsize, t << 20))
+            for c in split_configs(g.rows, g.cols) for t in (2, 4, 8)]
+
+
+def wave_default(g: Geometry):
+    return K.wave_default_config(g.rows, g.cols, g.itemsize)
+
+
 def looped_configs(g: Geometry):
     return [{"BLOCK_C": bc, "num_warps": w} for bc in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
             if bc // (32 * w) >= 4]
@@ -450,8 +465,12 @@ def specs(name: str) -> list[Spec]:
     backward = name.endswith("_backward")
     what = "backward" if backward else "forward"
     run = Backward if backward else Forward
-    split = []
+    split = wave = []
     if not backward:
+        wave = [Spec("triton_wave", Forward("wave"), version=K.WAVE_VERSION, dtypes=FLOATS,
+                     check=wave_reason, configs=wave_candidates, default_config=wave_default, bucket=bucket,
+                     description="forward: the split pieces' statistics and writes in one grid, interleaved "
+                                 "by waves of rows so the re-read hits L2 (one HBM read)")]
         split = [Spec("triton_split", Forward("split"), version=K.SPLIT_VERSION, dtypes=FLOATS,
                       check=split_reason, configs=split_candidates, default_config=split_default, bucket=bucket,
                       description="forward: rows cut into column pieces, one program each; piece "
@@ -461,6 +480,7 @@ def specs(name: str) -> list[Spec]:
              configs=row_candidates, default_config=row_default, bucket=bucket,
              description=f"{what}: tiles of whole rows held in registers (cols <= {K.ROW_MAX}); "
                          "exact two-pass mean/variance"),
+        *wave,
         # The looped kernel comes before split: on the H200 (2026-11-30) split ran
         # 256x65536 bf16 layer_norm at 0.50 TB/s, looped at 1.7 TB/s (2026-11-29).
         # Split stays a candidate for autotune.

@@ -37,6 +37,7 @@ import torch
 from opforge.kernels import softmax as K
 
 from opforge.ops.checks import check_dim, check_tensor
+from opforge.ops.device_gate import unmeasured
 from opforge.ops.library import define, direct_ok
 from opforge.runtime import dispatch, registry
 from opforge.runtime.device import interpret_mode
@@ -338,6 +339,22 @@ def split_configs(g: Geometry):
     return K.split_configs(g.rows, g.cols)
 
 
+def wave_check(g: Geometry) -> str | None:
+    if g.backward:
+        return "forward only (the backward's long rows take triton_split)"
+    if g.cols <= K.ROW_LIMIT:
+        return f"rows of {g.cols} columns fit the row-resident kernel"
+    return unmeasured("triton_wave")
+
+
+def wave_default(g: Geometry):
+    return K.wave_default_config(g.rows, g.cols, g.itemsize)
+
+
+def wave_configs(g: Geometry):
+    return K.wave_configs(g.rows, g.cols, g.itemsize)
+
+
 def online_default(g: Geometry):
     return K.online_default_config(g.rows, g.cols)
 
@@ -367,6 +384,10 @@ def specs(name: str) -> list[Spec]:
              dtypes=FLOATS, check=row_check, configs=row_configs, default_config=row_default, bucket=bucket,
              description=f"the whole {what} in registers, several short rows per program; "
                          f"cols <= {K.ROW_LIMIT}"),
+        Spec("triton_wave", Rows(K.launch_wave_forward, None), version=K.WAVE_VERSION, dtypes=FLOATS,
+             check=wave_check, configs=wave_configs, default_config=wave_default, bucket=bucket,
+             description="forward: a long row's pieces, their max/sum and their writes in one grid, "
+                         "interleaved by waves of rows so the re-read hits L2 (one HBM read)"),
         Spec("triton_split", Rows(K.launch_split_forward, K.launch_split_backward), version=K.SPLIT_VERSION,
              dtypes=FLOATS, check=split_check, configs=split_configs, default_config=split_default,
              bucket=bucket,
