@@ -178,12 +178,10 @@ class CheckpointCoordinator:
                 space.codec.ids = {v: k for k, v in enumerate(space.codec.values)}
         if tree["clock"] is not None and isinstance(self.env.clock, SimulatedClock):
             self.env.clock._now = tree["clock"]
-        fresh = []
         for uid, t in zip(self.uids, self.transformations):
             runners = self.nodes[t.id].runners
             states = (tree["sources"] if t.kind == "source" else tree["operators"]).get(uid)
-            if states is None:  # new in this job: starts empty
-                fresh.append(t)
+            if states is None:  # new in this job: starts empty (its watermarks too, as in Flink)
                 continue
             if t.kind != "source":
                 states = [{**s, "channels": self.channels.to_edges(t.id, s["channels"])} for s in states]
@@ -198,8 +196,6 @@ class CheckpointCoordinator:
                     r.wms[(e, u)], r.idle[(e, u)] = w, idle
                 r.current, r.out_idle = s["current"], s["out_idle"]
                 restore_operator(r.op, s["operator"])
-        for t in fresh:  # in graph order: a new operator's upstream is restored (or new and set) first
-            self.channels.catch_up(self.nodes[t.id])
         self.last_time = self.env.clock.now()
 
     def _check_fit(self, path: str, tree: dict, allow_non_restored_state: bool) -> None:
@@ -246,13 +242,11 @@ class _Channels:
     def __init__(self, nodes):
         self.input_of: dict[int, int] = {}  # edge -> input index of its downstream operator
         self.edge_of: dict[tuple, int] = {}  # (node id, input index) -> edge
-        self.up_of: dict = {}  # edge -> upstream node
         for n in nodes.values():
             for r in n.runners:
                 for e in r.out.edges:
                     self.input_of[e.idx] = e.input_index
                     self.edge_of[(e.down.t.id, e.input_index)] = e.idx
-                    self.up_of[e.idx] = e.up
 
     def to_edges(self, node_id: int, channels: list) -> list:
         return [[self.edge_of[(node_id, i)], u, w, idle] for i, u, w, idle in channels
@@ -262,17 +256,6 @@ class _Channels:
     def fit(channels: list, actual: list) -> list:
         """Saved channels onto a subtask's actual ones (upstream parallelism may differ)."""
         return fit_channels([{"channels": channels}], actual)
-
-    def catch_up(self, node) -> None:
-        """An operator new in the job takes the watermarks its upstream has emitted
-        (as in a run without the restore) instead of starting behind them."""
-        for r in node.runners:
-            for e, u in r.wms:
-                up = self.up_of[e].runners[u]
-                source = not hasattr(up, "op")
-                r.wms[(e, u)] = up.current_watermark() if source else up.current
-                r.idle[(e, u)] = up.idle if source else up.out_idle
-            r._advance()  # the operator sees that watermark as it would have in the run
 
 
 def _source_state(r) -> dict:
