@@ -5,6 +5,7 @@ from opforge.stream.broadcast_state import (BroadcastProcessFunction, BroadcastS
                                             KeyedBroadcastProcessFunction)
 from opforge.stream.checkpoint import (CheckpointConfig, CheckpointRestoreError,
                                        CheckpointSerializationError)
+from opforge.stream.coordinator import MissingUidWarning
 from opforge.stream.datastream import ConnectedStreams, DataStream, KeyedStream, WindowedStream
 from opforge.stream.evictors import CountEvictor, Evictor, TimeEvictor
 from opforge.stream.environment import StreamExecutionEnvironment
@@ -43,6 +44,7 @@ __all__ = [
     "AggregateFunction", "AggregatingStateDescriptor", "Aggregations", "ArrowSource", "Batch",
     "BroadcastProcessFunction", "BroadcastStream", "CallbackSink",
     "CheckpointConfig", "CheckpointRestoreError", "CheckpointSerializationError", "CoGroupFunction",
+    "MissingUidWarning",
     "CoGroupedStreams", "CoProcessFunction", "CollectSink", "CollectionSource", "ConnectedStreams",
     "CountEvictor", "CountTrigger", "DataStream", "EventTimeSessionWindows", "EventTimeTrigger", "Evictor",
     "FileSink", "FileSource", "NatsSink", "NatsSource", "FilterFunction", "FlatJoinFunction", "FlatMapFunction", "GlobalWindows",

@@ -44,7 +44,7 @@ from opforge.runtime import durable_files
 from opforge.stream.state_types import (is_state_class, register_state_type, registered_state_type,
                                         state_type_name)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: state matched by operator uid, input channels by input index
 METADATA = "_metadata"
 _CHK = re.compile(r"^chk-(\d+)$")
 

@@ -47,6 +47,23 @@ class DataStream:
     def get_name(self) -> str:
         return self.transformation.name
 
+    def uid(self, uid: str) -> "DataStream":
+        """The id this operator's state is stored under in checkpoints and
+        savepoints (Flink's ``uid``): state is matched by it on restore, so it
+        survives changes to the job graph around the operator. Without one the
+        id comes from the operator's place in the graph."""
+        if not isinstance(uid, str) or not uid:
+            raise ValueError(f"{self.transformation.name}.uid: expected a non-empty str, got {uid!r}")
+        other = next((t for t in self.env.transformations if t.uid == uid and t is not self.transformation), None)
+        if other is not None:
+            raise ValueError(f"uid {uid!r} is already the uid of operator {other.name!r}: "
+                             "uids must be unique within a job")
+        self.transformation.uid = uid
+        return self
+
+    def get_uid(self) -> str | None:
+        return self.transformation.uid
+
     def set_parallelism(self, parallelism: int) -> "DataStream":
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise ValueError(f"{self.transformation.name}.set_parallelism: expected a positive int, "
@@ -195,6 +212,10 @@ class KeyedStream(DataStream):
 
     def _keyed(self, kind, name, params) -> DataStream:
         return self._add(kind, name, params)
+
+    def uid(self, uid: str) -> DataStream:
+        raise TypeError("KeyedStream.uid: key_by adds no operator of its own; set the uid on the "
+                        "operator that follows it (e.g. key_by(...).process(fn).uid(...))")
 
     def process(self, func, output_type=None) -> DataStream:
         if not hasattr(func, "process_element"):

@@ -142,12 +142,17 @@ class StreamExecutionEnvironment:
         transformations, self.transformations = self.transformations, []
         return transformations
 
-    def execute(self, job_name: str = "opforge stream job", restore_from=None) -> JobExecutionResult:
+    def execute(self, job_name: str = "opforge stream job", restore_from=None,
+                allow_non_restored_state: bool = False) -> JobExecutionResult:
         """Run the job to the end of its (bounded) input; the graph is then cleared.
         ``restore_from``: a checkpoint or savepoint directory, or a checkpoint
-        directory (its latest completed checkpoint; a fresh start if none)."""
+        directory (its latest completed checkpoint; a fresh start if none).
+        State is matched by operator uid (``DataStream.uid``); state of an
+        operator the job no longer has fails the restore unless
+        ``allow_non_restored_state`` (Flink's ``--allowNonRestoredState``)."""
         transformations = self._take_graph(job_name)
-        return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore), restore_from)
+        return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore, None,
+                                                            allow_non_restored_state), restore_from)
 
     def set_restart_strategy(self, strategy: RestartStrategy) -> "StreamExecutionEnvironment":
         """What a failure of ``execute`` does (``restart.py``): e.g.
@@ -160,11 +165,12 @@ class StreamExecutionEnvironment:
     def get_restart_strategy(self) -> RestartStrategy | None:
         return self.restart_strategy
 
-    def execute_async(self, job_name: str = "opforge stream job", restore_from=None):
+    def execute_async(self, job_name: str = "opforge stream job", restore_from=None,
+                      allow_non_restored_state: bool = False):
         """Start the job in a background thread; a ``JobClient`` controls it."""
         from opforge.stream.job_client import JobClient
 
         transformations = self._take_graph(job_name)
         if not any(t.kind == "sink" for t in transformations):
             raise ValueError(f"execute_async({job_name!r}): the job has no sink (add sink_to, collect or print)")
-        return JobClient(self, transformations, job_name, restore_from)
+        return JobClient(self, transformations, job_name, restore_from, allow_non_restored_state)

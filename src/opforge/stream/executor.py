@@ -474,7 +474,7 @@ def _aligned_pauses(sources) -> set:
 
 
 def run_job(env, transformations: list[Transformation], job_name: str, restore_from=None,
-            control=None) -> JobExecutionResult:
+            control=None, allow_non_restored_state: bool = False) -> JobExecutionResult:
     if not any(t.kind == "sink" for t in transformations):
         raise ValueError(f"execute({job_name!r}): the job has no sink (add sink_to, collect or print)")
     from opforge.stream.checkpoint import resolve_restore_path
@@ -526,7 +526,7 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
     try:
         coordinator = CheckpointCoordinator(env, transformations, nodes, job_name)
         if restore_path is not None:
-            coordinator.restore(restore_path)
+            coordinator.restore(restore_path, allow_non_restored_state)
         if control is not None:
             control.attach(nodes, coordinator)
         clock = env.clock

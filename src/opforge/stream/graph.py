@@ -39,6 +39,7 @@ class Transformation:
     parallelism: int
     inputs: list[Input] = field(default_factory=list)
     params: dict = field(default_factory=dict)
+    uid: str | None = None  # ``DataStream.uid``: the id its state is stored under in checkpoints
 
     def __repr__(self) -> str:
         return f"Transformation({self.id}, {self.kind}, {self.name!r}, p={self.parallelism})"

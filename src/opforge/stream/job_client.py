@@ -74,7 +74,7 @@ _ids = itertools.count(1)
 
 
 class JobClient:
-    def __init__(self, env, transformations, job_name: str, restore_from=None):
+    def __init__(self, env, transformations, job_name: str, restore_from=None, allow_non_restored_state=False):
         from opforge.stream.executor import run_job
 
         self.job_name = job_name
@@ -87,7 +87,7 @@ class JobClient:
         def main():
             self.status = JobStatus.RUNNING
             try:
-                res = run_job(env, transformations, job_name, restore_from, self.control)
+                res = run_job(env, transformations, job_name, restore_from, self.control, allow_non_restored_state)
             except JobCancellationException as e:
                 self.status = JobStatus.CANCELED
                 self.control.fail_pending(e)

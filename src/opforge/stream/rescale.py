@@ -94,12 +94,12 @@ def rescale_subtasks(op_name: str, ops: list, states: list[dict], channels_of: l
     out = []
     for i in range(p):
         new_ops[i]["watermark"] = wm
-        out.append({"channels": _channels(states, channels_of[i]), "current": min(s["current"] for s in states),
+        out.append({"channels": fit_channels(states, channels_of[i]), "current": min(s["current"] for s in states),
                     "out_idle": all(s["out_idle"] for s in states), "operator": new_ops[i]})
     return out
 
 
-def _channels(states: list[dict], channels: list) -> list:
+def fit_channels(states: list[dict], channels: list) -> list:
     """A new subtask's input channels: the minimum watermark the old subtasks had on
     the same channel (or on the same edge, for a channel that did not exist)."""
     by_channel: dict = {}
