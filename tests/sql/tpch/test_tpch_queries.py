@@ -75,7 +75,11 @@ def test_bad_query_number_names_the_argument(bad):
 
 def test_order_keys_by_position_and_expression():
     assert compare.order_keys("select a, b + 1 as c from t order by 2, a") == ["c", "a"]
-    assert compare.order_keys("select a, sum(b) from t group by a order by sum(b) desc") == [compare.order_keys(
-        "select a, sum(b) from t group by a order by 2")[0]]
+    # an unaliased expression is found by position or by expression alike; its output name is
+    # each engine's own, so it ends the named keys (positions still name it)
+    by_expr, by_pos = ("select a, sum(b) from t group by a order by sum(b) desc",
+                       "select a, sum(b) from t group by a order by 2")
+    assert compare.order_positions(by_expr) == compare.order_positions(by_pos) == [1]
+    assert compare.order_keys(by_expr) == compare.order_keys(by_pos) == []
     # an ORDER BY on a column that is not selected ends the usable keys
     assert compare.order_keys("select a from t order by z, a") == []
