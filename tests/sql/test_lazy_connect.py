@@ -80,3 +80,9 @@ def _not_parquet(tmp_path):
     path = tmp_path / "text.parquet"
     path.write_text("a,b\n1,2\n")
     return path
+
+
+@pytest.mark.parametrize("options", [{"workers": True}, {"runtime_filters": 1}, {"join_reordering": "sideways"}])
+def test_options_equal_to_a_default_but_of_another_type_are_still_checked(options):
+    with pytest.raises((TypeError, ValueError)):
+        sql.connect("cpu", **options)

@@ -13,7 +13,6 @@ import itertools
 import os
 import re
 import time
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,6 +43,13 @@ if TYPE_CHECKING:
 
 DEFAULT_SKEW_THRESHOLD = 0.1  # physical/context.py's (a test keeps them equal); importing it loads the joins
 _DEFAULT_OPTIONS = (None, "auto", True, DEFAULT_SKEW_THRESHOLD, 1, "auto")
+
+
+def _are_defaults(options: tuple) -> bool:
+    """Options equal to connect()'s defaults, type included (``workers=True`` is no default): they
+    pass ``check_options``, which imports every join algorithm to list the names."""
+    return all(type(v) is type(d) and v == d for v, d in zip(options, _DEFAULT_OPTIONS))
+
 
 _EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+|analyse\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
 
@@ -174,8 +180,8 @@ class Connection:
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
                  join_distribution: str = "auto", cluster=None, database: str | os.PathLike | None = None,
                  memory_limit: int | str | None = None, spill_host_limit: int | str | None = None):
-        if (memory_budget, join_algorithm, runtime_filters, skew_threshold, workers,
-                join_distribution) != _DEFAULT_OPTIONS:  # the defaults need no check (nor the join modules)
+        if not _are_defaults((memory_budget, join_algorithm, runtime_filters, skew_threshold, workers,
+                              join_distribution)):
             from opforge.sql.physical.context import check_options
 
             check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
