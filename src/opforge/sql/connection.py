@@ -1,5 +1,7 @@
 """The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation.
 
+``connect()`` and ``register()`` import no engine: the parser, planner, executor and op library load
+at the first statement, which also reads the sources register() kept (``table_source``).
 A registered table's columns reach the device when a query first reads them (``table.LazyColumns``)
 and each column's statistics (``planner/statistics.py``) are gathered once, when the join planner or
 EXPLAIN's estimates first look the column up.
@@ -280,7 +282,10 @@ class Connection:
         """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
         partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
         partitions) / .csv path under `name`; each column moves to the device when a query first
-        reads it. ``partition_key``: the column whose hash places the rows on workers when
+        reads it. A path or a frame is read (footer, CSV, pandas' conversion) at the first statement,
+        so register costs no I/O and loads no engine; what can be checked cheaply fails here (a
+        missing file, a name that is neither .parquet nor .csv, a file without Parquet's magic bytes),
+        the rest fails, with the same error, at the first statement (``table_source``). ``partition_key``: the column whose hash places the rows on workers when
         ``workers > 1`` (joins on it need no shuffle). With ``connect(cluster=c)`` the table is also
         cut into regions placed on the cluster's workers, by a hash of ``partition_by`` (alias of
         ``partition_key``) or by row ranges; this connection keeps it for planning (statistics)."""
