@@ -1,5 +1,7 @@
 """The user-facing API in DuckDB's habits: connect(), register(), sql() -> Relation.
 
+``connect()`` and ``register()`` import no engine: the parser, planner, executor and op library load
+at the first statement, which also reads the sources register() kept (``table_source``).
 A registered table's columns reach the device when a query first reads them (``table.LazyColumns``)
 and each column's statistics (``planner/statistics.py``) are gathered once, when the join planner or
 EXPLAIN's estimates first look the column up.
@@ -13,30 +15,43 @@ import itertools
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow as pa
 import torch
-from sqlglot import exp
 
-from opforge.sql import plan as P
-from opforge.sql import copy_statement, parameters, table_functions
-from opforge.sql.database import Database
-from opforge.sql.ddl import MemoryCatalog
+from opforge.sql import table_source
 from opforge.sql.errors import NotSupportedError, SqlError
-from opforge.sql.executor import Executor
-from opforge.sql.frontend.binder import Binder
-from opforge.sql.frontend.parser import parse_all
-from opforge.sql.optimizer import optimize
 from opforge.sql.outofcore.sizes import env_limit, parse_size
-from opforge.sql.physical.context import DEFAULT_SKEW_THRESHOLD, ExecContext, check_options
-from opforge.sql.physical.joins.base import Hardware
-from opforge.sql.planner.cardinality import Estimator
-from opforge.sql.planner.join_order import SKEW_THRESHOLD, JoinOrderOptimizer, check_mode
-from opforge.sql.planner.statistics import TableStats, table_stats
-from opforge.sql.profile import Profiler
-from opforge.sql.settings import Settings
-from opforge.sql.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    from sqlglot import exp
+
+    from opforge.sql import plan as P
+    from opforge.sql.ddl import MemoryCatalog
+    from opforge.sql.executor import Executor
+    from opforge.sql.physical.context import ExecContext
+    from opforge.sql.planner.cardinality import Estimator
+    from opforge.sql.planner.join_order import JoinOrderOptimizer
+    from opforge.sql.planner.statistics import TableStats
+    from opforge.sql.profile import Profiler
+    from opforge.sql.settings import Settings
+    from opforge.sql.table import Table
+
+# Everything else loads at the first statement (issue 23: connect() + register() in milliseconds):
+# the parser (sqlglot), binder, planner, executor and the op library, pandas and pyarrow's readers.
+# ``register`` keeps a file's or a frame's source unread (``table_source``) until then.
+
+DEFAULT_SKEW_THRESHOLD = 0.1  # physical/context.py's (a test keeps them equal); importing it loads the joins
+_DEFAULT_OPTIONS = (None, "auto", True, DEFAULT_SKEW_THRESHOLD, 1, "auto")
+
+
+def _are_defaults(options: tuple) -> bool:
+    """Options equal to connect()'s defaults, type included (``workers=True`` is no default): they
+    pass ``check_options``, which imports every join algorithm to list the names."""
+    return all(type(v) is type(d) and v == d for v, d in zip(options, _DEFAULT_OPTIONS))
+
 
 _EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+|analyse\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
 
@@ -72,12 +87,16 @@ class Relation:
         return [] if self._node is None else [o.name for o in self._node.outputs]
 
     def _executor(self, profiler: Profiler | None = None) -> Executor:
+        from opforge.sql.executor import Executor
+
         return Executor(self._con._tables, self._con.device, self._con._context(), profiler)
 
     def to_arrow(self) -> pa.Table:
         if self._result is not None:
             return self._result
         if self._node is None:
+            import pyarrow as pa
+
             return pa.table({})
         if self._mode == "explain":
             return self._estimates()
@@ -98,10 +117,14 @@ class Relation:
     def _estimate(self, node: P.Node) -> int:
         """Estimated rows from the tables' statistics (``planner/cardinality.py``)."""
         if self._estimator is None:
+            from opforge.sql.planner.cardinality import Estimator
+
             self._estimator = Estimator(self._node, self._con._stats)
         return int(round(self._estimator.rows(node)))
 
     def _estimates(self) -> pa.Table:
+        import pyarrow as pa
+
         ops, est = [], []
 
         def walk(node, depth):
@@ -118,6 +141,8 @@ class Relation:
         (``.stats``, ``.to_arrow()``, ``.render(total_ms)``)."""
         if self._node is None:
             raise SqlError("EXPLAIN ANALYZE: this statement has no query plan")
+        from opforge.sql.profile import Profiler
+
         prof = Profiler(self._con.device, self._estimate)
         prof.plan_order(self._node)
         t0 = time.perf_counter()
@@ -130,6 +155,8 @@ class Relation:
         GB/s (and % of the copy bandwidth on cuda) and the registry ops / kernels per operator."""
         if self._node is None:
             return self._message
+        from opforge.sql import plan as P
+
         if (analyze or self._mode == "analyze") and self._con.cluster is not None:
             t0 = time.perf_counter()
             self._con.cluster.execute(self._node, self._con._cluster_options())
@@ -142,6 +169,8 @@ class Relation:
         return P.explain(self._node, estimate=self._estimate)
 
     def __repr__(self) -> str:
+        from opforge.sql import plan as P
+
         if self._mode == "analyze":
             return "EXPLAIN ANALYZE " + P.explain(self._node, estimate=self._estimate)
         return self.explain()
@@ -153,8 +182,15 @@ class Connection:
                  skew_threshold: float | None = DEFAULT_SKEW_THRESHOLD, workers: int = 1,
                  join_distribution: str = "auto", cluster=None, database: str | os.PathLike | None = None,
                  memory_limit: int | str | None = None, spill_host_limit: int | str | None = None):
-        check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
-        check_mode(join_reordering)
+        if not _are_defaults((memory_budget, join_algorithm, runtime_filters, skew_threshold, workers,
+                              join_distribution)):
+            from opforge.sql.physical.context import check_options
+
+            check_options(memory_budget, join_algorithm, runtime_filters, skew_threshold, workers, join_distribution)
+        if join_reordering != "auto":
+            from opforge.sql.planner.join_order import check_mode
+
+            check_mode(join_reordering)
         self.device = torch.device(device or _default_device())
         self.memory_budget = memory_budget
         # out of core (sql/outofcore): the device limit (else SET memory_limit, else the env) and the host tier
@@ -167,19 +203,68 @@ class Connection:
         self.workers = workers
         self.join_distribution = join_distribution
         self.cluster = cluster  # opforge.cluster.Cluster: registered tables live on its workers
-        self._tables: dict[str, Table] = {}
-        self._stats: dict[str, TableStats] = {}
+        # register() order; a TableSource is read at the first statement (``_tables``)
+        self._registered: dict[str, Table | table_source.TableSource] = {}
+        self._unread = False  # some value of _registered is a TableSource
+        self._table_stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self._cids = itertools.count()
-        self._memory = MemoryCatalog(self)  # tables made by CREATE TABLE (sql/ddl.py)
-        self._settings = Settings()  # SET default_null_order, ... (sql/settings.py)
+        self._memory_catalog: MemoryCatalog | None = None
+        self._settings_now: Settings | None = None
         self._nested = False  # inside a statement: its inner queries (ddl.py) run through sql()
         self._file_tables: dict[tuple, str] = {}  # read_parquet / read_csv files -> hidden table (table_functions)
-        self.database = None if database is None or database == ":memory:" else Database(database)
-        if self.database is not None:
+        self.database = None
+        if database is not None and database != ":memory:":
+            from opforge.sql.database import Database
+
+            self.database = Database(database)
             self._memory.attach(self.database)
 
+    @property
+    def _tables(self) -> dict[str, Table]:
+        """The registered tables; the sources register() kept are read first (their footer or
+        conversion: a damaged file fails here with register's message and is not registered)."""
+        if self._unread:
+            for name in [n for n, t in self._registered.items() if isinstance(t, table_source.TableSource)]:
+                try:
+                    self._registered[name] = self._registered[name].load(self.device)
+                except Exception:
+                    del self._registered[name]
+                    raise
+            self._unread = False
+        return self._registered
+
+    @property
+    def _stats(self) -> dict[str, TableStats]:
+        """Each table's statistics (``planner/statistics.py``: every column's computed on its first lookup)."""
+        from opforge.sql.planner.statistics import table_stats
+
+        for name, table in self._tables.items():
+            if name not in self._table_stats:
+                self._table_stats[name] = table_stats(table)
+        return self._table_stats
+
+    @property
+    def _memory(self) -> MemoryCatalog:
+        """The tables made by CREATE TABLE (``sql/ddl.py``), made at the first use (it needs sqlglot)."""
+        if self._memory_catalog is None:
+            from opforge.sql.ddl import MemoryCatalog
+
+            self._memory_catalog = MemoryCatalog(self)
+        return self._memory_catalog
+
+    @property
+    def _settings(self) -> Settings:
+        """SET default_null_order, ... (``sql/settings.py``), made at the first statement."""
+        if self._settings_now is None:
+            from opforge.sql.settings import Settings
+
+            self._settings_now = Settings()
+        return self._settings_now
+
     def _context(self) -> ExecContext:
+        from opforge.sql.physical.context import ExecContext, check_options
+
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
                       self.workers, self.join_distribution)
         limit = self._settings.memory_limit or self.memory_limit or env_limit()
@@ -197,7 +282,10 @@ class Connection:
         """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
         partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
         partitions) / .csv path under `name`; each column moves to the device when a query first
-        reads it. ``partition_key``: the column whose hash places the rows on workers when
+        reads it. A path or a frame is read (footer, CSV, pandas' conversion) at the first statement,
+        so register costs no I/O and loads no engine; what can be checked cheaply fails here (a
+        missing file, a name that is neither .parquet nor .csv, a file without Parquet's magic bytes),
+        the rest fails, with the same error, at the first statement (``table_source``). ``partition_key``: the column whose hash places the rows on workers when
         ``workers > 1`` (joins on it need no shuffle). With ``connect(cluster=c)`` the table is also
         cut into regions placed on the cluster's workers, by a hash of ``partition_by`` (alias of
         ``partition_key``) or by row ranges; this connection keeps it for planning (statistics)."""
@@ -207,35 +295,45 @@ class Connection:
             partition_key = partition_by
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"register: name must be an identifier, got {name!r}")
+        source = table_source.deferred(obj)
+        if source is not None and partition_key is None and self.cluster is None:
+            self._registered[name] = source
+            self._table_stats.pop(name, None)
+            self._unread = True
+            return self
+        from opforge.sql.table import Table
+
         table = Table.load(obj, self.device)
         if partition_key is not None:
             if partition_key not in table.names:
                 raise SqlError(f"register: partition_key {partition_key!r} is not a column of {name!r}")
             table.partition_key = partition_key
-        self._tables[name] = table
-        self._stats[name] = table_stats(table)
+        self._registered[name] = table
+        self._table_stats.pop(name, None)
         if self.cluster is not None:
             self.cluster.place_table(name, table.to_arrow(), partition_key)
         return self
 
     def _put_table(self, name: str, data: pa.Table) -> None:
         """(Re)places a table made by CREATE TABLE / INSERT (``sql/ddl.py``); any name DuckDB accepts."""
-        table = Table.from_arrow(data, self.device)
-        self._tables[name] = table
-        self._stats[name] = table_stats(table)
+        from opforge.sql.table import Table
+
+        self._registered[name] = Table.from_arrow(data, self.device)
+        self._table_stats.pop(name, None)
         if self.cluster is not None:
             self.cluster.place_table(name, data)
 
     def unregister(self, name: str) -> None:
-        self._memory.tables.pop(name.lower(), None)
-        self._tables.pop(name, None)
-        self._stats.pop(name, None)
+        if self._memory_catalog is not None:
+            self._memory_catalog.tables.pop(name.lower(), None)
+        self._registered.pop(name, None)
+        self._table_stats.pop(name, None)
         if self.cluster is not None and name in self.cluster.tables:
             self.cluster.drop_table(name)
         self.views.pop(name.lower(), None)
 
     def tables(self) -> list[str]:
-        return sorted(list(self._tables) + list(self.views))
+        return sorted([*self._registered, *self.views])
 
     def sql(self, text: str, params=None) -> Relation:
         """Runs ``text`` (several statements: each runs, the last one's answer is returned).
@@ -251,6 +349,9 @@ class Connection:
         message = self._settings.reset(text)
         if message is not None:
             return Relation(self, None, message)
+        from opforge.sql import parameters
+        from opforge.sql.frontend.parser import parse_all
+
         text, count = parameters.number_placeholders(text)
         trees = parameters.bind(parse_all(text), count, params)
         if not trees:
@@ -276,10 +377,12 @@ class Connection:
 
     def close(self) -> None:
         """Drops the connection's tables from memory; a database folder keeps every committed table."""
-        for name in list(self._tables):
+        for name in list(self._registered):
             self.unregister(name)
         self._file_tables.clear()
-        self.database = self._memory.database = None
+        self.database = None
+        if self._memory_catalog is not None:
+            self._memory_catalog.database = None
 
     def __enter__(self) -> "Connection":
         return self
@@ -288,6 +391,11 @@ class Connection:
         self.close()
 
     def _statement(self, tree: exp.Expression, text: str) -> Relation:
+        import pyarrow as pa
+        from sqlglot import exp
+
+        from opforge.sql import copy_statement, table_functions
+
         tree = table_functions.materialize(self, self._settings.apply(tree, text))
         if isinstance(tree, exp.Set):
             return Relation(self, None, self._settings.set(tree))
@@ -314,18 +422,27 @@ class Connection:
         return Relation(self, self.plan(tree))
 
     def plan(self, tree: exp.Expression) -> P.Node:
+        from opforge.sql.frontend.binder import Binder
+        from opforge.sql.optimizer import optimize
+
         binder = Binder(_Catalog(self), self._run_scalar, self._cids, self._settings.order_by_non_integer_literal)
         binder.single_row_check = self._settings.scalar_subquery_error_on_multiple_rows
         node, _ = binder.bind_query(tree)
         return optimize(node, self.device, self._join_order())
 
     def _join_order(self) -> JoinOrderOptimizer:
+        from opforge.sql.physical.joins.base import Hardware
+        from opforge.sql.planner.join_order import SKEW_THRESHOLD, JoinOrderOptimizer
+
         return JoinOrderOptimizer(self._stats, self._tables, self.join_reordering,
                                   Hardware.with_budget(self.memory_budget),
                                   skew_threshold=self.skew_threshold or SKEW_THRESHOLD,
                                   workers=self.workers, join_distribution=self.join_distribution)
 
     def _run_table(self, node: P.Node) -> pa.Table:
+        from opforge.sql.executor import Executor
+        from opforge.sql.optimizer import optimize
+
         node = optimize(node, self.device, self._join_order())
         return Executor(self._tables, self.device, self._context()).to_arrow(node)
 
@@ -338,6 +455,8 @@ class Connection:
         return t.column(0)[0].as_py()
 
     def _create(self, tree: exp.Create) -> Relation:
+        from sqlglot import exp
+
         kind = (tree.args.get("kind") or "").upper()
         if kind == "TABLE":
             return Relation(self, None, self._memory.create(tree))
