@@ -105,6 +105,14 @@ def test_matches_duckdb(check, q):
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
     "SELECT g % 2 AS m, id, rank() OVER (ORDER BY m DESC, id) FROM w ORDER BY id",
     "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
+    # GROUPING() and windows over the union of the grouping sets (TPC-DS q36 / q70 / q86)
+    "SELECT sum(x) AS t, g, s, grouping(g) + grouping(s) AS h, rank() OVER (PARTITION BY grouping(g) + grouping(s), "
+    "CASE WHEN grouping(s) = 0 THEN g END ORDER BY sum(x) DESC NULLS LAST) AS r FROM w GROUP BY ROLLUP (g, s) "
+    "ORDER BY h DESC, CASE WHEN grouping(g) + grouping(s) = 0 THEN g END NULLS FIRST, r, s NULLS FIRST",
+    "SELECT g, s, grouping(g, s), count(*), sum(count(*)) OVER (PARTITION BY grouping(g, s)) AS share "
+    "FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1 ORDER BY 3, 1 NULLS FIRST, 2 NULLS FIRST",
+    "SELECT g % 2 AS p, grouping(p), max(id) FROM w GROUP BY GROUPING SETS ((p), ()) "
+    "QUALIFY row_number() OVER (ORDER BY max(id) DESC) <= 2 ORDER BY 3 DESC",
     "SELECT g AS a FROM w UNION SELECT x AS b FROM w ORDER BY b DESC",
 ])
 def test_ordered_results_match_duckdb(check, q):

@@ -15,6 +15,7 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
+from opforge.sql.frontend.output_names import output_name
 from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
@@ -587,7 +588,7 @@ class Binder:
             elif isinstance(e, exp.Count) and isinstance(e.this, exp.Star):
                 items.append(("count_star()", e))  # DuckDB's name for an unaliased count(*)
             else:
-                items.append((self.sql_text(e), e))
+                items.append((output_name(e, self._duckdb.generate), e))
         if not q.expressions:
             raise SqlError("SELECT clause without selection list")
         if not items:
