@@ -112,7 +112,7 @@ def test_matches_duckdb(check, q):
     "SELECT g, s, grouping(g, s), count(*), sum(count(*)) OVER (PARTITION BY grouping(g, s)) AS share "
     "FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1 ORDER BY 3, 1 NULLS FIRST, 2 NULLS FIRST",
     "SELECT g % 2 AS p, grouping(p), max(id) FROM w GROUP BY GROUPING SETS ((p), ()) "
-    "QUALIFY row_number() OVER (ORDER BY max(id) DESC) <= 2 ORDER BY 3 DESC",
+    "QUALIFY row_number() OVER (ORDER BY max(id) DESC, grouping(p)) <= 2 ORDER BY 3 DESC, 2",
     "SELECT g AS a FROM w UNION SELECT x AS b FROM w ORDER BY b DESC",
 ])
 def test_ordered_results_match_duckdb(check, q):

@@ -60,7 +60,8 @@ def over_union(e: exp.Expression, columns: dict[str, str], text) -> exp.Expressi
     text to a column of the union of the grouping sets) read from those columns. The function of
     an OVER clause is kept (``sum`` of ``sum(x) OVER ()``), its arguments are swapped."""
     def walk(n, window_function):
-        if not window_function and not isinstance(n, exp.Window):
+        if not window_function and isinstance(n, exp.Condition) and not isinstance(n, exp.Window):
+            # a value, not a clause part (an ORDER BY term prints as its expression)
             name = columns.get(text(n))
             if name is not None:
                 return exp.column(name, quoted=True)
