@@ -86,6 +86,8 @@ def check():
     "SELECT g, s, count(*), sum(x) FROM w GROUP BY ROLLUP (g, s)",
     "SELECT g, s, max(f) FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1",
     "SELECT g % 2 AS p, s, min(id) FROM w GROUP BY GROUPING SETS ((p), (p, s), ())",
+    "SELECT g + 1, s, sum(x) * 2, grouping(g + 1, s) FROM w GROUP BY GROUPING SETS ((g + 1), (s), ())",
+    "SELECT g, (SELECT max(x) FROM w w2 WHERE w2.g = w.g) AS m, sum(x) FROM w GROUP BY ROLLUP (g)",
     "SELECT * FROM (VALUES (1, 'a'), (2, NULL), (NULL, 'c'), (2, 'b')) v(k, t) JOIN w ON w.g = v.k",
     "SELECT g, x FROM w INTERSECT SELECT g, x FROM w WHERE id % 3 = 0",
     "SELECT g FROM w INTERSECT ALL SELECT g FROM w WHERE id % 2 = 0",

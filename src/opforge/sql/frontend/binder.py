@@ -16,7 +16,7 @@ from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
 from opforge.sql.frontend.output_names import output_name
-from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes
+from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes, subquery_parts
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
@@ -542,11 +542,13 @@ class Binder:
         for s in sources:
             parts.update((self.sql_text(a), a) for a in _group_aggregates(s))
             parts.update((self.sql_text(g), g) for g in own_nodes(s, exp.Grouping))
+            parts.update((self.sql_text(g), g) for g in subquery_parts(s))
         columns = {text: f"__grouped{i}" for i, text in enumerate(parts)}
         block = q.copy()
         for clause in ("order", "limit", "offset", "distinct", "qualify", "windows"):
             block.set(clause, None)
-        block.set("expressions", [exp.alias_(e.copy(), columns[t], quoted=True) for t, e in parts.items()])
+        block.set("expressions", [exp.Alias(this=e.copy(), alias=exp.to_identifier(columns[t], quoted=True))
+                                  for t, e in parts.items()])  # (exp.alias_ names a subquery as a table)
         block.set("having", None if having is None else exp.Having(this=having))
         projs = []
         for s in sets:
@@ -557,8 +559,8 @@ class Binder:
                 for i, o in enumerate(projs[0].outputs)]
         union = P.Union(projs, outs, all=True)
         union_scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent)
-        top = exp.Select(expressions=[exp.alias_(over_union(e, columns, self.sql_text), name, quoted=True)
-                                      for name, e in items])
+        top = exp.Select(expressions=[exp.Alias(this=over_union(e, columns, self.sql_text),
+                                                alias=exp.to_identifier(name, quoted=True)) for name, e in items])
         if order:
             top.set("order", exp.Order(expressions=[
                 exp.Ordered(this=over_union(o.this, columns, self.sql_text), desc=o.args.get("desc"),

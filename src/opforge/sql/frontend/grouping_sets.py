@@ -60,7 +60,7 @@ def over_union(e: exp.Expression, columns: dict[str, str], text) -> exp.Expressi
     text to a column of the union of the grouping sets) read from those columns. The function of
     an OVER clause is kept (``sum`` of ``sum(x) OVER ()``), its arguments are swapped."""
     def walk(n, window_function):
-        if not window_function and isinstance(n, exp.Condition) and not isinstance(n, exp.Window):
+        if not window_function and isinstance(n, (exp.Condition, exp.Subquery)) and not isinstance(n, exp.Window):
             # a value, not a clause part (an ORDER BY term prints as its expression)
             name = columns.get(text(n))
             if name is not None:
@@ -71,3 +71,17 @@ def over_union(e: exp.Expression, columns: dict[str, str], text) -> exp.Expressi
                 child.replace(new)
         return n
     return walk(e.copy(), False)
+
+
+def subquery_parts(e: exp.Expression):
+    """The subqueries of ``e`` (with the IN or the ANY / ALL comparison they are the operand of),
+    evaluated in the grouped block, once per grouping set: a correlated one reads the group keys
+    as the FROM clause's columns (``w.g`` for a key written ``g``), which only the block has."""
+    for n in own_nodes(e, (exp.Subquery, exp.Exists)):
+        p = n.parent
+        if isinstance(p, exp.In):
+            yield p
+        elif isinstance(p, (exp.Any, exp.All)) and p.parent is not None:
+            yield p.parent
+        else:
+            yield n
