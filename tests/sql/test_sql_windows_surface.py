@@ -107,6 +107,7 @@ def test_matches_duckdb(check, q):
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
     "SELECT g % 2 AS m, id, rank() OVER (ORDER BY m DESC, id) FROM w ORDER BY id",
     "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
+    "SELECT g AS s, s AS g, sum(x) FROM w GROUP BY ROLLUP (w.g, w.s) ORDER BY s NULLS FIRST, g NULLS FIRST, 3",
     # GROUPING() and windows over the union of the grouping sets (TPC-DS q36 / q70 / q86)
     "SELECT sum(x) AS t, g, s, grouping(g) + grouping(s) AS h, rank() OVER (PARTITION BY grouping(g) + grouping(s), "
     "CASE WHEN grouping(s) = 0 THEN g END ORDER BY sum(x) DESC NULLS LAST) AS r FROM w GROUP BY ROLLUP (g, s) "

@@ -544,6 +544,14 @@ class Binder:
             parts.update((self.sql_text(g), g) for g in own_nodes(s, exp.Grouping))
             parts.update((self.sql_text(g), g) for g in subquery_parts(s))
         columns = {text: f"__grouped{i}" for i, text in enumerate(parts)}
+
+        def local_cid(c):  # the FROM column a column reference names (None: none, or ambiguous)
+            hits = scope._find(c.name, c.table or None) if isinstance(c, exp.Column) else []
+            return hits[0].cid if len(hits) == 1 else None
+        key_columns = {local_cid(t): columns[self.sql_text(t)] for t in terms if local_cid(t) is not None}
+
+        def column_of(n):  # a key is matched by the column it reads too (g for a key written w.g)
+            return columns.get(self.sql_text(n)) or key_columns.get(local_cid(n))
         block = q.copy()
         for clause in ("order", "limit", "offset", "distinct", "qualify", "windows"):
             block.set(clause, None)
@@ -559,14 +567,17 @@ class Binder:
                 for i, o in enumerate(projs[0].outputs)]
         union = P.Union(projs, outs, all=True)
         union_scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent)
-        top = exp.Select(expressions=[exp.Alias(this=over_union(e, columns, self.sql_text),
+        top = exp.Select(expressions=[exp.Alias(this=over_union(e, column_of),
                                                 alias=exp.to_identifier(name, quoted=True)) for name, e in items])
         if order:
+            def order_term(e):  # a select alias names the output, as in any ORDER BY
+                output = isinstance(e, exp.Column) and not e.table and e.name.lower() in alias_map
+                return e if output else over_union(e, column_of)
             top.set("order", exp.Order(expressions=[
-                exp.Ordered(this=over_union(o.this, columns, self.sql_text), desc=o.args.get("desc"),
-                            nulls_first=o.args.get("nulls_first")) for o in order]))
+                exp.Ordered(this=order_term(o.this), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first"))
+                for o in order]))
         if qualify is not None:
-            top.set("qualify", exp.Qualify(this=over_union(qualify, columns, self.sql_text)))
+            top.set("qualify", exp.Qualify(this=over_union(qualify, column_of)))
         for clause in ("limit", "offset", "windows"):
             top.set(clause, q.args.get(clause))
         _, proj = self._aggregate_project(top, union, union_scope, [], distinct=distinct)

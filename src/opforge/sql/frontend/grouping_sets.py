@@ -55,14 +55,14 @@ def own_nodes(e: exp.Expression, kind):
             yield n
 
 
-def over_union(e: exp.Expression, columns: dict[str, str], text) -> exp.Expression:
-    """``e`` with its grouped parts (keys, aggregates, GROUPING calls: ``columns`` maps their SQL
-    text to a column of the union of the grouping sets) read from those columns. The function of
-    an OVER clause is kept (``sum`` of ``sum(x) OVER ()``), its arguments are swapped."""
+def over_union(e: exp.Expression, column_of) -> exp.Expression:
+    """``e`` with its grouped parts (keys, aggregates, GROUPING calls, subqueries: ``column_of(node)``
+    names their column of the union of the grouping sets, else None) read from those columns. The
+    function of an OVER clause is kept (``sum`` of ``sum(x) OVER ()``), its arguments are swapped."""
     def walk(n, window_function):
         if not window_function and isinstance(n, (exp.Condition, exp.Subquery)) and not isinstance(n, exp.Window):
             # a value, not a clause part (an ORDER BY term prints as its expression)
-            name = columns.get(text(n))
+            name = column_of(n)
             if name is not None:
                 return exp.column(name, quoted=True)
         for child in list(n.iter_expressions()):
