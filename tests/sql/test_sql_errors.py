@@ -35,7 +35,6 @@ def test_ambiguous_column(con):
 
 
 @pytest.mark.parametrize("q, construct", [
-    ("SELECT l_comment, grouping(l_comment) FROM lineitem GROUP BY ROLLUP (l_comment)", "Grouping"),
     ("SELECT median(l_quantity) OVER () FROM lineitem", "window function median"),
     ("WITH RECURSIVE r(x) AS (SELECT x FROM r UNION ALL SELECT 1) SELECT * FROM r", "RECURSIVE r: a reference to the CTE in its anchor"),
     ("SELECT regexp_extract_all(l_comment, 'a') FROM lineitem", "RegexpExtractAll"),

@@ -132,7 +132,7 @@ def test_correlated_subquery_refusals_name_the_construct(check):
 
 def test_spread_and_boolean_aggregates_match_duckdb(check):
     # one value in a group: the sample statistics are NULL, the population ones 0; no values: NULL
-    check("SELECT g, var_samp(v), var_pop(v), stddev(v), stddev_pop(v), variance(v), bool_and(v > 15), "
+    check("SELECT g, var_samp(v), var_pop(v), stddev(v), stddev_samp(v), stddev_pop(v), variance(v), bool_and(v > 15), "
           "bool_or(k IS NULL) FROM outer_t LEFT JOIN inner_t ON k = i GROUP BY g")
     with pytest.raises(NotSupportedError, match="window function stddev_pop"):
         check.con.sql("SELECT stddev_pop(v) OVER () FROM inner_t").fetchall()

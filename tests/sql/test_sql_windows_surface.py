@@ -86,6 +86,8 @@ def check():
     "SELECT g, s, count(*), sum(x) FROM w GROUP BY ROLLUP (g, s)",
     "SELECT g, s, max(f) FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1",
     "SELECT g % 2 AS p, s, min(id) FROM w GROUP BY GROUPING SETS ((p), (p, s), ())",
+    "SELECT g + 1, s, sum(x) * 2, grouping(g + 1, s) FROM w GROUP BY GROUPING SETS ((g + 1), (s), ())",
+    "SELECT g, (SELECT max(x) FROM w w2 WHERE w2.g = w.g) AS m, sum(x) FROM w GROUP BY ROLLUP (g)",
     "SELECT * FROM (VALUES (1, 'a'), (2, NULL), (NULL, 'c'), (2, 'b')) v(k, t) JOIN w ON w.g = v.k",
     "SELECT g, x FROM w INTERSECT SELECT g, x FROM w WHERE id % 3 = 0",
     "SELECT g FROM w INTERSECT ALL SELECT g FROM w WHERE id % 2 = 0",
@@ -105,6 +107,15 @@ def test_matches_duckdb(check, q):
     "SELECT x FROM (VALUES (3), (1), (2)) t(x) UNION ALL SELECT 0 ORDER BY 1",
     "SELECT g % 2 AS m, id, rank() OVER (ORDER BY m DESC, id) FROM w ORDER BY id",
     "SELECT g, s, sum(x) AS t FROM w GROUP BY ROLLUP (g, s) ORDER BY t DESC NULLS LAST, g, s LIMIT 6",
+    "SELECT g AS s, s AS g, sum(x) FROM w GROUP BY ROLLUP (w.g, w.s) ORDER BY s NULLS FIRST, g NULLS FIRST, 3",
+    # GROUPING() and windows over the union of the grouping sets (TPC-DS q36 / q70 / q86)
+    "SELECT sum(x) AS t, g, s, grouping(g) + grouping(s) AS h, rank() OVER (PARTITION BY grouping(g) + grouping(s), "
+    "CASE WHEN grouping(s) = 0 THEN g END ORDER BY sum(x) DESC NULLS LAST) AS r FROM w GROUP BY ROLLUP (g, s) "
+    "ORDER BY h DESC, CASE WHEN grouping(g) + grouping(s) = 0 THEN g END NULLS FIRST, r, s NULLS FIRST",
+    "SELECT g, s, grouping(g, s), count(*), sum(count(*)) OVER (PARTITION BY grouping(g, s)) AS share "
+    "FROM w GROUP BY CUBE (g, s) HAVING count(*) > 1 ORDER BY 3, 1 NULLS FIRST, 2 NULLS FIRST",
+    "SELECT g % 2 AS p, grouping(p), max(id) FROM w GROUP BY GROUPING SETS ((p), ()) "
+    "QUALIFY row_number() OVER (ORDER BY max(id) DESC, grouping(p)) <= 2 ORDER BY 3 DESC, 2",
     "SELECT g AS a FROM w UNION SELECT x AS b FROM w ORDER BY b DESC",
 ])
 def test_ordered_results_match_duckdb(check, q):

@@ -15,7 +15,8 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
-from opforge.sql.frontend.grouping_sets import grouping_sets
+from opforge.sql.frontend.output_names import output_name
+from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes, subquery_parts
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
@@ -515,26 +516,72 @@ class Binder:
         return self._limit(q, proj, scope), scope
 
     def _grouping_sets(self, q, node, scope, sets: list[list[exp.Expression]], distinct: bool) -> P.Node:
-        """GROUP BY ROLLUP / CUBE / GROUPING SETS: the select block once per grouping set, the keys
-        outside the set NULL, UNION ALL'ed; then DISTINCT, ORDER BY (over the outputs) and LIMIT."""
+        """GROUP BY ROLLUP / CUBE / GROUPING SETS: the grouped block (keys, aggregates, GROUPING()
+        and HAVING) once per grouping set, the keys outside the set NULL, UNION ALL'ed; then the
+        select list, windows, QUALIFY, DISTINCT, ORDER BY and LIMIT once over the union, as DuckDB
+        does (a window partitions the rows of every set together)."""
+        items = _lateral_aliases(self._select_items(q, scope), scope)
+        if not all(isinstance(e, exp.Expression) for _, e in items):
+            raise NotSupportedError("SELECT * with GROUP BY ROLLUP / CUBE / GROUPING SETS")
+        alias_map = {name.lower(): e for name, e in items}
+        names = {c.name_key for c in scope.cols}
+
+        def resolve(t):  # GROUP BY 1 or a select alias: the item's expression
+            if isinstance(t, exp.Literal) and not t.is_string:
+                return items[int(t.this) - 1][1]
+            if isinstance(t, exp.Column) and not t.table and t.name.lower() in alias_map and t.name.lower() not in names:
+                return alias_map[t.name.lower()]
+            return t
+        sets = [[resolve(t) for t in s] for s in sets]
         terms = list({self.sql_text(t): t for s in sets for t in s}.values())
+        having, qualify = (None if q.args.get(c) is None else _expand_aliases(q.args[c].this, alias_map, scope)
+                           for c in ("having", "qualify"))
+        order = _order_terms(q.args.get("order"), len(items))
+        sources = [e for _, e in items] + [o.this for o in order] + [e for e in (having, qualify) if e is not None]
+        parts = {self.sql_text(t): t for t in terms}
+        for s in sources:
+            parts.update((self.sql_text(a), a) for a in _group_aggregates(s))
+            parts.update((self.sql_text(g), g) for g in own_nodes(s, exp.Grouping))
+            parts.update((self.sql_text(g), g) for g in subquery_parts(s))
+        columns = {text: f"__grouped{i}" for i, text in enumerate(parts)}
+
+        def local_cid(c):  # the FROM column a column reference names (None: none, or ambiguous)
+            hits = scope._find(c.name, c.table or None) if isinstance(c, exp.Column) else []
+            return hits[0].cid if len(hits) == 1 else None
+        key_columns = {local_cid(t): columns[self.sql_text(t)] for t in terms if local_cid(t) is not None}
+
+        def column_of(n):  # a key is matched by the column it reads too (g for a key written w.g)
+            return columns.get(self.sql_text(n)) or key_columns.get(local_cid(n))
         block = q.copy()
-        for clause in ("order", "limit", "offset", "distinct"):
+        for clause in ("order", "limit", "offset", "distinct", "qualify", "windows"):
             block.set(clause, None)
-        if block.find(exp.Window):  # the block is bound once per set: a window would see one set's rows
-            raise NotSupportedError("window functions in a SELECT with GROUP BY ROLLUP / CUBE / GROUPING SETS")
+        block.set("expressions", [exp.Alias(this=e.copy(), alias=exp.to_identifier(columns[t], quoted=True))
+                                  for t, e in parts.items()])  # (exp.alias_ names a subquery as a table)
+        block.set("having", None if having is None else exp.Having(this=having))
         projs = []
         for s in sets:
             inside = {self.sql_text(t) for t in s}
             nulls = [t for t in terms if self.sql_text(t) not in inside]
             projs.append(self._aggregate_project(block, node, scope, [], group_terms=s, null_terms=nulls)[1])
-        first = projs[0].outputs
         outs = [self.new_col(o.name, _common([p.outputs[i].type for p in projs], "GROUPING SETS"))
-                for i, o in enumerate(first)]
-        out: P.Node = P.Union(projs, outs, all=True)
-        if distinct:
-            out = P.Distinct(out)
-        return self._order_limit(q, out, outs, Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent))
+                for i, o in enumerate(projs[0].outputs)]
+        union = P.Union(projs, outs, all=True)
+        union_scope = Scope([ScopeCol("", o.name, o.cid, o.type) for o in outs], scope.parent)
+        top = exp.Select(expressions=[exp.Alias(this=over_union(e, column_of),
+                                                alias=exp.to_identifier(name, quoted=True)) for name, e in items])
+        if order:
+            def order_term(e):  # a select alias names the output, as in any ORDER BY
+                output = isinstance(e, exp.Column) and not e.table and e.name.lower() in alias_map
+                return e if output else over_union(e, column_of)
+            top.set("order", exp.Order(expressions=[
+                exp.Ordered(this=order_term(o.this), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first"))
+                for o in order]))
+        if qualify is not None:
+            top.set("qualify", exp.Qualify(this=over_union(qualify, column_of)))
+        for clause in ("limit", "offset", "windows"):
+            top.set(clause, q.args.get(clause))
+        _, proj = self._aggregate_project(top, union, union_scope, [], distinct=distinct)
+        return self._limit(top, proj, union_scope)
 
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
@@ -554,7 +601,7 @@ class Binder:
             elif isinstance(e, exp.Count) and isinstance(e.this, exp.Star):
                 items.append(("count_star()", e))  # DuckDB's name for an unaliased count(*)
             else:
-                items.append((self.sql_text(e), e))
+                items.append((output_name(e, self._duckdb.generate), e))
         if not q.expressions:
             raise SqlError("SELECT clause without selection list")
         if not items:
@@ -597,6 +644,8 @@ class Binder:
                 if isinstance(e, Ref):
                     key_cids[e.cid] = Ref(o.cid, o.type, o.name)
             terms = _group_terms(group, items) if group_terms is None else group_terms
+            inside: set[str] = set()
+            outside: set[str] = set()
             for g, null in [(g, False) for g in terms] + [(g, True) for g in null_terms]:
                 gexpr = g
                 if isinstance(g, exp.Literal) and not g.is_string:
@@ -621,6 +670,10 @@ class Binder:
                     replace[self.sql_text(gexpr)] = ref
                     if g is not gexpr:
                         replace[self.sql_text(g)] = ref
+                    (outside if null else inside).update({self.sql_text(gexpr), self.sql_text(g)})
+            for s in sources:  # GROUPING(key, ...): constant within one grouping set
+                for call in own_nodes(s, exp.Grouping):
+                    replace[self.sql_text(call)] = Lit(grouping_value(call, inside, outside, self.sql_text), T.INT64)
             aggs = []
             seen: dict[str, Ref] = {}
             for a in agg_nodes:
