@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from llm_train_step import build_model, versions  # noqa: E402  (the same model and version record)
+from llm_train_step import add_model_arguments, build_model, versions  # noqa: E402  (the same model and version record)
 
 SCHEMA_VERSION = 1
 MODES = ("hf_static_compile", "hf_eager", "opforge", "opforge_nograph")
@@ -105,14 +105,7 @@ def run_child(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--intermediate", type=int, default=8192)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--untied", action="store_true")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    add_model_arguments(p)
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--prompt", type=int, default=2048)
     p.add_argument("--new", type=int, default=128)

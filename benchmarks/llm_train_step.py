@@ -194,8 +194,8 @@ def versions() -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model's shape (Llama-3.2-1B's by default), shared with llm_generate.py."""
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=8192)
@@ -203,9 +203,14 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--untied", action="store_true", help="separate LM head (default: tied, as Llama-3.2-1B)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default=",".join(DEFAULT_MODES))
