@@ -123,6 +123,7 @@ def run(device: torch.device | None = None, console: Console | None = None,
     in subprocesses and merges their results."""
     console = console or Console()
     if jobs > 1:
+        select(ops)  # a name matching no op is refused here, once, not by every shard
         results = _run_shards(console, ops, jobs)
     else:
         device = device or devmod.default_device()

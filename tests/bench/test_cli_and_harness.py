@@ -1,10 +1,12 @@
 """The command line and the bench harness, on the CPU (kernels under the interpreter)."""
 
+import io
 import json
 import math
 
 import pytest
 import torch
+from rich.console import Console
 
 from opforge import cli
 from opforge.runtime import jit, roofline
@@ -130,6 +132,9 @@ def test_selftest_selects_ops_by_name_and_prefix(capsys):
                                                        "cross_entropy_fused"}
     with pytest.raises(ValueError, match="no op matches"):
         selftest.select(["no_such_op"])
+    # with --jobs the parent refuses it once, before starting a shard process
+    with pytest.raises(ValueError, match="no op matches"):
+        selftest.run(ops=["moe*"], jobs=4, console=Console(file=io.StringIO()))
     assert cli.main(["selftest", "--op", "neg"]) == 0
     out = capsys.readouterr().out
     assert "opforge::neg" in out and "opforge::exp" not in out and " 0 failed" in out
