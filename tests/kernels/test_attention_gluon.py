@@ -132,3 +132,18 @@ def test_shipped_entries_name_configs_the_kernel_has():
                                                key["shape_bucket"]).groups()
         assert e["config"] in KG.forward_configs(int(d), int(seqs), int(seqs), mask == "causal", int(g))
         assert e["median_ms"] > 0
+
+
+def test_backward_delta_is_rowsum_of_do_times_o():
+    """The Gluon backward's delta (the Triton delta kernel, under the interpreter) against torch in fp64,
+    on a strided view of O as the op passes it (stride(-1) == 1, not contiguous)."""
+    from opforge.kernels.attention_gluon_backward import row_delta
+
+    g = torch.Generator().manual_seed(3)
+    out = torch.randn(2, 5, 3, 37, 64, generator=g).to(torch.bfloat16)[:, :, 1].transpose(1, 2)
+    out = out.transpose(1, 2)  # (2, 5, 37, 64), a view with stride(-1) == 1
+    do = torch.randn(2, 5, 37, 64, generator=g).to(torch.bfloat16)
+    ref = (do.double() * out.double()).sum(-1)
+    got = row_delta(do, out)
+    assert got.dtype == torch.float32 and got.shape == (2, 5, 37)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
