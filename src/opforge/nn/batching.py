@@ -1,0 +1,202 @@
+"""Continuous batching over the paged KV cache: the scheduler behind
+``opforge.nn.generate(model, [prompt, ...], ...)``.
+
+Each request reserves, when admitted, the KV blocks of its whole sequence
+(prompt + max_new_tokens - 1 cached tokens; the last token is never fed
+back), so a running request never waits for memory and nothing is preempted;
+its blocks return to the free list the step it finishes (max_new_tokens
+reached, or its eos token emitted). A loop iteration:
+
+1. Admit waiting requests, first come first served, while a decode row is
+   free (at most ``max_batch``) and the pool has their blocks; prefill them,
+   requests of one prompt length in one batch (``opforge.attention``, causal,
+   with the prompt's K / V scattered into its blocks). Their first token
+   comes from the prefill.
+2. One decode step for every running row: the row's last token at its own
+   position, its K / V appended at its slot, ``opforge.attention_decode``
+   over the pool with the rows' block tables and lengths.
+3. Rows that finished leave; the others keep their blocks and their order
+   does not matter (a row is only its block table), so no KV is ever moved.
+
+CUDA graphs: the decode step is captured once per *bucket* of batch sizes
+(powers of two up to ``max_batch``, and ``max_batch``) and replayed, so
+admissions and departures do not re-capture. A step of ``n`` rows runs the
+smallest bucket ``b >= n``: rows ``n .. b-1`` are padding rows (token 0 at
+position 0, length 1, block table all scratch block 0) whose K / V writes
+go to the scratch block (``nn/kv_blocks.py``) and whose tokens are dropped.
+The step's inputs live in one static int64 buffer ``[rows, 4 + max_blocks]``
+(token, position, flat slot, length, block table) filled from the host by
+one copy a step; the greedy tokens are read back each step (a request's
+eos decides whether it goes on), which is the one host sync a step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from opforge.nn.decoder import cache_geometry, next_tokens
+from opforge.nn.kv_blocks import BlockAllocator, PagedKV, blocks_for, token_slots
+from opforge.ops.attention import attention
+from opforge.ops.attention_decode import attention_decode
+
+WARMUP_STEPS = 2  # eager decode steps of a bucket before its CUDA graph is captured
+TOKEN, POSITION, SLOT, LENGTH, TABLE = 0, 1, 2, 3, 4  # columns of the step's input buffer
+
+
+@dataclass
+class Request:
+    """One prompt's generation: its blocks, cached length and tokens so far."""
+
+    prompt: torch.Tensor  # 1-D int64 on the model's device
+    max_new: int
+    eos: int | None
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0  # tokens in the cache
+    tokens: list[int] = field(default_factory=list)  # generated so far
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prompt.numel() + self.max_new - 1
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.max_new or (self.eos is not None and self.tokens[-1] == self.eos)
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+def _prefill(model: nn.Module, caches: list[PagedKV], group: list[Request], block_size: int) -> list[int]:
+    """Prompts of one length: their K / V into their blocks; the first new token of each."""
+    S = group[0].prompt.numel()
+    device = group[0].prompt.device
+    ids = torch.stack([r.prompt for r in group])
+    slots = torch.tensor([s for r in group for s in token_slots(r.blocks, 0, S, block_size)], device=device)
+
+    def attend(i, attn, q, k, v):
+        caches[i].write(slots, k.transpose(1, 2), v)
+        return attention(q, k, v.transpose(1, 2), causal=True, scale=float(attn.scaling)).transpose(1, 2)
+
+    return next_tokens(model, ids, torch.arange(S, device=device).view(1, S), attend).tolist()
+
+
+class PagedDecodeStep:
+    """The decode step of up to ``max_batch`` rows over the paged cache; on CUDA
+    one graph a bucket of batch sizes (see the module docstring)."""
+
+    def __init__(self, model, caches: list[PagedKV], block_size: int, max_blocks: int, max_batch: int, device,
+                 use_graph: bool):
+        self.model, self.caches, self.block_size = model, caches, block_size
+        self.sizes = bucket_sizes(max_batch)
+        width = TABLE + max_blocks
+        self.state = torch.zeros((max_batch, width), dtype=torch.long, device=device)
+        self.host = torch.zeros((max_batch, width), dtype=torch.long, pin_memory=device.type == "cuda")
+        self.use_graph = use_graph
+        self.pool = torch.cuda.graph_pool_handle() if use_graph else None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.eager_calls: dict[int, int] = {}
+        self._rows: tuple = ()
+
+    def _eager(self, b: int) -> torch.Tensor:
+        state = self.state[:b]
+        slots, seqlens = state[:, SLOT], state[:, LENGTH].to(torch.int32)
+        table = state[:, TABLE:].to(torch.int32)
+
+        def attend(i, attn, q, k, v):
+            kv = self.caches[i]
+            kv.write(slots, k.transpose(1, 2), v)
+            return attention_decode(q.transpose(1, 2), kv.k, kv.v, seqlens, table, scale=float(attn.scaling))
+
+        return next_tokens(self.model, state[:, TOKEN:TOKEN + 1], state[:, POSITION:POSITION + 1], attend)
+
+    def _fill(self, rows: list[Request], b: int) -> None:
+        n, host = len(rows), self.host[:b]
+        if self._rows != (b, *map(id, rows)):  # rows came or went: new block tables, new padding rows
+            self._rows = (b, *map(id, rows))
+            host.zero_()  # padding rows: token 0, position 0, slot 0 and table of the scratch block 0 ...
+            host[n:, LENGTH] = 1  # ... and length 1 (they attend to the scratch slot they wrote)
+            for i, r in enumerate(rows):
+                host[i, TABLE:TABLE + len(r.blocks)] = torch.tensor(r.blocks)
+        pos = torch.tensor([r.length for r in rows])
+        host[:n, TOKEN] = torch.tensor([r.tokens[-1] for r in rows])
+        host[:n, POSITION] = pos
+        host[:n, LENGTH] = pos + 1
+        block = host[:n, TABLE:].gather(1, (pos // self.block_size)[:, None])[:, 0]
+        host[:n, SLOT] = block * self.block_size + pos % self.block_size
+        self.state[:b].copy_(host, non_blocking=True)
+
+    def __call__(self, rows: list[Request]) -> list[int]:
+        n = len(rows)
+        b = next(s for s in self.sizes if s >= n)
+        self._fill(rows, b)
+        calls = self.eager_calls.get(b, 0)
+        if not self.use_graph or calls < WARMUP_STEPS:
+            self.eager_calls[b] = calls + 1
+            return self._eager(b)[:n].tolist()
+        if b not in self.graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self._eager(b)
+            self.graphs[b] = (graph, out)
+        graph, out = self.graphs[b]
+        graph.replay()
+        return out[:n].tolist()
+
+
+def run(model: nn.Module, requests: list[Request], *, max_batch: int, block_size: int, num_blocks: int | None,
+        use_graph: bool) -> None:
+    """Generate every request to completion (their ``tokens``), at most ``max_batch`` decoding at once."""
+    device = requests[0].prompt.device
+    max_blocks = max(blocks_for(r.cached_tokens, block_size) for r in requests)
+    if num_blocks is None:  # room for max_batch of the largest requests, and the scratch block
+        num_blocks = 1 + min(max_batch, len(requests)) * max_blocks
+    for i, r in enumerate(requests):
+        if blocks_for(r.cached_tokens, block_size) > num_blocks - 1:
+            raise ValueError(f"opforge.nn.generate: request {i} needs {blocks_for(r.cached_tokens, block_size)} "
+                             f"KV blocks of {block_size} tokens but the pool has {num_blocks - 1} (num_blocks "
+                             f"{num_blocks}, one is scratch)")
+    kv_heads, head_dim, dtype = cache_geometry(model)
+    caches = [PagedKV(num_blocks, block_size, kv_heads, head_dim, dtype, device) for _ in model.model.layers]
+    allocator = BlockAllocator(num_blocks)
+    step = PagedDecodeStep(model, caches, block_size, max_blocks, max_batch, device, use_graph)
+    waiting, rows = deque(requests), []
+
+    def finish(r: Request) -> bool:
+        if r.done:
+            allocator.free(r.blocks)
+            r.blocks = []
+        return r.done
+
+    while waiting or rows:
+        admitted = []
+        while (waiting and len(rows) + len(admitted) < max_batch
+               and allocator.free_count >= blocks_for(waiting[0].cached_tokens, block_size)):
+            r = waiting.popleft()
+            r.blocks = allocator.allocate(blocks_for(r.cached_tokens, block_size))
+            admitted.append(r)
+        if not admitted and not rows:  # cannot happen: an idle pool holds any request (checked above)
+            raise RuntimeError(f"opforge.nn.generate: no request could be admitted ({allocator.free_count} "
+                               f"free KV blocks)")
+        for length in dict.fromkeys(r.prompt.numel() for r in admitted):
+            group = [r for r in admitted if r.prompt.numel() == length]
+            for r, token in zip(group, _prefill(model, caches, group, block_size)):
+                r.length = length
+                r.tokens.append(token)
+        rows += [r for r in admitted if not finish(r)]
+        if rows:
+            for r, token in zip(rows, step(rows)):
+                r.length += 1
+                r.tokens.append(token)
+            rows = [r for r in rows if not finish(r)]
+
+
+__all__ = ["PagedDecodeStep", "Request", "bucket_sizes", "run"]
