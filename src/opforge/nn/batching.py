@@ -22,12 +22,21 @@ CUDA graphs: the decode step is captured once per *bucket* of batch sizes
 (powers of two up to ``max_batch``, and ``max_batch``) and replayed, so
 admissions and departures do not re-capture. A step of ``n`` rows runs the
 smallest bucket ``b >= n``: rows ``n .. b-1`` are padding rows (token 0 at
-position 0, length 1, block table all scratch block 0) whose K / V writes
-go to the scratch block (``nn/kv_blocks.py``) and whose tokens are dropped.
-The step's inputs live in one static int64 buffer ``[rows, 4 + max_blocks]``
-(token, position, flat slot, length, block table) filled from the host by
-one copy a step; the greedy tokens are read back each step (a request's
-eos decides whether it goes on), which is the one host sync a step.
+position 0, block table all scratch block 0, never advancing) whose K / V
+writes go to the scratch block (``nn/kv_blocks.py``) and whose tokens are
+dropped.
+
+The step's state lives on the device, one int64 buffer ``[rows, 3 +
+max_blocks]`` (last token, position, live flag, block table); the step
+derives each row's slot and length from its position and table, and ends by
+storing its tokens and advancing live rows' positions. So between events the
+host neither copies nor waits: it replays the graph for as many steps as no
+request can finish (the fewest tokens any running row still owes), then
+reads the tokens of those steps back at once (one sync). The host refills
+the buffer only when rows came or went. A running request with an eos id is
+checked every ``EOS_CHECK_STEPS`` steps: the tokens it made after its eos
+are dropped (their K / V went to its own reserved blocks), and its blocks
+free at that check.
 """
 
 from __future__ import annotations
@@ -44,7 +53,8 @@ from opforge.ops.attention import attention
 from opforge.ops.attention_decode import attention_decode
 
 WARMUP_STEPS = 2  # eager decode steps of a bucket before its CUDA graph is captured
-TOKEN, POSITION, SLOT, LENGTH, TABLE = 0, 1, 2, 3, 4  # columns of the step's input buffer
+EOS_CHECK_STEPS = 4  # decode steps between checks of running requests that have an eos id
+TOKEN, POSITION, LIVE, TABLE = 0, 1, 2, 3  # columns of the step's state buffer
 
 
 @dataclass
@@ -90,16 +100,17 @@ def _prefill(model: nn.Module, caches: list[PagedKV], group: list[Request], bloc
 
 
 class PagedDecodeStep:
-    """The decode step of up to ``max_batch`` rows over the paged cache; on CUDA
+    """Decode steps of up to ``max_batch`` rows over the paged cache; on CUDA
     one graph a bucket of batch sizes (see the module docstring)."""
 
-    def __init__(self, model, caches: list[PagedKV], block_size: int, max_blocks: int, max_batch: int, device,
-                 use_graph: bool):
+    def __init__(self, model, caches: list[PagedKV], block_size: int, max_blocks: int, max_batch: int,
+                 max_steps: int, device, use_graph: bool):
         self.model, self.caches, self.block_size = model, caches, block_size
         self.sizes = bucket_sizes(max_batch)
         width = TABLE + max_blocks
         self.state = torch.zeros((max_batch, width), dtype=torch.long, device=device)
         self.host = torch.zeros((max_batch, width), dtype=torch.long, pin_memory=device.type == "cuda")
+        self.history = torch.zeros((max_steps, max_batch), dtype=torch.long, device=device)
         self.use_graph = use_graph
         self.pool = torch.cuda.graph_pool_handle() if use_graph else None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -107,41 +118,39 @@ class PagedDecodeStep:
         self._rows: tuple = ()
 
     def _eager(self, b: int) -> torch.Tensor:
-        state = self.state[:b]
-        slots, seqlens = state[:, SLOT], state[:, LENGTH].to(torch.int32)
-        table = state[:, TABLE:].to(torch.int32)
+        """One step of the first ``b`` rows, reading and advancing ``state`` in place."""
+        state, page = self.state[:b], self.block_size
+        pos, table = state[:, POSITION], state[:, TABLE:]
+        slots = table.gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
+        seqlens, table32 = (pos + 1).to(torch.int32), table.to(torch.int32)
 
         def attend(i, attn, q, k, v):
             kv = self.caches[i]
             kv.write(slots, k.transpose(1, 2), v)
-            return attention_decode(q.transpose(1, 2), kv.k, kv.v, seqlens, table, scale=float(attn.scaling))
+            return attention_decode(q.transpose(1, 2), kv.k, kv.v, seqlens, table32, scale=float(attn.scaling))
 
-        return next_tokens(self.model, state[:, TOKEN:TOKEN + 1], state[:, POSITION:POSITION + 1], attend)
+        tokens = next_tokens(self.model, state[:, TOKEN:TOKEN + 1], state[:, POSITION:POSITION + 1], attend)
+        state[:, TOKEN] = tokens
+        state[:, POSITION] += state[:, LIVE]
+        return tokens
 
     def _fill(self, rows: list[Request], b: int) -> None:
-        n, host = len(rows), self.host[:b]
-        if self._rows != (b, *map(id, rows)):  # rows came or went: new block tables, new padding rows
-            self._rows = (b, *map(id, rows))
-            host.zero_()  # padding rows: token 0, position 0, slot 0 and table of the scratch block 0 ...
-            host[n:, LENGTH] = 1  # ... and length 1 (they attend to the scratch slot they wrote)
-            for i, r in enumerate(rows):
-                host[i, TABLE:TABLE + len(r.blocks)] = torch.tensor(r.blocks)
-        pos = torch.tensor([r.length for r in rows])
+        """The rows' last tokens, positions and block tables; padding rows after them."""
+        host = self.host[:b]
+        host.zero_()  # padding rows: token 0, position 0, not live, table of the scratch block 0
+        for i, r in enumerate(rows):
+            host[i, TABLE:TABLE + len(r.blocks)] = torch.tensor(r.blocks)
+        n = len(rows)
         host[:n, TOKEN] = torch.tensor([r.tokens[-1] for r in rows])
-        host[:n, POSITION] = pos
-        host[:n, LENGTH] = pos + 1
-        block = host[:n, TABLE:].gather(1, (pos // self.block_size)[:, None])[:, 0]
-        host[:n, SLOT] = block * self.block_size + pos % self.block_size
+        host[:n, POSITION] = torch.tensor([r.length for r in rows])
+        host[:n, LIVE] = 1
         self.state[:b].copy_(host, non_blocking=True)
 
-    def __call__(self, rows: list[Request]) -> list[int]:
-        n = len(rows)
-        b = next(s for s in self.sizes if s >= n)
-        self._fill(rows, b)
+    def _step(self, b: int) -> torch.Tensor:
         calls = self.eager_calls.get(b, 0)
         if not self.use_graph or calls < WARMUP_STEPS:
             self.eager_calls[b] = calls + 1
-            return self._eager(b)[:n].tolist()
+            return self._eager(b)
         if b not in self.graphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
@@ -149,7 +158,19 @@ class PagedDecodeStep:
             self.graphs[b] = (graph, out)
         graph, out = self.graphs[b]
         graph.replay()
-        return out[:n].tolist()
+        return out
+
+    def __call__(self, rows: list[Request], steps: int) -> list[list[int]]:
+        """``steps`` decode steps of ``rows``: their tokens, ``[steps][len(rows)]``."""
+        n = len(rows)
+        b = next(s for s in self.sizes if s >= n)
+        key = (b, *map(id, rows))
+        if self._rows != key:  # rows came or went: the host's view is current (it synced at that event)
+            self._rows = key
+            self._fill(rows, b)
+        for j in range(steps):
+            self.history[j, :b].copy_(self._step(b))
+        return self.history[:steps, :n].tolist()
 
 
 def run(model: nn.Module, requests: list[Request], *, max_batch: int, block_size: int, num_blocks: int | None,
@@ -167,7 +188,8 @@ def run(model: nn.Module, requests: list[Request], *, max_batch: int, block_size
     kv_heads, head_dim, dtype = cache_geometry(model)
     caches = [PagedKV(num_blocks, block_size, kv_heads, head_dim, dtype, device) for _ in model.model.layers]
     allocator = BlockAllocator(num_blocks)
-    step = PagedDecodeStep(model, caches, block_size, max_blocks, max_batch, device, use_graph)
+    max_steps = max(r.max_new for r in requests)
+    step = PagedDecodeStep(model, caches, block_size, max_blocks, max_batch, max_steps, device, use_graph)
     waiting, rows = deque(requests), []
 
     def finish(r: Request) -> bool:
@@ -192,10 +214,16 @@ def run(model: nn.Module, requests: list[Request], *, max_batch: int, block_size
                 r.length = length
                 r.tokens.append(token)
         rows += [r for r in admitted if not finish(r)]
-        if rows:
-            for r, token in zip(rows, step(rows)):
-                r.length += 1
-                r.tokens.append(token)
+        if rows:  # decode until the first request can finish (by its count, or at an eos check)
+            steps = min(r.max_new - len(r.tokens) for r in rows)
+            if any(r.eos is not None for r in rows):
+                steps = min(steps, EOS_CHECK_STEPS)
+            for tokens in step(rows, steps):
+                for r, token in zip(rows, tokens):
+                    if not r.done:  # tokens after a request's eos are dropped
+                        r.tokens.append(token)
+            for r in rows:
+                r.length += steps
             rows = [r for r in rows if not finish(r)]
 
 
