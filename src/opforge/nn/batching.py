@@ -90,7 +90,7 @@ def _prefill(model: nn.Module, caches: list[PagedKV], group: list[Request], bloc
     S = group[0].prompt.numel()
     device = group[0].prompt.device
     ids = torch.stack([r.prompt for r in group])
-    slots = torch.tensor([s for r in group for s in token_slots(r.blocks, 0, S, block_size)], device=device)
+    slots = torch.cat([token_slots(r.blocks, S, block_size) for r in group]).to(device)
 
     def attend(i, attn, q, k, v):
         caches[i].write(slots, k.transpose(1, 2), v)

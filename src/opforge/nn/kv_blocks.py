@@ -71,9 +71,10 @@ class PagedKV:
         self.v.view(-1, H, D).index_copy_(0, slots, v.reshape(-1, H, D))
 
 
-def token_slots(blocks: list[int], start: int, stop: int, block_size: int) -> list[int]:
-    """Flat pool slots of a request's tokens ``[start, stop)``."""
-    return [blocks[n // block_size] * block_size + n % block_size for n in range(start, stop)]
+def token_slots(blocks: list[int], tokens: int, block_size: int) -> torch.Tensor:
+    """Flat pool slots (int64 ``[tokens]``) of a request's first ``tokens`` tokens."""
+    n = torch.arange(tokens)
+    return torch.tensor(blocks)[n // block_size] * block_size + n % block_size
 
 
 __all__ = ["SCRATCH_BLOCK", "BlockAllocator", "PagedKV", "blocks_for", "token_slots"]
