@@ -8,10 +8,11 @@ its blocks return to the free list the step it finishes (max_new_tokens
 reached, or its eos token emitted). A loop iteration:
 
 1. Admit waiting requests, first come first served, while a decode row is
-   free (at most ``max_batch``) and the pool has their blocks; prefill them,
-   requests of one prompt length in one batch (``opforge.attention``, causal,
-   with the prompt's K / V scattered into its blocks). Their first token
-   comes from the prefill.
+   free (at most ``max_batch``) and the pool has their blocks; prefill them
+   in one forward (``opforge.attention``, causal: a ``[G, S]`` batch when
+   their prompts have one length, else packed into one sequence with
+   ``cu_seqlens``, the varlen layout), each prompt's K / V scattered into
+   its blocks. Their first token comes from the prefill.
 2. One decode step for every running row: the row's last token at its own
    position, its K / V appended at its slot, ``opforge.attention_decode``
    over the pool with the rows' block tables and lengths.
@@ -86,17 +87,32 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 
 def _prefill(model: nn.Module, caches: list[PagedKV], group: list[Request], block_size: int) -> list[int]:
-    """Prompts of one length: their K / V into their blocks; the first new token of each."""
-    S = group[0].prompt.numel()
+    """The prompts' K / V into their blocks; the first new token of each."""
+    lengths = [r.prompt.numel() for r in group]
     device = group[0].prompt.device
-    ids = torch.stack([r.prompt for r in group])
-    slots = torch.cat([token_slots(r.blocks, S, block_size) for r in group]).to(device)
+    slots = torch.cat([token_slots(r.blocks, n, block_size) for r, n in zip(group, lengths)]).to(device)
+    if len(set(lengths)) == 1:  # one length: a dense batch
+        S = lengths[0]
 
-    def attend(i, attn, q, k, v):
+        def attend(i, attn, q, k, v):
+            caches[i].write(slots, k.transpose(1, 2), v)
+            return attention(q, k, v.transpose(1, 2), causal=True, scale=float(attn.scaling)).transpose(1, 2)
+
+        ids = torch.stack([r.prompt for r in group])
+        return next_tokens(model, ids, torch.arange(S, device=device).view(1, S), attend).tolist()
+    ends = torch.tensor(lengths).cumsum(0)
+    cu = torch.cat((torch.zeros(1, dtype=torch.int32), ends.to(torch.int32))).to(device)
+    longest = max(lengths)
+
+    def attend_packed(i, attn, q, k, v):  # one row of all prompts' tokens: varlen attention over (tokens, H, D)
         caches[i].write(slots, k.transpose(1, 2), v)
-        return attention(q, k, v.transpose(1, 2), causal=True, scale=float(attn.scaling)).transpose(1, 2)
+        out = attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0], causal=True, scale=float(attn.scaling),
+                        cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+        return out[None]
 
-    return next_tokens(model, ids, torch.arange(S, device=device).view(1, S), attend).tolist()
+    ids = torch.cat([r.prompt for r in group])[None]
+    positions = torch.cat([torch.arange(n) for n in lengths]).to(device)[None]
+    return next_tokens(model, ids, positions, attend_packed, last=(ends - 1).to(device)).tolist()
 
 
 class PagedDecodeStep:
@@ -208,10 +224,9 @@ def run(model: nn.Module, requests: list[Request], *, max_batch: int, block_size
         if not admitted and not rows:  # cannot happen: an idle pool holds any request (checked above)
             raise RuntimeError(f"opforge.nn.generate: no request could be admitted ({allocator.free_count} "
                                f"free KV blocks)")
-        for length in dict.fromkeys(r.prompt.numel() for r in admitted):
-            group = [r for r in admitted if r.prompt.numel() == length]
-            for r, token in zip(group, _prefill(model, caches, group, block_size)):
-                r.length = length
+        if admitted:
+            for r, token in zip(admitted, _prefill(model, caches, admitted, block_size)):
+                r.length = r.prompt.numel()
                 r.tokens.append(token)
         rows += [r for r in admitted if not finish(r)]
         if rows:  # decode until the first request can finish (by its count, or at an eos check)

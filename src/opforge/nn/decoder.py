@@ -65,9 +65,11 @@ def _project(attn: nn.Module, x: torch.Tensor, cos, sin):
     return q, k, v
 
 
-def next_tokens(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+def next_tokens(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
+                last: torch.Tensor | None = None) -> torch.Tensor:
     """The greedy next token of each row (``[B]``) after ``ids`` ``[B, S]`` at
-    ``positions`` (``[1, S]`` or ``[B, S]``)."""
+    ``positions`` (``[1, S]`` or ``[B, S]``); with ``last`` (``B == 1``, packed
+    sequences), the next token after each of the tokens ``last`` (``[N]``)."""
     body = model.model
     x = body.embed_tokens(ids)
     cos, sin = body.rotary_emb(x, positions)
@@ -78,8 +80,8 @@ def next_tokens(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor, at
         x = x + attn.o_proj(attend(i, attn, q, k, v).reshape(B, S, -1))
         mlp_out = layer.mlp(layer.post_attention_layernorm(x))
         x = x + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
-    last = body.norm(x[:, -1:])
-    return model.lm_head(last)[:, 0].argmax(-1)
+    ends = x[:, -1:] if last is None else x[0, last][:, None]
+    return model.lm_head(body.norm(ends))[:, 0].argmax(-1)
 
 
 __all__ = ["Attend", "cache_geometry", "check_model", "check_window", "next_tokens", "window"]
