@@ -278,7 +278,8 @@ def _row(e: dict) -> str:
     if "tokens_per_s" not in e:
         return f"{head} FAILED: {e['error']}"
     peak = f"{e['peak_gib']:.1f} GiB peak" if e["peak_gib"] is not None else "peak n/a"
-    compile_s = f"  first call {e['first_call_s']:.1f} s (compile, capture)" if e.get("first_call_s") is not None else ""
+    first = e.get("first_call_s")
+    compile_s = f"  first call {first:.1f} s (compile, capture)" if first is not None else ""
     return f"{head} {e['tokens_per_s']:9.1f} tokens/s  {e['s_per_call'] * 1e3:9.1f} ms/call  {peak}  " \
            f"match {e['match']}{compile_s}"
 
