@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import inspect
 
+from opforge.stream.columnar_interval_join import IntervalJoinOperator, interval_pairs
 from opforge.stream.columnar_join import ColumnarForm, WindowJoinOperator, join_records
 from opforge.stream.functions import (CoGroupFunction, FlatJoinFunction, KeyedCoProcessFunction,
                                       TimestampedValue, as_callable, is_vectorized)
 from opforge.stream.graph import OutputTag
+from opforge.stream.records import Batch
 from opforge.stream.state import MapStateDescriptor
 from opforge.stream.time import _millis
 from opforge.stream.windows import SlidingEventTimeWindows, WindowAssigner
@@ -222,13 +224,21 @@ class _JoinContext:
         self.outer.output(tag, value)
 
 
-class IntervalJoinFunction(KeyedCoProcessFunction):
+class IntervalJoinFunction(ColumnarForm, KeyedCoProcessFunction):
     """Flink's ``IntervalJoinOperator`` as a keyed co-process function; bounds
-    are already inclusive (an exclusive bound moved by 1 ms)."""
+    are already inclusive (an exclusive bound moved by 1 ms). A ``@vectorized``
+    function runs as an ``IntervalJoinOperator`` (``columnar_interval_join``);
+    here (the reference executor, ``columnar = False``) it is called once per
+    arriving record, on that record's pairs."""
 
     def __init__(self, lower: int, upper: int, function, left_late=None, right_late=None):
         self.lower, self.upper, self.function = lower, upper, function
         self.late_tags = (left_late, right_late)
+
+    def make_operator(self, name, key_selector):
+        if not is_vectorized(as_callable(self.function, "process_element", name)):
+            return None
+        return IntervalJoinOperator(name, self.lower, self.upper, self.function, key_selector, self.late_tags)
 
     def open(self, ctx):
         self.where = ctx.task_name
@@ -251,6 +261,29 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             bucket = []
         bucket.append(value)
         ours.put(ts, bucket)
+        if is_vectorized(self.call):
+            yield from self._vectorized(value, ts, other, lo, hi, is_left)
+        else:
+            yield from self._pairs(value, ts, other, lo, hi, is_left, ctx)
+        timers.register_event_time_timer(ts + hi if hi > 0 else ts)
+
+    def _vectorized(self, value, ts, other, lo, hi, is_left):
+        mine, theirs, times = [], [], []
+        for t, entries in other.items():
+            if ts + lo <= t <= ts + hi:
+                mine += [value] * len(entries)
+                theirs += entries
+                times += [t] * len(entries)
+        if not mine:
+            return
+        lefts, rights = (mine, theirs) if is_left else (theirs, mine)
+        lts, rts = ([ts] * len(mine), times) if is_left else (times, [ts] * len(mine))
+        out = interval_pairs(self.call, Batch.from_records(lefts, "cpu", lts, where=self.where),
+                             Batch.from_records(rights, "cpu", rts, where=self.where), self.where)
+        for rec, when in zip(out.records(), out.timestamps.tolist()):
+            yield TimestampedValue(rec, when)
+
+    def _pairs(self, value, ts, other, lo, hi, is_left, ctx):
         jctx = self.jctx
         jctx.outer = ctx
         for t, entries in other.items():
@@ -264,7 +297,6 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 when = max(ts, t)
                 for out in self.call(pair[0], pair[1], jctx) or ():
                     yield TimestampedValue(out, when)
-        timers.register_event_time_timer(ts + hi if hi > 0 else ts)
 
     def process_element1(self, value, ctx):
         return self._process(value, ctx, self.left, self.right, self.lower, self.upper, True)
