@@ -13,7 +13,10 @@ two-input co-process operator), keyed state and event-time timers.
   function marked ``@vectorized`` runs columnar instead
   (``opforge.stream.columnar_join.WindowJoinOperator``): ``fn(first,
   second)`` gets two aligned ``Batch`` es of pairs (row ``i`` of each is one
-  pair) and returns their outputs, once per batch of fired windows.
+  pair) and returns their outputs, once per batch of fired windows. A
+  ``@vectorized`` co-group function runs columnar too
+  (``opforge.stream.columnar_cogroup``: ``fn(first, second, groups)``, both
+  inputs' rows of a batch of fired (key, window) groups with segment offsets).
 * Interval join (``IntervalJoin``): ``a.key_by(k).interval_join(b.key_by(k))
   .between(lower, upper).process(ProcessJoinFunction)`` pairs records of equal
   keys with ``a.ts + lower <= b.ts <= a.ts + upper`` (bounds inclusive unless
@@ -22,7 +25,9 @@ two-input co-process operator), keyed state and event-time timers.
   its records by timestamp, a record probes the other side's buffer, a record
   behind the watermark is late (dropped, or sent to a side output), and a
   timer drops a buffered record once the watermark says no record of the
-  other side can still match it.
+  other side can still match it. A ``@vectorized`` process-join function
+  runs columnar (``opforge.stream.columnar_interval_join``: ``fn(left,
+  right)`` on aligned batches of pairs).
 
 Unmarked functions pair one record at a time over host-memory keyed state,
 so results are exact and the record-at-a-time reference executor runs the
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 
+from opforge.stream.columnar_cogroup import WindowCoGroupOperator, co_group_records
 from opforge.stream.columnar_interval_join import IntervalJoinOperator, interval_pairs
 from opforge.stream.columnar_join import ColumnarForm, WindowJoinOperator, join_records
 from opforge.stream.functions import (CoGroupFunction, FlatJoinFunction, KeyedCoProcessFunction,
@@ -71,7 +77,11 @@ class WindowCoGroupFunction(ColumnarForm, KeyedCoProcessFunction):
         self.flat = kind == "flat_join" or isinstance(function, FlatJoinFunction)
 
     def make_operator(self, name, key_selector):
-        if self.kind == "co_group" or not is_vectorized(as_callable(self.function, "join", name)):
+        if self.kind == "co_group":
+            if not is_vectorized(as_callable(self.function, "co_group", name)):
+                return None
+            return WindowCoGroupOperator(name, self.assigner, self.function, key_selector)
+        if not is_vectorized(as_callable(self.function, "join", name)):
             return None
         return WindowJoinOperator(name, self.assigner, self.function, key_selector, self.flat)
 
@@ -109,7 +119,9 @@ class WindowCoGroupFunction(ColumnarForm, KeyedCoProcessFunction):
             if slot[1] - 1 != timestamp:
                 continue
             self.panes.remove(slot)
-            if self.kind == "co_group":
+            if self.kind == "co_group" and is_vectorized(self.call):
+                yield from co_group_records(self.call, first, second, timestamp, self.where)
+            elif self.kind == "co_group":
                 yield from self.call(first, second) or ()
             elif first and second and is_vectorized(self.call):
                 firsts = [a for a in first for _ in second]
