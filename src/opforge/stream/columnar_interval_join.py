@@ -179,45 +179,106 @@ class IntervalJoinOperator(_TwoInputs):
         if len(batch) == 0:
             return
         rows = self._rows(batch, input_index)
-        dev = rows.ts.device
         seen = batch.watermarks if batch.watermarks is not None else \
-            torch.full((len(batch),), self.watermark, dtype=torch.int64, device=dev)
-        seen = seen.clamp(min=self.watermark)
-        missing, late_n, last_wm = torch.stack([(rows.ts == NO_TIMESTAMP).sum(), (rows.ts < seen).sum(),
-                                                seen[-1]]).tolist()
-        if missing:
+            torch.full((len(batch),), self.watermark, dtype=torch.int64, device=rows.ts.device)
+        arrivals = [None, None]
+        arrivals[input_index] = (rows, seen.clamp(min=self.watermark))
+        self._arrive(arrivals)
+
+    def process_merged(self, parts: list, order: torch.Tensor, watermarks: torch.Tensor) -> None:
+        """Every batch held over a source poll at once (``executor._Runner.flush``),
+        instead of its runs one input at a time: ``parts`` ``[(batch, input
+        index)]``; ``order``: the rows of their concatenation in the order the
+        record path meets them; ``watermarks``: the one each sees, in that order."""
+        n = order.shape[0]
+        at = torch.empty_like(order)
+        at[order] = torch.arange(n, device=order.device)  # each concatenated row's place in the order
+        seen = watermarks.index_select(0, at).clamp(min=self.watermark)
+        by_side: list = [[], []]
+        lo = 0
+        for batch, side in parts:
+            if self.schemas[side] is None:
+                self.schemas[side] = batch.schema
+            rows = Rows.of(batch, 0)
+            rows.seq = at[lo:lo + len(batch)] + self.next_seq
+            by_side[side].append((rows, seen[lo:lo + len(batch)]))
+            lo += len(batch)
+        self.next_seq += n
+        arrivals = [None, None]
+        for side, got in enumerate(by_side):
+            if got:
+                rows = Rows.concat([r for r, _ in got])
+                w = torch.cat([w for _, w in got])
+                by_seq = torch.argsort(rows.seq)
+                arrivals[side] = (rows.take(by_seq), w.index_select(0, by_seq))
+        self._arrive(arrivals)
+
+    def _arrive(self, arrivals: list) -> None:
+        """``arrivals[side]``: ``(rows, watermark each saw)`` in arrival order, or None.
+        Late rows go; the others join their input's buffer and pair with the
+        other input's rows that came before them and are alive when they come."""
+        sides = [a for a in arrivals if a is not None]
+        checks = torch.stack([torch.stack([(r.ts == NO_TIMESTAMP).sum(), (r.ts < w).sum(), w.max()])
+                              for r, w in sides]).tolist()
+        if any(c[0] for c in checks):
             raise ValueError(f"{self.name}: a record has no timestamp; joins run in event time (give the "
                              "sources a WatermarkStrategy with a timestamp assigner)")
-        if late_n:
-            late = rows.ts < seen
-            tag = self.late_tags[input_index]
-            if tag is not None:
-                self.out.emit_side(tag, batch.select(late).with_keys(None).with_watermarks(None))
-            on_time = torch.nonzero(~late).flatten()
-            rows, seen = rows.take(on_time), seen.index_select(0, on_time)
-        if len(rows):
-            lo, hi, keep = self._bounds(input_index)
-            other = self.buffers[1 - input_index]
-            if len(other):
-                self._probe(rows, seen, other, lo, hi, input_index)
-            death = torch.maximum(rows.ts + keep, seen + 1)
-            self.buffers[input_index] = self.buffers[input_index].merged(Buffer.sorted_of(rows, death))
+        last_wm = max(c[2] for c in checks)
+        late_of = iter(c[1] for c in checks)
+        for side, got in enumerate(arrivals):
+            if got is None:
+                continue
+            rows, seen = got
+            if next(late_of):
+                late = rows.ts < seen
+                tag = self.late_tags[side]
+                if tag is not None:
+                    gone = rows.take(torch.nonzero(late).flatten())
+                    self.out.emit_side(tag, gone.batch(gone.ts, self.schemas[side]))
+                on_time = torch.nonzero(~late).flatten()
+                rows, seen = rows.take(on_time), seen.index_select(0, on_time)
+            arrivals[side] = (rows, seen) if len(rows) else None
+        for side, got in enumerate(arrivals):
+            if got is not None:
+                rows, seen = got
+                death = torch.maximum(rows.ts + self._bounds(side)[2], seen + 1)
+                self.buffers[side] = self.buffers[side].merged(Buffer.sorted_of(rows, death))
+        pairs = [self._probe(side, *got) for side, got in enumerate(arrivals) if got is not None]
+        pairs = [p for p in pairs if p is not None]
+        if pairs:
+            self._emit(pairs)
         if last_wm > self.watermark:
             self._advance(last_wm)
 
-    def _probe(self, rows: Rows, seen: torch.Tensor, other: Buffer, lo: int, hi: int, side: int) -> None:
+    def _probe(self, side: int, rows: Rows, seen: torch.Tensor):
+        """``(probe seq, left rows, right rows)`` of ``rows``' pairs, in the record path's order."""
+        other = self.buffers[1 - side]
+        if len(other) == 0:
+            return None
+        lo, hi, _ = self._bounds(side)
         start, count = other.ranges(rows.key, rows.ts + lo, rows.ts + hi)
         probe, pos = expand_runs(start, count)
         if probe.numel() == 0:
-            return
-        alive = torch.nonzero(other.death.index_select(0, pos) > seen.index_select(0, probe)).flatten()
-        if alive.shape[0] != probe.shape[0]:
-            probe, pos = probe.index_select(0, alive), pos.index_select(0, alive)
+            return None
+        # the other input's rows that came before and are alive when the probe comes
+        ok = (other.death.index_select(0, pos) > seen.index_select(0, probe)) & \
+            (other.rows.seq.index_select(0, pos) < rows.seq.index_select(0, probe))
+        kept = torch.nonzero(ok).flatten()
+        if kept.shape[0] != probe.shape[0]:
+            probe, pos = probe.index_select(0, kept), pos.index_select(0, kept)
             if probe.numel() == 0:
-                return
+                return None
         probe, pos = _bucket_order(probe, pos, other.rows)
         mine, theirs = rows.take(probe), other.rows.take(pos)
-        left, right = (mine, theirs) if side == 0 else (theirs, mine)
+        return (mine.seq,) + ((mine, theirs) if side == 0 else (theirs, mine))
+
+    def _emit(self, pairs: list) -> None:
+        if len(pairs) == 1:
+            _, left, right = pairs[0]
+        else:  # both inputs probed: their pairs in the order of the probing records
+            order = torch.argsort(torch.cat([p[0] for p in pairs]), stable=True)
+            left = Rows.concat([p[1] for p in pairs]).take(order)
+            right = Rows.concat([p[2] for p in pairs]).take(order)
         out = interval_pairs(self.fn, left.batch(left.ts, self.schemas[0]), right.batch(right.ts, self.schemas[1]),
                              self.name)
         if len(out):
