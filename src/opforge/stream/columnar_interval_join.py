@@ -35,8 +35,16 @@ together), rows of a bucket in arrival order. Flink promises only the first
 (its buckets are a hash map); keeping both makes outputs comparable row
 for row with the record form at every batch size.
 
+**Both inputs at once.** With record-granularity watermarks the engine
+holds a source poll's batches of both inputs and hands them over whole
+(``process_merged``), with the order the record path meets their rows in:
+each row pairs with the other input's rows that came before it (``seq``),
+so a poll is one pass of tensor ops however finely the inputs interleave.
+
 State is checkpointed through ``snapshot_state`` / ``restore_state`` (no
-pickle) and rescaled by key groups (``rescale_state``).
+pickle) and rescaled by key groups (``rescale_state``). A state budget
+(``env.set_state_budget``) is not applied here: the buffers hold only the
+rows that the watermark still lets the other input match.
 """
 
 from __future__ import annotations
@@ -92,16 +100,14 @@ class Buffer:
         order = order.index_select(0, torch.argsort(rows.key.index_select(0, order), stable=True))
         return Buffer(rows.take(order), death.index_select(0, order))
 
-    def merged(self, new: "Buffer") -> "Buffer":
-        """``new`` (later arrivals) merged in: buffer rows first on equal (key, ts)."""
-        if len(self) == 0:
-            return new
-        if len(new) == 0:
-            return self
-        rows = Rows.concat([self.rows, new.rows])
-        order = torch.argsort(rows.ts, stable=True)
-        order = order.index_select(0, torch.argsort(rows.key.index_select(0, order), stable=True))
-        return Buffer(rows.take(order), torch.cat([self.death, new.death]).index_select(0, order))
+    def added(self, rows: Rows, death: torch.Tensor) -> "Buffer":
+        """With ``rows`` (later arrivals, in arrival order): two stable sorts of
+        the buffer and them, which keep (key, ts) ties in arrival order."""
+        both = Rows.concat([self.rows, rows]) if len(self) else rows
+        death = torch.cat([self.death, death]) if len(self) else death
+        order = torch.argsort(both.ts, stable=True)
+        order = order.index_select(0, torch.argsort(both.key.index_select(0, order), stable=True))
+        return Buffer(both.take(order), death.index_select(0, order))
 
     def alive(self, watermark: int) -> "Buffer":
         if len(self) == 0:
@@ -242,7 +248,7 @@ class IntervalJoinOperator(_TwoInputs):
             if got is not None:
                 rows, seen = got
                 death = torch.maximum(rows.ts + self._bounds(side)[2], seen + 1)
-                self.buffers[side] = self.buffers[side].merged(Buffer.sorted_of(rows, death))
+                self.buffers[side] = self.buffers[side].added(rows, death)
         pairs = [self._probe(side, *got) for side, got in enumerate(arrivals) if got is not None]
         pairs = [p for p in pairs if p is not None]
         if pairs:
