@@ -241,3 +241,31 @@ def test_rescaled_state_deals_rows_by_key_group():
             assert pairs == sorted(pairs)  # (key, ts) order
             seen += pairs
         assert sorted(seen) == sorted([(0, 5), (0, 1), (2, 3), (4, 3), (1, 9), (3, 2), (3, 8), (5, 1), (7, 4)])
+
+
+def test_two_sources_meet_in_the_record_paths_order():
+    """Each input its own source (``process_merged`` gets both sources' batches of a poll)."""
+    from opforge.stream import SplitSource
+
+    events = out_of_order_events(120, keys=3, bound=BOUND, seed=17, late=0.1)
+    left = [e for e in events if e[1] % 2 == 0]
+    right = [e for e in events if e[1] % 2 != 0]
+
+    def job(fn, batch):
+        def build(env, _):
+            s = WatermarkStrategy.for_bounded_out_of_orderness(BOUND).with_timestamp_assigner("f2")
+            sides = []
+            for recs in (left, right):
+                src = SplitSource([[recs[i:i + batch] for i in range(0, len(recs), batch)]])
+                src.max_parallelism = 1
+                sides.append(env.from_source(src, s).key_by(0))
+            out = sides[0].interval_join(sides[1]).between(-12, 7).side_output_right_late_data(RIGHT_LATE) \
+                .process(fn)
+            build.sinks = [out.collect(), out.get_side_output(RIGHT_LATE).collect()]
+            return build.sinks[0]
+
+        return build
+
+    for batch in (1, 37):
+        got = engine(job(vector_pair, batch), events, 2, batch)
+        assert got[0] and got == engine(job(Pair(), batch), events, 2, batch), batch
