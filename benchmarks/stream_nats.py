@@ -127,7 +127,8 @@ def measure(events: int, subtasks: int, batch: int, fmt: str, keys: int, device:
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
             "events": events, "format": fmt, "batch": batch, "source_subtasks": subtasks,
             "publish_events_per_s": events / pub_s, "consume_events_per_s": consumed / con_s,
-            "job_events_per_s": job_records / job_s, "job_events_per_s_per_source_subtask": job_records / job_s / subtasks,
+            "job_events_per_s": job_records / job_s,
+            "job_events_per_s_per_source_subtask": job_records / job_s / subtasks,
             "job_records": job_records, "consumed_records": consumed}
 
 

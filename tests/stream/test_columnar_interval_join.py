@@ -14,6 +14,7 @@ from opforge.stream import (CollectionSource, FileSink, OutputTag, ProcessJoinFu
 from opforge.stream.columnar_interval_join import IntervalJoinOperator
 from opforge.stream.operators import CoProcessOperator
 from stream_helpers import multiset, out_of_order_events, reference_outputs, run_with_failures
+from test_columnar_joins import _Boom, _FailAt, operator_of
 
 BOUND = 15
 LEFT_LATE, RIGHT_LATE = OutputTag("left-late"), OutputTag("right-late")
@@ -131,8 +132,6 @@ def test_vectorized_flat_process_join_equals_the_record_path(late_events):
 
 
 def test_a_vectorized_process_join_function_gets_the_columnar_operator():
-    from test_columnar_joins import operator_of
-
     env = StreamExecutionEnvironment()
     interval_job(vector_pair, -1, 1, sides=False)(env, [(0, 0, 0)])
     assert isinstance(operator_of(env, "IntervalJoin"), IntervalJoinOperator)
@@ -162,21 +161,6 @@ def test_a_record_without_a_timestamp_is_refused():
 
 
 # -- checkpoints and rescaling -------------------------------------------------------
-
-class _Boom(RuntimeError):
-    pass
-
-
-class _FailAt:
-    def __init__(self, at):
-        self.at, self.seen = at, 0
-
-    def map(self, value):
-        self.seen += 1
-        if self.seen == self.at:
-            raise _Boom(f"injected failure at record {self.at}")
-        return value
-
 
 @vectorized
 def _dict_pair(left, right):

@@ -52,7 +52,6 @@ from __future__ import annotations
 import torch
 
 from opforge.ops.hashing import expand_runs
-from opforge.stream.checkpoint import schema_from_state, schema_state
 from opforge.stream.columnar_join import Rows, _TwoInputs
 from opforge.stream.functions import as_callable, batch_result
 from opforge.stream.operators import Operator
