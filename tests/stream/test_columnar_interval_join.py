@@ -173,7 +173,7 @@ def test_interval_join_state_survives_a_failure_restore_and_rescale(tmp_path):
     from checkpoint_job import per_subtask_rows
 
     evs = [{"key": k, "value": v, "ts": t}
-           for k, v, t in out_of_order_events(300, keys=5, bound=20, seed=13, late=0.05)]
+           for k, v, t in out_of_order_events(220, keys=5, bound=20, seed=13, late=0.05)]
 
     def build(env, out, fail_at):
         s = WatermarkStrategy.for_bounded_out_of_orderness(20).with_timestamp_assigner("ts")
