@@ -253,3 +253,23 @@ def test_two_sources_meet_in_the_record_paths_order():
     for batch in (1, 37):
         got = engine(job(vector_pair, batch), events, 2, batch)
         assert got[0] and got == engine(job(Pair(), batch), events, 2, batch), batch
+
+
+@pytest.mark.parametrize("key_step,ts_step", [(1, 1), (2**61, 1), (2**61, 2**60)])
+def test_buffer_ranges_for_any_key_and_time_spread(key_step, ts_step):
+    """(key, ts) ranges found by packed codes (by key value, by key rank) or a binary search on the pairs."""
+    from opforge.stream.columnar_interval_join import Buffer
+    from opforge.stream.columnar_join import Rows
+
+    g = torch.Generator().manual_seed(3)
+    key = (torch.randint(-3, 4, (60,), generator=g) * key_step)
+    ts = torch.randint(-5, 6, (60,), generator=g) * ts_step
+    rows = Rows({}, ts, key, torch.arange(60))
+    buf = Buffer.sorted_of(rows, torch.zeros(60, dtype=torch.int64))
+    qk = torch.tensor([-3, 0, 2, 3, 5, -4]) * key_step
+    lo, hi = torch.tensor([-5, 0, 2, -1, 0, 0]) * ts_step, torch.tensor([5, 0, 1, 3, 9, 0]) * ts_step
+    start, count = buf.ranges(qk, lo, hi)
+    bk, bt = buf.rows.key.tolist(), buf.rows.ts.tolist()
+    for i in range(len(qk)):
+        want = [j for j in range(60) if bk[j] == qk[i] and lo[i] <= bt[j] <= hi[i]]
+        assert list(range(start[i], start[i] + count[i])) == want or (count[i] == 0 and not want), i

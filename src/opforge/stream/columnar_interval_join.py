@@ -100,12 +100,18 @@ class Buffer:
         return Buffer(rows.take(order), death.index_select(0, order))
 
     def added(self, rows: Rows, death: torch.Tensor) -> "Buffer":
-        """With ``rows`` (later arrivals, in arrival order): two stable sorts of
-        the buffer and them, which keep (key, ts) ties in arrival order."""
+        """With ``rows`` (later arrivals, in arrival order), sorted again: stable
+        sorts keep (key, ts) ties in arrival order (one sort of packed (key,
+        ts) codes when they fit an int64, else two)."""
         both = Rows.concat([self.rows, rows]) if len(self) else rows
         death = torch.cat([self.death, death]) if len(self) else death
-        order = torch.argsort(both.ts, stable=True)
-        order = order.index_select(0, torch.argsort(both.key.index_select(0, order), stable=True))
+        packing = _packing(both.key, both.ts)
+        if packing is not None:
+            kmin, _, tmin, span = packing
+            order = torch.argsort((both.key - kmin) * span + (both.ts - tmin), stable=True)
+        else:
+            order = torch.argsort(both.ts, stable=True)
+            order = order.index_select(0, torch.argsort(both.key.index_select(0, order), stable=True))
         return Buffer(both.take(order), death.index_select(0, order))
 
     def alive(self, watermark: int) -> "Buffer":
@@ -115,8 +121,16 @@ class Buffer:
         return self if keep.shape[0] == len(self) else self.take(keep)
 
     def ranges(self, key: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-        """Per probe: ``(start, count)`` of the rows with its key and ``lo <= ts <= hi``."""
+        """Per probe: ``(start, count)`` of the rows with its key and ``lo <= ts <= hi``:
+        ``searchsorted`` on (key, ts) packed into int64 codes (by key value, else
+        by key rank, else a binary search on the pairs)."""
         bk, bt = self.rows.key, self.rows.ts
+        packing = _packing(bk, bt)
+        if packing is not None:
+            kmin, kmax, tmin, span = packing
+            near = key.clamp(kmin, kmax)
+            return _packed_ranges((bk - kmin) * span + (bt - tmin), (near - kmin) * span, near == key,
+                                  lo - tmin, hi - tmin, span)
         n = bk.shape[0]
         change = torch.ones(n, dtype=torch.bool, device=bk.device)
         change[1:] = bk[1:] != bk[:-1]
@@ -127,14 +141,24 @@ class Buffer:
             return _lex_ranges(bk, bt, key, lo, hi)
         uniq = bk[change]
         at = torch.searchsorted(uniq, key).clamp(max=groups - 1)
-        found = uniq.index_select(0, at) == key
-        base = at * span
-        packed = rank * span + (bt - tmin)
-        a = base + (lo - tmin).clamp(0, span)
-        b = base + (hi - tmin).clamp(-1, span - 1)
-        start = torch.searchsorted(packed, a, right=False)
-        count = (torch.searchsorted(packed, b, right=True) - start).clamp(min=0)
-        return start, torch.where(found, count, torch.zeros_like(count))
+        return _packed_ranges(rank * span + (bt - tmin), at * span, uniq.index_select(0, at) == key,
+                              lo - tmin, hi - tmin, span)
+
+
+def _packing(key: torch.Tensor, ts: torch.Tensor):
+    """``(kmin, kmax, tmin, span)`` when ``(key - kmin) * span + (ts - tmin)``
+    fits an int64 (an order-preserving code of (key, ts)), else None. One host sync."""
+    kmin, kmax, tmin, tmax = torch.stack([key.min(), key.max(), ts.min(), ts.max()]).tolist()
+    span = tmax - tmin + 1
+    return (kmin, kmax, tmin, span) if (kmax - kmin + 1) * span + span < _INT62 else None
+
+
+def _packed_ranges(packed, base, found, lo, hi, span):
+    """``Buffer.ranges`` on sorted codes ``packed``; per probe its key's code
+    ``base`` (valid where ``found``) and its time range relative to the codes' origin."""
+    start = torch.searchsorted(packed, base + lo.clamp(0, span), right=False)
+    count = (torch.searchsorted(packed, base + hi.clamp(-1, span - 1), right=True) - start).clamp(min=0)
+    return start, torch.where(found, count, torch.zeros_like(count))
 
 
 def _lex_ranges(bk, bt, key, lo, hi):
