@@ -102,6 +102,36 @@ def run_job(url, stream, subjects, fmt, batch, ckpt, device):
     return time.perf_counter() - t0, res.source_records
 
 
+def measure(events: int, subtasks: int, batch: int, fmt: str, keys: int, device: str) -> dict:
+    """One run of the three measurements (module doc) on a fresh server; their figures."""
+    subjects = [f"bench.in.{i}" for i in range(subtasks)]
+    msgs = make_messages(events, batch, subjects, fmt, keys)
+    per_subject = {s: sum(1 for m in msgs if m[0] == s) for s in subjects}
+    with tempfile.TemporaryDirectory() as tmp, nats_server(os.path.join(tmp, "nats")) as url:
+        async def out_stream():
+            import nats
+            nc = await nats.connect(url)
+            await nc.jetstream().add_stream(name="BENCHOUT", subjects=["bench.out"], max_bytes=-1,
+                                            duplicate_window=120.0)
+            await nc.close()
+        asyncio.run(out_stream())
+        warm_subjects = [f"warm.in.{i}" for i in range(subtasks)]
+        warm = make_messages(batch * 2, batch, warm_subjects, fmt, keys)
+        asyncio.run(_publish(url, "WARM", warm_subjects, warm))
+        run_job(url, "WARM", warm_subjects, fmt, batch, os.path.join(tmp, "warm-ckpt"),
+                device)  # imports, kernel compiles, first connections
+        pub_s = asyncio.run(_publish(url, "BENCH", subjects, msgs))
+        con_s, consumed = asyncio.run(_consume(url, "BENCH", subjects, fmt, per_subject))
+        job_s, job_records = run_job(url, "BENCH", subjects, fmt, batch, os.path.join(tmp, "ckpt"), device)
+    return {"bench": "stream_nats", "date": time.strftime("%Y-%m-%d"), "device": device,
+            "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
+            "events": events, "format": fmt, "batch": batch, "source_subtasks": subtasks,
+            "publish_events_per_s": events / pub_s, "consume_events_per_s": consumed / con_s,
+            "job_events_per_s": job_records / job_s,
+            "job_events_per_s_per_source_subtask": job_records / job_s / subtasks,
+            "job_records": job_records, "consumed_records": consumed}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="benchmarks/stream_nats.py", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=4_000_000)
@@ -112,30 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", choices=["text", "json"], default="text")
     a = p.parse_args(argv)
-    subjects = [f"bench.in.{i}" for i in range(a.subtasks)]
-    msgs = make_messages(a.events, a.batch, subjects, a.format, a.keys)
-    per_subject = {s: sum(1 for m in msgs if m[0] == s) for s in subjects}
-    with tempfile.TemporaryDirectory() as tmp, nats_server(os.path.join(tmp, "nats")) as url:
-        async def out_stream():
-            import nats
-            nc = await nats.connect(url)
-            await nc.jetstream().add_stream(name="BENCHOUT", subjects=["bench.out"], max_bytes=-1,
-                                            duplicate_window=120.0)
-            await nc.close()
-        asyncio.run(out_stream())
-        warm = make_messages(a.batch * 2, a.batch, [f"warm.in.{i}" for i in range(a.subtasks)], a.format, a.keys)
-        asyncio.run(_publish(url, "WARM", [f"warm.in.{i}" for i in range(a.subtasks)], warm))
-        run_job(url, "WARM", [f"warm.in.{i}" for i in range(a.subtasks)], a.format, a.batch,
-                os.path.join(tmp, "warm-ckpt"), a.device)  # imports, kernel compiles, first connections
-        pub_s = asyncio.run(_publish(url, "BENCH", subjects, msgs))
-        con_s, consumed = asyncio.run(_consume(url, "BENCH", subjects, a.format, per_subject))
-        job_s, job_records = run_job(url, "BENCH", subjects, a.format, a.batch, os.path.join(tmp, "ckpt"), a.device)
-    res = {"bench": "stream_nats", "date": time.strftime("%Y-%m-%d"), "device": a.device,
-           "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None,
-           "events": a.events, "format": a.format, "batch": a.batch, "source_subtasks": a.subtasks,
-           "publish_events_per_s": a.events / pub_s, "consume_events_per_s": consumed / con_s,
-           "job_events_per_s": job_records / job_s, "job_events_per_s_per_source_subtask": job_records / job_s / a.subtasks,
-           "job_records": job_records, "consumed_records": consumed}
+    res = measure(a.events, a.subtasks, a.batch, a.format, a.keys, a.device)
     if a.out == "json":
         print(json.dumps(res))
     else:

@@ -6,7 +6,7 @@ mid-stream; Nexmark q3 / q4 / q8 columnar against their record forms."""
 import pytest
 import torch
 
-from opforge.stream import (CollectionSource, FileSink, FlatJoinFunction, JoinFunction, SimulatedClock,
+from opforge.stream import (CoGroupFunction, CollectionSource, FileSink, FlatJoinFunction, JoinFunction, SimulatedClock,
                             SlidingEventTimeWindows, SplitSource, StreamExecutionEnvironment,
                             TumblingEventTimeWindows, WatermarkStrategy, vectorized)
 from opforge.stream.columnar_join import RegularJoin, RegularJoinOperator, WindowJoinOperator
@@ -79,9 +79,10 @@ def regular_join(fn):
     return job
 
 
-def engine(job, events, parallelism, batch_size):
+def engine(job, events, parallelism, batch_size, granularity="record"):
     """The sink's (record, timestamp) pairs in arrival order."""
-    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size)
+    env = StreamExecutionEnvironment(parallelism=parallelism, batch_size=batch_size,
+                                     watermark_granularity=granularity)
     sink = job(env, events)
     env.execute()
     return list(zip(sink.records(), sink.timestamps()))
@@ -353,3 +354,72 @@ def test_q4_closes_auctions_in_the_record_paths_timer_order():
     assert got == nexmark(q4, config, False, 1, 10, source)[0]
     assert [r for r, _ in got] == [{"category": 11, "avg": 7.0, "auctions": 1},
                                    {"category": 11, "avg": 6.0, "auctions": 2}]
+
+
+# -- co-group ------------------------------------------------------------------------------
+
+@vectorized
+def vector_summary(first, second, groups):
+    """Per group: its key, row counts, the first input's value sum, the second's largest value (or None-ish -999)."""
+    g = groups.count
+    s0 = torch.zeros(g, dtype=torch.int64).index_add_(0, groups.first_group, first["f1"]) if len(first) else \
+        torch.zeros(g, dtype=torch.int64)
+    m1 = torch.full((g,), -999, dtype=torch.int64)
+    if len(second):
+        m1 = m1.scatter_reduce(0, groups.second_group, second["f1"], "amax")
+    n0, n1 = groups.first_offsets.diff(), groups.second_offsets.diff()
+    key = torch.full((g,), -1, dtype=torch.int64)
+    if len(first):
+        key = key.scatter_reduce(0, groups.first_group, first["f0"], "amax")
+    if len(second):
+        key = key.scatter_reduce(0, groups.second_group, second["f0"], "amax")
+    return {"f0": key, "f1": n0, "f2": n1, "f3": s0, "f4": m1}
+
+
+class Summary(CoGroupFunction):
+    def co_group(self, first, second):
+        key = (first or second)[0][0]
+        yield (key, len(first), len(second), sum(r[1] for r in first), max((r[1] for r in second), default=-999))
+
+
+@vectorized
+def vector_each_first(first, second, groups):
+    """A flat co-group: one row per first-input record of groups with at least two second-input records."""
+    n1 = groups.second_offsets.diff()
+    rows = torch.nonzero(n1.index_select(0, groups.first_group) >= 2).flatten()
+    return {"f0": first["f0"][rows], "f1": first["f1"][rows], "__group__": groups.first_group[rows]} \
+        if len(first) else {"f0": torch.zeros(0, dtype=torch.int64), "f1": torch.zeros(0, dtype=torch.int64),
+                             "__group__": torch.zeros(0, dtype=torch.int64)}
+
+
+class EachFirst(CoGroupFunction):
+    def co_group(self, first, second):
+        if len(second) >= 2:
+            for r in first:
+                yield (r[0], r[1])
+
+
+def co_group_job(fn, window):
+    def job(env, events):
+        left, right = two_sides(env, events)
+        return left.co_group(right).where(0).equal_to(lambda r: r[0]).window(WINDOWS[window]()).apply(fn).collect()
+
+    return job
+
+
+@pytest.mark.parametrize("window", ["tumbling", "sliding-ragged"])
+def test_vectorized_co_group_equals_the_record_path(window):
+    from opforge.stream.columnar_cogroup import WindowCoGroupOperator
+
+    events = out_of_order_events(150, keys=4, bound=BOUND, seed=31, late=0.1)
+    shapes = ((1, 1, "record"), (2, 37, "record"), (1, 1024, "record"), (2, 37, "batch"), (1, 1024, "batch"))
+    for parallelism, batch_size, granularity in shapes if window != "tumbling" else shapes[1:4]:
+        for vector, record in ((vector_summary, Summary()), (vector_each_first, EachFirst())):
+            got = engine(co_group_job(vector, window), events, parallelism, batch_size, granularity)
+            assert got and got == engine(co_group_job(record, window), events, parallelism, batch_size, granularity)
+    got = multiset(engine(co_group_job(vector_summary, window), events, 2, 37))
+    assert got == reference_outputs(co_group_job(vector_summary, window), events, 37)
+    assert any(r[1] == 0 for r, _ in got) and any(r[2] == 0 for r, _ in got)  # groups with one side empty
+    env = StreamExecutionEnvironment()
+    co_group_job(vector_summary, window)(env, events)
+    assert isinstance(operator_of(env, "WindowCoGroup"), WindowCoGroupOperator)

@@ -274,10 +274,10 @@ class _TwoInputs(Operator):
     """Shared by the columnar joins: the join function, both inputs' record
     shapes and the arrival counter."""
 
-    def __init__(self, name, function, key_selector, flat=False):
+    def __init__(self, name, function, key_selector, flat=False, method="join"):
         super().__init__(name)
         self.function, self.key_selector, self.flat = function, key_selector, flat
-        self.fn = as_callable(function, "join", name)
+        self.fn = as_callable(function, method, name)
 
     def open(self):
         self.schemas = [None, None]
@@ -356,8 +356,8 @@ class _TwoInputs(Operator):
 class WindowJoinOperator(_TwoInputs):
     """A window join of event-time tumbling or sliding windows, whole batches at a time."""
 
-    def __init__(self, name, assigner, function, key_selector, flat=False):
-        super().__init__(name, function, key_selector, flat)
+    def __init__(self, name, assigner, function, key_selector, flat=False, method="join"):
+        super().__init__(name, function, key_selector, flat, method)
         self.assigner = assigner
 
     def open(self):
@@ -410,14 +410,18 @@ class WindowJoinOperator(_TwoInputs):
         if missing and int(torch.stack(missing).sum()):
             raise ValueError(f"{self.name}: a record has no timestamp; joins run in event time (give the "
                              "sources a WatermarkStrategy with a timestamp assigner)")
-        if len(first) and len(second):
-            self._pair_windows(first, second, prev, wm)
+        self._join_windows(first, second, prev, wm)
         for side, rows in enumerate((first, second)):
             if len(rows):
                 self.buffers[side] = self._unexpired(rows, wm)
         if self.cold is not None:
             self._forget_cold(wm)
             self._enforce_budget()
+
+    def _join_windows(self, first: Rows, second: Rows, prev: int, wm: int) -> None:
+        """The fired windows' outputs (a co-group overrides this: its groups fire with one side empty)."""
+        if len(first) and len(second):
+            self._pair_windows(first, second, prev, wm)
 
     def _pair_windows(self, first: Rows, second: Rows, prev: int, wm: int) -> None:
         r0, s0 = self._due(first, prev, wm)

@@ -13,7 +13,9 @@ operator with two or more inputs (joins, connect, broadcast state, union)
 holds such batches until the source poll that made them has gone through
 the graph, then runs both inputs' records in the order of the watermarks
 they saw (ties: the source's order, ``Batch.arrival``), as Flink would with
-a watermark after every record on every input (``_Runner.flush``).
+a watermark after every record on every input (``_Runner.flush``); an
+operator with ``process_merged`` (the columnar interval join) takes the held
+batches whole, with that order, instead of their runs one input at a time.
 Each round first advances processing time (the job's clock) and fires
 processing-time timers; a source subtask whose watermark runs ahead of its
 alignment group by more than the allowed drift
@@ -233,21 +235,28 @@ class _Runner:
             if all(b.arrival is not None for b, _, _ in parts):  # ties: the source's order
                 order = torch.sort(torch.cat([b.arrival for b, _, _ in parts]), stable=True).indices
             order = order.index_select(0, torch.sort(wms.index_select(0, order), stable=True).indices)
-            part, wms = part.index_select(0, order), wms.index_select(0, order)
-            offsets = [0]
-            for b, _, _ in parts:
-                offsets.append(offsets[-1] + len(b))
-            cuts = torch.nonzero(part[1:] != part[:-1]).flatten() + 1
-            starts = torch.cat([cuts.new_zeros(1), cuts]).tolist()
-            ends = starts[1:] + [len(order)]
-            firsts = part.index_select(0, torch.tensor(starts, device=part.device)).tolist()
-            for lo, hi, i in zip(starts, ends, firsts):
-                batch, _, input_index = parts[i]
-                rows = order[lo:hi] - offsets[i]
-                run = batch if hi - lo == len(batch) else batch.select(rows)
-                self._run(run.with_watermarks(wms[lo:hi]), input_index)
+            merged = getattr(self.op, "process_merged", None)
+            if merged is not None:  # the operator takes the held batches whole, with the order to meet them in
+                merged([(b, i) for b, _, i in parts], order, wms.index_select(0, order))
+            else:
+                self._runs_in_order(parts, part.index_select(0, order), order, wms.index_select(0, order))
         self.metrics.busy_ms += (_time.perf_counter() - t0) * 1000
         self._advance()
+
+    def _runs_in_order(self, parts: list, part: torch.Tensor, order: torch.Tensor, wms: torch.Tensor) -> None:
+        """The held batches' runs of one input each, in ``order`` (``flush``)."""
+        offsets = [0]
+        for b, _, _ in parts:
+            offsets.append(offsets[-1] + len(b))
+        cuts = torch.nonzero(part[1:] != part[:-1]).flatten() + 1
+        starts = torch.cat([cuts.new_zeros(1), cuts]).tolist()
+        ends = starts[1:] + [len(order)]
+        firsts = part.index_select(0, torch.tensor(starts, device=part.device)).tolist()
+        for lo, hi, i in zip(starts, ends, firsts):
+            batch, _, input_index = parts[i]
+            rows = order[lo:hi] - offsets[i]
+            run = batch if hi - lo == len(batch) else batch.select(rows)
+            self._run(run.with_watermarks(wms[lo:hi]), input_index)
 
     def _by_watermark_runs(self, batch: Batch, input_index: int) -> None:
         """An operator that reads one watermark per batch gets the batch's

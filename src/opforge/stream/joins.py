@@ -13,7 +13,10 @@ two-input co-process operator), keyed state and event-time timers.
   function marked ``@vectorized`` runs columnar instead
   (``opforge.stream.columnar_join.WindowJoinOperator``): ``fn(first,
   second)`` gets two aligned ``Batch`` es of pairs (row ``i`` of each is one
-  pair) and returns their outputs, once per batch of fired windows.
+  pair) and returns their outputs, once per batch of fired windows. A
+  ``@vectorized`` co-group function runs columnar too
+  (``opforge.stream.columnar_cogroup``: ``fn(first, second, groups)``, both
+  inputs' rows of a batch of fired (key, window) groups with segment offsets).
 * Interval join (``IntervalJoin``): ``a.key_by(k).interval_join(b.key_by(k))
   .between(lower, upper).process(ProcessJoinFunction)`` pairs records of equal
   keys with ``a.ts + lower <= b.ts <= a.ts + upper`` (bounds inclusive unless
@@ -22,7 +25,9 @@ two-input co-process operator), keyed state and event-time timers.
   its records by timestamp, a record probes the other side's buffer, a record
   behind the watermark is late (dropped, or sent to a side output), and a
   timer drops a buffered record once the watermark says no record of the
-  other side can still match it.
+  other side can still match it. A ``@vectorized`` process-join function
+  runs columnar (``opforge.stream.columnar_interval_join``: ``fn(left,
+  right)`` on aligned batches of pairs).
 
 Unmarked functions pair one record at a time over host-memory keyed state,
 so results are exact and the record-at-a-time reference executor runs the
@@ -35,10 +40,13 @@ from __future__ import annotations
 
 import inspect
 
+from opforge.stream.columnar_cogroup import WindowCoGroupOperator, co_group_records
+from opforge.stream.columnar_interval_join import IntervalJoinOperator, interval_pairs
 from opforge.stream.columnar_join import ColumnarForm, WindowJoinOperator, join_records
 from opforge.stream.functions import (CoGroupFunction, FlatJoinFunction, KeyedCoProcessFunction,
                                       TimestampedValue, as_callable, is_vectorized)
 from opforge.stream.graph import OutputTag
+from opforge.stream.records import Batch
 from opforge.stream.state import MapStateDescriptor
 from opforge.stream.time import _millis
 from opforge.stream.windows import SlidingEventTimeWindows, WindowAssigner
@@ -69,7 +77,11 @@ class WindowCoGroupFunction(ColumnarForm, KeyedCoProcessFunction):
         self.flat = kind == "flat_join" or isinstance(function, FlatJoinFunction)
 
     def make_operator(self, name, key_selector):
-        if self.kind == "co_group" or not is_vectorized(as_callable(self.function, "join", name)):
+        if self.kind == "co_group":
+            if not is_vectorized(as_callable(self.function, "co_group", name)):
+                return None
+            return WindowCoGroupOperator(name, self.assigner, self.function, key_selector)
+        if not is_vectorized(as_callable(self.function, "join", name)):
             return None
         return WindowJoinOperator(name, self.assigner, self.function, key_selector, self.flat)
 
@@ -107,7 +119,9 @@ class WindowCoGroupFunction(ColumnarForm, KeyedCoProcessFunction):
             if slot[1] - 1 != timestamp:
                 continue
             self.panes.remove(slot)
-            if self.kind == "co_group":
+            if self.kind == "co_group" and is_vectorized(self.call):
+                yield from co_group_records(self.call, first, second, timestamp, self.where)
+            elif self.kind == "co_group":
                 yield from self.call(first, second) or ()
             elif first and second and is_vectorized(self.call):
                 firsts = [a for a in first for _ in second]
@@ -222,13 +236,21 @@ class _JoinContext:
         self.outer.output(tag, value)
 
 
-class IntervalJoinFunction(KeyedCoProcessFunction):
+class IntervalJoinFunction(ColumnarForm, KeyedCoProcessFunction):
     """Flink's ``IntervalJoinOperator`` as a keyed co-process function; bounds
-    are already inclusive (an exclusive bound moved by 1 ms)."""
+    are already inclusive (an exclusive bound moved by 1 ms). A ``@vectorized``
+    function runs as an ``IntervalJoinOperator`` (``columnar_interval_join``);
+    here (the reference executor, ``columnar = False``) it is called once per
+    arriving record, on that record's pairs."""
 
     def __init__(self, lower: int, upper: int, function, left_late=None, right_late=None):
         self.lower, self.upper, self.function = lower, upper, function
         self.late_tags = (left_late, right_late)
+
+    def make_operator(self, name, key_selector):
+        if not is_vectorized(as_callable(self.function, "process_element", name)):
+            return None
+        return IntervalJoinOperator(name, self.lower, self.upper, self.function, key_selector, self.late_tags)
 
     def open(self, ctx):
         self.where = ctx.task_name
@@ -251,6 +273,29 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             bucket = []
         bucket.append(value)
         ours.put(ts, bucket)
+        if is_vectorized(self.call):
+            yield from self._vectorized(value, ts, other, lo, hi, is_left)
+        else:
+            yield from self._pairs(value, ts, other, lo, hi, is_left, ctx)
+        timers.register_event_time_timer(ts + hi if hi > 0 else ts)
+
+    def _vectorized(self, value, ts, other, lo, hi, is_left):
+        mine, theirs, times = [], [], []
+        for t, entries in other.items():
+            if ts + lo <= t <= ts + hi:
+                mine += [value] * len(entries)
+                theirs += entries
+                times += [t] * len(entries)
+        if not mine:
+            return
+        lefts, rights = (mine, theirs) if is_left else (theirs, mine)
+        lts, rts = ([ts] * len(mine), times) if is_left else (times, [ts] * len(mine))
+        out = interval_pairs(self.call, Batch.from_records(lefts, "cpu", lts, where=self.where),
+                             Batch.from_records(rights, "cpu", rts, where=self.where), self.where)
+        for rec, when in zip(out.records(), out.timestamps.tolist()):
+            yield TimestampedValue(rec, when)
+
+    def _pairs(self, value, ts, other, lo, hi, is_left, ctx):
         jctx = self.jctx
         jctx.outer = ctx
         for t, entries in other.items():
@@ -264,7 +309,6 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 when = max(ts, t)
                 for out in self.call(pair[0], pair[1], jctx) or ():
                     yield TimestampedValue(out, when)
-        timers.register_event_time_timer(ts + hi if hi > 0 else ts)
 
     def process_element1(self, value, ctx):
         return self._process(value, ctx, self.left, self.right, self.lower, self.upper, True)
