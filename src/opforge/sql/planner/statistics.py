@@ -345,6 +345,8 @@ def chunked_column_stats(chunks: Iterable[Column], rows: int, track: int,
         part = hll_registers(values)
         registers = part if registers is None else torch.maximum(registers, part)
         samples.append(values[::step])
+        if exact and torch.unique(samples[-1]).numel() > track:  # too many values to count: no sort of the chunk
+            exact, uniq, counts = False, None, None
         if exact:
             u, c = torch.unique(values, return_counts=True)
             if uniq is not None:
@@ -380,18 +382,17 @@ def chunked_column_stats(chunks: Iterable[Column], rows: int, track: int,
 def table_stats(table, memory_limit: Callable[[], int | None] | None = None) -> TableStats:
     """Statistics of the columns of a ``sql.table.Table``, each computed (and the column loaded) on
     its first lookup. Under a device memory limit (``memory_limit()``, read at the lookup) a column
-    not on the device whose size passes a quarter of the limit is read in chunks from the host
-    instead (``chunked_column_stats``), as the out-of-core scan reads it."""
+    not on the device is read in chunks of a quarter of the limit from the host instead
+    (``chunked_column_stats``), as the out-of-core scan reads it, and is not kept on the device:
+    the statistics of the columns a query plans with never crowd the limit together."""
 
     def compute(name: str) -> ColumnStats:
         limit = memory_limit() if memory_limit is not None else None
         if limit is not None and name not in table.loaded_columns():
             from opforge.sql.outofcore.chunked_scan import column_chunks, row_bytes
 
-            width = row_bytes(table, [name])
-            if table.num_rows * width > limit // 4:
-                rows = max(1024, limit // 4 // width)
-                chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows))
-                return chunked_column_stats(chunks, table.num_rows, rows)
+            rows = max(1024, limit // 4 // row_bytes(table, [name]))
+            chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows))
+            return chunked_column_stats(chunks, table.num_rows, min(rows, EXACT_DISTINCT_ROWS))
         return column_stats(table.column(name))
     return TableStats(table.num_rows, LazyColumnStats(table.names, compute))
