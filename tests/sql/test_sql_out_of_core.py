@@ -167,3 +167,24 @@ def test_union_all_streams_its_inputs(tables):
     con = _con(tables, memory_limit="16KiB")
     assert _metrics(con, q).get("partial_chunks", 0) > 2  # the union's chunks aggregated one by one
     _same_rows(con.sql(q).to_arrow(), _duck(tables, q))
+
+
+def test_pandas_frame_streams_from_the_host():
+    """A pandas frame over the limit is sliced on the host: categorical and nullable strings coded
+    with one dictionary for every chunk, timestamps, floats."""
+    import duckdb as dd
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    df = pd.DataFrame({"k": rng.integers(0, 300, n), "cat": pd.Categorical(rng.choice(["x", "y", "zz", "w"], n)),
+                       "s": pd.array([None if i % 7 == 0 else f"w{i % 50}" for i in range(n)], dtype="string"),
+                       "ts": pd.Timestamp("2020-01-01") + pd.to_timedelta(rng.integers(0, 10 ** 6, n), unit="s"),
+                       "f": rng.normal(size=n)})
+    con = sql.connect("cpu", memory_limit="24KiB").register("df", df)
+    duck = dd.connect()
+    duck.register("df", df)
+    for q in ("SELECT cat, s, count(*) AS c, min(ts) AS t, max(k) AS m, sum(f) > 0 AS p FROM df GROUP BY cat, s",
+              "SELECT k, s, ts, row_number() OVER (PARTITION BY s ORDER BY ts, k, f) AS r FROM df WHERE k < 100"):
+        assert _metrics(con, q).get("scan_chunks", 0) > 1, q
+        _same_rows(con.sql(q).to_arrow(), duck.sql(q).to_arrow_table())

@@ -124,7 +124,7 @@ def _arrow_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
         n_rows = min(rows, lazy.num_rows - start)
         cols = {}
         for n in names:
-            piece = source.column(n).slice(start, n_rows)
+            piece = source.column(lazy.names.index(n)).slice(start, n_rows)
             if n in words:
                 codes = pa.chunked_array([_codes(c, words[n][1]) for c in piece.chunks], pa.int32())
                 cols[n] = _codes_column(codes, words[n][0], sql_types[n], device)
@@ -210,7 +210,7 @@ def _arrow_dictionary(lazy: LazyColumns, name: str) -> tuple[tuple, pa.Array]:
     """The distinct words of an Arrow table's column, sorted (kept with the table's columns)."""
     hit = lazy.host_dictionaries.get(name)
     if hit is None:
-        hit = lazy.host_dictionaries[name] = _sorted_words(lazy.arrow.column(name).chunks)
+        hit = lazy.host_dictionaries[name] = _sorted_words(lazy.arrow.column(lazy.names.index(name)).chunks)
     return hit
 
 
