@@ -240,12 +240,7 @@ class OutOfCore:
 
         def own(b: Batch) -> Batch:
             return run_distinct(Batch({o.cid: b.cols[o.cid] for o in outputs}, b.n, b.device))
-        run = self._grace_run()
-        try:
-            yield from grace_each(keys, (own(b) for b in chunks), own, run, fanout_bits(estimate, self.limit))
-        finally:
-            run.store.close()
-        run.report(self.ctx, "partitioned DISTINCT")
+        yield from self._partitioned(keys, (own(b) for b in chunks), own, estimate, "DISTINCT")
 
     def _window(self, node, chunks) -> Iterator[Batch]:
         """Window functions with PARTITION BY over a stream (or an input over the limit): the rows
@@ -255,12 +250,22 @@ class OutOfCore:
         inner = quiet(self.ctx)
         fn = (lambda b: run_window(node, b, inner)) if isinstance(node, P.Window) else (
             lambda b: run_window_functions(node, b, inner))
+        yield from self._partitioned(node.partition, chunks, fn, self._estimate(node.child), "window")
+
+    def _partitioned(self, keys, chunks, fn, estimate: int, what: str) -> Iterator[Batch]:
+        """``fn`` over the stream whole when it ends within the limit, else over each hash partition
+        of it by ``keys`` (``grace.grace_each``)."""
+        chunks, fits = self._buffer(chunks)
+        if fits:
+            self.ctx.note(f"out of core: the {what}'s input stream fit the limit; computed in memory")
+            yield fn(concat(chunks))
+            return
         run = self._grace_run()
         try:
-            yield from grace_each(node.partition, chunks, fn, run, fanout_bits(self._estimate(node.child), self.limit))
+            yield from grace_each(keys, chunks, fn, run, fanout_bits(estimate, self.limit))
         finally:
             run.store.close()
-        run.report(self.ctx, "partitioned window")
+        run.report(self.ctx, f"partitioned {what}")
 
     def _scan(self, node: P.Scan, pushed: list) -> Iterator[Batch]:
         table = self.ex.tables[node.table]
