@@ -77,20 +77,24 @@ def test_no_base_column_over_the_limit_reaches_the_device(kind, tpch_paths, arro
 
 
 def test_chunked_statistics_agree_with_resident_ones(arrow_tables):
-    """The same column's statistics, from its chunks and whole: counts, range, keys, common values."""
+    """The same column's statistics, from its chunks and whole: counts, range, keys, common values;
+    exact as the resident ones are (15000 rows), then by HyperLogLog (``exact_rows`` lowered)."""
     orders = table_module.Table.from_arrow(arrow_tables["orders"], "cpu")
+
+    def chunked(name, rows, exact_rows):
+        parts = (cols[name] for _, cols in chunked_scan.column_chunks(orders, [name], "cpu", rows))
+        return statistics.chunked_column_stats(parts, orders.num_rows, exact_rows)
     for name, rows in (("o_orderkey", 1024), ("o_orderstatus", 1024), ("o_custkey", 1500), ("o_orderdate", 4096)):
         whole = statistics.column_stats(orders.column(name))
-        parts = (cols[name] for _, cols in chunked_scan.column_chunks(orders, [name], "cpu", rows))
-        merged = statistics.chunked_column_stats(parts, orders.num_rows, 4096)
-        assert (merged.rows, merged.nulls) == (whole.rows, whole.nulls)
-        if name != "o_orderstatus":  # strings: codes of another (file-wide) dictionary, same words
-            assert (merged.min, merged.max) == (whole.min, whole.max)
-        assert merged.unique == whole.unique, name
-        assert merged.distinct == pytest.approx(whole.distinct, rel=0.05), name
-    status = statistics.chunked_column_stats(
-        (c["o_orderstatus"] for _, c in chunked_scan.column_chunks(orders, ["o_orderstatus"], "cpu", 1024)),
-        orders.num_rows, 4096)
+        for exact_rows in (statistics.EXACT_DISTINCT_ROWS, 4096):
+            merged = chunked(name, rows, exact_rows)
+            assert (merged.rows, merged.nulls, merged.exact) == (whole.rows, whole.nulls, exact_rows > orders.num_rows)
+            if name != "o_orderstatus":  # strings: codes of another (file-wide) dictionary, same words
+                assert (merged.min, merged.max) == (whole.min, whole.max)
+            assert merged.unique == whole.unique, name  # o_orderkey ascends: a key either way
+            assert merged.sorted == orders.column(name).sorted, name
+            assert merged.distinct == pytest.approx(whole.distinct, rel=0 if merged.exact else 0.05), name
+    status = chunked("o_orderstatus", 1024, statistics.EXACT_DISTINCT_ROWS)
     assert status.exact and status.mcv_complete
     got = sorted((status.dictionary[int(v)], round(f, 9)) for v, f in status.mcv)
     counts = arrow_tables["orders"].column("o_orderstatus").value_counts().to_pylist()

@@ -311,18 +311,18 @@ def _all_distinct(values: torch.Tensor) -> bool:
     return torch.unique(values).numel() == values.numel()
 
 
-def chunked_column_stats(chunks: Iterable[Column], rows: int, track: int,
+def chunked_column_stats(chunks: Iterable[Column], rows: int, exact_rows: int = EXACT_DISTINCT_ROWS,
                          mcv_count: int = MCV_COUNT) -> ColumnStats:
     """Statistics of a column seen chunk by chunk, never whole on the device (a column over the
     memory limit, ``sql/outofcore``). NULL counts add up and min / max merge; the distinct values
-    are counted exactly (merged ``torch.unique`` counts) while there are at most ``track`` of them,
-    else by HyperLogLog, whose registers merge by max; the most-common values come from the exact
+    are counted exactly (merged ``torch.unique`` counts) in a column of at most ``exact_rows`` rows,
+    else by HyperLogLog, whose registers merge by max (as ``column_stats`` counts a resident one); the most-common values come from the exact
     counts, or from an even sample of every chunk; ``unique`` is proved by exact counts of one, or
     by values ascending strictly across the chunks (keys usually are), else taken as False (the
     planner then skips an optimization, never an answer); ``sorted`` as ``Column.mark_sorted``
     would find it (the planner's merge-join costing reads it instead of loading the column)."""
     nulls, lo, hi = 0, None, None
-    registers, exact = None, True
+    registers, exact = None, rows <= exact_rows
     uniq = counts = last = sample = None
     ascending, samples, dictionary, floating = 2, [], None, False
     step = max(1, rows // MCV_SAMPLE_ROWS)
@@ -345,16 +345,12 @@ def chunked_column_stats(chunks: Iterable[Column], rows: int, track: int,
         part = hll_registers(values)
         registers = part if registers is None else torch.maximum(registers, part)
         samples.append(values[::step])
-        if exact and torch.unique(samples[-1]).numel() > track:  # too many values to count: no sort of the chunk
-            exact, uniq, counts = False, None, None
         if exact:
             u, c = torch.unique(values, return_counts=True)
             if uniq is not None:
                 u, inverse = torch.unique(torch.cat([uniq, u]), return_inverse=True)
                 c = torch.zeros(len(u), dtype=c.dtype, device=c.device).scatter_add_(0, inverse, torch.cat([counts, c]))
             uniq, counts = u, c
-            if len(uniq) > track:
-                exact, uniq, counts = False, None, None
     present = rows - nulls
     stats = ColumnStats(rows, nulls, None if lo is None else float(lo), None if hi is None else float(hi),
                         0.0, True, [], dictionary, False, sorted=nulls == 0 and not floating and ascending > 0)
@@ -393,6 +389,6 @@ def table_stats(table, memory_limit: Callable[[], int | None] | None = None) -> 
 
             rows = max(1024, limit // 4 // row_bytes(table, [name]))
             chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows))
-            return chunked_column_stats(chunks, table.num_rows, min(rows, EXACT_DISTINCT_ROWS))
+            return chunked_column_stats(chunks, table.num_rows)
         return column_stats(table.column(name))
     return TableStats(table.num_rows, LazyColumnStats(table.names, compute))

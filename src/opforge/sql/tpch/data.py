@@ -165,11 +165,16 @@ def build_once(target: Path, manifest: Callable[[Path], dict | None], build: Cal
             shutil.rmtree(work, ignore_errors=True)
 
 
+SPLIT_SF = 30  # from this scale factor on, the largest tables are generated on their own
+
+
 def _generate_into(sf: float, work: Path, threads: int | None) -> None:
-    """One table at a time, largest first: generated (tpchgen-cli, all its threads), then conformed
-    in the background while the next one generates, its raw file deleted once conformed. Why: the
-    disk holds at most a raw table or two beside the finished ones (SF100's Parquet is ~30 GB; raw
-    and conformed copies of everything at once would not fit a 64 GB disk)."""
+    """The tables generated (tpchgen-cli, all its threads), then conformed in the background while
+    the next ones generate, each raw file deleted once conformed. From ``SPLIT_SF`` on, lineitem,
+    then orders, then the rest are generated in turn: the disk then holds at most about one raw
+    table beside the finished ones (SF100's Parquet is ~30 GB; raw and conformed copies of
+    everything at once would not fit a 64 GB disk). Below it one call makes all (each call costs
+    about a CPU second to start)."""
     raw = work / "raw"
     base = [tpchgen_executable(), "parquet", "-s", f"{float(sf):g}", "-o", str(raw), "--quiet", "--no-progress"]
     if threads:
@@ -183,13 +188,15 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
         return rows
 
     jobs = {}
-    with ThreadPoolExecutor(2) as pool:  # Arrow releases the GIL: conforming overlaps the next generation
-        for name in reversed(TABLES):  # lineitem, orders, partsupp, ...: the largest first
-            cmd = base + ["--tables", name]
+    with ThreadPoolExecutor(len(TABLES)) as pool:  # Arrow releases the GIL: conforming overlaps generation
+        rest = tuple(t for t in TABLES if t not in ("lineitem", "orders"))
+        for group in ((TABLES,) if sf < SPLIT_SF else (("lineitem",), ("orders",), rest)):
+            cmd = base + ([] if group == TABLES else ["--tables", ",".join(group)])
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"tpch: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-            jobs[name] = pool.submit(conform, name)
+            for name in group:
+                jobs[name] = pool.submit(conform, name)
         rows = {name: job.result() for name, job in jobs.items()}
     version = subprocess.run([base[0], "--version"], capture_output=True, text=True).stdout.strip()
     tables = {name: {"file": f"{name}.parquet", "rows": rows[name], "bytes": (work / f"{name}.parquet").stat().st_size}
