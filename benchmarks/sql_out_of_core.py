@@ -78,7 +78,7 @@ def _arguments(argv):
     ap.add_argument("--budget", default="2GiB", help="device memory limit, e.g. 24GiB")
     ap.add_argument("--host-limit", default=None, help="pinned host memory for spills before disk")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
+    ap.add_argument("--queries", default="", help="query numbers, e.g. 1,3,9 or 1-11 (default: all 22)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--duckdb", choices=("memory", "views"), default="memory")
     only = ap.add_mutually_exclusive_group()
@@ -89,6 +89,21 @@ def _arguments(argv):
     ap.add_argument("--root", default=None, help="where the TPC-H Parquet files are cached")
     ap.add_argument("--out", default=None, help="JSON lines file the rows are appended to")
     return ap.parse_args(argv)
+
+
+def _numbers(text: str) -> list[int]:
+    """'1,3,9' or '1-11,13' (q01 and Q1 too) -> query numbers; empty: all 22."""
+    out = []
+    for part in (p.strip().replace("q", "").replace("Q", "") for p in text.split(",")):
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-", 1))
+            out += range(lo, hi + 1)
+        elif part:
+            out.append(int(part))
+    unknown = [n for n in out if n not in queries.NUMBERS]
+    if unknown:
+        raise SystemExit(f"--queries: no TPC-H query {unknown}")
+    return out or list(queries.NUMBERS)
 
 
 def _timed(fn, repeats: int, device: str) -> tuple[list[float], object]:
@@ -117,7 +132,7 @@ def _append(path: Path, row: dict) -> None:
 
 def main(argv=None) -> int:
     args = _arguments(argv)
-    numbers = [int(q.strip().lstrip("qQ")) for q in args.queries.split(",") if q.strip()] or list(queries.NUMBERS)
+    numbers = _numbers(args.queries)
     budget = parse_size(args.budget)
     out = Path(args.out) if args.out else HERE / "results" / (
         f"sql-out-of-core-{args.device.split(':')[0]}-sf{args.sf:g}-{dt.date.today().isoformat()}.jsonl")
