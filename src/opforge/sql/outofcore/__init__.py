@@ -12,5 +12,6 @@
 * ``partial_aggregate``: an aggregation in two steps, each chunk first, then the partials.
 * ``external_sort``: ORDER BY over the limit as sorted runs spilled and merged.
 * ``streaming``: the executor's side of it: which subtrees stream chunk by chunk, which operators
-  consume streams (aggregate, join, union, distinct, window, sort, top-k) and how; EXPLAIN ANALYZE rows for streamed operators.
+  consume streams (aggregate, join, union, distinct, window, sort, top-k) and how; EXPLAIN ANALYZE
+  rows for streamed operators.
 """

@@ -316,14 +316,15 @@ def chunked_column_stats(chunks: Iterable[Column], rows: int, exact_rows: int = 
     """Statistics of a column seen chunk by chunk, never whole on the device (a column over the
     memory limit, ``sql/outofcore``). NULL counts add up and min / max merge; the distinct values
     are counted exactly (merged ``torch.unique`` counts) in a column of at most ``exact_rows`` rows,
-    else by HyperLogLog, whose registers merge by max (as ``column_stats`` counts a resident one); the most-common values come from the exact
-    counts, or from an even sample of every chunk; ``unique`` is proved by exact counts of one, or
+    else by HyperLogLog, whose registers merge by max (as ``column_stats`` counts a resident one);
+    the most-common values come from the exact counts, or from an even sample of every chunk
+    (copies: no chunk stays on the device); ``unique`` is proved by exact counts of one, or
     by values ascending strictly across the chunks (keys usually are), else taken as False (the
     planner then skips an optimization, never an answer); ``sorted`` as ``Column.mark_sorted``
     would find it (the planner's merge-join costing reads it instead of loading the column)."""
     nulls, lo, hi = 0, None, None
     registers, exact = None, rows <= exact_rows
-    uniq = counts = last = sample = None
+    uniq = counts = last = None
     ascending, samples, dictionary, floating = 2, [], None, False
     step = max(1, rows // MCV_SAMPLE_ROWS)
     for col in chunks:
@@ -340,11 +341,12 @@ def chunked_column_stats(chunks: Iterable[Column], rows: int, exact_rows: int = 
             step_up = (values[1:] > values[:-1]).all() if values.numel() > 1 else True
             flat_up = (values[1:] >= values[:-1]).all() if values.numel() > 1 else True
             strict = bool(step_up) and (last is None or bool(values[0] > last))
-            ascending = 2 if strict and ascending == 2 else int(bool(flat_up) and (last is None or bool(values[0] >= last)))
-            last = values[-1]
+            flat = bool(flat_up) and (last is None or bool(values[0] >= last))
+            ascending = 2 if strict and ascending == 2 else int(flat)
+            last = values[-1].clone()  # a copy: a view would keep the chunk on the device
         part = hll_registers(values)
         registers = part if registers is None else torch.maximum(registers, part)
-        samples.append(values[::step])
+        samples.append(values[::step].clone())
         if exact:
             u, c = torch.unique(values, return_counts=True)
             if uniq is not None:
