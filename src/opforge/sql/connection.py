@@ -241,7 +241,7 @@ class Connection:
 
         for name, table in self._tables.items():
             if name not in self._table_stats:
-                self._table_stats[name] = table_stats(table)
+                self._table_stats[name] = table_stats(table, self._memory_limit)
         return self._table_stats
 
     @property
@@ -267,10 +267,14 @@ class Connection:
 
         check_options(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
                       self.workers, self.join_distribution)
-        limit = self._settings.memory_limit or self.memory_limit or env_limit()
+        limit = self._memory_limit()
         spill_dir = None if self.database is None else os.path.join(self.database.folder, ".spill")
         return ExecContext(self.memory_budget, self.join_algorithm, self.runtime_filters, self.skew_threshold,
                            self.workers, self.join_distribution, limit, self.spill_host_limit, spill_dir)
+
+    def _memory_limit(self) -> int | None:
+        """The device memory limit now: SET memory_limit, else connect's, else the environment's."""
+        return self._settings.memory_limit or self.memory_limit or env_limit()
 
     def _cluster_options(self) -> dict:
         """The ExecContext options a cluster's workers run with (runtime filters are theirs to drop)."""

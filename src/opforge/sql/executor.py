@@ -104,7 +104,8 @@ class Executor:
 
     def _operator(self, node: P.Node, inputs: list[Batch], pushed=()) -> Batch:
         ctx = self.ctx
-        if self.ooc is not None and isinstance(node, (P.Join, P.Aggregate, P.Sort)):
+        if self.ooc is not None and isinstance(node, (P.Join, P.Aggregate, P.Sort, P.Distinct, P.Window,
+                                                      P.WindowFunctions)):
             out = self.ooc.operator(node, inputs)
             if out is not None:
                 return out

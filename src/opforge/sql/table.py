@@ -36,7 +36,7 @@ class LazyColumns(Sequence):
     strings). The types are mapped from the Arrow schema up front, so an unsupported type still
     fails at register. ``read(i)`` gives column ``i``'s Arrow data: from an Arrow table in memory,
     or from a Parquet file, which is then read one column at a time (its other columns are never
-    read); the Arrow data is dropped once the column is on the device."""
+    read). An Arrow table stays on the host (it is the data an out-of-core scan slices)."""
 
     def __init__(self, schema: pa.Schema, num_rows: int, read, device):
         self.device = device
@@ -47,15 +47,16 @@ class LazyColumns(Sequence):
         self._read = read
         self._columns: list[Column | None] = [None] * len(self.names)
         self.parquet: tuple[str, pq.FileMetaData] | None = None  # the file, when read from one
+        self.arrow: pa.Table | None = None  # the host data, when read from Arrow
+        self.host_dictionaries: dict = {}  # column -> its sorted words, for chunks (sql/outofcore)
 
     @staticmethod
     def of_arrow(source: pa.Table, device) -> "LazyColumns":
-        arrays: list[pa.ChunkedArray | None] = list(source.columns)
-
-        def read(i):
-            array, arrays[i] = arrays[i], None
-            return array.chunks
-        return LazyColumns(source.schema, source.num_rows, read, device)
+        """Kept on the host: an out-of-core scan reads it in slices (``sql/outofcore/chunked_scan.py``)
+        and a column unloaded from the device can be read again."""
+        columns = LazyColumns(source.schema, source.num_rows, lambda i: source.column(i).chunks, device)
+        columns.arrow = source
+        return columns
 
     @staticmethod
     def of_parquet(path: str, meta: pq.FileMetaData, device) -> "LazyColumns":
@@ -93,9 +94,9 @@ class LazyColumns(Sequence):
 
     def unload(self, keep=()) -> int:
         """Drop the device copies of the loaded columns not named in ``keep``, when they can be read
-        again (a Parquet file's); the bytes freed. Why: under a device memory limit
+        again (a Parquet file's, an Arrow table's); the bytes freed. Why: under a device memory limit
         (``sql/outofcore``) columns cached by earlier queries must not crowd out this one's."""
-        if self.parquet is None:
+        if self.parquet is None and self.arrow is None:
             return 0
         freed = 0
         for i, c in enumerate(self._columns):

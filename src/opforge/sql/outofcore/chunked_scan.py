@@ -1,7 +1,9 @@
 """A scan read in chunks: the table's selected columns never sit on the device all at once.
 
 A Parquet-backed table is read with ``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time,
-only the selected columns); any other table is cut into row ranges of its device columns. Each
+only the selected columns) or from the host cache; an Arrow table (registered Arrow or pandas data,
+a persistent database's tables) is sliced on the host; each chunk then moves to the device. Only a
+table built from device columns is cut into row ranges of those. Each
 chunk gets the scan's filters and the runtime filters pushed to it (``physical/scan.run_scan`` on
 the chunk), so what leaves a chunk is only the rows that survive.
 
@@ -12,8 +14,8 @@ later queries cost a slice and a copy over the link, not a Parquet decode. A sca
 would not fit the cache reads the file batch by batch instead (``iter_batches``).
 
 String columns: every chunk must code a word the same way (a join or GROUP BY downstream compares
-codes), so each string column gets one dictionary for the whole file, built once on the host from
-the column's Parquet dictionaries (the distinct words, sorted: code order is string order) and
+codes), so each string column gets one dictionary for the whole file (Arrow table), built once on
+the host from the column's Parquet (Arrow) dictionaries (the distinct words, sorted: code order is string order) and
 cached per file and column; a chunk's words are mapped onto it with ``pc.index_in``."""
 from __future__ import annotations
 
@@ -55,50 +57,80 @@ def chunk_rows(table: Table, node: Scan, limit: int) -> int:
 
 def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict) -> Iterator[Batch]:
     """The scan's output, chunk by chunk; ``counts`` gets rows_read / chunks."""
-    for raw in _raw_chunks(node, table, device, rows):
+    names = [o.name for o in node.outputs]
+    for n, cols in column_chunks(table, names, device, rows):
         counts["chunks"] = counts.get("chunks", 0) + 1
-        counts["rows_read"] = counts.get("rows_read", 0) + raw.n
-        names = [o.name for o in node.outputs]
-        piece = Table(names, [raw.cols[o.cid] for o in node.outputs])
+        counts["rows_read"] = counts.get("rows_read", 0) + n
+        piece = Table(names, [cols[o.name] for o in node.outputs])
         yield run_scan(node, piece, device, pushed, None)
 
 
-def _raw_chunks(node: Scan, table: Table, device, rows: int) -> Iterator[Batch]:
+def column_chunks(table: Table, names: list[str], device, rows: int) -> Iterator[tuple[int, dict[str, Column]]]:
+    """(rows, name -> device Column) for consecutive row ranges of at most ``rows`` rows of these
+    columns, read from the host (a Parquet file: the host cache or its batches; an Arrow table:
+    its slices) so that no whole column reaches the device. Every chunk codes a string column
+    with one table-wide dictionary. A table without host data (built from device columns) is cut
+    from its device columns."""
     lazy = table.columns if isinstance(table.columns, LazyColumns) else None
-    names = [o.name for o in node.outputs]
-    if lazy is None or lazy.parquet is None or not names:
+    names = list(dict.fromkeys(names))
+    if lazy is not None and lazy.parquet is not None and names:
+        yield from _parquet_chunks(lazy, names, device, rows)
+    elif lazy is not None and lazy.arrow is not None and names:
+        yield from _arrow_chunks(lazy, names, device, rows)
+    else:
         for start in range(0, table.num_rows, rows):
             idx = torch.arange(start, min(start + rows, table.num_rows), device=device)
-            yield Batch({o.cid: table.column(o.name).take(idx) for o in node.outputs}, len(idx), device)
-        return
+            yield len(idx), {n: table.column(n).take(idx) for n in names}
+
+
+def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
     path, meta = lazy.parquet
     types = dict(zip(lazy.names, lazy.arrow_types))
-    strings = [n for n in dict.fromkeys(names) if column_load.is_string(types[n])]
+    sql_types = dict(zip(lazy.names, lazy.types))
+    strings = [n for n in names if column_load.is_string(types[n])]
     words = {n: _dictionary(path, meta, n) for n in strings}
-    if HOST_CACHE.fits(path, meta, list(dict.fromkeys(names))):
-        host = {n: HOST_CACHE.column(path, meta, n, words.get(n)) for n in dict.fromkeys(names)}
-        for start in range(0, table.num_rows, rows):
-            n_rows = min(rows, table.num_rows - start)
+    if HOST_CACHE.fits(path, meta, names):
+        host = {n: HOST_CACHE.column(path, meta, n, words.get(n)) for n in names}
+        for start in range(0, lazy.num_rows, rows):
+            n_rows = min(rows, lazy.num_rows - start)
             cols = {}
-            for o in node.outputs:
-                piece = host[o.name].slice(start, n_rows)
-                if o.name in words:
-                    cols[o.cid] = _codes_column(piece, words[o.name][0], lazy.types[lazy.names.index(o.name)],
-                                                device)
+            for n in names:
+                piece = host[n].slice(start, n_rows)
+                if n in words:
+                    cols[n] = _codes_column(piece, words[n][0], sql_types[n], device)
                 else:
-                    cols[o.cid] = column_load.load_column(piece.chunks, n_rows, types[o.name], device, o.name)
-            yield Batch(cols, n_rows, device)
+                    cols[n] = column_load.load_column(piece.chunks, n_rows, types[n], device, n)
+            yield n_rows, cols
         return
     f = pq.ParquetFile(path, metadata=meta, read_dictionary=strings or None)
-    for rb in f.iter_batches(batch_size=rows, columns=list(dict.fromkeys(names))):
+    for rb in f.iter_batches(batch_size=rows, columns=names):
         cols = {}
-        for o in node.outputs:
-            arr = rb.column(rb.schema.get_field_index(o.name))
-            if o.name in words:
-                cols[o.cid] = _string_column(arr, words[o.name], lazy.types[lazy.names.index(o.name)], device)
+        for n in names:
+            arr = rb.column(rb.schema.get_field_index(n))
+            if n in words:
+                cols[n] = _string_column(arr, words[n], sql_types[n], device)
             else:
-                cols[o.cid] = column_load.load_column([arr], len(arr), types[o.name], device, o.name)
-        yield Batch(cols, rb.num_rows, device)
+                cols[n] = column_load.load_column([arr], len(arr), types[n], device, n)
+        yield rb.num_rows, cols
+
+
+def _arrow_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
+    """An Arrow table's columns sliced on the host (zero copy), each slice moved to the device."""
+    source = lazy.arrow
+    types = dict(zip(lazy.names, lazy.arrow_types))
+    sql_types = dict(zip(lazy.names, lazy.types))
+    words = {n: _arrow_dictionary(lazy, n) for n in names if column_load.is_string(types[n])}
+    for start in range(0, lazy.num_rows, rows):
+        n_rows = min(rows, lazy.num_rows - start)
+        cols = {}
+        for n in names:
+            piece = source.column(lazy.names.index(n)).slice(start, n_rows)
+            if n in words:
+                codes = pa.chunked_array([_codes(c, words[n][1]) for c in piece.chunks], pa.int32())
+                cols[n] = _codes_column(codes, words[n][0], sql_types[n], device)
+            else:
+                cols[n] = column_load.load_column(piece.chunks, n_rows, types[n], device, n)
+        yield n_rows, cols
 
 
 class HostCache:
@@ -168,10 +200,23 @@ def _dictionary(path: str, meta: pq.FileMetaData, name: str) -> tuple[tuple, pa.
     """The column's distinct words, sorted, for the whole file (cached)."""
     key = (path, id(meta), name)
     hit = _DICTIONARIES.get(key)
-    if hit is not None:
-        return hit
+    if hit is None:
+        hit = _DICTIONARIES[key] = _sorted_words(
+            parquet_read.column_row_groups(path, meta, name, as_dictionary=True))
+    return hit
+
+
+def _arrow_dictionary(lazy: LazyColumns, name: str) -> tuple[tuple, pa.Array]:
+    """The distinct words of an Arrow table's column, sorted (kept with the table's columns)."""
+    hit = lazy.host_dictionaries.get(name)
+    if hit is None:
+        hit = lazy.host_dictionaries[name] = _sorted_words(lazy.arrow.column(lazy.names.index(name)).chunks)
+    return hit
+
+
+def _sorted_words(chunks) -> tuple[tuple, pa.Array]:
     seen = []
-    for chunk in parquet_read.column_row_groups(path, meta, name, as_dictionary=True):
+    for chunk in chunks:
         if pa.types.is_dictionary(chunk.type):
             used = pc.unique(chunk.indices).drop_null()
             seen.append(chunk.dictionary.take(used).cast(pa.string()))
@@ -183,7 +228,6 @@ def _dictionary(path: str, meta: pq.FileMetaData, name: str) -> tuple[tuple, pa.
         ordered = ordered.combine_chunks()
     words = tuple(ordered.to_pylist())
     arrow_dictionary(words, ordered)
-    _DICTIONARIES[key] = (words, ordered)
     return words, ordered
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -94,13 +94,14 @@ def concat(batches: list[Batch]) -> Batch:
     return Batch(cols, sum(b.n for b in batches), first.device)
 
 
-def _spill(chunks: Iterable[Batch], exprs, types, bits: int, seed: int, run: GraceRun, key) -> Batch | None:
+def _spill(chunks: Iterable[Batch], exprs, types, bits: int, seed: int, run: GraceRun, key,
+           nulls_equal: bool = False) -> Batch | None:
     """Partitions every chunk into the store; an empty batch with the chunks' columns (or None)."""
     template = None
     for b in chunks:
         if template is None:
             template = b.take(torch.zeros(0, dtype=torch.int64, device=b.device))
-        for p, piece in enumerate(partition.split(b, exprs, types, bits, seed)):
+        for p, piece in enumerate(partition.split(b, exprs, types, bits, seed, nulls_equal)):
             run.store.put((key, p), piece)
     return template
 
@@ -172,13 +173,23 @@ def grace_aggregate(node: Aggregate, chunks: Iterable[Batch], ctx: ExecContext, 
                     depth: int = 0) -> list[Batch]:
     """The aggregation's output groups, partition by partition (at least one batch, possibly empty)."""
     on = node.keys if node.grouped is None else [node.keys[i] for i in node.grouped]
-    exprs = [e for _, e in on]
+    inner = quiet(ctx)
+    return list(grace_each([e for _, e in on], chunks, lambda rows: run_aggregate(node, rows, inner), run, bits, depth))
+
+
+def grace_each(exprs, chunks: Iterable[Batch], fn: Callable[[Batch], Batch], run: GraceRun, bits: int,
+               depth: int = 0) -> Iterator[Batch]:
+    """``fn`` of each partition of the rows by the hash of ``exprs`` (NULL a value like any other),
+    one partition at a time: right for any operator whose rows with equal keys must meet and that
+    keeps nothing across them (GROUP BY, DISTINCT, a window's PARTITION BY). A partition over the
+    limit is split again with a new seed, up to ``MAX_DEPTH`` levels; one holding a single key
+    value runs as it is (counted in ``run.oversized``). At least one batch: ``fn`` of no rows when
+    there were none."""
     types = partition.key_types([e.type for e in exprs])
     tag = next(run.tags)
-    template = _spill(chunks, exprs, types, bits, depth, run, tag)
+    template = _spill(chunks, exprs, types, bits, depth, run, tag, nulls_equal=True)
     run.partitions += 1 << bits
-    inner = quiet(ctx)
-    outs = []
+    produced = False
     for p in range(1 << bits):
         nbytes = run.store.nbytes((tag, p))
         pieces = list(run.store.take((tag, p)))
@@ -186,12 +197,14 @@ def grace_aggregate(node: Aggregate, chunks: Iterable[Batch], ctx: ExecContext, 
             continue
         rows = concat(pieces)
         if nbytes > run.limit:
-            if depth + 1 < MAX_DEPTH and partition.distinct_keys(rows, exprs, types) > 1:
+            if depth + 1 < MAX_DEPTH and partition.distinct_keys(rows, exprs, types, nulls_equal=True) > 1:
                 run.resplits += 1
-                outs += grace_aggregate(node, [rows], ctx, run, fanout_bits(nbytes, run.limit), depth + 1)
+                for out in grace_each(exprs, [rows], fn, run, fanout_bits(nbytes, run.limit), depth + 1):
+                    produced = True
+                    yield out
                 continue
             run.oversized += 1
-        outs.append(run_aggregate(node, rows, inner))
-    if not outs and template is not None:
-        outs.append(run_aggregate(node, template, inner))
-    return outs
+        produced = True
+        yield fn(rows)
+    if not produced and template is not None and depth == 0:
+        yield fn(template)

@@ -90,20 +90,23 @@ def row_hash(batch: Batch, exprs, types: list[T.SqlType], seed: int) -> tuple[to
     return h ^ (h >> 29), valid
 
 
-def split(batch: Batch, exprs, types, bits: int, seed: int) -> list[Batch]:
+def split(batch: Batch, exprs, types, bits: int, seed: int, nulls_equal: bool = False) -> list[Batch]:
     """``batch`` cut into 2^bits partitions by the hash of its keys; rows with a NULL key go to
-    partition 0 (they match nothing, but outer joins and GROUP BY keep them)."""
+    partition 0 (they match nothing, but outer joins keep them), or, ``nulls_equal`` (GROUP BY,
+    DISTINCT, PARTITION BY: NULLs are one value), are hashed with the NULL as a value, so that a
+    re-split spreads them too."""
     h, valid = row_hash(batch, exprs, types, seed)
     part = (h >> 3) & ((1 << bits) - 1)
-    if valid is not None:
+    if valid is not None and not nulls_equal:
         part = torch.where(valid, part, torch.zeros_like(part))
     return [batch.take(idx) for idx in partitions(part, bits)]
 
 
-def distinct_keys(batch: Batch, exprs, types) -> int:
-    """How many distinct non-NULL key tuples ``batch`` holds, capped at 2 (1: it cannot be split)."""
+def distinct_keys(batch: Batch, exprs, types, nulls_equal: bool = False) -> int:
+    """How many distinct key tuples (non-NULL ones unless ``nulls_equal``) ``batch`` holds, capped
+    at 2 (1: it cannot be split)."""
     h, valid = row_hash(batch, exprs, types, 0)
-    if valid is not None:
+    if valid is not None and not nulls_equal:
         h = h[valid]
     if h.numel() == 0:
         return 0

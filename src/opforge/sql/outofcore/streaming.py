@@ -7,14 +7,19 @@ equi-join with a streaming input. A streaming join whose other input fits the li
 chunk against it (the chunked side must be one the join distributes over: the left side of inner /
 left / semi / anti joins, either side of an inner join), with the runtime filter of the resident
 side pushed into the chunked scan; otherwise it is a grace join (``grace``), whose output streams
-partition by partition. Consumers: an aggregation over a stream aggregates each chunk, then the
+partition by partition. UNION ALL streams its inputs' chunks one input after the other. DISTINCT
+(and UNION) over a stream, and window functions with PARTITION BY over one, partition the rows by
+a hash of their keys (all columns; the PARTITION BY keys), spilled, and stream their output
+partition by partition, each computed on its own (``grace.grace_each``); a window without
+PARTITION BY takes its input whole. Consumers: an aggregation over a stream aggregates each chunk, then the
 partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
 or, with count(DISTINCT), is a grace aggregation of the rows; ORDER BY over a stream is an
 external merge sort (``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of
 those; any
 other operator gets the stream concatenated (its input is then what survived the filters and
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
-side (join) or input (grouped aggregation) exceeds the limit also go through ``grace``.
+side (join) or input (grouped aggregation, DISTINCT, partitioned window) exceeds the limit also go
+through ``grace``.
 
 EXPLAIN ANALYZE: every operator keeps its own row (a streamed one: its time summed over its chunks,
 its inputs' excluded), with notes and metrics for chunks read, bytes spilled to host and to disk,
@@ -31,26 +36,34 @@ from dataclasses import dataclass, field
 import torch
 
 from opforge.sql import plan as P
-from opforge.sql.expr import Batch
+from opforge.sql.expr import Batch, Ref
 from opforge.sql.outofcore import chunked_scan
 from opforge.sql.outofcore.external_sort import external_sort
-from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_join, quiet
+from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_each, grace_join, quiet
 from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.outofcore.partition import key_types
 from opforge.sql.outofcore.sizes import default_host_limit
 from opforge.sql.outofcore.spill import SpillStore
 from opforge.sql.physical import runtime_filter as RF
-from opforge.sql.physical.aggregate import run_aggregate
+from opforge.sql.physical.aggregate import run_aggregate, run_window
+from opforge.sql.physical.distinct import run_distinct
 from opforge.sql.physical.filter import keep_rows
 from opforge.sql.physical.join import run_join
 from opforge.sql.physical.project import run_project
 from opforge.sql.physical.scan import run_scan
 from opforge.sql.physical.sort import run_sort
 from opforge.sql.physical.topk import run_topk
+from opforge.sql.physical.union import run_union
+from opforge.sql.physical.window_functions import run_window_functions
 from opforge.sql.profile import batch_bytes
 from opforge.sql.table import LazyColumns
 
 _STREAM_KINDS = ("inner", "left", "right", "full", "semi", "anti")
+
+
+def all_of(node: P.Union) -> P.Union:
+    """The UNION ALL of a union's inputs (a UNION's rows before they are made distinct)."""
+    return node if node.all else dataclasses.replace(node, all=True)
 
 
 class OutOfCore:
@@ -111,7 +124,17 @@ class OutOfCore:
             return self.streams(node.child)
         if isinstance(node, P.Join):
             return self.partitionable(node) and (self.streams(node.left) or self.streams(node.right))
+        if isinstance(node, P.Union):
+            return any(self.streams(c) for c in node.children) and (node.all or self._hashable(node.outputs))
+        if isinstance(node, P.Distinct):
+            return self.streams(node.child) and self._hashable(node.outputs)
+        if isinstance(node, (P.Window, P.WindowFunctions)):
+            return bool(node.partition) and self.streams(node.child) and self._hashable(node.partition)
         return False
+
+    def _hashable(self, keys) -> bool:
+        """Rows can be partitioned by these columns / expressions (``partition.key_types``)."""
+        return self.ctx.workers == 1 and key_types([k.type for k in keys]) is not None
 
     def partitionable(self, node: P.Join) -> bool:
         return (bool(node.left_keys) and node.kind in _STREAM_KINDS and not node.null_aware
@@ -161,6 +184,11 @@ class OutOfCore:
         if isinstance(node, P.Aggregate) and node.keys and batch_bytes(inputs[0]) > self.limit \
                 and key_types([e.type for _, e in node.keys]) is not None:
             return self._aggregate(node, [inputs[0]], batch_bytes(inputs[0]))
+        if isinstance(node, P.Distinct) and batch_bytes(inputs[0]) > self.limit and self._hashable(node.outputs):
+            return concat(list(self._distinct(node.outputs, [inputs[0]], batch_bytes(inputs[0]))))
+        if isinstance(node, (P.Window, P.WindowFunctions)) and node.partition \
+                and batch_bytes(inputs[0]) > self.limit and self._hashable(node.partition):
+            return concat(list(self._window(node, [inputs[0]])))
         return None
 
     # -- streams -----------------------------------------------------------------------------------
@@ -180,8 +208,64 @@ class OutOfCore:
         elif isinstance(node, P.Project):
             for b in self.stream(node.child, RF.route(node, pushed)[0]):
                 yield run_project(node, b)
+        elif isinstance(node, P.Union):
+            yield from self._union(node, pushed)
+        elif isinstance(node, P.Distinct):
+            yield from self._distinct(node.outputs, self.stream(node.child, RF.route(node, pushed)[0]),
+                                      self._estimate(node.child))
+        elif isinstance(node, (P.Window, P.WindowFunctions)):
+            yield from self._window(node, self.stream(node.child, RF.route(node, pushed)[0]))
         else:
             yield from self._join(node, pushed)
+
+    def _union(self, node: P.Union, pushed: list) -> Iterator[Batch]:
+        """UNION ALL: each input's chunks in turn, cast to the union's columns; UNION: those, made
+        distinct (``_distinct``)."""
+        routes = RF.route(node, pushed)
+
+        def chunks():
+            for child, route in zip(node.children, routes):
+                cids = [o.cid for o in child.outputs]
+                for b in self.stream(child, route):
+                    yield run_union(all_of(node), [b], [cids])
+        if node.all:
+            yield from chunks()
+        else:
+            yield from self._distinct(node.outputs, chunks(), self._estimate(node))
+
+    def _distinct(self, outputs, chunks, estimate: int) -> Iterator[Batch]:
+        """DISTINCT over a stream: each chunk made distinct, then the rows partitioned by all their
+        columns (spilled), each partition made distinct on its own; out partition by partition."""
+        keys = [Ref(o.cid, o.type, o.name) for o in outputs]
+
+        def own(b: Batch) -> Batch:
+            return run_distinct(Batch({o.cid: b.cols[o.cid] for o in outputs}, b.n, b.device))
+        yield from self._partitioned(keys, (own(b) for b in chunks), own, estimate, "DISTINCT")
+
+    def _window(self, node, chunks) -> Iterator[Batch]:
+        """Window functions with PARTITION BY over a stream (or an input over the limit): the rows
+        partitioned by a hash of the PARTITION BY keys (spilled), each partition's windows computed
+        on their own: a window never crosses partitions. Out partition by partition. (Without
+        PARTITION BY the input is taken whole.)"""
+        inner = quiet(self.ctx)
+        fn = (lambda b: run_window(node, b, inner)) if isinstance(node, P.Window) else (
+            lambda b: run_window_functions(node, b, inner))
+        yield from self._partitioned(node.partition, chunks, fn, self._estimate(node.child), "window")
+
+    def _partitioned(self, keys, chunks, fn, estimate: int, what: str) -> Iterator[Batch]:
+        """``fn`` over the stream whole when it ends within the limit, else over each hash partition
+        of it by ``keys`` (``grace.grace_each``)."""
+        chunks, fits = self._buffer(chunks)
+        if fits:
+            self.ctx.note(f"out of core: the {what}'s input stream fit the limit; computed in memory")
+            yield fn(concat(chunks))
+            return
+        run = self._grace_run()
+        try:
+            yield from grace_each(keys, chunks, fn, run, fanout_bits(estimate, self.limit))
+        finally:
+            run.store.close()
+        run.report(self.ctx, f"partitioned {what}")
 
     def _scan(self, node: P.Scan, pushed: list) -> Iterator[Batch]:
         table = self.ex.tables[node.table]

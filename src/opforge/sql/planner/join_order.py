@@ -112,7 +112,9 @@ class JoinOrderOptimizer:
         sorted_cids, dense = set(), {}
         for o in scan.outputs:
             st = tstats.columns.get(o.name)
-            if table is not None and table.column(o.name).sorted:
+            ordered = st.sorted if st is not None and st.sorted is not None else (  # chunked statistics know
+                table is not None and table.column(o.name).sorted)
+            if ordered:
                 sorted_cids.add(o.cid)
             if st is not None and o.type.is_integer and st.min is not None and st.nulls == 0 \
                     and st.exact and st.distinct == st.rows:

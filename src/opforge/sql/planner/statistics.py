@@ -17,7 +17,7 @@ from the exact counts, or from a strided sample of ``MCV_SAMPLE_ROWS`` rows for 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +43,7 @@ class ColumnStats:
     mcv: list[tuple[float, float]] = field(default_factory=list)  # (value, fraction of all rows)
     dictionary: tuple[str, ...] | None = None  # STRING: the sorted dictionary the codes index
     unique: bool = False  # every row holds a distinct non-NULL value (checked exactly): a key
+    sorted: bool | None = None  # ascending without NULLs (None: ask the column, ``Column.sorted``)
     _like: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -164,19 +165,33 @@ def as_int64(values: torch.Tensor) -> torch.Tensor:
 def hyperloglog(values: torch.Tensor, precision: int = HLL_PRECISION) -> float:
     """HyperLogLog distinct-count estimate of ``values`` (Flajolet et al. 2007, with linear counting
     for small cardinalities). Runs on the tensor's device; one host sync for the result."""
-    if not 4 <= precision <= 16:
-        raise ValueError(f"hyperloglog: precision must be in [4, 16], got {precision}")
     if values.numel() == 0:
         return 0.0
+    return hll_estimate(hll_registers(values, precision))
+
+
+def hll_registers(values: torch.Tensor, precision: int = HLL_PRECISION) -> torch.Tensor:
+    """The HyperLogLog registers of ``values`` (2^precision int32): the sketch of a union is the
+    element-wise max of its parts' registers, so a column read in chunks is counted chunk by chunk."""
+    if not 4 <= precision <= 16:
+        raise ValueError(f"hyperloglog: precision must be in [4, 16], got {precision}")
     m = 1 << precision
+    registers = torch.zeros(m, dtype=torch.int32, device=values.device)
+    if values.numel() == 0:
+        return registers
     h = mix64(as_int64(values))
     index = (h >> (64 - precision)) & (m - 1)
     rest_bits = 64 - precision
     rest = h & ((1 << rest_bits) - 1)  # < 2^52: exact in float64
     _, exponent = torch.frexp(rest.double())  # rest = mantissa * 2^exponent: exponent = bit length
     rank = torch.where(rest == 0, torch.full_like(exponent, rest_bits + 1), rest_bits - exponent + 1)
-    registers = torch.zeros(m, dtype=torch.int32, device=values.device)
     registers.scatter_reduce_(0, index, rank.to(torch.int32), reduce="amax")
+    return registers
+
+
+def hll_estimate(registers: torch.Tensor) -> float:
+    """The distinct count ``registers`` (``hll_registers``) estimate; one host sync."""
+    m = registers.numel()
     alpha = 0.7213 / (1 + 1.079 / m)
     harmonic, zeros = torch.stack([torch.pow(2.0, -registers.double()).sum(),
                                    (registers == 0).sum().double()]).tolist()
@@ -296,7 +311,86 @@ def _all_distinct(values: torch.Tensor) -> bool:
     return torch.unique(values).numel() == values.numel()
 
 
-def table_stats(table) -> TableStats:
+def chunked_column_stats(chunks: Iterable[Column], rows: int, exact_rows: int = EXACT_DISTINCT_ROWS,
+                         mcv_count: int = MCV_COUNT) -> ColumnStats:
+    """Statistics of a column seen chunk by chunk, never whole on the device (a column over the
+    memory limit, ``sql/outofcore``). NULL counts add up and min / max merge; the distinct values
+    are counted exactly (merged ``torch.unique`` counts) in a column of at most ``exact_rows`` rows,
+    else by HyperLogLog, whose registers merge by max (as ``column_stats`` counts a resident one);
+    the most-common values come from the exact counts, or from an even sample of every chunk
+    (copies: no chunk stays on the device); ``unique`` is proved by exact counts of one, or
+    by values ascending strictly across the chunks (keys usually are), else taken as False (the
+    planner then skips an optimization, never an answer); ``sorted`` as ``Column.mark_sorted``
+    would find it (the planner's merge-join costing reads it instead of loading the column)."""
+    nulls, lo, hi = 0, None, None
+    registers, exact = None, rows <= exact_rows
+    uniq = counts = last = None
+    ascending, samples, dictionary, floating = 2, [], None, False
+    step = max(1, rows // MCV_SAMPLE_ROWS)
+    for col in chunks:
+        dictionary = col.dictionary if dictionary is None else dictionary
+        floating = col.values.dtype.is_floating_point or col.values.dtype == torch.bool
+        values = col.values if col.valid is None else col.values[col.valid]
+        values = values.to(torch.int8) if values.dtype == torch.bool else values
+        nulls += len(col) - values.numel()
+        if values.numel() == 0:
+            continue
+        a, b = torch.aminmax(values)
+        lo, hi = (a, b) if lo is None else (torch.minimum(lo, a), torch.maximum(hi, b))
+        if ascending:  # non-decreasing (1), strictly (2)
+            step_up = (values[1:] > values[:-1]).all() if values.numel() > 1 else True
+            flat_up = (values[1:] >= values[:-1]).all() if values.numel() > 1 else True
+            strict = bool(step_up) and (last is None or bool(values[0] > last))
+            flat = bool(flat_up) and (last is None or bool(values[0] >= last))
+            ascending = 2 if strict and ascending == 2 else int(flat)
+            last = values[-1].clone()  # a copy: a view would keep the chunk on the device
+        part = hll_registers(values)
+        registers = part if registers is None else torch.maximum(registers, part)
+        samples.append(values[::step].clone())
+        if exact:
+            u, c = torch.unique(values, return_counts=True)
+            if uniq is not None:
+                u, inverse = torch.unique(torch.cat([uniq, u]), return_inverse=True)
+                c = torch.zeros(len(u), dtype=c.dtype, device=c.device).scatter_add_(0, inverse, torch.cat([counts, c]))
+            uniq, counts = u, c
+    present = rows - nulls
+    stats = ColumnStats(rows, nulls, None if lo is None else float(lo), None if hi is None else float(hi),
+                        0.0, True, [], dictionary, False, sorted=nulls == 0 and not floating and ascending > 0)
+    if present == 0:
+        return stats
+    if exact:
+        distinct, scale, min_count = float(len(uniq)), 1.0, 1
+        stats.unique = nulls == 0 and bool((counts == 1).all())
+    else:
+        sample = torch.cat(samples)
+        uniq, counts = torch.unique(sample, return_counts=True)
+        distinct = max(hll_estimate(registers), float(len(uniq)))
+        scale, min_count = present / sample.numel(), MCV_MIN_SAMPLE_COUNT
+        stats.unique = nulls == 0 and ascending == 2
+    k = min(mcv_count, len(uniq))
+    top_counts, top = torch.topk(counts, k)
+    uniform = present / distinct
+    complete = exact and len(uniq) <= mcv_count
+    stats.mcv = [(float(v), c * scale / rows) for v, c in zip(uniq[top].tolist(), top_counts.tolist())
+                 if complete or (c * scale > uniform * 1.5 and c >= min_count)]
+    stats.distinct, stats.exact = distinct, exact
+    return stats
+
+
+def table_stats(table, memory_limit: Callable[[], int | None] | None = None) -> TableStats:
     """Statistics of the columns of a ``sql.table.Table``, each computed (and the column loaded) on
-    its first lookup."""
-    return TableStats(table.num_rows, LazyColumnStats(table.names, lambda name: column_stats(table.column(name))))
+    its first lookup. Under a device memory limit (``memory_limit()``, read at the lookup) a column
+    not on the device is read in chunks of a quarter of the limit from the host instead
+    (``chunked_column_stats``), as the out-of-core scan reads it, and is not kept on the device:
+    the statistics of the columns a query plans with never crowd the limit together."""
+
+    def compute(name: str) -> ColumnStats:
+        limit = memory_limit() if memory_limit is not None else None
+        if limit is not None and name not in table.loaded_columns():
+            from opforge.sql.outofcore.chunked_scan import column_chunks, row_bytes
+
+            rows = max(1024, limit // 4 // row_bytes(table, [name]))
+            chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows))
+            return chunked_column_stats(chunks, table.num_rows)
+        return column_stats(table.column(name))
+    return TableStats(table.num_rows, LazyColumnStats(table.names, compute))

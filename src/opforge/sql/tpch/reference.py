@@ -50,21 +50,33 @@ def _answer_path(n: int, sf: float, root) -> Path:
     return data.data_dir(sf, root) / "answers" / f"{queries.name(n)}-{digest}.parquet"
 
 
+def cached_answer(n: int, sf: float, root: str | os.PathLike | None = None) -> pa.Table | None:
+    """DuckDB's cached answer to query ``n`` (None when it was never computed by this DuckDB)."""
+    path = _answer_path(n, sf, root)
+    return pq.read_table(path) if path.is_file() else None
+
+
+def save_answer(n: int, sf: float, root: str | os.PathLike | None, table: pa.Table) -> None:
+    """Caches DuckDB's answer to query ``n`` (written aside, then renamed: never half a file)."""
+    path = _answer_path(n, sf, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
 def answer(n: int, sf: float = 0.01, root: str | os.PathLike | None = None, *, con=None) -> pa.Table:
     """DuckDB's answer to TPC-H query ``n`` at scale factor ``sf``, cached as Parquet.
 
     ``con``: an open connection from :func:`connect` to reuse across queries.
     """
-    path = _answer_path(n, sf, root)
-    if path.is_file():
-        return pq.read_table(path)
+    cached = cached_answer(n, sf, root)
+    if cached is not None:
+        return cached
     if con is None:
         con, _ = connect(data.generate(sf, root), materialize=False)
     table = run(con, queries.query(n))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    save_answer(n, sf, root, table)
     return table
 
 
