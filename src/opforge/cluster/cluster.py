@@ -57,9 +57,11 @@ class Cluster:
         self._actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
         self.backend = backend or ("nccl" if gpus else "gloo")
         self.workers = [self._new_worker(i) for i in range(workers)]
+        self._worker_names = itertools.count(workers)  # a worker's name (its store's label) is never reused
         self.store_of: list[int] = [0] * workers  # worker index -> its current store id
         self.pids: list[int] = [0] * workers
         self.dead_stores: set[int] = set()
+        self.draining: set[int] = set()  # stores marked offline by remove_worker, their regions moving away
         self._store_ids = itertools.count(1)
         self._peer_ids = itertools.count(1)
         self._table_ids = itertools.count(1)
@@ -94,19 +96,66 @@ class Cluster:
         Ray must have room for one more actor (a CPU, or a GPU). Returns its index."""
         self._ensure_ready()
         i = self.size
-        self.workers.append(self._new_worker(i))
+        self.workers.append(self._new_worker(next(self._worker_names)))
         self.store_of.append(0)
         self.pids.append(0)
         self._make_store(i, _ray().get(self.workers[i].info.remote()))
         self._form_group()
         return i
 
+    def drain(self, i: int) -> int:
+        """Start removing worker ``i``: its store goes offline in the driver (PD's first state of a
+        removal), so the rule checker moves its replicas and leaders to the other stores over the
+        next heartbeat rounds while the worker still serves. Returns the store id."""
+        self._ensure_ready()
+        if not 0 <= i < self.size:
+            raise ValueError(f"opforge.cluster: no worker {i} (the cluster has {self.size})")
+        sid = self.store_of[i]
+        if sid in self.draining:
+            return sid
+        if self.size - len(self.draining) - 1 < self.replicas:
+            raise ValueError(f"opforge.cluster: removing worker {i} would leave fewer workers than the "
+                             f"{self.replicas} replicas each region keeps")
+        self.pd.service.set_store_state(sid, {"state": "offline"})
+        self.draining.add(sid)
+        return sid
+
+    def remove_worker(self, i: int, max_rounds: int = 200) -> int:
+        """Scale in: drain worker ``i`` (:meth:`drain`), run heartbeat rounds until the driver has
+        moved every replica off it and made its store a tombstone, then stop the actor and re-form
+        the group without it (the workers after it move down one index). Queries run correctly
+        throughout. Returns the removed store id."""
+        self.drain(i)
+        actor = self.workers[i]  # Ray keeps the handle across a restart; its store id may change
+        for _ in range(max_rounds):
+            self.sync()
+            sid = self.store_of[self.workers.index(actor)]
+            if self._store_state(sid) == "tombstone" and not any(m.peer_on(sid) for m in self.regions.values()):
+                break
+        else:
+            left = sum(1 for m in self.regions.values() if m.peer_on(sid))
+            raise ClusterError(f"opforge.cluster: worker {i} (store {sid}) still holds {left} region replicas "
+                               f"after {max_rounds} heartbeat rounds; it is left offline, not removed")
+        i = self.workers.index(actor)
+        try:
+            _ray().kill(actor, no_restart=True)
+        except Exception:  # already gone
+            pass
+        del self.workers[i], self.store_of[i], self.pids[i]
+        self.draining.discard(sid)
+        self._form_group()
+        return sid
+
+    def _store_state(self, sid: int) -> str | None:
+        store = self.pd.driver.cluster.get_store(sid)
+        return None if store is None else store.state.value
+
     def worker_of(self, store_id: int) -> int | None:
         return self.store_of.index(store_id) if store_id in self.store_of else None
 
     def _make_store(self, i: int, info: dict) -> None:
         sid = next(self._store_ids)
-        labels = {"host": info["host"], "worker": str(i)}
+        labels = {"host": info["host"], "worker": str(info["index"])}
         if self.backend == "nccl":  # the GPUs of one host share its NVLink domain (HGX)
             labels["nvlink"] = info["host"]
         _ray().get(self.workers[i].join.remote(sid, labels))
@@ -155,6 +204,10 @@ class Cluster:
             self.pd.service.set_store_state(old, {"state": "offline"})
             self._remove_failed_store(old)
             self._make_store(i, infos[i])
+            if old in self.draining:  # it died while being drained: the drain goes on with its new store
+                self.draining.discard(old)
+                self.pd.service.set_store_state(self.store_of[i], {"state": "offline"})
+                self.draining.add(self.store_of[i])
         self._form_group()
         self._suspect = False
         return restarted
@@ -265,7 +318,7 @@ class Cluster:
 
     def _bury_dead_stores(self) -> None:
         cluster = self.pd.driver.cluster
-        for sid in list(self.dead_stores):
+        for sid in list(self.dead_stores | self.draining):
             store = cluster.get_store(sid)
             if store is not None and store.state.value == "offline" and cluster.region_count(sid) == 0:
                 self.pd.service.set_store_state(sid, {"state": "tombstone"})

@@ -24,14 +24,22 @@ STORE_LIMIT_PER_MIN = 6000.0
 def make_driver(replicas: int) -> Driver:
     """A driver for table regions: ``replicas`` copies, balance schedulers, no merging (the
     regions of a table are its hash partitions; a merge would change the partitioning)."""
+    driver = Driver(ScheduleConfig(**config_overrides()), schedulers=SCHEDULERS)
+    driver.set_config("max_replicas", replicas)
+    without_merging(driver)
+    return driver
+
+
+def config_overrides() -> dict:
+    """The ScheduleConfig a cluster's driver runs with (the scale-out prediction simulates the same)."""
     # Table regions are small and a lost worker's replicas should come back within seconds: the
     # per-store snapshot limits are far above PD's defaults (15 a minute).
-    cfg = ScheduleConfig(max_store_down_time=STORE_DOWN_S, store_limit_add_peer=STORE_LIMIT_PER_MIN,
-                         store_limit_remove_peer=STORE_LIMIT_PER_MIN)
-    driver = Driver(cfg, schedulers=SCHEDULERS)
-    driver.set_config("max_replicas", replicas)
+    return {"max_store_down_time": STORE_DOWN_S, "store_limit_add_peer": STORE_LIMIT_PER_MIN,
+            "store_limit_remove_peer": STORE_LIMIT_PER_MIN}
+
+
+def without_merging(driver: Driver) -> None:
     driver.checkers = [c for c in driver.checkers if not isinstance(c, MergeChecker)]
-    return driver
 
 
 class PDServer:

