@@ -409,7 +409,8 @@ class Cluster:
 
         walk(plan)
         layouts = {t: self.layout(t) for t in scans if self.tables[t]["partition_by"] is not None}
-        futures = [w.run_query.remote(plan, lead, options, layouts)
+        schemas = {t: self.tables[t]["schema"] for t in scans}
+        futures = [w.run_query.remote(plan, lead, options, layouts, schemas)
                    for w, lead in zip(self.workers, self.leaders(scans))]
         answers = self._collect(futures)
         answers.sort(key=lambda a: a["rank"])

@@ -158,9 +158,12 @@ class Worker:
                 self._tables[key] = Table.from_arrow(self.schemas[name].empty_table(), self.device)
         return self._tables[key]
 
-    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None) -> dict:
+    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None,
+                  schemas: dict[str, pa.Schema] | None = None) -> dict:
         """This worker's part of a query over the regions it leads (``leaders``: table -> region ids).
+        ``schemas``: of the tables scanned (a worker holding no region of one still scans it: no rows).
         Returns the rows it ends with (all of them on rank 0 when the result is replicated)."""
+        self.schemas.update(schemas or {})
         from opforge.cluster.dist_executor import REPLICATED, DistributedExecutor
         from opforge.sql.physical.context import ExecContext
 
