@@ -158,6 +158,79 @@ def test_remove_worker_drains_it_first(con, tpch, cluster):
         cluster.drain(7)
 
 
+def _clicks(buckets: int, rows: int = 6000, hot_share: float = 0.85):
+    """A table whose rows are mostly (``hot_share``) on 8 keys, all in hash bucket 0 and split 4 / 4
+    by the next hash bit: region 0 is hot and one split parts its keys."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from opforge.distributed import hash_partition
+
+    cand = torch.arange(1, 20000, dtype=torch.int64)
+    h = hash_partition(cand, 1 << 31)
+    mine = cand[h % buckets == 0]
+    bit = ((h[h % buckets == 0] // buckets) & 1).bool()
+    hot = torch.cat([mine[~bit][:4], mine[bit][:4]]).numpy()
+    rng = np.random.default_rng(29)
+    keys = rng.integers(20000, 10 ** 6, rows)
+    is_hot = rng.random(rows) < hot_share
+    keys[is_hot] = rng.choice(hot, int(is_hot.sum()))
+    return pa.table({"c_key": keys.astype(np.int64), "c_v": rng.integers(0, 1000, rows).astype(np.int64)})
+
+
+def test_hot_region_is_split_and_spread(con, cluster):
+    """Region heartbeats report what queries read of each region; the one holding the hot keys is
+    split by the driver (on the workers' real rows, the region map updated) and its halves' leaders
+    spread by the hot-region scheduler; every answer equals DuckDB's before, during and after."""
+    import duckdb
+
+    clicks = _clicks(cluster.regions_per_table)
+    con.register("clicks", clicks, partition_by="c_key")
+    text = "SELECT c_key, count(*) AS n, sum(c_v) AS v FROM clicks GROUP BY c_key ORDER BY c_key"
+    want = duckdb.query(text).to_arrow_table()
+    first = cluster.tables["clicks"]["regions"][0]
+    assert cluster.regions[first].rows > 0.8 * clicks.num_rows  # the hot keys' bucket
+
+    def query():
+        assert not compare.compare(con.sql(text).to_arrow(), want, ordered=True, order_by=["c_key"])
+
+    cluster.watch_hot(1)
+    try:
+        for _ in range(12):
+            query()
+            cluster.sync()
+            if cluster.splits and _by(cluster, "hot-region", _halves(cluster, first)):
+                break
+        halves = _halves(cluster, first)
+        assert len(halves) >= 2, "the hot region was not split"
+        assert sum(cluster.regions[r].rows for r in cluster.tables["clicks"]["regions"]) == clicks.num_rows
+        for r in halves:  # each half on the stores the map says, with the rows the map says
+            for w in cluster._holders(cluster.regions[r]):
+                assert cluster.held_by(w)[r] == cluster.regions[r].rows
+        assert _by(cluster, "split-hot", [first]), "the split was not the split checker's load split"
+        assert _by(cluster, "hot-region", halves), "the hot-region scheduler moved no half"
+        assert len({cluster.regions[r].leader_store for r in halves}) > 1, "the halves were not spread"
+        query()  # routed by the new region map
+    finally:
+        cluster.watch_hot(None)
+    con.sql("DROP TABLE clicks")
+    cluster.settle()
+
+
+def _by(cluster, desc: str, regions) -> bool:
+    """Did an operator of ``desc`` (a scheduler or checker) finish on one of ``regions``?"""
+    return any(op.desc == desc and op.region_id in regions and op.status.value == "success"
+               for op in cluster.pd.driver.controller.history())
+
+
+def _halves(cluster, rid):
+    """The regions split off region ``rid`` (its bucket), itself included."""
+    index = cluster.regions[rid].index
+    table = cluster.regions[rid].table
+    return [r for r in cluster.tables[table]["regions"] if cluster.regions[r].index == index]
+
+
 CHAOS_S = float(os.environ.get("OPFORGE_CHAOS_S", "10"))  # the issue's 60 s: OPFORGE_CHAOS_S=60
 
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 from opforge.cluster import endpoint
 from opforge.cluster import regions as R
 from opforge.cluster.errors import ClusterError, RetryableError
+from opforge.cluster import pd_service
 from opforge.cluster.pd_service import PDServer
 from opforge.cluster.worker import Worker
 
@@ -43,7 +44,7 @@ def _ray():
 class Cluster:
     def __init__(self, workers: int, *, replicas: int = 2, regions_per_table: int | None = None,
                  backend: str | None = None, owns_ray: bool = False, pd_host: str = "127.0.0.1",
-                 group_timeout: float = GROUP_TIMEOUT_S, max_restarts: int = 4):
+                 group_timeout: float = GROUP_TIMEOUT_S, max_restarts: int = 4, hot_bytes: float | None = None):
         if workers < 1:
             raise ValueError(f"opforge.cluster.start: workers must be >= 1, got {workers}")
         ray = _ray()
@@ -51,7 +52,7 @@ class Cluster:
         self.regions_per_table = regions_per_table or 2 * workers
         self.group_timeout = group_timeout
         self._owns_ray = owns_ray
-        self.pd = PDServer(self.replicas, pd_host).start()
+        self.pd = PDServer(self.replicas, pd_host, hot_bytes).start()  # hot_bytes: pd_service.make_driver
         gpus = ray.cluster_resources().get("GPU", 0) >= workers and backend != "gloo"
         opts = {"num_gpus": 1} if gpus else {"num_cpus": 1}
         self._actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
@@ -69,6 +70,7 @@ class Cluster:
         self.regions: dict[int, R.RegionMeta] = {}
         self._region_ids = itertools.count(1)
         self.steps_run = 0
+        self.splits = 0
         self.last_query: dict = {}
         self._suspect = False
         self._stopped = False
@@ -249,12 +251,13 @@ class Cluster:
             holders = [(i + k) % self.size for k in range(self.replicas)]
             peers = [{"id": next(self._peer_ids), "store_id": self.store_of[w], "role": "voter"} for w in holders]
             meta = R.RegionMeta(rid, name, i, R.region_key(tid, i).hex(), R.region_key(tid, i + 1).hex(), peers,
-                                peers[0]["id"], rows=part.num_rows, bytes=R.table_bytes(part))
+                                peers[0]["id"], rows=part.num_rows, bytes=R.table_bytes(part), table_id=tid)
             self.regions[rid] = meta
             ids.append(rid)
             loads += [self.workers[w].load_region.remote(meta.to_json(), part) for w in holders]
         _ray().get(loads)
-        self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema}
+        self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema,
+                             "buckets": len(parts)}
         self._publish()
         self.sync()
         return ids
@@ -312,6 +315,13 @@ class Cluster:
                     return total
         return total
 
+    def watch_hot(self, hot_bytes: float | None) -> None:
+        """Split a region read at ``hot_bytes`` per second or more when it far outreads the others,
+        and spread the hot regions' leaders (``pd_service.watch_hot``); None: stop. A split table
+        keeps its answers but no longer joins co-located with the tables partitioned like it."""
+        with self.pd.service.lock:
+            pd_service.watch_hot(self.pd.driver, hot_bytes)
+
     def operators_in_flight(self) -> list[dict]:
         ops = self.pd.service.operators(0)
         return ops["running"] + ops["waiting"]
@@ -368,9 +378,40 @@ class Cluster:
                 if (p := meta.peer_on(sid)) is not None:
                     p["role"] = "demoting_voter" if enter else "learner"
             meta.conf_ver += 1
-        else:  # split / merge: tables keep their hash partitioning (merging is off)
+        elif kind == "SplitRegion":
+            return self._split(meta)
+        else:  # merge: tables keep their hash partitioning (merging is off)
             return 0
         self._push(meta)
+        return 1
+
+    def _split(self, meta: R.RegionMeta) -> int:
+        """The SplitRegion step: every replica cuts the region's rows in two by the next hash bit
+        (``regions.split_half``); the lower half keeps the region (its range ends at the split key,
+        its version goes up), the upper half is a new region with new peers on the same stores."""
+        info = self.tables.get(meta.table)
+        if info is None or len(meta.sub) >= R.MAX_SPLIT_BITS or meta.rows < 2:
+            return 0
+        with self.pd.service.lock:  # new peer ids from the driver's allocator (PD's AskBatchSplit)
+            peer_ids = {p["id"]: self.pd.driver.ids() for p in meta.peers}
+        left = R.RegionMeta(**{**meta.to_json(), "sub": meta.sub + "0", "version": meta.version + 1,
+                               "peers": [dict(p) for p in meta.peers]})
+        right = R.RegionMeta(**{**meta.to_json(), "id": next(self._region_ids), "sub": meta.sub + "1",
+                                "version": meta.version + 1,
+                                "peers": [{**p, "id": peer_ids[p["id"]]} for p in meta.peers],
+                                "leader_peer_id": peer_ids[meta.leader_peer_id]})
+        for half in (left, right):
+            start, end = R.sub_range(meta.table_id, meta.index, half.sub)
+            half.start_key, half.end_key = start.hex(), end.hex()
+        ray = _ray()
+        rows = ray.get([self.workers[w].split_region.remote(meta.id, left.to_json(), right.to_json(),
+                                                            info["partition_by"], info["buckets"])
+                        for w in self._holders(meta)])
+        (left.rows, right.rows), whole = rows[0], max(meta.bytes, 1)
+        left.bytes, right.bytes = whole * left.rows // meta.rows, whole * right.rows // meta.rows
+        self.regions[meta.id], self.regions[right.id] = left, right
+        info["regions"].insert(info["regions"].index(meta.id) + 1, right.id)
+        self.splits += 1
         return 1
 
     # -- queries ------------------------------------------------------------------------------------
@@ -391,8 +432,9 @@ class Cluster:
         """(partition key, signature): two tables of equal signature have the rows of each key hash
         on the same worker (same region count, region i of both led by the same worker)."""
         info = self.tables[table]
-        owners = [self.worker_of(self.regions[rid].leader_store) for rid in info["regions"]]
-        return info["partition_by"], f"regions/{len(owners)}/" + ",".join(map(str, owners))
+        owners = [f"{m.index}{'.' + m.sub if m.sub else ''}:{self.worker_of(m.leader_store)}"
+                  for m in (self.regions[rid] for rid in info["regions"])]  # split regions: their hash bits too
+        return info["partition_by"], f"regions/{info['buckets']}/" + ",".join(owners)
 
     def execute(self, plan, options: dict) -> pa.Table:
         """Run a planned query on every worker over the regions it leads; the rows gathered here."""
