@@ -195,6 +195,8 @@ def test_hot_region_is_split_and_spread(con, cluster):
     def query():
         assert not compare.compare(con.sql(text).to_arrow(), want, ordered=True, order_by=["c_key"])
 
+    with pytest.raises(ValueError, match="hot_bytes must be"):
+        cluster.watch_hot(-1)
     cluster.watch_hot(1)
     try:
         for _ in range(12):

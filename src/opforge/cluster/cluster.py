@@ -319,6 +319,7 @@ class Cluster:
         """Split a region read at ``hot_bytes`` per second or more when it far outreads the others,
         and spread the hot regions' leaders (``pd_service.watch_hot``); None: stop. A split table
         keeps its answers but no longer joins co-located with the tables partitioned like it."""
+        pd_service.check_hot_bytes(hot_bytes)
         with self.pd.service.lock:
             pd_service.watch_hot(self.pd.driver, hot_bytes)
 

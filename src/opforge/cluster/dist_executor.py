@@ -22,8 +22,10 @@ Runtime filters (``connect(runtime_filters=True)``): a join that makes one
 (``physical/runtime_filter.filter_plan``) computes its build side first, merges every worker's
 filter of it over the group (``global_filters.py``: one filter of the whole build side) and pushes
 it into the probe side's scans, so rows that cannot match are dropped before they are shuffled.
-Skew (``skew_threshold``): a partitioned inner join finds its probe side's heavy keys over the group
-and deals their rows round-robin, sending their build rows to every worker (``skew_shuffle.py``).
+A join that will run co-located uses the worker's own filter (every match of a row is on its
+worker): nothing moves for it. Skew (``skew_threshold``): a partitioned inner join finds either
+side's heavy keys over the group and deals that side's rows of them round-robin, sending the other
+side's rows of them to every worker (``skew_shuffle.py``).
 Per-operator rows and bytes moved (and rows a runtime filter dropped) are kept in ``stats`` for
 the driver's EXPLAIN ANALYZE-style report.
 """

@@ -36,8 +36,16 @@ def make_driver(replicas: int, hot_bytes: float | None = None) -> Driver:
     return driver
 
 
+def check_hot_bytes(hot_bytes) -> None:
+    if hot_bytes is not None and (isinstance(hot_bytes, bool) or not isinstance(hot_bytes, (int, float))
+                                  or not 0 < hot_bytes < NEVER):
+        raise ValueError(f"opforge.cluster: hot_bytes must be a number of bytes per second in (0, {NEVER:.0e}) "
+                         f"or None, got {hot_bytes!r}")
+
+
 def watch_hot(driver: Driver, hot_bytes: float | None) -> None:
     """Split and spread regions read at ``hot_bytes`` per second or more (None: stop doing so)."""
+    check_hot_bytes(hot_bytes)
     load = SplitChecker(min_load_bytes=NEVER if hot_bytes is None else int(hot_bytes), min_load_queries=NEVER)
     driver.checkers = [load if isinstance(c, SplitChecker) else c for c in driver.checkers]
     for key, value in (("hot_region_bytes_threshold", NEVER if hot_bytes is None else hot_bytes),
