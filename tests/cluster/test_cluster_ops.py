@@ -134,7 +134,10 @@ def test_scale_out_within_the_simulators_prediction(con, tpch, cluster):
     _check(con, root, 12)
 
 
-def test_remove_worker_drains_it_first(con, tpch, cluster):
+def test_remove_worker_drains_it_first(con, tpch, cluster, capsys):
+    from opforge import cli
+    from opforge.cluster import endpoint
+
     _, root = tpch
     cluster.add_worker()
     cluster.settle()
@@ -142,11 +145,17 @@ def test_remove_worker_drains_it_first(con, tpch, cluster):
     _check(con, root, 3)
     victim = cluster.store_of[1]
     before = {rid: m.rows for rid, m in cluster.regions.items()}
-    assert any(m.peer_on(victim) for m in cluster.regions.values())
-    cluster.drain(1)
-    cluster.sync(2)  # the drain is under way: some replicas moved, the store still serves the rest
+    held = sum(1 for m in cluster.regions.values() if m.peer_on(victim))
+    assert held
+    assert cli.main(["pd", "ctl", "--url", cluster.pd.url, "--token-file", str(endpoint.directory() / "token"),
+                     "store", "delete", str(victim)]) == 0  # an operator takes the store offline: pd-ctl's way
+    capsys.readouterr()
+    cluster.sync()  # the coordinator sees it: the drain is under way, the worker still serves
+    assert victim in cluster.draining and victim in cluster.store_of
+    cluster.sync()
+    assert cluster.operators_in_flight()  # the rule checker is moving its replicas off it
     _check(con, root, 12)
-    assert cluster.remove_worker(1) == victim
+    assert cluster.remove_worker(cluster.store_of.index(victim)) == victim
     assert cluster.size == 3 and victim not in cluster.store_of
     state = {s["store_id"]: s["state"] for s in cluster.status()["stores"]}
     assert state[victim] == "tombstone"

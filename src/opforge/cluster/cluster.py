@@ -123,30 +123,44 @@ class Cluster:
         return sid
 
     def remove_worker(self, i: int, max_rounds: int = 200) -> int:
-        """Scale in: drain worker ``i`` (:meth:`drain`), run heartbeat rounds until the driver has
-        moved every replica off it and made its store a tombstone, then stop the actor and re-form
-        the group without it (the workers after it move down one index). Queries run correctly
-        throughout. Returns the removed store id."""
+        """Scale in: drain worker ``i`` (:meth:`drain`) and run heartbeat rounds until the driver has
+        moved every replica off it and made its store a tombstone; the round that sees it then
+        stops the actor and re-forms the group without it (``_retire_drained``; the workers after it
+        move down one index). Queries run correctly throughout. Returns the removed store id.
+        A store taken offline from outside (``opforge pd ctl store delete ID``) goes the same way
+        in the rounds ``sync`` / ``settle`` run."""
         self.drain(i)
         actor = self.workers[i]  # Ray keeps the handle across a restart; its store id may change
+        sid = self.store_of[i]
         for _ in range(max_rounds):
-            self.sync()
             sid = self.store_of[self.workers.index(actor)]
-            if self._store_state(sid) == "tombstone" and not any(m.peer_on(sid) for m in self.regions.values()):
-                break
-        else:
-            left = sum(1 for m in self.regions.values() if m.peer_on(sid))
-            raise ClusterError(f"opforge.cluster: worker {i} (store {sid}) still holds {left} region replicas "
-                               f"after {max_rounds} heartbeat rounds; it is left offline, not removed")
-        i = self.workers.index(actor)
-        try:
-            _ray().kill(actor, no_restart=True)
-        except Exception:  # already gone
-            pass
-        del self.workers[i], self.store_of[i], self.pids[i]
-        self.draining.discard(sid)
-        self._form_group()
-        return sid
+            self.sync()
+            if actor not in self.workers:
+                return sid
+        left = sum(1 for m in self.regions.values() if m.peer_on(sid))
+        raise ClusterError(f"opforge.cluster: worker {i} (store {sid}) still holds {left} region replicas "
+                           f"after {max_rounds} heartbeat rounds; it is left offline, not removed")
+
+    def _adopt_drains(self) -> None:
+        """Stores of live workers that the driver has offline (an operator's ``store delete``) drain."""
+        for sid in self.store_of:
+            if sid not in self.draining and self._store_state(sid) == "offline":
+                self.draining.add(sid)
+
+    def _retire_drained(self) -> None:
+        """Stop the workers whose drained store is now a tombstone holding no replica."""
+        done = [sid for sid in self.draining if sid in self.store_of and self._store_state(sid) == "tombstone"
+                and not any(m.peer_on(sid) for m in self.regions.values())]
+        for sid in done:
+            i = self.store_of.index(sid)
+            try:
+                _ray().kill(self.workers[i], no_restart=True)
+            except Exception:  # already gone
+                pass
+            del self.workers[i], self.store_of[i], self.pids[i]
+            self.draining.discard(sid)
+        if done:
+            self._form_group()
 
     def _store_state(self, sid: int) -> str | None:
         store = self.pd.driver.cluster.get_store(sid)
@@ -300,7 +314,9 @@ class Cluster:
                 for s in steps:
                     ran += self._run_step(s["region_id"], s["step"])
             self.pd.tick()
+            self._adopt_drains()
             self._bury_dead_stores()
+            self._retire_drained()
         self.steps_run += ran
         return ran
 
