@@ -424,6 +424,11 @@ class Cluster:
         rows = ray.get([self.workers[w].split_region.remote(meta.id, left.to_json(), right.to_json(),
                                                             info["partition_by"], info["buckets"])
                         for w in self._holders(meta)])
+        if any(r != rows[0] for r in rows):
+            raise ClusterError(f"opforge.cluster: the replicas of region {meta.id} of {meta.table!r} split into "
+                               f"different halves {rows}: they do not hold the same rows")
+        if 0 in rows[0]:
+            return 0  # one side of the hash bit is empty (a single hot key): the replicas were left whole
         (left.rows, right.rows), whole = rows[0], max(meta.bytes, 1)
         left.bytes, right.bytes = whole * left.rows // meta.rows, whole * right.rows // meta.rows
         self.regions[meta.id], self.regions[right.id] = left, right

@@ -112,9 +112,12 @@ class Worker:
 
     def split_region(self, region_id: int, left: dict, right: dict, partition_by: str | None, buckets: int) -> list[int]:
         """Split a replica in two (the SplitRegion step, on every replica alike): ``left`` keeps the
-        region's id, ``right`` is the new region. Returns the rows of each half."""
+        region's id, ``right`` is the new region. Returns the rows of each half; an empty half (all
+        the rows on one side of the hash bit: one key, say) leaves the replica as it was."""
         old = self.meta[region_id]
         low, high = R.split_half(self.data[region_id], partition_by, buckets, old.sub)
+        if not low.num_rows or not high.num_rows:
+            return [low.num_rows, high.num_rows]
         self.drop_region(region_id)
         for meta, part in ((left, low), (right, high)):
             m = R.RegionMeta.from_json(meta)
