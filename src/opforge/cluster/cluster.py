@@ -28,6 +28,7 @@ import pyarrow as pa
 from opforge.cluster import endpoint
 from opforge.cluster import regions as R
 from opforge.cluster.errors import ClusterError, RetryableError
+from opforge.cluster import pd_service
 from opforge.cluster.pd_service import PDServer
 from opforge.cluster.worker import Worker
 
@@ -43,7 +44,7 @@ def _ray():
 class Cluster:
     def __init__(self, workers: int, *, replicas: int = 2, regions_per_table: int | None = None,
                  backend: str | None = None, owns_ray: bool = False, pd_host: str = "127.0.0.1",
-                 group_timeout: float = GROUP_TIMEOUT_S, max_restarts: int = 4):
+                 group_timeout: float = GROUP_TIMEOUT_S, max_restarts: int = 4, hot_bytes: float | None = None):
         if workers < 1:
             raise ValueError(f"opforge.cluster.start: workers must be >= 1, got {workers}")
         ray = _ray()
@@ -51,15 +52,17 @@ class Cluster:
         self.regions_per_table = regions_per_table or 2 * workers
         self.group_timeout = group_timeout
         self._owns_ray = owns_ray
-        self.pd = PDServer(self.replicas, pd_host).start()
+        self.pd = PDServer(self.replicas, pd_host, hot_bytes).start()  # hot_bytes: pd_service.make_driver
         gpus = ray.cluster_resources().get("GPU", 0) >= workers and backend != "gloo"
         opts = {"num_gpus": 1} if gpus else {"num_cpus": 1}
         self._actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
         self.backend = backend or ("nccl" if gpus else "gloo")
         self.workers = [self._new_worker(i) for i in range(workers)]
+        self._worker_names = itertools.count(workers)  # a worker's name (its store's label) is never reused
         self.store_of: list[int] = [0] * workers  # worker index -> its current store id
         self.pids: list[int] = [0] * workers
         self.dead_stores: set[int] = set()
+        self.draining: set[int] = set()  # stores marked offline by remove_worker, their regions moving away
         self._store_ids = itertools.count(1)
         self._peer_ids = itertools.count(1)
         self._table_ids = itertools.count(1)
@@ -67,6 +70,7 @@ class Cluster:
         self.regions: dict[int, R.RegionMeta] = {}
         self._region_ids = itertools.count(1)
         self.steps_run = 0
+        self.splits = 0
         self.last_query: dict = {}
         self._suspect = False
         self._stopped = False
@@ -94,19 +98,80 @@ class Cluster:
         Ray must have room for one more actor (a CPU, or a GPU). Returns its index."""
         self._ensure_ready()
         i = self.size
-        self.workers.append(self._new_worker(i))
+        self.workers.append(self._new_worker(next(self._worker_names)))
         self.store_of.append(0)
         self.pids.append(0)
         self._make_store(i, _ray().get(self.workers[i].info.remote()))
         self._form_group()
         return i
 
+    def drain(self, i: int) -> int:
+        """Start removing worker ``i``: its store goes offline in the driver (PD's first state of a
+        removal), so the rule checker moves its replicas and leaders to the other stores over the
+        next heartbeat rounds while the worker still serves. Returns the store id."""
+        self._ensure_ready()
+        if not 0 <= i < self.size:
+            raise ValueError(f"opforge.cluster: no worker {i} (the cluster has {self.size})")
+        sid = self.store_of[i]
+        if sid in self.draining:
+            return sid
+        if self.size - len(self.draining) - 1 < self.replicas:
+            raise ValueError(f"opforge.cluster: removing worker {i} would leave fewer workers than the "
+                             f"{self.replicas} replicas each region keeps")
+        self.pd.service.set_store_state(sid, {"state": "offline"})
+        self.draining.add(sid)
+        return sid
+
+    def remove_worker(self, i: int, max_rounds: int = 200) -> int:
+        """Scale in: drain worker ``i`` (:meth:`drain`) and run heartbeat rounds until the driver has
+        moved every replica off it and made its store a tombstone; the round that sees it then
+        stops the actor and re-forms the group without it (``_retire_drained``; the workers after it
+        move down one index). Queries run correctly throughout. Returns the removed store id.
+        A store taken offline from outside (``opforge pd ctl store delete ID``) goes the same way
+        in the rounds ``sync`` / ``settle`` run."""
+        self.drain(i)
+        actor = self.workers[i]  # Ray keeps the handle across a restart; its store id may change
+        sid = self.store_of[i]
+        for _ in range(max_rounds):
+            sid = self.store_of[self.workers.index(actor)]
+            self.sync()
+            if actor not in self.workers:
+                return sid
+        left = sum(1 for m in self.regions.values() if m.peer_on(sid))
+        raise ClusterError(f"opforge.cluster: worker {i} (store {sid}) still holds {left} region replicas "
+                           f"after {max_rounds} heartbeat rounds; it is left offline, not removed")
+
+    def _adopt_drains(self) -> None:
+        """Stores of live workers that the driver has offline (an operator's ``store delete``) drain."""
+        for sid in self.store_of:
+            if sid not in self.draining and self._store_state(sid) == "offline":
+                self.draining.add(sid)
+
+    def _retire_drained(self) -> None:
+        """Stop the workers whose drained store is now a tombstone holding no replica."""
+        done = [sid for sid in self.draining if sid in self.store_of and self._store_state(sid) == "tombstone"
+                and not any(m.peer_on(sid) for m in self.regions.values())]
+        for sid in done:
+            i = self.store_of.index(sid)
+            try:
+                _ray().kill(self.workers[i], no_restart=True)
+            except Exception:  # already gone
+                pass
+            del self.workers[i], self.store_of[i], self.pids[i]
+            self.draining.discard(sid)
+        if done:
+            self._form_group()
+
+    def _store_state(self, sid: int) -> str | None:
+        store = self.pd.driver.cluster.get_store(sid)
+        return None if store is None else store.state.value
+
     def worker_of(self, store_id: int) -> int | None:
         return self.store_of.index(store_id) if store_id in self.store_of else None
 
     def _make_store(self, i: int, info: dict) -> None:
         sid = next(self._store_ids)
-        labels = {"host": info["host"], "worker": str(i)}
+        labels = {"host": info["host"], "worker": str(info["index"])}
         if self.backend == "nccl":  # the GPUs of one host share its NVLink domain (HGX)
             labels["nvlink"] = info["host"]
         _ray().get(self.workers[i].join.remote(sid, labels))
@@ -155,6 +220,10 @@ class Cluster:
             self.pd.service.set_store_state(old, {"state": "offline"})
             self._remove_failed_store(old)
             self._make_store(i, infos[i])
+            if old in self.draining:  # it died while being drained: the drain goes on with its new store
+                self.draining.discard(old)
+                self.pd.service.set_store_state(self.store_of[i], {"state": "offline"})
+                self.draining.add(self.store_of[i])
         self._form_group()
         self._suspect = False
         return restarted
@@ -196,12 +265,13 @@ class Cluster:
             holders = [(i + k) % self.size for k in range(self.replicas)]
             peers = [{"id": next(self._peer_ids), "store_id": self.store_of[w], "role": "voter"} for w in holders]
             meta = R.RegionMeta(rid, name, i, R.region_key(tid, i).hex(), R.region_key(tid, i + 1).hex(), peers,
-                                peers[0]["id"], rows=part.num_rows, bytes=R.table_bytes(part))
+                                peers[0]["id"], rows=part.num_rows, bytes=R.table_bytes(part), table_id=tid)
             self.regions[rid] = meta
             ids.append(rid)
             loads += [self.workers[w].load_region.remote(meta.to_json(), part) for w in holders]
         _ray().get(loads)
-        self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema}
+        self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema,
+                             "buckets": len(parts)}
         self._publish()
         self.sync()
         return ids
@@ -244,7 +314,9 @@ class Cluster:
                 for s in steps:
                     ran += self._run_step(s["region_id"], s["step"])
             self.pd.tick()
+            self._adopt_drains()
             self._bury_dead_stores()
+            self._retire_drained()
         self.steps_run += ran
         return ran
 
@@ -259,13 +331,21 @@ class Cluster:
                     return total
         return total
 
+    def watch_hot(self, hot_bytes: float | None) -> None:
+        """Split a region read at ``hot_bytes`` per second or more when it far outreads the others,
+        and spread the hot regions' leaders (``pd_service.watch_hot``); None: stop. A split table
+        keeps its answers but no longer joins co-located with the tables partitioned like it."""
+        pd_service.check_hot_bytes(hot_bytes)
+        with self.pd.service.lock:
+            pd_service.watch_hot(self.pd.driver, hot_bytes)
+
     def operators_in_flight(self) -> list[dict]:
         ops = self.pd.service.operators(0)
         return ops["running"] + ops["waiting"]
 
     def _bury_dead_stores(self) -> None:
         cluster = self.pd.driver.cluster
-        for sid in list(self.dead_stores):
+        for sid in list(self.dead_stores | self.draining):
             store = cluster.get_store(sid)
             if store is not None and store.state.value == "offline" and cluster.region_count(sid) == 0:
                 self.pd.service.set_store_state(sid, {"state": "tombstone"})
@@ -315,9 +395,45 @@ class Cluster:
                 if (p := meta.peer_on(sid)) is not None:
                     p["role"] = "demoting_voter" if enter else "learner"
             meta.conf_ver += 1
-        else:  # split / merge: tables keep their hash partitioning (merging is off)
+        elif kind == "SplitRegion":
+            return self._split(meta)
+        else:  # merge: tables keep their hash partitioning (merging is off)
             return 0
         self._push(meta)
+        return 1
+
+    def _split(self, meta: R.RegionMeta) -> int:
+        """The SplitRegion step: every replica cuts the region's rows in two by the next hash bit
+        (``regions.split_half``); the lower half keeps the region (its range ends at the split key,
+        its version goes up), the upper half is a new region with new peers on the same stores."""
+        info = self.tables.get(meta.table)
+        if info is None or len(meta.sub) >= R.MAX_SPLIT_BITS or meta.rows < 2:
+            return 0
+        with self.pd.service.lock:  # new peer ids from the driver's allocator (PD's AskBatchSplit)
+            peer_ids = {p["id"]: self.pd.driver.ids() for p in meta.peers}
+        left = R.RegionMeta(**{**meta.to_json(), "sub": meta.sub + "0", "version": meta.version + 1,
+                               "peers": [dict(p) for p in meta.peers]})
+        right = R.RegionMeta(**{**meta.to_json(), "id": next(self._region_ids), "sub": meta.sub + "1",
+                                "version": meta.version + 1,
+                                "peers": [{**p, "id": peer_ids[p["id"]]} for p in meta.peers],
+                                "leader_peer_id": peer_ids[meta.leader_peer_id]})
+        for half in (left, right):
+            start, end = R.sub_range(meta.table_id, meta.index, half.sub)
+            half.start_key, half.end_key = start.hex(), end.hex()
+        ray = _ray()
+        rows = ray.get([self.workers[w].split_region.remote(meta.id, left.to_json(), right.to_json(),
+                                                            info["partition_by"], info["buckets"])
+                        for w in self._holders(meta)])
+        if any(r != rows[0] for r in rows):
+            raise ClusterError(f"opforge.cluster: the replicas of region {meta.id} of {meta.table!r} split into "
+                               f"different halves {rows}: they do not hold the same rows")
+        if 0 in rows[0]:
+            return 0  # one side of the hash bit is empty (a single hot key): the replicas were left whole
+        (left.rows, right.rows), whole = rows[0], max(meta.bytes, 1)
+        left.bytes, right.bytes = whole * left.rows // meta.rows, whole * right.rows // meta.rows
+        self.regions[meta.id], self.regions[right.id] = left, right
+        info["regions"].insert(info["regions"].index(meta.id) + 1, right.id)
+        self.splits += 1
         return 1
 
     # -- queries ------------------------------------------------------------------------------------
@@ -338,8 +454,9 @@ class Cluster:
         """(partition key, signature): two tables of equal signature have the rows of each key hash
         on the same worker (same region count, region i of both led by the same worker)."""
         info = self.tables[table]
-        owners = [self.worker_of(self.regions[rid].leader_store) for rid in info["regions"]]
-        return info["partition_by"], f"regions/{len(owners)}/" + ",".join(map(str, owners))
+        owners = [f"{m.index}{'.' + m.sub if m.sub else ''}:{self.worker_of(m.leader_store)}"
+                  for m in (self.regions[rid] for rid in info["regions"])]  # split regions: their hash bits too
+        return info["partition_by"], f"regions/{info['buckets']}/" + ",".join(owners)
 
     def execute(self, plan, options: dict) -> pa.Table:
         """Run a planned query on every worker over the regions it leads; the rows gathered here."""
@@ -356,7 +473,8 @@ class Cluster:
 
         walk(plan)
         layouts = {t: self.layout(t) for t in scans if self.tables[t]["partition_by"] is not None}
-        futures = [w.run_query.remote(plan, lead, options, layouts)
+        schemas = {t: self.tables[t]["schema"] for t in scans}
+        futures = [w.run_query.remote(plan, lead, options, layouts, schemas)
                    for w, lead in zip(self.workers, self.leaders(scans))]
         answers = self._collect(futures)
         answers.sort(key=lambda a: a["rank"])

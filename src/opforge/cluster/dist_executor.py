@@ -18,9 +18,16 @@ worker leads gives) or *replicated* (every worker holds all rows). Each node kee
   on one worker); global ones gather their input;
 * sort, top-k, limit, distinct, window, union: gather, then run the same operator everywhere.
 
-Runtime filters are off here (a filter built from one worker's share of the build side would
-drop rows that match elsewhere). Per-operator rows and bytes moved are kept in ``stats`` for the
-driver's EXPLAIN ANALYZE-style report.
+Runtime filters (``connect(runtime_filters=True)``): a join that makes one
+(``physical/runtime_filter.filter_plan``) computes its build side first, merges every worker's
+filter of it over the group (``global_filters.py``: one filter of the whole build side) and pushes
+it into the probe side's scans, so rows that cannot match are dropped before they are shuffled.
+A join that will run co-located uses the worker's own filter (every match of a row is on its
+worker): nothing moves for it. Skew (``skew_threshold``): a partitioned inner join finds either
+side's heavy keys over the group and deals that side's rows of them round-robin, sending the other
+side's rows of them to every worker (``skew_shuffle.py``).
+Per-operator rows and bytes moved (and rows a runtime filter dropped) are kept in ``stats`` for
+the driver's EXPLAIN ANALYZE-style report.
 """
 from __future__ import annotations
 
@@ -28,11 +35,16 @@ import time
 
 import torch
 
+import opforge.distributed as D
+
 from opforge.cluster import exchange as X
+from opforge.cluster import global_filters, skew_shuffle
 from opforge.sql import plan as P
 from opforge.sql.expr import Batch, Ref
 from opforge.sql.expr.evaluation import evaluate
 from opforge.sql.executor import Executor
+from opforge.sql.outofcore.grace import concat
+from opforge.sql.physical import runtime_filter as RF
 from opforge.sql.physical.cross_product import aggregate_cross_product, aggregates_without_pairs
 from opforge.sql.planner.distribution import choose_distribution
 
@@ -44,6 +56,7 @@ class DistributedExecutor(Executor):
     """Runs a plan on this worker; ``group``: the cluster's process group (None: the default one)."""
 
     def __init__(self, tables: dict, device, ctx, world: int, group=None, layouts: dict | None = None):
+        self.runtime_filters = ctx.runtime_filters  # made here, across workers, not by the base executor
         ctx.runtime_filters = False
         super().__init__(tables, device, ctx)
         self.world, self.group = world, group
@@ -54,9 +67,12 @@ class DistributedExecutor(Executor):
     def _exchange(self, node, kind: str, batch: Batch, move) -> Batch:
         t0 = time.perf_counter()
         out = move(batch)
-        self.stats.append({"node": node.describe()[:80], "exchange": kind, "rows_in": batch.n, "rows_out": out.n,
-                           "bytes_sent": X.batch_bytes(batch), "ms": (time.perf_counter() - t0) * 1e3})
+        self._stat(node, kind, batch.n, out.n, X.batch_bytes(batch), t0)
         return out
+
+    def _stat(self, node, kind: str, rows_in: int, rows_out: int, sent: int, t0: float) -> None:
+        self.stats.append({"node": node.describe()[:80], "exchange": kind, "rows_in": rows_in, "rows_out": rows_out,
+                           "bytes_sent": sent, "ms": (time.perf_counter() - t0) * 1e3})
 
     def _replicated(self, node, item: tuple[Batch, str]) -> Batch:
         batch, spread = item
@@ -80,9 +96,15 @@ class DistributedExecutor(Executor):
         return int(all_gather(mine, group=self.group).sum())
 
     # -- the plan -----------------------------------------------------------------------------------
-    def run_distributed(self, node: P.Node) -> tuple[Batch, str]:
+    def run_distributed(self, node: P.Node, pushed: list | None = None) -> tuple[Batch, str]:
+        """``pushed``: runtime filters (``runtime_filter.Pushed``, each of the whole build side) the
+        subtree's scans apply."""
+        pushed = pushed or []
         if isinstance(node, P.Scan):
-            out = self._operator(node, [], [])
+            t0 = time.perf_counter()
+            out = self._operator(node, [], pushed)
+            if any(p.cid in {o.cid for o in node.outputs} for p in pushed):
+                self._stat(node, "runtime-filtered", self.tables[node.table].num_rows, out.n, 0, t0)
             key, sig = self.layouts.get(node.table, (None, None))
             _lay(out, frozenset(o.cid for o in node.outputs if o.name == key), sig)
             return out, PARTITIONED
@@ -93,7 +115,10 @@ class DistributedExecutor(Executor):
             left = self._replicated(join, self.run_distributed(join.left))
             right = self._replicated(join, self.run_distributed(join.right))
             return aggregate_cross_product(node, left, right, self.ctx), REPLICATED
-        items = [self.run_distributed(c) for c in node.inputs()]
+        routes = RF.route(node, pushed)
+        if isinstance(node, P.Join):
+            return self._join(node, *self._join_inputs(node, routes))
+        items = [self.run_distributed(c, r) for c, r in zip(node.inputs(), routes)]
         if isinstance(node, (P.Filter, P.Project)):
             src = items[0][0]
             out = self._operator(node, [src])
@@ -103,8 +128,6 @@ class DistributedExecutor(Executor):
                 _lay(out, frozenset(o.cid for o, e in node.exprs if isinstance(e, Ref) and e.cid in src.hash_keys),
                      _layout(src))
             return out, items[0][1]
-        if isinstance(node, P.Join):
-            return self._join(node, items[0], items[1])
         if isinstance(node, P.Aggregate) and node.keys and items[0][1] == PARTITIONED:
             src = items[0][0]
             on = [o.cid for o, e in node.keys if isinstance(e, Ref) and e.cid in src.hash_keys]
@@ -118,6 +141,48 @@ class DistributedExecutor(Executor):
             return self._operator(node, [part]), PARTITIONED
         inputs = [self._replicated(node, it) for it in items]
         return self._operator(node, inputs), REPLICATED
+
+    def _join_inputs(self, node: P.Join, routes) -> tuple[tuple, tuple]:
+        """Both sides; with a runtime filter, the build side first and its filter (of every worker's
+        build rows) pushed into the other side."""
+        plan = RF.filter_plan(node) if self.runtime_filters else None
+        if plan is None:
+            return self.run_distributed(node.left, routes[0]), self.run_distributed(node.right, routes[1])
+        if plan.source == "right":
+            right = self.run_distributed(node.right, routes[1])
+            local = self._colocated_with(node, node.left, node.left_keys[0], right[0], node.right_keys[0])
+            left = self.run_distributed(node.left, routes[0] + [self._filter(node, plan, right[0], local)])
+        else:
+            left = self.run_distributed(node.left, routes[0])
+            local = self._colocated_with(node, node.right, node.right_keys[0], left[0], node.left_keys[0])
+            right = self.run_distributed(node.right, routes[1] + [self._filter(node, plan, left[0], local)])
+        if local and not _colocated(node, left[0], right[0]):
+            raise RuntimeError(f"opforge.cluster: a worker-local runtime filter was made for a join that did not "
+                               f"run co-located ({node.describe()[:80]})")  # it would have dropped matches
+        return left, right
+
+    def _colocated_with(self, node: P.Join, other: P.Node, other_key, built: Batch, built_key) -> bool:
+        """Will the join run co-located (``_colocated``) once ``other`` is computed? Known before it
+        runs for a scan under filters and projections (what ``run_distributed`` lays out the same way)."""
+        if len(node.left_keys) != 1 or not isinstance(other_key, Ref) or not isinstance(built_key, Ref):
+            return False
+        laid = _static_layout(other, self.layouts)
+        return (laid is not None and other_key.cid in laid[0] and built_key.cid in built.hash_keys
+                and _layout(built) is not None and _layout(built) == laid[1])
+
+    def _filter(self, node: P.Join, plan, built: Batch, local: bool):
+        """The runtime filter of the build side: this worker's rows when the join runs co-located
+        (every match of a row is on its worker: nothing moves), else every worker's."""
+        if local:
+            return RF.make(node, plan, built)
+        t0 = time.perf_counter()
+        src_keys, dst_keys = (node.right_keys, node.left_keys) if plan.source == "right" else \
+            (node.left_keys, node.right_keys)
+        col = evaluate(src_keys[plan.pair], built)
+        f, sent = global_filters.build(col.values, col.valid, self.group)
+        self._stat(node, "filter (all workers)", built.n, built.n, sent, t0)
+        key = dst_keys[plan.pair]
+        return RF.Pushed(key.cid, f, f"{f.describe()} from join on {key} = {src_keys[plan.pair]} (all workers)")
 
     def _join(self, node: P.Join, left, right) -> tuple[Batch, str]:
         (lb, ls), (rb, rs) = left, right
@@ -146,10 +211,52 @@ class DistributedExecutor(Executor):
             choice = choose_distribution(build, probe, self.world, self.ctx.join_distribution, False)
             if choice.method == "broadcast":
                 return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
+        if kind == "inner" and len(node.left_keys) == 1 and self.ctx.skew_threshold is not None:
+            return self._skewed(node, left, right)
+        return self._shuffled(node, left, right, lay=kind == "inner")
+
+    def _skewed(self, node: P.Join, left, right) -> tuple[Batch, str]:
+        """The partitioned inner join with a skewed side's heavy keys handled apart
+        (``skew_shuffle.py``); the plain one when no key is heavy."""
+        (lb, ls), (rb, rs) = left, right
+        lb = X.slice_rows(lb, self.group) if ls == REPLICATED else lb
+        rb = X.slice_rows(rb, self.group) if rs == REPLICATED else rb
+        lbits = X.key_bits(evaluate(node.left_keys[0], lb))
+        rbits = X.key_bits(evaluate(node.right_keys[0], rb))
+        hl, hr = skew_shuffle.heavy_keys([lbits, rbits], self.ctx.skew_threshold, self.group)
+        if hl.numel():
+            lp, rp = self._deal(node, lb, lbits, hl), self._to_all(node, rb, rbits, hl)
+        elif hr.numel():
+            lp, rp = self._to_all(node, lb, lbits, hr), self._deal(node, rb, rbits, hr)
+        else:
+            return self._shuffled(node, (lb, PARTITIONED), (rb, PARTITIONED), lay=True)
+        return self._operator(node, [lp, rp]), PARTITIONED  # heavy keys' rows are spread: no layout
+
+    def _deal(self, node, batch: Batch, bits: torch.Tensor, heavy: torch.Tensor) -> Batch:
+        """The skewed side: heavy keys' rows round-robin, the others by their key's hash."""
+        t0 = time.perf_counter()
+        dest, dealt = skew_shuffle.dealt_dest(bits, heavy, self.world, D.rank(self.group))
+        out = X.shuffle_rows(batch, dest, self.group)
+        self._stat(node, f"shuffle, {heavy.numel()} heavy keys: {dealt} rows dealt", batch.n, out.n,
+                   X.batch_bytes(batch), t0)
+        return out
+
+    def _to_all(self, node, batch: Batch, bits: torch.Tensor, heavy: torch.Tensor) -> Batch:
+        """The other side: heavy keys' rows to every worker, the others by their key's hash."""
+        t0 = time.perf_counter()
+        hot = torch.isin(bits, heavy)
+        rest, shared = batch.take(torch.nonzero(~hot).flatten()), batch.take(torch.nonzero(hot).flatten())
+        out = concat([X.shuffle_rows(rest, D.hash_partition([bits[~hot]], self.world), self.group),
+                      X.gather_rows(shared, self.group)])
+        self._stat(node, f"shuffle, heavy keys' {shared.n} rows to all", batch.n, out.n, X.batch_bytes(batch), t0)
+        return out
+
+    def _shuffled(self, node: P.Join, left, right, lay: bool) -> tuple[Batch, str]:
+        """Both sides shuffled by a hash of the keys; ``lay``: the output is laid out by them (inner)."""
         lp = self._by_keys(node, left, node.left_keys)
         rp = self._by_keys(node, right, node.right_keys)
         out = self._operator(node, [lp, rp])
-        if kind == "inner" and len(node.left_keys) == 1 and lp.hash_keys and rp.hash_keys:
+        if lay and len(node.left_keys) == 1 and lp.hash_keys and rp.hash_keys:
             _lay(out, lp.hash_keys | rp.hash_keys, _layout(lp))
         return out, PARTITIONED
 
@@ -158,6 +265,22 @@ def _lay(batch: Batch, keys: frozenset, layout: str | None) -> None:
     """Record that ``batch``'s rows sit on workers by the hash of column(s) ``keys`` under ``layout``."""
     if keys and layout is not None:
         batch.hash_keys, batch.layout = keys, layout
+
+
+def _static_layout(node: P.Node, layouts: dict) -> tuple[frozenset, str] | None:
+    """(hash key cids, layout) of a scan under filters and projections, as ``run_distributed`` lays
+    out its rows (None where it would not, or the node is of another kind)."""
+    if isinstance(node, P.Scan):
+        key, sig = layouts.get(node.table, (None, None))
+        keys = frozenset(o.cid for o in node.outputs if o.name == key)
+        return (keys, sig) if keys and sig is not None else None
+    if isinstance(node, (P.Filter, P.Project)):
+        below = _static_layout(node.child, layouts)
+        if below is None or isinstance(node, P.Filter):
+            return below
+        keys = frozenset(o.cid for o, e in node.exprs if isinstance(e, Ref) and e.cid in below[0])
+        return (keys, below[1]) if keys else None
+    return None
 
 
 def _layout(batch: Batch) -> str | None:

@@ -6,6 +6,13 @@ without a key, into ``count`` contiguous row ranges. Region ``i`` of table ``t``
 ``[key(t, i), key(t, i + 1))`` of the driver's key space (2 bytes of table id, 4 of region index),
 so every table's regions are disjoint ranges and the driver's range checks hold.
 
+A hot region is split (``split_half``): region ``i`` of a hash-partitioned table holds the rows
+whose 31-bit key hash ``h`` has ``h % count == i``; its halves hold those whose next bit of
+``h // count`` is 0 or 1. A region's ``sub`` is the string of those bits (``""`` unsplit, ``"01"``
+after two splits), and its key range is ``key(t, i)`` followed by the bits as a binary fraction,
+so the halves are the lower and upper half of the range and the split key is where the upper one
+starts. A table without a partition key splits its rows in half by position.
+
 A region's metadata (``RegionMeta``) is the coordinator's; workers keep a copy for the regions they
 hold and report it in region heartbeats. Its data is an Arrow table; a copy between workers (a
 learner being added) is the Arrow IPC stream of it (no pickle).
@@ -39,6 +46,8 @@ class RegionMeta:
     version: int = 1
     rows: int = 0
     bytes: int = 0
+    table_id: int = 0
+    sub: str = ""  # the hash bits that split this region off bucket ``index`` (see the module docstring)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -55,13 +64,48 @@ class RegionMeta:
         p = next((p for p in self.peers if p["id"] == self.leader_peer_id), None)
         return None if p is None else p["store_id"]
 
-    def heartbeat(self, down_stores=()) -> dict:
-        """The region heartbeat its leader sends (``placement/heartbeat.py``'s wire form)."""
-        return {"region_id": self.id, "start_key": self.start_key, "end_key": self.end_key,
+    def heartbeat(self, down_stores=(), flow: dict | None = None) -> dict:
+        """The region heartbeat its leader sends (``placement/heartbeat.py``'s wire form); ``flow``:
+        read_bytes / read_keys / query_num per second since the last one."""
+        return {**(flow or {}), "region_id": self.id, "start_key": self.start_key, "end_key": self.end_key,
                 "epoch": {"conf_ver": self.conf_ver, "version": self.version},
                 "peers": [dict(p) for p in self.peers], "leader_peer_id": self.leader_peer_id,
                 "approximate_size": max(1, self.bytes >> 20), "approximate_keys": self.rows,
                 "down_peers": [p["id"] for p in self.peers if p["store_id"] in down_stores]}
+
+
+MAX_SPLIT_BITS = 24  # a region is split at most this many times (hash bits below the bucket)
+
+
+def sub_range(table_id: int, index: int, sub: str) -> tuple[bytes, bytes]:
+    """(start, end) key of the region of bucket ``index`` and split bits ``sub``."""
+    def at(bits: str) -> bytes:
+        if not bits:
+            return region_key(table_id, index)
+        padded = bits + "0" * (-len(bits) % 8)
+        raw = int(padded, 2).to_bytes(len(padded) // 8, "big").rstrip(b"\0")
+        return region_key(table_id, index) + raw
+    if not sub or "0" not in sub:
+        end = region_key(table_id, index + 1)
+    else:  # the next fraction of the same length: the last 0 becomes 1, the 1s after it 0s
+        cut = sub.rindex("0")
+        end = at(sub[:cut] + "1")
+    return at(sub), end
+
+
+def split_half(table: pa.Table, partition_by: str | None, buckets: int, sub: str) -> tuple[pa.Table, pa.Table]:
+    """The lower and upper half of a region's rows (``sub``: its split bits so far). Every replica
+    holds the same rows in the same order, so every replica cuts them alike."""
+    if partition_by is None:
+        n = table.num_rows
+        return table.slice(0, n // 2), table.slice(n // 2)
+    from opforge.cluster.exchange import key_bits
+
+    key = Column.from_arrow(table.column(partition_by), "cpu", partition_by)
+    h = hash_partition(key_bits(key), 1 << 31) if table.num_rows else torch.zeros(0, dtype=torch.int64)
+    upper = ((h // buckets) >> len(sub)) & 1 == 1
+    idx = torch.arange(table.num_rows)
+    return table.take(pa.array(idx[~upper].numpy())), table.take(pa.array(idx[upper].numpy()))
 
 
 def split(table: pa.Table, count: int, partition_by: str | None) -> list[pa.Table]:

@@ -45,7 +45,8 @@ class Worker:
         self._tables: dict[tuple, object] = {}  # (table, region ids) -> sql Table, per leader set
         self._steps: list[dict] = []
         self._flow = {"bytes_read": 0, "keys_read": 0, "bytes_written": 0, "keys_written": 0, "queries": 0}
-        self._last_hb = time.monotonic()
+        self._region_reads: dict[int, list[int]] = {}  # region id -> [bytes, rows, queries] since its heartbeat
+        self._last_hb = self._last_region_hb = time.monotonic()
 
     # -- membership -----------------------------------------------------------------------------
     def info(self) -> dict:
@@ -109,6 +110,21 @@ class Worker:
         self._hold(R.RegionMeta.from_json(meta), R.from_ipc(payload.cpu().numpy().tobytes()))
         return int(size.item())
 
+    def split_region(self, region_id: int, left: dict, right: dict, partition_by: str | None, buckets: int) -> list[int]:
+        """Split a replica in two (the SplitRegion step, on every replica alike): ``left`` keeps the
+        region's id, ``right`` is the new region. Returns the rows of each half; an empty half (all
+        the rows on one side of the hash bit: one key, say) leaves the replica as it was."""
+        old = self.meta[region_id]
+        low, high = R.split_half(self.data[region_id], partition_by, buckets, old.sub)
+        if not low.num_rows or not high.num_rows:
+            return [low.num_rows, high.num_rows]
+        self.drop_region(region_id)
+        for meta, part in ((left, low), (right, high)):
+            m = R.RegionMeta.from_json(meta)
+            self.meta[m.id], self.data[m.id] = m, part
+        self._region_reads.pop(region_id, None)
+        return [low.num_rows, high.num_rows]
+
     def held(self) -> dict[int, int]:
         """Region id -> rows of every replica this worker holds."""
         return {rid: t.num_rows for rid, t in self.data.items()}
@@ -129,8 +145,19 @@ class Worker:
         return hb
 
     def region_heartbeats(self, down_stores=()) -> list[dict]:
-        return [m.heartbeat(down_stores) for m in self.meta.values()
-                if m.leader_store == self.store_id and m.id in self.data]
+        """The regions this worker leads, with what queries read of each per second since the last
+        round (the load the split checker and the hot-region scheduler act on)."""
+        now = time.monotonic()
+        span = max(now - self._last_region_hb, 1e-3)
+        self._last_region_hb = now
+        reads, self._region_reads = self._region_reads, {}
+        out = []
+        for m in self.meta.values():
+            if m.leader_store == self.store_id and m.id in self.data:
+                b, k, q = reads.get(m.id, (0, 0, 0))
+                out.append(m.heartbeat(down_stores, {"read_bytes": int(b / span), "read_keys": int(k / span),
+                                                     "query_num": int(q / span)}))
+        return out
 
     def execute(self, region_id: int, operator_id, step: dict) -> None:
         """``StepExecutor``: steps are collected and run by the coordinator between queries."""
@@ -158,9 +185,12 @@ class Worker:
                 self._tables[key] = Table.from_arrow(self.schemas[name].empty_table(), self.device)
         return self._tables[key]
 
-    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None) -> dict:
+    def run_query(self, plan, leaders: dict[str, list[int]], options: dict, layouts: dict | None = None,
+                  schemas: dict[str, pa.Schema] | None = None) -> dict:
         """This worker's part of a query over the regions it leads (``leaders``: table -> region ids).
+        ``schemas``: of the tables scanned (a worker holding no region of one still scans it: no rows).
         Returns the rows it ends with (all of them on rank 0 when the result is replicated)."""
+        self.schemas.update(schemas or {})
         from opforge.cluster.dist_executor import REPLICATED, DistributedExecutor
         from opforge.sql.physical.context import ExecContext
 
@@ -170,8 +200,12 @@ class Worker:
         t0 = time.perf_counter()
         tables = {name: self._local_table(name, rids) for name, rids in leaders.items()}
         for name, rids in leaders.items():
-            self._flow["bytes_read"] += sum(R.table_bytes(self.data[r]) for r in rids)
-            self._flow["keys_read"] += sum(self.data[r].num_rows for r in rids)
+            for r in rids:
+                size, rows = R.table_bytes(self.data[r]), self.data[r].num_rows
+                self._flow["bytes_read"] += size
+                self._flow["keys_read"] += rows
+                acc = self._region_reads.setdefault(r, [0, 0, 0])
+                acc[0], acc[1], acc[2] = acc[0] + size, acc[1] + rows, acc[2] + 1
         self._flow["queries"] += 1
         ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size(), layouts=layouts)
         try:

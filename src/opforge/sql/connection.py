@@ -277,9 +277,10 @@ class Connection:
         return self._settings.memory_limit or self.memory_limit or env_limit()
 
     def _cluster_options(self) -> dict:
-        """The ExecContext options a cluster's workers run with (runtime filters are theirs to drop)."""
+        """The ExecContext options a cluster's workers run with (``cluster/dist_executor.py``)."""
         return {"memory_budget": self.memory_budget, "join_algorithm": self.join_algorithm,
-                "skew_threshold": self.skew_threshold, "join_distribution": self.join_distribution}
+                "runtime_filters": self.runtime_filters, "skew_threshold": self.skew_threshold,
+                "join_distribution": self.join_distribution}
 
     def register(self, name: str, obj, partition_key: str | None = None, *,
                  partition_by: str | None = None) -> "Connection":
