@@ -116,7 +116,7 @@ class ClusterStreamJob:
                 raise ClusterError(f"stream job {self.job_name!r}: region {rid} has no live leader")
             regions.append({"id": rid, "leader": leader, "followers": [w for w in c._holders(meta) if w != leader]})
         env = self.env
-        return {"regions": regions, "now": env.clock.now(), "batch_size": env.batch_size,
+        return {"regions": regions, "device": str(env.device), "now": env.clock.now(), "batch_size": env.batch_size,
                 "watermark_granularity": env.watermark_granularity, "restore": self.completed}
 
     def leaders(self) -> list[int]:

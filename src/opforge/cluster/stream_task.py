@@ -29,6 +29,7 @@ import json
 from types import SimpleNamespace
 
 import pyarrow as pa
+import torch
 
 import opforge.distributed as D
 from opforge.cluster import regions as R
@@ -122,13 +123,14 @@ def _forward(inp, t) -> bool:
 
 class StreamTask:
     """``spec``: ``regions`` (per key-group range: ``id``, ``leader`` and ``followers`` worker
-    ranks), ``now``, ``batch_size``, ``watermark_granularity`` and ``restore`` (the checkpoint id
-    to start from; 0: a fresh start)."""
+    ranks), ``device`` (the job's: where the records' columns live; the group's backend moves
+    them), ``now``, ``batch_size``, ``watermark_granularity`` and ``restore`` (the checkpoint id to
+    start from; 0: a fresh start)."""
 
     def __init__(self, worker, spec: dict, transformations: list):
         self.worker = worker
         self.rank, self.world = D.rank(), D.world_size()
-        self.device = worker.device
+        self.device = _device(spec["device"], worker.index)
         self.regions = spec["regions"]
         self.clock = _DrivenClock(spec["now"])
         self.env = SimpleNamespace(device=self.device, batch_size=spec["batch_size"], clock=self.clock,
@@ -330,6 +332,15 @@ class StreamTask:
                 dispose = getattr(r.op, "dispose", None)
                 if callable(dispose):
                     dispose()
+
+
+def _device(name: str, worker: int):
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"stream on a cluster: the job's device is {name} but worker {worker} sees no GPU; on a "
+                         "Gloo cluster with more workers than GPUs, start it with env={'RAY_EXPERIMENTAL_NOSET_"
+                         "CUDA_VISIBLE_DEVICES': '1'} so that the workers share the GPUs")
+    return device
 
 
 def _encode_region(tree: dict, index: int) -> bytes:
