@@ -30,12 +30,14 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from opforge.stream import StreamExecutionEnvironment  # noqa: E402
+from opforge.stream.coordinator import MissingUidWarning  # noqa: E402
 from opforge.stream.nexmark import QUERIES, NexmarkConfig  # noqa: E402
 
 
@@ -64,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint-ms", type=int, default=0, help="checkpoint interval (0: only the final one)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    warnings.simplefilter("ignore", MissingUidWarning)  # the queries' operators have no uids: one job, no restore
 
     import torch
 
@@ -107,7 +110,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
     result = {"schema_version": 1, "date": dt.date.today().isoformat(), "gpu": gpu, "device": device,
               "torch": torch.__version__, "workers": cluster.size, "backend": cluster.backend,
-              "parallelism": parallelism, "batch_size": args.batch_size, "watermark_granularity": args.watermarks, "checkpoint_ms": args.checkpoint_ms,
+              "parallelism": parallelism, "batch_size": args.batch_size, "watermark_granularity": args.watermarks,
+              "checkpoint_ms": args.checkpoint_ms,
               "start_s": started_s, "entries": entries}
     out = Path(args.out) if args.out else HERE / "results" / (
         f"cluster-nexmark-{device}-w{cluster.size}-{result['date']}.json")

@@ -32,7 +32,7 @@ EVENTS = _events(400, 3)
 
 def _build(env):
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(BOUND).with_timestamp_assigner("ts")
-    keyed = env.from_source(CollectionSource(EVENTS), strategy, "events").key_by("key")
+    keyed = env.from_source(CollectionSource(EVENTS), strategy, "events").uid("events").key_by("key")
     windows = keyed.window(TumblingEventTimeWindows.of(50)) \
         .aggregate(Aggregations(with_window=True, n=("count",), total=("sum", "value"))).uid("windows").collect()
     running = keyed.reduce(lambda a, b: {"key": a["key"], "value": a["value"] + b["value"], "ts": b["ts"]}) \
@@ -105,6 +105,14 @@ def test_non_int_keys_are_refused_on_a_cluster(cluster):
     env.from_collection([("a", 1), ("b", 2)]).key_by(lambda r: r[0]).reduce(lambda a, b: a).collect()
     with pytest.raises(TypeError, match="keys must be ints"):
         env.execute("string keys")
+
+
+def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster):
+    env = _env(cluster=cluster)
+    env.from_source(CollectionSource(EVENTS), source_name="events").key_by("key") \
+        .map(lambda r: r["value"] // (r["key"] - 5)).name("divide").collect()
+    with pytest.raises(ZeroDivisionError, match="divide"):  # raised once, not retried as a lost worker
+        env.execute("divide by zero")
 
 
 def test_a_worker_killed_mid_job_gives_exactly_the_failure_free_output(cluster, expected):

@@ -447,8 +447,11 @@ class Cluster:
 
 def _lost_worker(error: BaseException) -> bool:
     """A failure a dead peer explains (a broken collective, a restarted worker without its regions),
-    not the query's own error (a SqlError, a bad argument), which every worker raises alike."""
-    return not isinstance(error, (ValueError, TypeError, NotImplementedError))
+    not the query's own error (a SqlError, a bad argument), which every worker raises alike, nor a
+    stream job's (an operator's error: replaying the input raises it again)."""
+    from opforge.stream.errors import StreamOperatorError
+
+    return not isinstance(error, (ValueError, TypeError, NotImplementedError, StreamOperatorError))
 
 
 def start(address: str | None = None, workers: int | None = None, *, replicas: int = 2,

@@ -288,7 +288,9 @@ class StreamTask:
             raise ClusterError(f"worker {self.rank}: asked to keep a checkpoint of region {rid} it holds no "
                                "replica of")
         row = pa.table({"checkpoint_id": [checkpoint_id], "state": [blob]}, schema=STATE_SCHEMA)
-        self.worker._hold(self.worker.meta[rid], pa.concat_tables([held, row]))
+        meta = self.worker.meta[rid]
+        meta.bytes = len(blob)  # the region's size in its heartbeats: its state's
+        self.worker._hold(meta, pa.concat_tables([held, row]))
 
     def commit(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: the replicas here drop the older ones."""
