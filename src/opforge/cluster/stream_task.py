@@ -37,7 +37,8 @@ from opforge.cluster import stream_wire as wire
 from opforge.cluster.errors import ClusterError
 from opforge.stream.checkpoint import StateEncoder, decode, tensors_of_table, tensors_table
 from opforge.stream.coordinator import _restore_source, _source_state, operator_uids
-from opforge.stream.executor import _attributed, _Edge, _Node, _Runner, _SourceRunner, build_operator
+from opforge.stream.executor import (_attributed, _Node, _Runner, _SourceRunner, build_operator,
+                                     connect_edges)
 from opforge.stream.operator_state import restore_operator, snapshot_operator
 from opforge.stream.partitioning import ForwardPartitioner
 from opforge.stream.sinks import Sink
@@ -181,16 +182,7 @@ class StreamTask:
                 node.runners = [real.get(i) or _Elsewhere() for i in range(t.parallelism)]
             else:
                 node.runners = [_Posted(self, node, i, self.host(i), real.get(i)) for i in range(t.parallelism)]
-        edge_idx = 0
-        for t in self.transformations:
-            for input_index, inp in enumerate(t.inputs):
-                e = _Edge(edge_idx, nodes[inp.upstream.id], nodes[t.id], inp, input_index)
-                edge_idx += 1
-                for r in e.up.runners:
-                    r.out.edges.append(e)
-                for i, r in enumerate(e.down.runners):
-                    for ch in e.channels_of(i):
-                        r.add_channel(ch)
+        connect_edges(self.transformations, nodes)  # a _Posted subtask: its edges on the local runner
 
     def _operators(self):
         return [(order, t) for order, t in enumerate(self.transformations) if t.kind != "source"]
