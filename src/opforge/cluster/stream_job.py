@@ -13,6 +13,9 @@ rounds, checkpoints and commits through Ray calls:
   it leads and sends each snapshot to the region's followers; the acknowledgements carry the sinks'
   output since the last checkpoint, which the coordinator writes to the job's sinks only once every
   worker has acked (the checkpoint is then complete; the replicas drop older ones);
+* after a checkpoint, a heartbeat round: the driver's operator steps run (balance, a scale-out, an
+  admin's ``operator add``); when they moved the job's regions (a new leader, a replica added or
+  removed), the job continues from that checkpoint on the new leaders (routing follows the map);
 * a worker lost mid-job (``RetryableError``): the cluster recovers (dead store offline, replicas
   promoted, the group re-formed, lost replicas added back), and the job restarts on the new leaders
   from the last completed checkpoint; output after it was never committed, so the sinks see every
@@ -38,6 +41,10 @@ def _ray():
     return ray
 
 
+class _RegionsMoved(Exception):
+    """The driver moved the job's regions after a checkpoint: continue from it on the new leaders."""
+
+
 class ClusterStreamJob:
     def __init__(self, env, transformations: list, job_name: str, max_restarts: int = MAX_RESTARTS):
         if not any(t.kind == "sink" for t in transformations):
@@ -50,7 +57,9 @@ class ClusterStreamJob:
         self.ranges = keyed.pop() if keyed else max(t.parallelism for t in transformations)
         self.table = f"stream/{job_name}/{next(_job_ids)}"
         self.max_restarts = max_restarts
-        self.next_id, self.completed, self.restarts = 1, 0, 0
+        self.next_id, self.completed, self.restarts, self.moves = 1, 0, 0, 0
+        self.opened: dict | None = None  # the spec the running attempt was opened with
+        self.source_records, self._uncommitted = 0, 0  # records the sources emitted (up to the last checkpoint)
         self.checkpoints: list[str] = []
         self.last_time = env.clock.now()
 
@@ -65,8 +74,10 @@ class ClusterStreamJob:
         try:
             while True:
                 try:
-                    records = self._attempt(after_round)
+                    self._attempt(after_round)
                     break
+                except _RegionsMoved:
+                    self.moves += 1
                 except RetryableError:
                     if self.restarts >= self.max_restarts:
                         raise
@@ -82,18 +93,20 @@ class ClusterStreamJob:
         for t in self.transformations:
             if t.kind == "sink":
                 t.params["sink"].finish()
-        return JobExecutionResult(self.job_name, (time.perf_counter() - t0) * 1000, {}, records,
+        return JobExecutionResult(self.job_name, (time.perf_counter() - t0) * 1000, {}, self.source_records,
                                   list(self.checkpoints), None, self.restarts)
 
-    def _attempt(self, after_round) -> int:
+    def _attempt(self, after_round) -> None:
         """One run from the last completed checkpoint (0: the start) to the end of the input."""
         c = self.cluster
-        spec = self.spec()
-        c._collect([w.stream_open.remote(spec, self.transformations) for w in c.workers])
+        self._uncommitted = 0  # replayed from the checkpoint
+        self.opened = self.spec()
+        c._collect([w.stream_open.remote(self.opened, self.transformations) for w in c.workers])
         clock, n = self.env.clock, 0
         while True:
             clock.tick()
             answers = self._call("round", clock.now())
+            self._uncommitted += sum(a["records"] for a in answers)
             n += 1
             if after_round is not None:
                 after_round(self, n)
@@ -101,9 +114,15 @@ class ClusterStreamJob:
                 break
             if self._due():
                 self.checkpoint()
-        records = sum(a["source_records"] for a in self._call("finish"))
+                self._follow_regions()
+        self._call("finish")
         self.checkpoint()  # the final one commits the last output
-        return records
+
+    def _follow_regions(self) -> None:
+        """A heartbeat round; when its steps moved the job's regions, reopen on the new map."""
+        self.cluster.sync()
+        if self.spec()["regions"] != self.opened["regions"]:
+            raise _RegionsMoved
 
     def spec(self) -> dict:
         """What every worker is told at (re)start: the regions' leaders and followers now."""
@@ -144,6 +163,7 @@ class ClusterStreamJob:
             sinks[order].write(batch, i)
         self.completed = cid
         self.checkpoints.append(f"chk-{cid}")
+        self.source_records, self._uncommitted = self.source_records + self._uncommitted, 0
         self.last_time = self.env.clock.now()
         self._call("commit", cid)
         return cid

@@ -201,21 +201,24 @@ class StreamTask:
                 self.cause = (0, order, i)
                 with _attributed(r.op):
                     r.op.on_processing_time(now)
+        before = self._emitted()
         for order, i, s in self.sources:
             if not s.finished:
                 self.cause = (1, order, i)
                 s.poll(now)
         self.drain()
-        return {"finished": all(s.finished for _, _, s in self.sources)}
+        return {"finished": all(s.finished for _, _, s in self.sources), "records": self._emitted() - before}
 
-    def finish(self) -> dict:
+    def _emitted(self) -> int:
+        return sum(s.metrics.records_out for _, _, s in self.sources)
+
+    def finish(self) -> None:
         """The end of the input: operators finish, what they emit is delivered. Collective."""
         for _, t in self._operators():
             for r in self.local[t.id].values():
                 with _attributed(r.op):
                     r.op.finish()
         self.drain()
-        return {"source_records": sum(s.metrics.records_out for _, _, s in self.sources)}
 
     def drain(self) -> None:
         """Exchange and deliver posted messages until none is in flight on any worker. Collective."""
