@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from opforge.stream import (Aggregations, CollectionSource, SimulatedClock, StreamExecutionEnvironment,
+from opforge.stream import (Aggregations, CollectionSource, FileSink, SimulatedClock, StreamExecutionEnvironment,
                             TumblingEventTimeWindows, WatermarkStrategy)
 
 BOUND = 30
@@ -31,14 +31,21 @@ def _events(n: int, seed: int) -> list[dict]:
 EVENTS = _events(400, 3)
 
 
-def _build(env):
+def _build(env, files=None):
+    """``files``: a directory the windows also go to through a transactional FileSink."""
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(BOUND).with_timestamp_assigner("ts")
     keyed = env.from_source(CollectionSource(EVENTS), strategy, "events").uid("events").key_by("key")
     windows = keyed.window(TumblingEventTimeWindows.of(50)) \
-        .aggregate(Aggregations(with_window=True, n=("count",), total=("sum", "value"))).uid("windows").collect()
+        .aggregate(Aggregations(with_window=True, n=("count",), total=("sum", "value"))).uid("windows")
+    if files is not None:
+        windows.sink_to(FileSink(str(files), "json")).uid("files")
     running = keyed.reduce(lambda a, b: {"key": a["key"], "value": a["value"] + b["value"], "ts": b["ts"]}) \
         .uid("running").collect()
-    return windows, running
+    return windows.collect(), running
+
+
+def _committed_rows(directory) -> list:
+    return sorted(line for f in sorted(directory.glob("part-*.jsonl")) for line in f.read_text().splitlines())
 
 
 def _env(**kw):
@@ -56,11 +63,12 @@ def _outputs(windows, running):
 
 
 @pytest.fixture(scope="module")
-def expected():
+def expected(tmp_path_factory):
     env = _env(parallelism=6)
-    sinks = _build(env)
+    files = tmp_path_factory.mktemp("single-files")
+    sinks = _build(env, files)
     env.execute("single process")
-    return _outputs(*sinks)
+    return _outputs(*sinks), _committed_rows(files)
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +80,11 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def _run(cluster, after_round=None):
+def _run(cluster, after_round=None, files=None):
     from opforge.cluster.stream_job import ClusterStreamJob
 
     env = _env(cluster=cluster)
-    sinks = _build(env)
+    sinks = _build(env, files)
     job = ClusterStreamJob(env, env._take_graph("keyed"), "keyed")
     return job, job.run(after_round), _outputs(*sinks)
 
@@ -99,7 +107,7 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
             cluster.pd.service.add_operator({"kind": "transfer-leader", "region_id": ids[0], "to_store": follower})
 
     job, res, got = _run(cluster, look)
-    assert got == expected
+    assert got == expected[0]
     assert seen and all(sorted(set(leaders)) == [0, 1, 2] for leaders in seen)  # subtasks on every worker
     assert job.moves >= 1 and seen[-1][0] != seen[0][0]  # range 0's subtasks moved with its leader
     assert res.restarts == 0 and len(res.checkpoints) >= 3 and res.source_records == len(EVENTS)
@@ -121,7 +129,7 @@ def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster):
         env.execute("divide by zero")
 
 
-def test_a_worker_killed_mid_job_gives_exactly_the_failure_free_output(cluster, expected):
+def test_a_worker_killed_mid_job_gives_exactly_the_failure_free_output(cluster, expected, tmp_path):
     killed = {}
 
     def kill(job, n):
@@ -130,9 +138,10 @@ def test_a_worker_killed_mid_job_gives_exactly_the_failure_free_output(cluster, 
             killed["store"] = cluster.store_of[1]
             cluster.kill_worker(1)
 
-    job, res, got = _run(cluster, kill)
+    job, res, got = _run(cluster, kill, tmp_path)
     assert killed and res.restarts == 1
-    assert got == expected  # nothing lost, nothing twice
+    assert got == expected[0]  # nothing lost, nothing twice
+    assert _committed_rows(tmp_path) == expected[1] and len(expected[1]) == len(got[0])  # the FileSink's too
     assert res.source_records == len(EVENTS)  # counted once, replays not again
     assert killed["store"] in cluster.dead_stores and cluster.store_of[1] != killed["store"]
     states = {s["store_id"]: s["state"] for s in cluster.status()["stores"]}

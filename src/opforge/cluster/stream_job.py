@@ -12,7 +12,9 @@ rounds, checkpoints and commits through Ray calls:
 * a checkpoint (between rounds: aligned, no record in flight): every worker snapshots the regions
   it leads and sends each snapshot to the region's followers; the acknowledgements carry the sinks'
   output since the last checkpoint, which the coordinator writes to the job's sinks only once every
-  worker has acked (the checkpoint is then complete; the replicas drop older ones);
+  worker has acked (the checkpoint is then complete; the replicas drop older ones). The sinks run
+  here: a two-phase-commit sink (``FileSink``) pre-commits and commits each checkpoint's output at
+  once, since it is already final;
 * after a checkpoint, a heartbeat round: the driver's operator steps run (balance, a scale-out, an
   admin's ``operator add``); when they moved the job's regions (a new leader, a replica added or
   removed), the job continues from that checkpoint on the new leaders (routing follows the map);
@@ -53,7 +55,15 @@ class ClusterStreamJob:
         if len(keyed) > 1:
             raise ValueError(f"execute({job_name!r}) on a cluster: the keyed operators have parallelisms "
                              f"{sorted(keyed)}; they share one set of key-group regions, so give them one parallelism")
+        aligned = [t.name for t in transformations
+                   if t.kind == "source" and t.params["watermark_strategy"].alignment_group is not None]
+        if aligned:
+            raise NotImplementedError(f"execute({job_name!r}) on a cluster: watermark alignment (source "
+                                      f"{aligned[0]!r}) runs in one process only for now")
         self.env, self.cluster, self.transformations, self.job_name = env, env.cluster, transformations, job_name
+        # the job's sinks run here, on committed output only: (graph order, sink, parallelism)
+        self.sinks = [(order, t.params["sink"], t.parallelism) for order, t in enumerate(transformations)
+                      if t.kind == "sink"]
         self.ranges = keyed.pop() if keyed else max(t.parallelism for t in transformations)
         self.table = f"stream/{job_name}/{next(_job_ids)}"
         self.max_restarts = max_restarts
@@ -69,6 +79,10 @@ class ClusterStreamJob:
         and demos inject failures there)."""
         t0 = time.perf_counter()
         c = self.cluster
+        for _, sink, p in self.sinks:
+            if callable(getattr(sink, "open", None)):
+                for i in range(p):
+                    sink.open(i, p)
         c.place_table(self.table, initial_state(self.ranges), regions=self.ranges)
         done = False
         try:
@@ -90,9 +104,8 @@ class ClusterStreamJob:
             except Exception:
                 if done:
                     raise
-        for t in self.transformations:
-            if t.kind == "sink":
-                t.params["sink"].finish()
+        for _, sink, _ in self.sinks:
+            sink.finish()
         return JobExecutionResult(self.job_name, (time.perf_counter() - t0) * 1000, {}, self.source_records,
                                   list(self.checkpoints), None, self.restarts)
 
@@ -156,11 +169,18 @@ class ClusterStreamJob:
         cid = self.next_id
         self.next_id += 1
         answers = self._call("snapshot", cid)
-        sinks = {order: t.params["sink"] for order, t in enumerate(self.transformations) if t.kind == "sink"}
+        sinks = {order: sink for order, sink, _ in self.sinks}
         device = self.env.device
         batches = [(order, i, wire.decode_batch(data, device)) for a in answers for order, i, data in a["output"]]
         for order, i, batch in batches:  # every region acked: checkpoint cid is complete
             sinks[order].write(batch, i)
+        for _, sink, p in self.sinks:  # a two-phase-commit sink (FileSink) commits it at once
+            if callable(getattr(sink, "snapshot_state", None)):
+                for i in range(p):
+                    sink.snapshot_state(i, cid)
+            if callable(getattr(sink, "notify_checkpoint_complete", None)):
+                for i in range(p):
+                    sink.notify_checkpoint_complete(i, cid)
         self.completed = cid
         self.checkpoints.append(f"chk-{cid}")
         self.source_records, self._uncommitted = self.source_records + self._uncommitted, 0
