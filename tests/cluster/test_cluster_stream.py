@@ -67,8 +67,13 @@ def expected(tmp_path_factory):
     env = _env(parallelism=6)
     files = tmp_path_factory.mktemp("single-files")
     sinks = _build(env, files)
-    env.execute("single process")
-    return _outputs(*sinks), _committed_rows(files)
+    res = env.execute("single process")
+    return _outputs(*sinks), _committed_rows(files), _counts(res)
+
+
+def _counts(res) -> dict:
+    """Records in / out per operator but the sinks (the single-process job has one more)."""
+    return {name: (m.records_in, m.records_out) for name, m in res.metrics.items() if not name.startswith("Sink(")}
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +116,8 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
     assert seen and all(sorted(set(leaders)) == [0, 1, 2] for leaders in seen)  # subtasks on every worker
     assert job.moves >= 1 and seen[-1][0] != seen[0][0]  # range 0's subtasks moved with its leader
     assert res.restarts == 0 and len(res.checkpoints) >= 3 and res.source_records == len(EVENTS)
+    assert _counts(res) == expected[2]  # records in / out of every operator, each record once
+    assert 0 < job.exchanged["records"] < 2 * len(EVENTS)  # the keyed edges crossed workers
     assert job.table not in cluster.tables  # the job's regions go with it
 
 
@@ -142,7 +149,7 @@ def test_a_worker_killed_mid_job_gives_exactly_the_failure_free_output(cluster, 
     assert killed and res.restarts == 1
     assert got == expected[0]  # nothing lost, nothing twice
     assert _committed_rows(tmp_path) == expected[1] and len(expected[1]) == len(got[0])  # the FileSink's too
-    assert res.source_records == len(EVENTS)  # counted once, replays not again
+    assert res.source_records == len(EVENTS) and _counts(res) == expected[2]  # counted once, replays not again
     assert killed["store"] in cluster.dead_stores and cluster.store_of[1] != killed["store"]
     states = {s["store_id"]: s["state"] for s in cluster.status()["stores"]}
     assert states[killed["store"]] in ("offline", "tombstone")

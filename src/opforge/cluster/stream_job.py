@@ -31,7 +31,7 @@ import time
 from opforge.cluster import stream_wire as wire
 from opforge.cluster.errors import ClusterError, RetryableError
 from opforge.cluster.stream_task import initial_state
-from opforge.stream.executor import JobExecutionResult
+from opforge.stream.executor import JobExecutionResult, OperatorMetrics
 
 MAX_RESTARTS = 3
 _job_ids = itertools.count(1)
@@ -70,6 +70,8 @@ class ClusterStreamJob:
         self.next_id, self.completed, self.restarts, self.moves = 1, 0, 0, 0
         self.opened: dict | None = None  # the spec the running attempt was opened with
         self.source_records, self._uncommitted = 0, 0  # records the sources emitted (up to the last checkpoint)
+        self.metrics: dict[str, OperatorMetrics] = {}  # per operator, over the workers
+        self.exchanged = {"bytes": 0, "records": 0}  # sent between workers (the last attempt)
         self.checkpoints: list[str] = []
         self.last_time = env.clock.now()
 
@@ -106,7 +108,7 @@ class ClusterStreamJob:
                     raise
         for _, sink, _ in self.sinks:
             sink.finish()
-        return JobExecutionResult(self.job_name, (time.perf_counter() - t0) * 1000, {}, self.source_records,
+        return JobExecutionResult(self.job_name, (time.perf_counter() - t0) * 1000, self.metrics, self.source_records,
                                   list(self.checkpoints), None, self.restarts)
 
     def _attempt(self, after_round) -> None:
@@ -128,7 +130,7 @@ class ClusterStreamJob:
             if self._due():
                 self.checkpoint()
                 self._follow_regions()
-        self._call("finish")
+        self._count(self._call("finish"))
         self.checkpoint()  # the final one commits the last output
 
     def _follow_regions(self) -> None:
@@ -136,6 +138,15 @@ class ClusterStreamJob:
         self.cluster.sync()
         if self.spec()["regions"] != self.opened["regions"]:
             raise _RegionsMoved
+
+    def _count(self, answers: list) -> None:
+        """Sum the workers' counters (``StreamTask.finish``) per operator, as ``run_job`` names them."""
+        self.metrics = {}
+        for order, t in enumerate(self.transformations):
+            rows = [m for a in answers for m in a["metrics"][order]]
+            agg = OperatorMetrics(*(sum(r[k] for r in rows) for k in range(3)), sum(r[3] for r in rows))
+            self.metrics[t.name if t.name not in self.metrics else f"{t.name}#{t.id}"] = agg
+        self.exchanged = {k: sum(a["exchanged"][k] for a in answers) for k in ("bytes", "records")}
 
     def spec(self) -> dict:
         """What every worker is told at (re)start: the regions' leaders and followers now."""

@@ -140,6 +140,7 @@ class StreamTask:
         self.uids = operator_uids(transformations)
         self.outbox: list[list] = [[] for _ in range(self.world)]
         self.cause, self.counter = (0, 0, 0), 0
+        self.exchanged = {"bytes": 0, "records": 0}  # what this worker sent to others over the group
         self._build()
         for order, t in self._operators():
             for r in self.local[t.id].values():
@@ -212,13 +213,19 @@ class StreamTask:
     def _emitted(self) -> int:
         return sum(s.metrics.records_out for _, _, s in self.sources)
 
-    def finish(self) -> None:
-        """The end of the input: operators finish, what they emit is delivered. Collective."""
+    def finish(self) -> dict:
+        """The end of the input: operators finish, what they emit is delivered. Collective. Returns
+        this worker's counters: per operator (graph order) its subtasks' records in / out, batches
+        and busy ms, and what it sent over the group."""
         for _, t in self._operators():
             for r in self.local[t.id].values():
                 with _attributed(r.op):
                     r.op.finish()
         self.drain()
+        metrics = {order: [[m.records_in, m.records_out, m.batches_in, m.busy_ms]
+                           for m in (r.metrics for r in self.local[t.id].values())]
+                   for order, t in enumerate(self.transformations)}
+        return {"metrics": metrics, "exchanged": dict(self.exchanged)}
 
     def drain(self) -> None:
         """Exchange and deliver posted messages until none is in flight on any worker. Collective."""
@@ -228,6 +235,9 @@ class StreamTask:
                         wire.pack([(h, b"" if b is None else wire.encode_batch(b)) for h, b in box])
                         for d, box in enumerate(boxes)]
             got = wire.exchange_bytes(outgoing)
+            self.exchanged["bytes"] += sum(map(len, outgoing))
+            self.exchanged["records"] += sum(len(b) for d, box in enumerate(boxes) if d != self.rank
+                                             for _, b in box if b is not None)
             inbox = [(tuple(h["o"]), self.rank, h["q"], h, b) for h, b in boxes[self.rank]]
             for src, data in enumerate(got):
                 if src != self.rank:
@@ -256,6 +266,8 @@ class StreamTask:
                 state = _source_state(r) if t.kind == "source" else \
                     {"channels": [[e, u, w, r.idle[(e, u)]] for (e, u), w in r.wms.items()], "current": r.current,
                      "out_idle": r.out_idle, "operator": snapshot_operator(r.op, checkpoint_id)}
+                m = r.metrics  # counters restore too: a job's totals count each record once
+                state["metrics"] = [m.records_in, m.records_out, m.batches_in, m.busy_ms]
                 trees.setdefault(i % len(self.regions), {}).setdefault(uid, {})[str(i)] = state
         blobs = {index: _encode_region(tree, index) for index, tree in trees.items()}
         outgoing: list[list] = [[] for _ in range(self.world)]
@@ -315,6 +327,8 @@ class StreamTask:
                 t = by_uid[uid]
                 for i, s in subtasks.items():
                     r = self.local[t.id][int(i)]
+                    m = r.metrics
+                    m.records_in, m.records_out, m.batches_in, m.busy_ms = s["metrics"]
                     if t.kind == "source":
                         _restore_source(r, s, self.clock)
                         continue
