@@ -121,11 +121,15 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
     assert job.table not in cluster.tables  # the job's regions go with it
 
 
-def test_non_int_keys_are_refused_on_a_cluster(cluster):
+def test_what_a_cluster_cannot_run_is_refused(cluster):
     env = _env(cluster=cluster)
     env.from_collection([("a", 1), ("b", 2)]).key_by(lambda r: r[0]).reduce(lambda a, b: a).collect()
-    with pytest.raises(TypeError, match="keys must be ints"):
+    with pytest.raises(TypeError, match="keys must be ints"):  # ids by first sight differ between workers
         env.execute("string keys")
+    one, two = env.from_collection([1, 2]), env.from_collection([3])
+    one.union(two).collect()
+    with pytest.raises(NotImplementedError, match="'Union' has 2 inputs"):
+        env.execute("union")
 
 
 def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster):

@@ -165,9 +165,6 @@ class StreamTask:
                 self.sources += [(order, i, r) for i, r in real.items()]
                 self.local[t.id] = real
                 continue
-            if len(t.inputs) != 1:
-                raise NotImplementedError(f"stream on a cluster: operator {t.name!r} has {len(t.inputs)} inputs; "
-                                          "joins, unions and connected streams run in one process for now")
             key = t.inputs[0].key
             real = {}
             for i in mine:
