@@ -1,6 +1,7 @@
 """Stream jobs on a local Ray cluster of 3 CPU workers (Gloo): ``StreamExecutionEnvironment(cluster=c)``.
 
-The job (a keyed tumbling event-time window and a keyed reduce over a source of 6 subtasks) keeps
+The job (a keyed tumbling event-time window and a keyed reduce over a source of 6 subtasks, then a
+keyed reduce over the windows: two hops between workers) keeps
 its state in 6 key-group regions placed by the placement driver, 2 replicas each; its subtasks run
 on the regions' leaders (following them when the driver moves one) and records cross workers over
 the process group. Its output equals the
@@ -41,7 +42,10 @@ def _build(env, files=None):
         windows.sink_to(FileSink(str(files), "json")).uid("files")
     running = keyed.reduce(lambda a, b: {"key": a["key"], "value": a["value"] + b["value"], "ts": b["ts"]}) \
         .uid("running").collect()
-    return windows.collect(), running
+    # a second keyed hop: running totals per window count, in the order the windows arrive
+    per_count = windows.key_by("n").reduce(lambda a, b: {**b, "total": a["total"] + b["total"]}) \
+        .uid("per count").collect()
+    return windows.collect(), running, per_count
 
 
 def _committed_rows(directory) -> list:
@@ -54,12 +58,16 @@ def _env(**kw):
     return env
 
 
-def _outputs(windows, running):
-    """Window results as a multiset; the reduce's running values per key in the order emitted."""
-    per_key: dict = {}
-    for r in running.records():
-        per_key.setdefault(r["key"], []).append((r["value"], r["ts"]))
-    return sorted(map(repr, windows.records())), per_key
+def _outputs(windows, running, per_count):
+    """Window results as a multiset; each reduce's running values per key in the order emitted."""
+    return sorted(map(repr, windows.records())), _per_key(running, "key"), _per_key(per_count, "n")
+
+
+def _per_key(sink, key: str) -> dict:
+    out: dict = {}
+    for r in sink.records():
+        out.setdefault(r[key], []).append(repr(r))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +80,7 @@ def expected(tmp_path_factory):
 
 
 def _counts(res) -> dict:
-    """Records in / out per operator but the sinks (the single-process job has one more)."""
-    return {name: (m.records_in, m.records_out) for name, m in res.metrics.items() if not name.startswith("Sink(")}
+    return {name: (m.records_in, m.records_out) for name, m in res.metrics.items()}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +101,7 @@ def _run(cluster, after_round=None, files=None):
     return job, job.run(after_round), _outputs(*sinks)
 
 
-def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expected):
+def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expected, tmp_path):
     seen = []
 
     def look(job, n):  # the key-group regions, as the placement driver and the workers hold them
@@ -111,8 +118,8 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
             follower = next(p["store_id"] for p in meta.peers if p["id"] != meta.leader_peer_id)
             cluster.pd.service.add_operator({"kind": "transfer-leader", "region_id": ids[0], "to_store": follower})
 
-    job, res, got = _run(cluster, look)
-    assert got == expected[0]
+    job, res, got = _run(cluster, look, tmp_path)
+    assert got == expected[0] and _committed_rows(tmp_path) == expected[1]
     assert seen and all(sorted(set(leaders)) == [0, 1, 2] for leaders in seen)  # subtasks on every worker
     assert job.moves >= 1 and seen[-1][0] != seen[0][0]  # range 0's subtasks moved with its leader
     assert res.restarts == 0 and len(res.checkpoints) >= 3 and res.source_records == len(EVENTS)

@@ -139,7 +139,7 @@ class StreamTask:
         self.transformations = transformations
         self.uids = operator_uids(transformations)
         self.outbox: list[list] = [[] for _ in range(self.world)]
-        self.cause, self.counter = (0, 0, 0), 0
+        self.cause, self.counter = (0, 0, 0), 0  # what is being processed, and what it posted so far
         self.exchanged = {"bytes": 0, "records": 0}  # what this worker sent to others over the group
         self._build()
         for order, t in self._operators():
@@ -187,7 +187,12 @@ class StreamTask:
 
     # -- rounds ---------------------------------------------------------------------------------
     def post(self, host: int, header: dict, batch=None) -> None:
-        header["o"], header["q"] = list(self.cause), self.counter
+        """Send ``header`` (and ``batch``) to a subtask on worker ``host`` (this one too). Its order
+        key is that of what is being processed (a source poll or a timer round: ``(1 or 0, operator,
+        subtask)``; a delivered message: its key), then the number of messages that posted before:
+        sorted by key, every subtask gets its messages in the depth-first order of the single-process
+        engine (a poll's records go all the way down before the next poll), however many hops."""
+        header["o"] = [*self.cause, self.counter]
         self.counter += 1
         self.outbox[host].append((header, batch))
 
@@ -196,13 +201,13 @@ class StreamTask:
         self.clock._now = now
         for order, t in self._operators():
             for i, r in sorted(self.local[t.id].items()):
-                self.cause = (0, order, i)
+                self.cause, self.counter = (0, order, i), 0
                 with _attributed(r.op):
                     r.op.on_processing_time(now)
         before = self._emitted()
         for order, i, s in self.sources:
             if not s.finished:
-                self.cause = (1, order, i)
+                self.cause, self.counter = (1, order, i), 0
                 s.poll(now)
         self.drain()
         return {"finished": all(s.finished for _, _, s in self.sources), "records": self._emitted() - before}
@@ -235,15 +240,15 @@ class StreamTask:
             self.exchanged["bytes"] += sum(map(len, outgoing))
             self.exchanged["records"] += sum(len(b) for d, box in enumerate(boxes) if d != self.rank
                                              for _, b in box if b is not None)
-            inbox = [(tuple(h["o"]), self.rank, h["q"], h, b) for h, b in boxes[self.rank]]
+            inbox = [(tuple(h["o"]), h, b) for h, b in boxes[self.rank]]
             for src, data in enumerate(got):
                 if src != self.rank:
-                    inbox += [(tuple(h["o"]), src, h["q"], h,
+                    inbox += [(tuple(h["o"]), h,
                                wire.decode_batch(body, self.device) if h["k"] == "b" else None)
                               for h, body in wire.unpack(data)]
-            inbox.sort(key=lambda m: m[:3])  # the single-process engine's order: by source poll
-            for cause, _, _, h, batch in inbox:
-                self.cause = cause
+            inbox.sort(key=lambda m: m[0])  # the single-process engine's order (``post``)
+            for cause, h, batch in inbox:
+                self.cause, self.counter = cause, 0
                 r, ch = self.local[h["n"]][h["s"]], tuple(h["c"])
                 if h["k"] == "b":
                     r.receive(batch, ch, h["i"])
