@@ -9,11 +9,11 @@ the state of the subtasks it carries.
 Each worker builds the whole job graph with the single-process engine's pieces
 (``stream.executor``: runners, edges, partitioners, operators), with only its own subtasks real.
 An edge that is not forward (``key_by``, rebalance, broadcast, ...) does not call the downstream
-subtask: it posts the batch, watermark or idleness change, tagged with the source poll that caused
-it. After the round's polls the workers exchange what they posted over the process group
-(``stream_wire.exchange_bytes``) and each delivers, in poll order, what its subtasks received, until
-nothing is in flight on any worker. So a keyed subtask sees its inputs in the order the
-single-process engine gives them.
+subtask: it posts the batch, watermark or idleness change, keyed by its place in the single-process
+engine's depth-first order (``post``). After the round's polls the workers exchange what they
+posted over the process group (``stream_wire.exchange_bytes``) and each delivers, in key order, what
+its subtasks received, until nothing is in flight on any worker. So every subtask sees its input in
+the order the single-process engine gives it.
 
 A checkpoint is taken between rounds, when nothing is in flight (aligned barriers, as in
 ``stream/checkpoint.py``): each worker snapshots the subtasks of the regions it leads, one blob per
