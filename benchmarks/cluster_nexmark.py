@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
     env_vars = {"OPFORGE_INTERPRET": "0"}
     if device == "cuda" and backend == "gloo":  # workers share the GPUs Ray would hide from CPU actors
         env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+        os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # and the raylet this starts
     t0 = time.perf_counter()
     cluster = C.start(workers=args.workers, backend=backend, env=env_vars)
     started_s = time.perf_counter() - t0
