@@ -52,9 +52,10 @@ def _committed_rows(directory) -> list:
     return sorted(line for f in sorted(directory.glob("part-*.jsonl")) for line in f.read_text().splitlines())
 
 
-def _env(**kw):
+def _env(checkpoints, **kw):
+    """Checkpoints every round (on a cluster they live in the job's regions, not in ``checkpoints``)."""
     env = StreamExecutionEnvironment(batch_size=24, clock=SimulatedClock(step_ms=100), **kw)
-    env.enable_checkpointing(100, "unused-on-a-cluster")  # every round
+    env.enable_checkpointing(100, str(checkpoints))
     return env
 
 
@@ -72,7 +73,7 @@ def _per_key(sink, key: str) -> dict:
 
 @pytest.fixture(scope="module")
 def expected(tmp_path_factory):
-    env = _env(parallelism=6)
+    env = _env(tmp_path_factory.mktemp("checkpoints"), parallelism=6)
     files = tmp_path_factory.mktemp("single-files")
     sinks = _build(env, files)
     res = env.execute("single process")
@@ -92,10 +93,10 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def _run(cluster, after_round=None, files=None):
+def _run(cluster, after_round, files):
     from opforge.cluster.stream_job import ClusterStreamJob
 
-    env = _env(cluster=cluster)
+    env = _env(files, cluster=cluster)
     sinks = _build(env, files)
     job = ClusterStreamJob(env, env._take_graph("keyed"), "keyed")
     return job, job.run(after_round), _outputs(*sinks)
@@ -128,8 +129,8 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
     assert job.table not in cluster.tables  # the job's regions go with it
 
 
-def test_what_a_cluster_cannot_run_is_refused(cluster):
-    env = _env(cluster=cluster)
+def test_what_a_cluster_cannot_run_is_refused(cluster, tmp_path):
+    env = _env(tmp_path, cluster=cluster)
     env.from_collection([("a", 1), ("b", 2)]).key_by(lambda r: r[0]).reduce(lambda a, b: a).collect()
     with pytest.raises(TypeError, match="keys must be ints"):  # ids by first sight differ between workers
         env.execute("string keys")
@@ -139,8 +140,8 @@ def test_what_a_cluster_cannot_run_is_refused(cluster):
         env.execute("union")
 
 
-def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster):
-    env = _env(cluster=cluster)
+def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster, tmp_path):
+    env = _env(tmp_path, cluster=cluster)
     env.from_source(CollectionSource(EVENTS), source_name="events").key_by("key") \
         .map(lambda r: r["value"] // (r["key"] - 5)).name("divide").collect()
     with pytest.raises(ZeroDivisionError, match="divide"):  # raised once, not retried as a lost worker
