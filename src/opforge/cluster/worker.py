@@ -190,7 +190,6 @@ class Worker:
         return {"rank": rank, "result": result, "rows": batch.n, "ms": (time.perf_counter() - t0) * 1e3,
                 "exchanges": ex.stats}
 
-
     # -- stream jobs (``stream_job.py`` drives them, ``stream_task.py`` runs them) -------------------
     def stream_open(self, spec: dict, transformations: list) -> None:
         """This worker's part of a stream job: its subtasks, restored from its replicas."""
