@@ -249,16 +249,17 @@ class Cluster:
             self._push(meta)
 
     # -- tables -------------------------------------------------------------------------------------
-    def place_table(self, name: str, data: pa.Table, partition_by: str | None = None) -> list[int]:
-        """Cut ``data`` into regions and put ``replicas`` copies of each on distinct workers
-        (leaders round-robin). Returns the region ids."""
+    def place_table(self, name: str, data: pa.Table, partition_by: str | None = None,
+                    regions: int | None = None) -> list[int]:
+        """Cut ``data`` into ``regions`` regions (default ``regions_per_table``) and put ``replicas``
+        copies of each on distinct workers (leaders round-robin). Returns the region ids."""
         if partition_by is not None and partition_by not in data.column_names:
             raise ValueError(f"register: partition_by {partition_by!r} is not a column of {name!r}")
         self._ensure_ready()
         if name in self.tables:
             self.drop_table(name)
         tid = next(self._table_ids)
-        parts = R.split(data, self.regions_per_table, partition_by)
+        parts = R.split(data, regions or self.regions_per_table, partition_by)
         ids, loads = [], []
         for i, part in enumerate(parts):
             rid = next(self._region_ids)
@@ -564,8 +565,11 @@ class Cluster:
 
 def _lost_worker(error: BaseException) -> bool:
     """A failure a dead peer explains (a broken collective, a restarted worker without its regions),
-    not the query's own error (a SqlError, a bad argument), which every worker raises alike."""
-    return not isinstance(error, (ValueError, TypeError, NotImplementedError))
+    not the query's own error (a SqlError, a bad argument), which every worker raises alike, nor a
+    stream job's (an operator's error: replaying the input raises it again)."""
+    from opforge.stream.errors import StreamOperatorError
+
+    return not isinstance(error, (ValueError, TypeError, NotImplementedError, StreamOperatorError))
 
 
 def start(address: str | None = None, workers: int | None = None, *, replicas: int = 2,

@@ -224,6 +224,37 @@ class Worker:
         return {"rank": rank, "result": result, "rows": batch.n, "ms": (time.perf_counter() - t0) * 1e3,
                 "exchanges": ex.stats}
 
+    # -- stream jobs (``stream_job.py`` drives them, ``stream_task.py`` runs them) -------------------
+    def stream_open(self, spec: dict, transformations: list) -> None:
+        """This worker's part of a stream job: its subtasks, restored from its replicas."""
+        from opforge.cluster.stream_task import StreamTask
+
+        self.stream_close()
+        self._stream = self._leaving_on_error(StreamTask, self, spec, transformations)
+
+    def stream_call(self, method: str, *args):
+        """``round``, ``finish``, ``snapshot`` or ``commit`` of the open stream job (collectives)."""
+        task = getattr(self, "_stream", None)
+        if task is None:  # e.g. a process Ray restarted: the coordinator restores the job
+            raise RuntimeError(f"worker {self.index}: no stream job is open here")
+        if method not in ("round", "finish", "snapshot", "commit"):
+            raise ValueError(f"worker {self.index}: unknown stream call {method!r}")
+        return self._leaving_on_error(getattr(task, method), *args)
+
+    def stream_close(self) -> None:
+        task, self._stream = getattr(self, "_stream", None), None
+        if task is not None:
+            task.close()
+
+    @staticmethod
+    def _leaving_on_error(fn, *args):
+        """Leave the group when a call fails, so peers blocked on this rank fail now (``run_query``)."""
+        try:
+            return fn(*args)
+        except BaseException:
+            D.destroy()
+            raise
+
 
 def _node_ip() -> str:
     try:

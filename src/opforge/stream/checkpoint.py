@@ -217,19 +217,36 @@ def _hashable(v):
 
 # -- tensors as Arrow IPC -------------------------------------------------------
 
-def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+def tensors_table(tensors: dict[str, torch.Tensor]):
+    """Named tensors as one Arrow table (name, dtype, shape, raw bytes): no pickle."""
     import pyarrow as pa
 
     names = list(tensors)
-    table = pa.table({
+    return pa.table({
         "name": pa.array(names, pa.string()),
         "dtype": pa.array([str(tensors[n].dtype).removeprefix("torch.") for n in names], pa.string()),
         "shape": pa.array([list(tensors[n].shape) for n in names], pa.list_(pa.int64())),
         "data": pa.array([tensors[n].reshape(-1).view(torch.uint8).numpy().tobytes() if tensors[n].numel()
                           else b"" for n in names], pa.large_binary()),
     })
+
+
+def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    import pyarrow as pa
+
+    table = tensors_table(tensors)
     with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
         w.write_table(table)
+
+
+def tensors_of_table(table, device) -> dict[str, torch.Tensor]:
+    """The tensors of a ``tensors_table``, on ``device``."""
+    out = {}
+    for name, dtype, shape, data in zip(*(table.column(c).to_pylist() for c in ("name", "dtype", "shape", "data"))):
+        dt = getattr(torch, dtype)
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt) if data else torch.empty(0, dtype=dt)
+        out[name] = flat.reshape(shape).to(device)
+    return out
 
 
 def read_tensors(path: str, device) -> dict[str, torch.Tensor]:
@@ -237,12 +254,7 @@ def read_tensors(path: str, device) -> dict[str, torch.Tensor]:
 
     with pa.memory_map(path) as f:
         table = pa.ipc.open_file(f).read_all()
-    out = {}
-    for name, dtype, shape, data in zip(*(table.column(c).to_pylist() for c in ("name", "dtype", "shape", "data"))):
-        dt = getattr(torch, dtype)
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt) if data else torch.empty(0, dtype=dt)
-        out[name] = flat.reshape(shape).to(device)
-    return out
+    return tensors_of_table(table, device)
 
 
 # -- storage ----------------------------------------------------------------------

@@ -13,6 +13,9 @@ output then depends on where the input's batches end).
 ``execute(restore_from=...)`` resumes one; ``execute_async`` runs it in the
 background behind a ``JobClient``. ``set_state_budget`` bounds the device
 memory of columnar keyed state (spilling to host memory, then disk).
+``cluster`` (an ``opforge.cluster`` cluster) runs the job on its workers
+(``cluster/stream_job.py``): keyed state in key-group regions placed by the
+placement driver, parallelism by default two key-group ranges per worker.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from opforge.stream.types import checked_type
 
 
 class StreamExecutionEnvironment:
-    def __init__(self, device=None, parallelism: int = 1, batch_size: int = 1024, clock=None,
-                 watermark_granularity: str = "record"):
+    def __init__(self, device=None, parallelism: int | None = None, batch_size: int = 1024, clock=None,
+                 watermark_granularity: str = "record", cluster=None):
+        if parallelism is None:
+            parallelism = 1 if cluster is None else cluster.regions_per_table
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise ValueError(f"StreamExecutionEnvironment: parallelism must be a positive int, got {parallelism!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -52,6 +57,7 @@ class StreamExecutionEnvironment:
         self.checkpoint_config: CheckpointConfig | None = None
         self.state_budget: StateBudget | None = None
         self.restart_strategy: RestartStrategy | None = None
+        self.cluster = cluster
 
     @staticmethod
     def get_execution_environment(**kwargs) -> "StreamExecutionEnvironment":
@@ -151,6 +157,13 @@ class StreamExecutionEnvironment:
         operator the job no longer has fails the restore unless
         ``allow_non_restored_state`` (Flink's ``--allowNonRestoredState``)."""
         transformations = self._take_graph(job_name)
+        if self.cluster is not None:
+            if restore_from is not None:
+                raise ValueError(f"execute({job_name!r}) on a cluster: restore_from is not supported there; "
+                                 "the job restores itself from the checkpoints its regions hold")
+            from opforge.cluster.stream_job import ClusterStreamJob
+
+            return ClusterStreamJob(self, transformations, job_name).run()
         return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore, None,
                                                             allow_non_restored_state), restore_from)
 
@@ -170,6 +183,8 @@ class StreamExecutionEnvironment:
         """Start the job in a background thread; a ``JobClient`` controls it."""
         from opforge.stream.job_client import JobClient
 
+        if self.cluster is not None:
+            raise NotImplementedError(f"execute_async({job_name!r}): not on a cluster yet; use execute()")
         transformations = self._take_graph(job_name)
         if not any(t.kind == "sink" for t in transformations):
             raise ValueError(f"execute_async({job_name!r}): the job has no sink (add sink_to, collect or print)")

@@ -482,6 +482,21 @@ def _aligned_pauses(sources) -> set:
     return paused
 
 
+def connect_edges(transformations: list[Transformation], nodes: dict) -> None:
+    """One ``_Edge`` per input of each operator (numbered in graph order, the channels' names), added
+    to the outputs of its upstream subtasks and to the input channels of its downstream ones."""
+    edge_idx = 0
+    for t in transformations:
+        for input_index, inp in enumerate(t.inputs):
+            e = _Edge(edge_idx, nodes[inp.upstream.id], nodes[t.id], inp, input_index)
+            edge_idx += 1
+            for r in e.up.runners:
+                r.out.edges.append(e)
+            for i, r in enumerate(e.down.runners):
+                for ch in e.channels_of(i):
+                    r.add_channel(ch)
+
+
 def run_job(env, transformations: list[Transformation], job_name: str, restore_from=None,
             control=None, allow_non_restored_state: bool = False) -> JobExecutionResult:
     if not any(t.kind == "sink" for t in transformations):
@@ -514,16 +529,7 @@ def run_job(env, transformations: list[Transformation], job_name: str, restore_f
             op.state_budget = getattr(env, "state_budget", None)  # columnar keyed state over a budget
             node.runners.append(_Runner(node, i, op, node.metrics[i]))
             op.out = node.runners[-1].out
-    edge_idx = 0
-    for t in transformations:
-        for input_index, inp in enumerate(t.inputs):
-            e = _Edge(edge_idx, nodes[inp.upstream.id], nodes[t.id], inp, input_index)
-            edge_idx += 1
-            for r in e.up.runners:
-                r.out.edges.append(e)
-            for i, r in enumerate(e.down.runners):
-                for ch in e.channels_of(i):
-                    r.add_channel(ch)
+    connect_edges(transformations, nodes)
     ordered = [nodes[t.id] for t in transformations if t.kind != "source"]
     merging = [n for n in ordered if len(n.t.inputs) > 1]  # topological: a flush feeds only later ones
     for n in ordered:
