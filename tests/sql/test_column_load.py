@@ -92,7 +92,8 @@ def test_string_dictionary_keeps_only_the_words_that_occur():
 
 
 @pytest.mark.parametrize("nulls", [False, True])
-def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path):
+def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)  # several decoded batches per row group
     arrays = _arrays(np.random.default_rng(8), nulls)
     table = pa.table(arrays)
     path = tmp_path / "t.parquet"
@@ -121,6 +122,33 @@ def test_staging_checks_the_row_count_and_needs_no_cuda():
         host_staging.to_device(iter(pieces), 11, torch.int64, "cpu")
 
 
+def _parts(values: np.ndarray, cuts) -> list:
+    def filler(lo, hi):
+        def fill(dst):
+            dst[:] = values[lo:hi]
+        return fill
+    return [(hi - lo, filler(lo, hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
+
+
+def test_filled_parts_check_the_row_count():
+    values = np.arange(1000, dtype=np.int64)
+    out = host_staging.fill_to_device(_parts(values, (0, 10, 10, 999, 1000)), 1000, torch.int64, "cpu", 3)
+    assert torch.equal(out, torch.from_numpy(values))
+    with pytest.raises(ValueError, match="expected 1001"):
+        host_staging.fill_to_device(_parts(values, (0, 500, 1000)), 1001, torch.int64, "cpu", 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
+def test_pinned_part_buffers_on_cuda_are_reused_in_order():
+    values = np.arange(3_000_000, dtype=np.int64)
+    cuts = list(range(0, len(values), 100_000)) + [len(values)]  # 30 parts, more than the buffers in flight
+    for threads in (1, 4):
+        out = host_staging.fill_to_device(_parts(values, cuts), len(values), torch.int64, "cuda", threads)
+        assert torch.equal(out.cpu(), torch.from_numpy(values))
+    with pytest.raises(ValueError, match="more than the 10"):
+        host_staging.fill_to_device(_parts(values, (0, 6, 12)), 10, torch.int64, "cuda", 2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
 def test_pinned_staging_on_cuda_spans_several_buffers():
     big = np.arange(3 * host_staging.SLOT_BYTES // 8 + 17, dtype=np.int64)
@@ -132,13 +160,20 @@ def test_registering_the_tpch_tables_reads_no_column_data(tpch_paths, monkeypatc
     reads = []
     real = pq.ParquetFile.read_row_group
 
+    real_batches = pq.ParquetFile.iter_batches
+
     def counted(self, *args, **kwargs):
         reads.append(args)
         return real(self, *args, **kwargs)
 
+    def counted_batches(self, *args, **kwargs):  # a row group decoded in batches (parquet_read.RowGroups.parts)
+        reads.extend(kwargs["row_groups"])
+        return real_batches(self, *args, **kwargs)
+
     for fn in ("read_table", "read_pandas"):
         monkeypatch.setattr(pq, fn, lambda *a, **k: pytest.fail(f"pq.{fn} while registering"))
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted_batches)
     monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("ParquetFile.read while registering"))
     con = sql.connect("cpu")
     for name, path in tpch_paths.items():

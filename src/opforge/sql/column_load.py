@@ -4,7 +4,11 @@ Why: the general conversion (``Column.from_arrow``) combines the chunks, casts a
 with Arrow on the host, then makes a pageable copy: several host passes per column before the
 link sees a byte. Here each chunk's values buffer is read where it lies (a numpy view of Arrow
 memory: no Python per value, no cast on the host) and goes to the device through pinned staging
-(``host_staging``); the rest happens on the device after the copy:
+(``host_staging``); the rest happens on the device after the copy. A Parquet column
+(``parquet_read.RowGroups``) of a fixed-width type is decoded by the staging threads themselves, a
+row group each, in small batches written straight into the pinned buffer the link reads
+(``host_staging.fill_to_device``): decoding, the gather and the copies overlap, and no row group is
+ever materialized whole on the host.
 
 * integers and floats narrower than their storage type are widened there;
 * DECIMAL(p <= 18) arrives as the low 64-bit word of each 128-bit value (exact: |v| < 10^18 < 2^63),
@@ -22,6 +26,7 @@ conversion bit for bit (``tests/sql/test_column_load.py``); statistics are not c
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -31,7 +36,9 @@ import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
-from opforge.runtime.host_staging import to_device, torch_dtype, values_view
+from opforge.sql.errors import SqlError
+from opforge.sql.parquet_read import RowGroups
+from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
 _FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
@@ -92,6 +99,8 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if wire is None:
         chunks = list(chunks)
         return Column.from_arrow(pa.chunked_array(chunks, None if chunks else arrow_type), device, name)
+    if isinstance(chunks, RowGroups):
+        return _fixed_row_groups(chunks, n, arrow_type, wire, typ, device)
     validity = _Validity()
 
     def pieces():
@@ -107,6 +116,46 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if valid is not None:
         values.masked_fill_(~valid, 0)
     return Column(values, valid, typ)
+
+
+def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, typ: T.SqlType,
+                      device) -> Column:
+    """A fixed-width Parquet column, each row group decoded in batches straight into its staging
+    buffer by one of the staging threads; the validity is gathered into one host mask, made when
+    the first NULL is seen."""
+    parts = groups.parts()
+    starts = np.cumsum([0] + [rows for rows, _ in parts])
+    valid: list[np.ndarray] = []  # the host mask, once a NULL is seen
+    lock = threading.Lock()
+
+    def filler(start: int, rows: int, batches):
+        def fill(dst: np.ndarray) -> None:
+            at = 0
+            for chunk in batches():
+                if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
+                    chunk = chunk.cast(arrow_type)
+                k = len(chunk)
+                if at + k > rows:
+                    break
+                np.copyto(dst[at:at + k], _values(chunk, wire))
+                if chunk.null_count:
+                    with lock:
+                        if not valid:
+                            valid.append(np.ones(n, dtype=bool))
+                    valid[0][start + at:start + at + k] = chunk.is_valid().to_numpy(zero_copy_only=False)
+                at += k
+            if at != rows:
+                raise SqlError(f"reading column {groups.name!r} of {groups.path!r}: a row group holds a number "
+                               f"of rows other than its metadata's {rows}")
+        return fill
+
+    values = fill_to_device([(rows, filler(int(start), rows, batches)) for (rows, batches), start
+                             in zip(parts, starts)], n, torch_dtype(wire), device, groups.threads)
+    values = values.to(typ.torch_dtype)
+    mask = to_device(valid, n, torch.bool, device) if valid else None
+    if mask is not None:
+        values.masked_fill_(~mask, 0)
+    return Column(values, mask, typ)
 
 
 def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
