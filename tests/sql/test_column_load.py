@@ -105,6 +105,31 @@ def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path, monk
         assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
 
 
+@pytest.mark.parametrize("dictionary_page", [1 << 20, 300])  # 300 bytes: the writer falls back to plain pages
+@pytest.mark.parametrize("radix_sort", [False, True])  # string_sort, as on a GPU
+def test_parquet_strings_load_as_the_general_conversion(dictionary_page, radix_sort, tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)
+    monkeypatch.setattr(column_load, "sorts_strings_on", lambda device: radix_sort)
+    rng = np.random.default_rng(11)
+    alphabet = np.array(list("ab\x00éz😀 "), dtype=object)
+    distinct = ["".join(alphabet[rng.integers(0, len(alphabet), rng.integers(0, 12))]) for _ in range(N)]
+    few = np.array(["pear", "fig", "", "äpfel", "fig\x00"], dtype=object)[rng.integers(0, 5, N)]
+    table = pa.table({"distinct": pa.array(distinct, mask=rng.random(N) < 0.1),
+                      "distinct_nonnull": pa.array(distinct),
+                      "few": pa.array(few, mask=rng.random(N) < 0.1),
+                      "mostly_null": pa.array(distinct, mask=np.arange(N) != 1700),
+                      "all_null": pa.nulls(N, pa.string())})
+    path = tmp_path / "s.parquet"
+    pq.write_table(table, path, row_group_size=600, dictionary_pagesize_limit=dictionary_page)
+    meta = pq.ParquetFile(path).metadata
+    mostly_distinct = {n: parquet_read.RowGroups(str(path), meta, n, True).mostly_distinct() for n in table.column_names}
+    assert mostly_distinct["distinct"] and mostly_distinct["distinct_nonnull"] and not mostly_distinct["few"]
+    t = Table.from_parquet(str(path), "cpu")
+    back = pq.read_table(path)
+    for name in table.column_names:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
+
+
 def test_row_groups_come_back_in_file_order(tmp_path):
     path = tmp_path / "order.parquet"
     pq.write_table(pa.table({"x": np.arange(10_000)}), path, row_group_size=333)
@@ -182,7 +207,9 @@ def test_registering_the_tpch_tables_reads_no_column_data(tpch_paths, monkeypatc
     assert all(con._tables[n].loaded_columns() == [] for n in tpch_paths)
     assert all(con._stats[n].columns.computed() == [] for n in tpch_paths)
     n = con.sql("SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem WHERE l_returnflag = 'R'").fetchall()
-    assert len(reads) == 2 * con._tables["lineitem"].num_partitions  # two columns, each row group once
+    # two columns, each row group once, and the string column's first batch once more (the probe
+    # parquet_read.RowGroups.mostly_distinct)
+    assert len(reads) == 2 * con._tables["lineitem"].num_partitions + 1
     assert con._tables["lineitem"].loaded_columns() == ["l_quantity", "l_returnflag"]
     import duckdb
 

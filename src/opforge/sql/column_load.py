@@ -38,6 +38,7 @@ from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
 from opforge.sql.errors import SqlError
 from opforge.sql.parquet_read import RowGroups
+from opforge.sql.string_sort import sorted_ranks
 from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
@@ -94,6 +95,12 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     for strings) ``chunks`` yields, on ``device``."""
     typ = T.from_arrow(arrow_type, name)
     if is_string(arrow_type):
+        if isinstance(chunks, RowGroups) and chunks.mostly_distinct():
+            # plain pages: hashing them once beats Arrow rebuilding dictionaries past the fallback
+            plain = list(chunks.plain())
+            if sorts_strings_on(torch.device(device)):
+                return _distinct_strings(plain, n, typ, device, name)
+            return _strings(plain, n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
     wire = _wire_dtype(arrow_type)
     if wire is None:
@@ -156,6 +163,41 @@ def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, 
     if mask is not None:
         values.masked_fill_(~mask, 0)
     return Column(values, mask, typ)
+
+
+def sorts_strings_on(device: torch.device) -> bool:
+    """Whether mostly distinct strings are ranked by ``string_sort`` on ``device``: on a GPU (a few
+    ms for millions of words); a CPU runs a dozen sorting passes slower than Arrow's hash and sort."""
+    return device.type == "cuda"
+
+
+def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
+    """A column of mostly distinct strings: its bytes go to the device and are ranked there by a
+    radix sort (``string_sort``), instead of hashing and sorting millions of words on one host
+    thread; only the distinct words, in order, come back for the host dictionary."""
+    strings = pa.chunked_array(chunks, None if chunks else pa.large_string()).cast(pa.large_string())
+    strings = strings.combine_chunks() if strings.num_chunks != 1 else strings.chunk(0)
+    if strings.null_count == len(strings):  # no words (or no rows): the general conversion
+        return Column.from_arrow(strings, device, name)
+    valid = None
+    if strings.null_count:
+        valid = to_device([strings.is_valid().to_numpy(zero_copy_only=False)], n, torch.bool, device)
+        strings = strings.drop_null()
+    m = len(strings)
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64, count=strings.offset + m + 1)[strings.offset:]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(strings.buffers()[2], dtype=np.uint8, count=hi)[lo:] if hi > lo else np.zeros(0, np.uint8)
+    ranks, firsts = sorted_ranks(to_device([offsets - lo], m + 1, torch.int64, device),
+                                 to_device([data], hi - lo, torch.uint8, device))
+    if valid is None:
+        codes = ranks
+    else:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
+        codes = ranks[:1].expand(n).clone()
+        codes[valid] = ranks
+    ordered = strings.take(pa.array(firsts.cpu().numpy())).cast(pa.string())
+    words = tuple(ordered.to_pylist())
+    arrow_dictionary(words, ordered)
+    return Column(codes, valid, typ, words)
 
 
 def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from opforge.sql.errors import SqlError
 
 BATCH_ROWS = 1 << 16  # rows per decoded batch of a part: a few hundred KiB, cache-resident
+DISTINCT_SHARE = 8  # a string column with a word per fewer rows than this is "mostly distinct"
 
 
 def decode_threads(row_groups: int) -> int:
@@ -63,6 +64,22 @@ class RowGroups:
                 yield batch.column(0)
         except (pa.ArrowInvalid, OSError) as e:
             raise self._error(e) from None
+
+    def mostly_distinct(self) -> bool:
+        """Whether a string column's first batch holds more than one distinct word in ``DISTINCT_SHARE``
+        rows, read with its dictionary (Parquet's dictionary page or, past its fallback to plain
+        pages, the words Arrow hashed): such a column is ranked by sorting (``string_sort``)."""
+        if self.meta.num_row_groups == 0:
+            return False
+        groups = RowGroups(self.path, self.meta, self.name, as_dictionary=True)
+        first = next(groups.batches(0), None)
+        if first is None or not pa.types.is_dictionary(first.type):
+            return False
+        return len(first.dictionary) * DISTINCT_SHARE > len(first)
+
+    def plain(self) -> "RowGroups":
+        """The same column read without dictionaries (a string per row)."""
+        return RowGroups(self.path, self.meta, self.name, as_dictionary=False)
 
     def parts(self) -> list[tuple[int, Callable[[], Iterator[pa.Array]]]]:
         """``(rows, batches)`` per row group, in file order: ``batches()`` decodes the row group."""
