@@ -101,6 +101,8 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
             if sorts_strings_on(torch.device(device)):
                 return _distinct_strings(plain, n, typ, device, name)
             return _strings(plain, n, typ, device, name)
+        if isinstance(chunks, RowGroups) and chunks.read_dictionary:
+            return _dictionary_row_groups(chunks, n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
     wire = _wire_dtype(arrow_type)
     if wire is None:
@@ -127,9 +129,24 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
 
 def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, typ: T.SqlType,
                       device) -> Column:
-    """A fixed-width Parquet column, each row group decoded in batches straight into its staging
-    buffer by one of the staging threads; the validity is gathered into one host mask, made when
-    the first NULL is seen."""
+    """A fixed-width Parquet column through ``_stage_row_groups``."""
+    def values_of(chunk: pa.Array) -> np.ndarray:
+        if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
+            chunk = chunk.cast(arrow_type)
+        return _values(chunk, wire)
+
+    values, valid = _stage_row_groups(groups, n, wire, values_of, device)
+    values = values.to(typ.torch_dtype)
+    if valid is not None:
+        values.masked_fill_(~valid, 0)
+    return Column(values, valid, typ)
+
+
+def _stage_row_groups(groups: RowGroups, n: int, wire, values_of, device, seen=None):
+    """The values (``wire`` dtype) of a Parquet column on ``device``, and its validity (None: no
+    NULLs): each row group decoded in batches by one of the staging threads, ``values_of(batch)``
+    written straight into its staging buffer (``host_staging.fill_to_device``); ``seen(row, batch)``
+    is told of each batch. The validity is gathered into one host mask, made at the first NULL."""
     parts = groups.parts()
     starts = np.cumsum([0] + [rows for rows, _ in parts])
     valid: list[np.ndarray] = []  # the host mask, once a NULL is seen
@@ -139,12 +156,12 @@ def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, 
         def fill(dst: np.ndarray) -> None:
             at = 0
             for chunk in batches():
-                if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
-                    chunk = chunk.cast(arrow_type)
                 k = len(chunk)
                 if at + k > rows:
                     break
-                np.copyto(dst[at:at + k], _values(chunk, wire))
+                np.copyto(dst[at:at + k], values_of(chunk))
+                if seen is not None:
+                    seen(start + at, chunk)
                 if chunk.null_count:
                     with lock:
                         if not valid:
@@ -158,11 +175,53 @@ def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, 
 
     values = fill_to_device([(rows, filler(int(start), rows, batches)) for (rows, batches), start
                              in zip(parts, starts)], n, torch_dtype(wire), device, groups.threads)
-    values = values.to(typ.torch_dtype)
-    mask = to_device(valid, n, torch.bool, device) if valid else None
-    if mask is not None:
-        values.masked_fill_(~mask, 0)
-    return Column(values, mask, typ)
+    return values, (to_device(valid, n, torch.bool, device) if valid else None)
+
+
+class _NullWord(Exception):
+    """A dictionary holding a NULL word: the column goes the general way."""
+
+
+def _dictionary_row_groups(groups: RowGroups, n: int, typ: T.SqlType, device, name: str) -> Column:
+    """A string column read as Parquet's dictionaries through ``_stage_row_groups``. Each distinct
+    dictionary (one a row group, shared by its batches) has its words numbered in one table shared
+    by the staging threads, once (Python per distinct word, not per row); each batch's codes are
+    mapped through that numbering by a numpy gather while the batch is in cache, so the device gets
+    the table's ids and ranks them (``_ranked``)."""
+    table: dict[str, int] = {}  # word -> id
+    remaps: dict[tuple, tuple[pa.Array, np.ndarray]] = {}  # the dictionary kept alive: its buffers key it
+    lock = threading.Lock()
+
+    def remap(d: pa.Array) -> np.ndarray:
+        key = (len(d), d.offset, *(b.address if b is not None else 0 for b in d.buffers()))
+        hit = remaps.get(key)
+        if hit is None:
+            with lock:
+                hit = remaps.get(key)
+                if hit is None:
+                    if d.null_count:
+                        raise _NullWord
+                    words = d.cast(pa.string()).to_pylist()
+                    hit = remaps[key] = (d, np.fromiter((table.setdefault(w, len(table)) for w in words),
+                                                        dtype=np.int32, count=len(words)))
+        return hit[1]
+
+    def values_of(chunk: pa.Array) -> np.ndarray:
+        ids = remap(chunk.dictionary)
+        if len(ids) == 0:  # no words: every row is NULL
+            return np.zeros(len(chunk), dtype=np.int32)
+        indices = chunk.indices
+        # the code under a NULL is whatever the buffer held: clipped here, masked on the device
+        return np.take(ids, values_view(indices, indices.type.to_pandas_dtype()), mode="clip")
+
+    try:
+        ids, valid = _stage_row_groups(groups, n, np.int32, values_of, device)
+    except _NullWord:
+        return _strings(list(groups), n, typ, device, name)
+    idx = ids.long()
+    if valid is not None:
+        idx.masked_fill_(~valid, 0)
+    return _ranked(idx, valid, pa.array(list(table), pa.string()), n, typ, device)
 
 
 def sorts_strings_on(device: torch.device) -> bool:
@@ -224,6 +283,13 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
     valid = validity.to_device(n, device)
     if valid is not None:
         idx.masked_fill_(~valid, 0)
+    return _ranked(idx, valid, dictionary, n, typ, device)
+
+
+def _ranked(idx: torch.Tensor, valid: torch.Tensor | None, dictionary: pa.Array, n: int, typ: T.SqlType,
+            device) -> Column:
+    """The column whose rows hold ``dictionary[idx]`` (int64 on the device; 0 under NULLs): the
+    words that occur, sorted, and each row's rank among them."""
     size = len(dictionary)
     if size == 0:
         return Column(torch.zeros(n, dtype=torch.int32, device=device), valid, typ, ())
