@@ -17,7 +17,10 @@ ever materialized whole on the host.
   of the first non-NULL row);
 * strings: the codes of Arrow dictionary arrays (Parquet's dictionary pages, ``parquet_read``) are
   copied, the words that occur are found by one scatter, and the codes are mapped to the sorted
-  dictionary's ranks by one gather; only the distinct words are touched on the host.
+  dictionary's ranks by one gather; only the distinct words are touched on the host. From Parquet
+  the codes are numbered across the row groups' dictionaries while staged
+  (``_dictionary_row_groups``); a column of mostly distinct strings (past the writer's fallback to
+  plain pages) is read plain and ranked on a GPU by a radix sort of its bytes (``string_sort``).
 
 Types without such a path (BOOL from Arrow's bit-packing is one here; other Arrow types that
 ``types.from_arrow`` maps) go through ``Column.from_arrow``, unchanged. Results equal the general
@@ -95,14 +98,11 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     for strings) ``chunks`` yields, on ``device``."""
     typ = T.from_arrow(arrow_type, name)
     if is_string(arrow_type):
-        if isinstance(chunks, RowGroups) and chunks.mostly_distinct():
-            # plain pages: hashing them once beats Arrow rebuilding dictionaries past the fallback
-            plain = list(chunks.plain())
-            if sorts_strings_on(torch.device(device)):
-                return _distinct_strings(plain, n, typ, device, name)
-            return _strings(plain, n, typ, device, name)
         if isinstance(chunks, RowGroups) and chunks.read_dictionary:
-            return _dictionary_row_groups(chunks, n, typ, device, name)
+            if not chunks.mostly_distinct():
+                return _dictionary_row_groups(chunks, n, typ, device, name)
+            if sorts_strings_on(torch.device(device)):  # plain pages: no dictionary rebuilt past the fallback
+                return _distinct_strings(list(chunks.plain()), n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
     wire = _wire_dtype(arrow_type)
     if wire is None:
