@@ -130,6 +130,17 @@ def test_parquet_strings_load_as_the_general_conversion(dictionary_page, radix_s
         assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
 
 
+def test_row_groups_too_large_for_a_staging_part_load_alike(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_staging, "PART_BYTES_MAX", 1024)  # 600-row groups of 8-byte values: too large
+    arrays = _arrays(np.random.default_rng(9), True)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(arrays), path, row_group_size=600)
+    t = Table.from_parquet(str(path), "cpu")
+    back = pq.read_table(path)
+    for name in arrays:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
+
+
 def test_row_groups_come_back_in_file_order(tmp_path):
     path = tmp_path / "order.parquet"
     pq.write_table(pa.table({"x": np.arange(10_000)}), path, row_group_size=333)

@@ -32,6 +32,7 @@ import torch
 SLOT_BYTES = 32 << 20  # per buffer: large enough to run the link at full speed, small enough to pin once
 SLOTS = 2
 PARTS_BYTES = 256 << 20  # pinned memory for the parts in flight of ``fill_to_device``, at most (but 2 parts)
+PART_BYTES_MAX = 64 << 20  # a larger part (one huge Parquet row group) goes through ``to_device``'s slots
 
 Part = tuple[int, Callable[[np.ndarray], None]]  # (rows, fill): fill(dst) writes the part's rows into dst
 

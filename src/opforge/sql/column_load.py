@@ -42,6 +42,7 @@ from opforge.sql.column import Column, arrow_dictionary
 from opforge.sql.errors import SqlError
 from opforge.sql.parquet_read import RowGroups
 from opforge.sql.string_sort import sorted_ranks
+from opforge.runtime import host_staging
 from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
@@ -100,7 +101,9 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if is_string(arrow_type):
         if isinstance(chunks, RowGroups) and chunks.read_dictionary:
             if not chunks.mostly_distinct():
-                return _dictionary_row_groups(chunks, n, typ, device, name)
+                if _stageable(chunks, np.int32):
+                    return _dictionary_row_groups(chunks, n, typ, device, name)
+                return _strings(list(chunks), n, typ, device, name)
             if sorts_strings_on(torch.device(device)):  # plain pages: no dictionary rebuilt past the fallback
                 return _distinct_strings(list(chunks.plain()), n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
@@ -108,7 +111,7 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if wire is None:
         chunks = list(chunks)
         return Column.from_arrow(pa.chunked_array(chunks, None if chunks else arrow_type), device, name)
-    if isinstance(chunks, RowGroups):
+    if isinstance(chunks, RowGroups) and _stageable(chunks, wire):
         return _fixed_row_groups(chunks, n, arrow_type, wire, typ, device)
     validity = _Validity()
 
@@ -125,6 +128,11 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if valid is not None:
         values.masked_fill_(~valid, 0)
     return Column(values, valid, typ)
+
+
+def _stageable(groups: RowGroups, wire) -> bool:
+    """Whether each row group of ``groups`` fits one staging part (``host_staging.PART_BYTES_MAX``)."""
+    return groups.largest() * np.dtype(wire).itemsize <= host_staging.PART_BYTES_MAX
 
 
 def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, typ: T.SqlType,

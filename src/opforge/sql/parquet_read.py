@@ -81,6 +81,10 @@ class RowGroups:
         """The same column read without dictionaries (a string per row)."""
         return RowGroups(self.path, self.meta, self.name, as_dictionary=False)
 
+    def largest(self) -> int:
+        """Rows of the largest row group."""
+        return max((self.meta.row_group(i).num_rows for i in range(self.meta.num_row_groups)), default=0)
+
     def parts(self) -> list[tuple[int, Callable[[], Iterator[pa.Array]]]]:
         """``(rows, batches)`` per row group, in file order: ``batches()`` decodes the row group."""
         return [(self.meta.row_group(i).num_rows, lambda i=i: self.batches(i))
