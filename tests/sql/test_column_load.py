@@ -130,6 +130,21 @@ def test_parquet_strings_load_as_the_general_conversion(dictionary_page, radix_s
         assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned part buffers and string_sort on a GPU need CUDA")
+def test_parquet_columns_on_cuda_load_as_the_general_conversion(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)
+    rng = np.random.default_rng(12)
+    arrays = _arrays(rng, True)
+    arrays["distinct"] = pa.array(["".join(rng.choice(list("ab\x00éz😀 "), rng.integers(0, 12))) for _ in range(N)],
+                                  mask=rng.random(N) < 0.1)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(arrays), path, row_group_size=600, dictionary_pagesize_limit=300)
+    t = Table.from_parquet(str(path), "cuda")
+    back = pq.read_table(path)
+    for name in arrays:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cuda", name).mark_sorted())
+
+
 def test_row_groups_too_large_for_a_staging_part_load_alike(tmp_path, monkeypatch):
     monkeypatch.setattr(host_staging, "PART_BYTES_MAX", 1024)  # 600-row groups of 8-byte values: too large
     arrays = _arrays(np.random.default_rng(9), True)
