@@ -196,7 +196,7 @@ def test_pinned_part_buffers_on_cuda_are_reused_in_order():
     for threads in (1, 4):
         out = host_staging.fill_to_device(_parts(values, cuts), len(values), torch.int64, "cuda", threads)
         assert torch.equal(out.cpu(), torch.from_numpy(values))
-    with pytest.raises(ValueError, match="more than the 10"):
+    with pytest.raises(ValueError, match="hold 12 values, expected 10"):
         host_staging.fill_to_device(_parts(values, (0, 6, 12)), 10, torch.int64, "cuda", 2)
 
 

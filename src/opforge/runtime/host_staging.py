@@ -135,8 +135,6 @@ class PinnedStaging:
             try:
                 offset = 0
                 for rows, fill in parts:
-                    if offset + rows > n:
-                        raise ValueError(f"host_staging: the parts hold more than the {n} values expected")
                     if not free:
                         copy_oldest()
                     i = free.popleft()
@@ -149,8 +147,6 @@ class PinnedStaging:
                 for future, *_ in running:
                     future.cancel()
                 raise
-            if offset != n:
-                raise ValueError(f"host_staging: the parts hold {offset} values, expected {n}")
             caller.wait_stream(self.stream)
         return out
 
@@ -198,12 +194,13 @@ def fill_to_device(parts: Sequence[Part], n: int, dtype: torch.dtype, device, th
     """One 1-D tensor of ``n`` values of ``dtype`` on ``device`` from ``parts`` (in order, their rows
     summing to ``n``), each filled by ``fill(dst)`` on one of ``threads`` threads; through pinned
     part buffers on CUDA, straight into the result on the CPU."""
+    total = sum(rows for rows, _ in parts)
+    if total != n:
+        raise ValueError(f"host_staging: the parts hold {total} values, expected {n}")
     device = torch.device(device)
     staging = _staging(device) if device.type == "cuda" and torch.cuda.is_available() else None
     if staging is not None:
         return staging.fill_parts(parts, n, dtype, threads)
-    if sum(rows for rows, _ in parts) != n:
-        raise ValueError(f"host_staging: the parts hold {sum(rows for rows, _ in parts)} values, expected {n}")
     out = torch.empty(n, dtype=dtype)
     dst = out.numpy()
     with ThreadPoolExecutor(threads, thread_name_prefix="staging-fill") as pool:
