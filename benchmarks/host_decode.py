@@ -9,7 +9,7 @@ For each case two figures, in microseconds a call:
   sees: the larger of host and GPU time), as ``host_overhead.py`` measures.
 
 Decode (``attention_decode``, bf16, Hq 32 / H_kv 8 / D 128, B 1/2/4 x ctx
-1k/8k/32k, all lengths full) runs as dispatch decides; beside it the same
+256/1k/8k/32k, all lengths full; 256 is one split, a single launch) runs as dispatch decides; beside it the same
 with every launch through ``JITFunction.run`` (``launch.jit_run_only``, the
 launch cost before the pre-bound launcher) and SDPA on the dense cache
 (``enable_gqa``). ``ratio`` is SDPA eager / ours eager (goal >= 1.0).
@@ -88,7 +88,8 @@ def _via_jit_run(fn) -> dict:
 def decode(quick: bool) -> list[dict]:
     rows = []
     if DEVICE == "cuda":
-        Hq, H_kv, D, grid = 32, 8, 128, [(B, ctx) for B in (1, 2, 4) for ctx in (1024, 8192, 32768)]
+        # ctx 256: a short context, one split (``SINGLE_SPLIT_TILES``): a single launch
+        Hq, H_kv, D, grid = 32, 8, 128, [(B, ctx) for B in (1, 2, 4) for ctx in (256, 1024, 8192, 32768)]
     else:
         Hq, H_kv, D, grid = 2, 1, 16, [(1, 64)]
     if quick:

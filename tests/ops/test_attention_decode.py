@@ -306,6 +306,28 @@ def test_memo_key_tells_layouts_apart(gen):
     assert key != A.OP.memo_key(q, kc, vc, sl, 0.5, False, table)
 
 
+def test_a_short_context_is_one_launch(gen, monkeypatch):
+    """At most ``SINGLE_SPLIT_TILES`` tiles a sequence: one split, and the bound runner makes one
+    launch (the split kernel writes the output; no combine, no partials), matching the oracle."""
+    q, kc, vc, sl, _, ks, vs = build(gen, 2, 1, 8, 2, 16, 100, [100, 37])  # fp32: 32-token tiles, 4 of them
+    assert K.default_config(2, 8, 2, 1, 16, 100, 4)["SPLITS"] == 1
+    launches = []
+    real = A.launch.prepare
+
+    def counted(fn, *a, **kw):
+        go = real(fn, *a, **kw)
+        return lambda *t: launches.append(fn) or go(*t)
+    monkeypatch.setattr(A.launch, "prepare", counted)
+    dispatch.reset()
+    want, want_lse = oracle(q, ks, vs, 0.25)
+    for _ in range(2):  # decides and binds, then the memo hit
+        launches.clear()
+        out, lse = attention_decode(q, kc, vc, sl, scale=0.25, return_lse=True)
+        check(out, want.to(F32), F32)
+        check(lse, want_lse.to(F32), F32)
+    assert launches == [K.split_kv_kernel]
+
+
 def test_split_heuristic_fills_the_gpu():
     # The issue's shapes: Hq 32, H_kv 8, D 128, bf16, one query token.
     one_long = K.default_config(1, 32, 8, 1, 128, 131072, 2)

@@ -204,3 +204,41 @@ def test_the_hot_variants_run_a_pre_bound_runner(name, variant, call, gen, vendo
         call(x, w)
     (d,) = [d for d in dispatch._memo.values() if d.op.name == name]
     assert d.variant.name == variant and not isinstance(d.fast, functools.partial)
+
+
+def test_a_plain_product_on_the_vendor_takes_the_shortcut(gen, vendor_on_cpu, monkeypatch):
+    """matmul's shortcut (``ops/matmul.py``): a memo hit whose decision is ``torch.matmul`` skips the
+    dispatcher, with the validated path's result; a forced variant, a hook or a reset goes back to it."""
+    from opforge.ops import matmul as mm
+    from opforge.runtime import hooks
+
+    # the vendor's decision, as for a small GEMM on a GPU: no Triton variant takes CPU tensors
+    monkeypatch.setattr(dispatch.devmod, "interpret_mode", lambda: False)
+    dispatch.reset()
+    x, y = _rand(64, 64, gen=gen), _rand(64, 64, gen=gen)
+    with dispatch.validated_path():
+        want = opforge.matmul(x, y)
+    assert dispatch.explain("matmul", x, y, None, None, mm.make_epilogue(x)).variant.name == "torch_eager"
+    calls = []
+    real = mm._call
+    monkeypatch.setattr(mm, "_call", lambda *a: calls.append(a[0].name) or real(*a))
+    first = opforge.matmul(x, y)  # decides, memoizes, learns the shortcut
+    again = opforge.matmul(x, y)
+    assert calls == ["matmul"] and list(mm._products.values()) == [mm._VENDOR]
+    assert torch.equal(first, want) and torch.equal(again, want) and again.stride() == want.stride()
+    hooks.HOOKS.append(lambda event, d: calls.append(event))
+    try:
+        assert torch.equal(opforge.matmul(x, y), want)
+    finally:
+        hooks.HOOKS.pop()
+    assert calls == ["matmul", "matmul", "enter", "exit"]
+    with dispatch.force_variant("matmul", "reference"):
+        assert not mm._products
+        with dispatch.validated_path():
+            forced = opforge.matmul(x, y)
+        assert torch.equal(opforge.matmul(x, y), forced) and torch.equal(opforge.matmul(x, y), forced)
+    assert not mm._products  # nothing learned while forced
+    opforge.matmul(x, y)
+    assert mm._products
+    dispatch.reset()
+    assert not mm._products

@@ -40,9 +40,10 @@ def _same(a, b) -> None:
 
 # B=1, Sq=1, Hq=2, H_kv=1, D=16, fp32 (32-token tiles): capacity 64 is one split, 128 two.
 DECODE = [
-    ("contiguous, two splits, lse", dict(cap=128), True),
+    # fp32: 32-token tiles; 6 tiles are 3 splits, up to SINGLE_SPLIT_TILES = 4 one
+    ("contiguous, several splits, lse", dict(cap=192), True),
     ("contiguous, one split", dict(cap=64), False),
-    ("paged by 16, two splits, lse", dict(cap=128, page=16), True),
+    ("paged by 16, several splits, lse", dict(cap=192, page=16), True),
 ]
 
 
@@ -131,3 +132,8 @@ def test_gemm_bad_input_on_a_new_signature_raises_as_the_validated_path(gen):
             with pytest.raises(kind) as info:
                 fn()
             assert str(info.value) == message
+
+
+def test_decode_cases_reach_one_split_and_several():
+    splits = {c[0]: AD.K.default_config(1, 2, 1, 1, 16, c[1]["cap"], 4)["SPLITS"] for c in DECODE}
+    assert [s > 1 for s in splits.values()] == ["several" in name for name in splits]

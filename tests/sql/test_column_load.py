@@ -92,13 +92,65 @@ def test_string_dictionary_keeps_only_the_words_that_occur():
 
 
 @pytest.mark.parametrize("nulls", [False, True])
-def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path):
+def test_parquet_row_groups_load_as_the_general_conversion(nulls, tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)  # several decoded batches per row group
     arrays = _arrays(np.random.default_rng(8), nulls)
     table = pa.table(arrays)
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, row_group_size=600)  # 5 row groups, decoded on several threads
     t = Table.from_parquet(str(path), "cpu")
     assert t.num_partitions == 5
+    back = pq.read_table(path)
+    for name in arrays:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
+
+
+@pytest.mark.parametrize("dictionary_page", [1 << 20, 300])  # 300 bytes: the writer falls back to plain pages
+@pytest.mark.parametrize("radix_sort", [False, True])  # string_sort, as on a GPU
+def test_parquet_strings_load_as_the_general_conversion(dictionary_page, radix_sort, tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)
+    monkeypatch.setattr(column_load, "sorts_strings_on", lambda device: radix_sort)
+    rng = np.random.default_rng(11)
+    alphabet = np.array(list("ab\x00éz😀 "), dtype=object)
+    distinct = ["".join(alphabet[rng.integers(0, len(alphabet), rng.integers(0, 12))]) for _ in range(N)]
+    few = np.array(["pear", "fig", "", "äpfel", "fig\x00"], dtype=object)[rng.integers(0, 5, N)]
+    table = pa.table({"distinct": pa.array(distinct, mask=rng.random(N) < 0.1),
+                      "distinct_nonnull": pa.array(distinct),
+                      "few": pa.array(few, mask=rng.random(N) < 0.1),
+                      "mostly_null": pa.array(distinct, mask=np.arange(N) != 1700),
+                      "all_null": pa.nulls(N, pa.string())})
+    path = tmp_path / "s.parquet"
+    pq.write_table(table, path, row_group_size=600, dictionary_pagesize_limit=dictionary_page)
+    meta = pq.ParquetFile(path).metadata
+    mostly_distinct = {n: parquet_read.RowGroups(str(path), meta, n, True).mostly_distinct() for n in table.column_names}
+    assert mostly_distinct["distinct"] and mostly_distinct["distinct_nonnull"] and not mostly_distinct["few"]
+    t = Table.from_parquet(str(path), "cpu")
+    back = pq.read_table(path)
+    for name in table.column_names:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned part buffers and string_sort on a GPU need CUDA")
+def test_parquet_columns_on_cuda_load_as_the_general_conversion(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_read, "BATCH_ROWS", 256)
+    rng = np.random.default_rng(12)
+    arrays = _arrays(rng, True)
+    arrays["distinct"] = pa.array(["".join(rng.choice(list("ab\x00éz😀 "), rng.integers(0, 12))) for _ in range(N)],
+                                  mask=rng.random(N) < 0.1)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(arrays), path, row_group_size=600, dictionary_pagesize_limit=300)
+    t = Table.from_parquet(str(path), "cuda")
+    back = pq.read_table(path)
+    for name in arrays:
+        assert_same(t.column(name), Column.from_arrow(back.column(name), "cuda", name).mark_sorted())
+
+
+def test_row_groups_too_large_for_a_staging_part_load_alike(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_staging, "PART_BYTES_MAX", 1024)  # 600-row groups of 8-byte values: too large
+    arrays = _arrays(np.random.default_rng(9), True)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(arrays), path, row_group_size=600)
+    t = Table.from_parquet(str(path), "cpu")
     back = pq.read_table(path)
     for name in arrays:
         assert_same(t.column(name), Column.from_arrow(back.column(name), "cpu", name).mark_sorted())
@@ -121,6 +173,33 @@ def test_staging_checks_the_row_count_and_needs_no_cuda():
         host_staging.to_device(iter(pieces), 11, torch.int64, "cpu")
 
 
+def _parts(values: np.ndarray, cuts) -> list:
+    def filler(lo, hi):
+        def fill(dst):
+            dst[:] = values[lo:hi]
+        return fill
+    return [(hi - lo, filler(lo, hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
+
+
+def test_filled_parts_check_the_row_count():
+    values = np.arange(1000, dtype=np.int64)
+    out = host_staging.fill_to_device(_parts(values, (0, 10, 10, 999, 1000)), 1000, torch.int64, "cpu", 3)
+    assert torch.equal(out, torch.from_numpy(values))
+    with pytest.raises(ValueError, match="expected 1001"):
+        host_staging.fill_to_device(_parts(values, (0, 500, 1000)), 1001, torch.int64, "cpu", 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
+def test_pinned_part_buffers_on_cuda_are_reused_in_order():
+    values = np.arange(3_000_000, dtype=np.int64)
+    cuts = list(range(0, len(values), 100_000)) + [len(values)]  # 30 parts, more than the buffers in flight
+    for threads in (1, 4):
+        out = host_staging.fill_to_device(_parts(values, cuts), len(values), torch.int64, "cuda", threads)
+        assert torch.equal(out.cpu(), torch.from_numpy(values))
+    with pytest.raises(ValueError, match="hold 12 values, expected 10"):
+        host_staging.fill_to_device(_parts(values, (0, 6, 12)), 10, torch.int64, "cuda", 2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
 def test_pinned_staging_on_cuda_spans_several_buffers():
     big = np.arange(3 * host_staging.SLOT_BYTES // 8 + 17, dtype=np.int64)
@@ -132,13 +211,20 @@ def test_registering_the_tpch_tables_reads_no_column_data(tpch_paths, monkeypatc
     reads = []
     real = pq.ParquetFile.read_row_group
 
+    real_batches = pq.ParquetFile.iter_batches
+
     def counted(self, *args, **kwargs):
         reads.append(args)
         return real(self, *args, **kwargs)
 
+    def counted_batches(self, *args, **kwargs):  # a row group decoded in batches (parquet_read.RowGroups.parts)
+        reads.extend(kwargs["row_groups"])
+        return real_batches(self, *args, **kwargs)
+
     for fn in ("read_table", "read_pandas"):
         monkeypatch.setattr(pq, fn, lambda *a, **k: pytest.fail(f"pq.{fn} while registering"))
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted_batches)
     monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("ParquetFile.read while registering"))
     con = sql.connect("cpu")
     for name, path in tpch_paths.items():
@@ -147,7 +233,9 @@ def test_registering_the_tpch_tables_reads_no_column_data(tpch_paths, monkeypatc
     assert all(con._tables[n].loaded_columns() == [] for n in tpch_paths)
     assert all(con._stats[n].columns.computed() == [] for n in tpch_paths)
     n = con.sql("SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem WHERE l_returnflag = 'R'").fetchall()
-    assert len(reads) == 2 * con._tables["lineitem"].num_partitions  # two columns, each row group once
+    # two columns, each row group once, and the string column's first batch once more (the probe
+    # parquet_read.RowGroups.mostly_distinct)
+    assert len(reads) == 2 * con._tables["lineitem"].num_partitions + 1
     assert con._tables["lineitem"].loaded_columns() == ["l_quantity", "l_returnflag"]
     import duckdb
 

@@ -73,6 +73,10 @@ MAX_SPLITS = 256
 # are then small beside its stream of K/V (short contexts are latency-bound:
 # more, shorter programs finish sooner).
 MIN_TILES_PER_SPLIT = 2
+# A sequence of at most this many tiles is one split: its program streams them in about the time a
+# second launch (the combine) and its partial buffers cost on the host, so a short context is a
+# single launch that writes the output itself.
+SINGLE_SPLIT_TILES = 4
 # Shared memory a config may use (the H200 has 228 KB a SM; leave room for 2
 # programs a SM with the default configs).
 SMEM_LIMIT = 200 * 1024
@@ -247,11 +251,12 @@ def smem_bytes(block_n: int, D: int, itemsize: int, stages: int) -> int:
 
 def num_splits(groups: int, capacity: int, block_n: int, sm_count: int) -> int:
     """Splits a sequence is cut into: one when ``groups`` (sequences x KV heads x
-    row blocks) already give every SM two programs; else enough for about four
+    row blocks) already give every SM two programs or the context is short
+    (``SINGLE_SPLIT_TILES``); else enough for about four
     programs a SM, each with at least ``MIN_TILES_PER_SPLIT`` tiles."""
-    if groups >= 2 * sm_count:
-        return 1
     tiles = triton.cdiv(max(capacity, 1), block_n)
+    if groups >= 2 * sm_count or tiles <= SINGLE_SPLIT_TILES:
+        return 1
     want = triton.cdiv(4 * sm_count, max(groups, 1))
     return max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS))
 

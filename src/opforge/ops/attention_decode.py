@@ -304,6 +304,7 @@ def _bind_triton(g: Geometry, cfg, args):
     lse_shape = (g.B, g.Hq, g.Sq)
     n_po, n_plse = plan.partials * g.D, plan.partials
     on_cpu, paged, empty, f32 = device.type == "cpu", block_table is not None, torch.empty, torch.float32
+    no_lse = empty(0, dtype=f32, device=device)  # return_lse=False: one empty placeholder, not one a call
 
     def run(q, k_cache, v_cache, seqlens, scale, return_lse, block_table=None):
         if on_cpu:
@@ -317,7 +318,7 @@ def _bind_triton(g: Geometry, cfg, args):
             combine_go(po, plse, out, lse)
         else:
             split_go(q, k_cache, v_cache, seqlens, bt, out, lse, out, out)
-        return out, (lse if return_lse else empty(0, dtype=f32, device=device))
+        return out, (lse if return_lse else no_lse)
     return run
 
 

@@ -706,6 +706,51 @@ def _plain(t) -> bool:
     return t is None or (type(t) is _Tensor and not (t.requires_grad and _grad_enabled()))
 
 
+# Plain products (no epilogue): their memo key less the epilogue, plus TF32 -> the memoized decision,
+# or ``_VENDOR`` when that decision runs ``torch.matmul`` itself (small GEMMs, where cuBLAS wins).
+# Such a call then costs torch.matmul and the key, not the epilogue, the dispatcher and the bound
+# runner around it (3-8 us of host time on a 13-25 us GEMM). Learned after ``dispatch.call``
+# memoized the decision; emptied by dispatch whenever the memo forgets one (``dispatch.shortcuts``).
+_products: dict[tuple, object] = {}
+dispatch.shortcuts.append(_products)
+_VENDOR = object()
+_mm_vendor = torch.matmul
+_shortcuts_allowed = dispatch.shortcuts_allowed
+_HOOKS = dispatch._hooks.HOOKS
+
+
+def _product_key(a, b) -> tuple:
+    return (a.dtype, a.shape, a.stride(), a.get_device() if a.is_cuda else a.device, a.data_ptr() & 15,
+            b.dtype, b.shape, b.stride(), b.get_device() if b.is_cuda else b.device, b.data_ptr() & 15,
+            bool(_tf32()))
+
+
+def _learn_product(key: tuple, a, b) -> None:
+    """Remember the memo's decision for this plain product (``_VENDOR`` for ``torch.matmul`` itself)."""
+    if not _shortcuts_allowed():
+        return
+    d = dispatch._memo.get((OP.name, memo_key(a, b, None, None, _PLAIN[key[-1]]), None))
+    if d is not None:
+        _products[key] = _VENDOR if d.variant.spec is not None and d.variant.spec.run is eager_run else d
+
+
+def _plain_product(a, b) -> torch.Tensor:
+    key = _product_key(a, b)
+    d = _products.get(key)
+    if d is not None and not _HOOKS:
+        if d is _VENDOR:
+            z = _mm_vendor(a, b)
+            return z if z.is_contiguous() else z.contiguous()
+        try:
+            return d.fast(a, b, None, None, _PLAIN[key[-1]])
+        except Exception:  # a launch that fails: the dispatcher's own handling (rerun_with_default)
+            pass
+    out = _call(OP, a, b, None, None, _PLAIN[key[-1]])
+    if d is None:
+        _learn_product(key, a, b)
+    return out
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``act(a @ b + bias) + residual`` cast to ``out_dtype`` (default: the input
@@ -714,7 +759,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     ``activation``: None, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"`` or
     ``"relu"``. Differentiable in ``a``, ``b``, ``bias`` and ``residual``.
     """
-    if (type(b) is _Tensor and direct_ok(a, b) and _plain(bias) and _plain(residual)
+    if bias is None and residual is None and activation is None and out_dtype is None:
+        if type(b) is _Tensor and direct_ok(a, b):
+            return _plain_product(a, b)
+    elif (type(b) is _Tensor and direct_ok(a, b) and _plain(bias) and _plain(residual)
             and (activation is None or activation in ACTIVATIONS)
             and (out_dtype is None or type(out_dtype) is torch.dtype)):
         return _call(OP, a, b, bias, residual, make_epilogue(a, bias, residual, activation, out_dtype))

@@ -134,11 +134,27 @@ _forced: dict[str, str] = {}
 _lock = threading.Lock()
 _MULTI_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 1
 _validated_only = False  # validated_path(): decide and validate every call, no pre-bound runners
+# Shortcuts an op keeps in front of ``call`` for its commonest memo hits (matmul's plain product
+# routed to the vendor: ``ops/matmul.py``), learned from memoized decisions: emptied whenever the
+# memo forgets one and while a variant is forced or the validated path runs.
+shortcuts: list[dict] = []
+
+
+def forget_shortcuts() -> None:
+    for s in shortcuts:
+        s.clear()
+
+
+def shortcuts_allowed() -> bool:
+    """Whether ``call`` would run a memoized decision unhooked: no variant forced, no validated path,
+    no hooks listening (an op learns a shortcut only then, and takes one only while no hook listens)."""
+    return not (_forced or _validated_only or _hooks.HOOKS)
 
 
 def reset() -> None:
     """Forget memoized decisions (after changing OPFORGE_* settings or the cache)."""
     _memo.clear()
+    forget_shortcuts()
 
 
 @contextlib.contextmanager
@@ -149,6 +165,7 @@ def validated_path():
     tested against."""
     global _validated_only
     old, _validated_only = _validated_only, True
+    forget_shortcuts()
     try:
         with launch.jit_run_only():
             yield
@@ -163,6 +180,7 @@ def force_variant(op_name: str, variant: str):
     op.variant(variant)  # raises for a wrong name
     old = _forced.get(op.name)
     _forced[op.name] = variant
+    forget_shortcuts()
     try:
         yield
     finally:
@@ -336,6 +354,7 @@ def _tune_in_background(d: Decision, args: tuple) -> None:
         d.timings, d.passed = {v.name: entry.median_ms}, {}
         with _lock:
             _memo.pop(memo_key, None)
+            forget_shortcuts()
 
     background.submit(op, v, args, key.text(), done)
 
@@ -356,6 +375,7 @@ def call(op: Op, *args):
             with _lock:
                 if len(_memo) >= _MEMO_LIMIT:
                     _memo.clear()
+                    forget_shortcuts()
                 _memo[key] = d
     if _hooks.HOOKS:  # NVTX ranges, timeline(): only while someone listens
         return _hooks.run_hooked(d, _run, d, args)

@@ -9,6 +9,12 @@ other. A buffer is written again only after its copy's event has completed. The 
 waits for the copies (an event), so the result is safe to use on it at once; nothing waits on
 the host except for a free buffer.
 
+``fill_to_device`` takes parts instead of pieces: ``(rows, fill)`` where ``fill(dst)`` writes the
+part's values itself, on a pool thread. Each part gets a pinned buffer of its own (``threads + 1``
+in flight), so the host work that produces the values (Parquet decoding, ``parquet_read``) runs in
+parallel and writes once, into the memory the link reads; the copies are issued in part order as
+parts finish. On the CPU the parts write straight into the result.
+
 Without CUDA (or where pinning fails) the pieces are copied into one host tensor and moved with
 ``.to(device)``: the same result, no pinned memory (``pin_memory`` needs a CUDA driver).
 """
@@ -16,13 +22,19 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 SLOT_BYTES = 32 << 20  # per buffer: large enough to run the link at full speed, small enough to pin once
 SLOTS = 2
+PARTS_BYTES = 256 << 20  # pinned memory for the parts in flight of ``fill_to_device``, at most (but 2 parts)
+PART_BYTES_MAX = 64 << 20  # a larger part (one huge Parquet row group) goes through ``to_device``'s slots
+
+Part = tuple[int, Callable[[np.ndarray], None]]  # (rows, fill): fill(dst) writes the part's rows into dst
 
 
 def torch_dtype(np_dtype) -> torch.dtype:
@@ -56,6 +68,8 @@ class PinnedStaging:
         self.stream = torch.cuda.Stream(device)
         self.next = 0
         self.lock = threading.Lock()  # one user at a time: the buffers are shared
+        self.part_buffers: list[torch.Tensor] = []  # fill_parts' buffers, made on first use
+        self.part_events: list = []
 
     def copy(self, pieces: Iterable, n: int, dtype: torch.dtype) -> torch.Tensor:
         out = torch.empty(n, dtype=dtype, device=self.device)
@@ -84,6 +98,63 @@ class PinnedStaging:
                 raise ValueError(f"host_staging: the pieces hold {offset} values, expected {n}")
             caller.wait_stream(self.stream)
         return out
+
+    def _part_buffers(self, nbytes: int, depth: int) -> list[int]:
+        """Indices of ``depth`` part buffers of at least ``nbytes`` each (made or enlarged here)."""
+        for i in range(depth):
+            if i == len(self.part_buffers):
+                self.part_buffers.append(torch.empty(0, dtype=torch.uint8))
+                self.part_events.append(None)
+            if self.part_buffers[i].numel() < nbytes:
+                if self.part_events[i] is not None:
+                    self.part_events[i].synchronize()
+                self.part_buffers[i] = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
+                self.part_events[i] = None
+        return list(range(depth))
+
+    def fill_parts(self, parts: Sequence[Part], n: int, dtype: torch.dtype, threads: int) -> torch.Tensor:
+        out = torch.empty(n, dtype=dtype, device=self.device)
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        item = out.element_size()
+        largest = max((rows for rows, _ in parts), default=0) * item
+        depth = max(2, min(threads + 1, PARTS_BYTES // max(largest, 1)))
+        with self.lock, ThreadPoolExecutor(threads, thread_name_prefix="staging-fill") as pool:
+            free = deque(self._part_buffers(largest, depth))
+            running: deque = deque()  # (future, buffer index, offset, rows), in part order
+
+            def copy_oldest():
+                future, i, at, rows = running.popleft()
+                future.result()
+                with torch.cuda.stream(self.stream):
+                    out[at:at + rows].copy_(self.part_buffers[i][:rows * item].view(dtype), non_blocking=True)
+                    self.part_events[i] = torch.cuda.Event()
+                    self.part_events[i].record(self.stream)
+                free.append(i)
+
+            try:
+                offset = 0
+                for rows, fill in parts:
+                    if not free:
+                        copy_oldest()
+                    i = free.popleft()
+                    dst = self.part_buffers[i][:rows * item].view(dtype).numpy()
+                    running.append((pool.submit(_fill_after, self.part_events[i], fill, dst), i, offset, rows))
+                    offset += rows
+                while running:
+                    copy_oldest()
+            except BaseException:
+                for future, *_ in running:
+                    future.cancel()
+                raise
+            caller.wait_stream(self.stream)
+        return out
+
+
+def _fill_after(event, fill, dst: np.ndarray) -> None:
+    if event is not None:
+        event.synchronize()  # the link has finished reading this buffer's previous part
+    fill(dst)
 
 
 _STAGING: dict[torch.device, PinnedStaging | None] = {}
@@ -116,4 +187,32 @@ def to_device(pieces: Iterable, n: int, dtype: torch.dtype, device) -> torch.Ten
         offset += src.shape[0]
     if offset != n:
         raise ValueError(f"host_staging: the pieces hold {offset} values, expected {n}")
+    return out if device.type == "cpu" else out.to(device)
+
+
+def fill_to_device(parts: Sequence[Part], n: int, dtype: torch.dtype, device, threads: int) -> torch.Tensor:
+    """One 1-D tensor of ``n`` values of ``dtype`` on ``device`` from ``parts`` (in order, their rows
+    summing to ``n``), each filled by ``fill(dst)`` on one of ``threads`` threads; through pinned
+    part buffers on CUDA, straight into the result on the CPU."""
+    total = sum(rows for rows, _ in parts)
+    if total != n:
+        raise ValueError(f"host_staging: the parts hold {total} values, expected {n}")
+    device = torch.device(device)
+    staging = _staging(device) if device.type == "cuda" and torch.cuda.is_available() else None
+    if staging is not None:
+        return staging.fill_parts(parts, n, dtype, threads)
+    out = torch.empty(n, dtype=dtype)
+    dst = out.numpy()
+    with ThreadPoolExecutor(threads, thread_name_prefix="staging-fill") as pool:
+        futures, offset = [], 0
+        for rows, fill in parts:
+            futures.append(pool.submit(fill, dst[offset:offset + rows]))
+            offset += rows
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     return out if device.type == "cpu" else out.to(device)

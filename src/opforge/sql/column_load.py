@@ -4,7 +4,11 @@ Why: the general conversion (``Column.from_arrow``) combines the chunks, casts a
 with Arrow on the host, then makes a pageable copy: several host passes per column before the
 link sees a byte. Here each chunk's values buffer is read where it lies (a numpy view of Arrow
 memory: no Python per value, no cast on the host) and goes to the device through pinned staging
-(``host_staging``); the rest happens on the device after the copy:
+(``host_staging``); the rest happens on the device after the copy. A Parquet column
+(``parquet_read.RowGroups``) of a fixed-width type is decoded by the staging threads themselves, a
+row group each, in small batches written straight into the pinned buffer the link reads
+(``host_staging.fill_to_device``): decoding, the gather and the copies overlap, and no row group is
+ever materialized whole on the host.
 
 * integers and floats narrower than their storage type are widened there;
 * DECIMAL(p <= 18) arrives as the low 64-bit word of each 128-bit value (exact: |v| < 10^18 < 2^63),
@@ -13,7 +17,10 @@ memory: no Python per value, no cast on the host) and goes to the device through
   of the first non-NULL row);
 * strings: the codes of Arrow dictionary arrays (Parquet's dictionary pages, ``parquet_read``) are
   copied, the words that occur are found by one scatter, and the codes are mapped to the sorted
-  dictionary's ranks by one gather; only the distinct words are touched on the host.
+  dictionary's ranks by one gather; only the distinct words are touched on the host. From Parquet
+  the codes are numbered across the row groups' dictionaries while staged
+  (``_dictionary_row_groups``); a column of mostly distinct strings (past the writer's fallback to
+  plain pages) is read plain and ranked on a GPU by a radix sort of its bytes (``string_sort``).
 
 Types without such a path (BOOL from Arrow's bit-packing is one here; other Arrow types that
 ``types.from_arrow`` maps) go through ``Column.from_arrow``, unchanged. Results equal the general
@@ -22,6 +29,7 @@ conversion bit for bit (``tests/sql/test_column_load.py``); statistics are not c
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -31,7 +39,11 @@ import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
-from opforge.runtime.host_staging import to_device, torch_dtype, values_view
+from opforge.sql.errors import SqlError
+from opforge.sql.parquet_read import RowGroups
+from opforge.sql.string_sort import sorted_ranks
+from opforge.runtime import host_staging
+from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype, values_view
 
 # Arrow type -> the numpy dtype its values buffer is read as (the type moved over the link)
 _FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
@@ -87,11 +99,20 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     for strings) ``chunks`` yields, on ``device``."""
     typ = T.from_arrow(arrow_type, name)
     if is_string(arrow_type):
+        if isinstance(chunks, RowGroups) and chunks.read_dictionary:
+            if not chunks.mostly_distinct():
+                if _stageable(chunks, np.int32):
+                    return _dictionary_row_groups(chunks, n, typ, device, name)
+                return _strings(list(chunks), n, typ, device, name)
+            if sorts_strings_on(torch.device(device)):  # plain pages: no dictionary rebuilt past the fallback
+                return _distinct_strings(list(chunks.plain()), n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
     wire = _wire_dtype(arrow_type)
     if wire is None:
         chunks = list(chunks)
         return Column.from_arrow(pa.chunked_array(chunks, None if chunks else arrow_type), device, name)
+    if isinstance(chunks, RowGroups) and _stageable(chunks, wire):
+        return _fixed_row_groups(chunks, n, arrow_type, wire, typ, device)
     validity = _Validity()
 
     def pieces():
@@ -107,6 +128,143 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
     if valid is not None:
         values.masked_fill_(~valid, 0)
     return Column(values, valid, typ)
+
+
+def _stageable(groups: RowGroups, wire) -> bool:
+    """Whether each row group of ``groups`` fits one staging part (``host_staging.PART_BYTES_MAX``)."""
+    return groups.largest() * np.dtype(wire).itemsize <= host_staging.PART_BYTES_MAX
+
+
+def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, typ: T.SqlType,
+                      device) -> Column:
+    """A fixed-width Parquet column through ``_stage_row_groups``."""
+    def values_of(chunk: pa.Array) -> np.ndarray:
+        if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
+            chunk = chunk.cast(arrow_type)
+        return _values(chunk, wire)
+
+    values, valid = _stage_row_groups(groups, n, wire, values_of, device)
+    values = values.to(typ.torch_dtype)
+    if valid is not None:
+        values.masked_fill_(~valid, 0)
+    return Column(values, valid, typ)
+
+
+def _stage_row_groups(groups: RowGroups, n: int, wire, values_of, device, seen=None):
+    """The values (``wire`` dtype) of a Parquet column on ``device``, and its validity (None: no
+    NULLs): each row group decoded in batches by one of the staging threads, ``values_of(batch)``
+    written straight into its staging buffer (``host_staging.fill_to_device``); ``seen(row, batch)``
+    is told of each batch. The validity is gathered into one host mask, made at the first NULL."""
+    parts = groups.parts()
+    starts = np.cumsum([0] + [rows for rows, _ in parts])
+    valid: list[np.ndarray] = []  # the host mask, once a NULL is seen
+    lock = threading.Lock()
+
+    def filler(start: int, rows: int, batches):
+        def fill(dst: np.ndarray) -> None:
+            at = 0
+            for chunk in batches():
+                k = len(chunk)
+                if at + k > rows:
+                    break
+                np.copyto(dst[at:at + k], values_of(chunk))
+                if seen is not None:
+                    seen(start + at, chunk)
+                if chunk.null_count:
+                    with lock:
+                        if not valid:
+                            valid.append(np.ones(n, dtype=bool))
+                    valid[0][start + at:start + at + k] = chunk.is_valid().to_numpy(zero_copy_only=False)
+                at += k
+            if at != rows:
+                raise SqlError(f"reading column {groups.name!r} of {groups.path!r}: a row group holds a number "
+                               f"of rows other than its metadata's {rows}")
+        return fill
+
+    values = fill_to_device([(rows, filler(int(start), rows, batches)) for (rows, batches), start
+                             in zip(parts, starts)], n, torch_dtype(wire), device, groups.threads)
+    return values, (to_device(valid, n, torch.bool, device) if valid else None)
+
+
+class _NullWord(Exception):
+    """A dictionary holding a NULL word: the column goes the general way."""
+
+
+def _dictionary_row_groups(groups: RowGroups, n: int, typ: T.SqlType, device, name: str) -> Column:
+    """A string column read as Parquet's dictionaries through ``_stage_row_groups``. Each distinct
+    dictionary (one a row group, shared by its batches) has its words numbered in one table shared
+    by the staging threads, once (Python per distinct word, not per row); each batch's codes are
+    mapped through that numbering by a numpy gather while the batch is in cache, so the device gets
+    the table's ids and ranks them (``_ranked``)."""
+    table: dict[str, int] = {}  # word -> id
+    remaps: dict[tuple, tuple[pa.Array, np.ndarray]] = {}  # the dictionary kept alive: its buffers key it
+    lock = threading.Lock()
+
+    def remap(d: pa.Array) -> np.ndarray:
+        key = (len(d), d.offset, *(b.address if b is not None else 0 for b in d.buffers()))
+        hit = remaps.get(key)
+        if hit is None:
+            with lock:
+                hit = remaps.get(key)
+                if hit is None:
+                    if d.null_count:
+                        raise _NullWord
+                    words = d.cast(pa.string()).to_pylist()
+                    hit = remaps[key] = (d, np.fromiter((table.setdefault(w, len(table)) for w in words),
+                                                        dtype=np.int32, count=len(words)))
+        return hit[1]
+
+    def values_of(chunk: pa.Array) -> np.ndarray:
+        ids = remap(chunk.dictionary)
+        if len(ids) == 0:  # no words: every row is NULL
+            return np.zeros(len(chunk), dtype=np.int32)
+        indices = chunk.indices
+        # the code under a NULL is whatever the buffer held: clipped here, masked on the device
+        return np.take(ids, values_view(indices, indices.type.to_pandas_dtype()), mode="clip")
+
+    try:
+        ids, valid = _stage_row_groups(groups, n, np.int32, values_of, device)
+    except _NullWord:
+        return _strings(list(groups), n, typ, device, name)
+    idx = ids.long()
+    if valid is not None:
+        idx.masked_fill_(~valid, 0)
+    return _ranked(idx, valid, pa.array(list(table), pa.string()), n, typ, device)
+
+
+def sorts_strings_on(device: torch.device) -> bool:
+    """Whether mostly distinct strings are ranked by ``string_sort`` on ``device``: on a GPU (a few
+    ms for millions of words); a CPU runs a dozen sorting passes slower than Arrow's hash and sort."""
+    return device.type == "cuda"
+
+
+def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
+    """A column of mostly distinct strings: its bytes go to the device and are ranked there by a
+    radix sort (``string_sort``), instead of hashing and sorting millions of words on one host
+    thread; only the distinct words, in order, come back for the host dictionary."""
+    strings = pa.chunked_array(chunks, None if chunks else pa.large_string()).cast(pa.large_string())
+    strings = strings.combine_chunks() if strings.num_chunks != 1 else strings.chunk(0)
+    if strings.null_count == len(strings):  # no words (or no rows): the general conversion
+        return Column.from_arrow(strings, device, name)
+    valid = None
+    if strings.null_count:
+        valid = to_device([strings.is_valid().to_numpy(zero_copy_only=False)], n, torch.bool, device)
+        strings = strings.drop_null()
+    m = len(strings)
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64, count=strings.offset + m + 1)[strings.offset:]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(strings.buffers()[2], dtype=np.uint8, count=hi)[lo:] if hi > lo else np.zeros(0, np.uint8)
+    ranks, firsts = sorted_ranks(to_device([offsets - lo], m + 1, torch.int64, device),
+                                 to_device([data], hi - lo, torch.uint8, device))
+    if valid is None:
+        codes = ranks
+    else:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
+        codes = ranks[:1].expand(n).clone()
+        codes[valid] = ranks
+    ordered = strings.take(pa.array(firsts.cpu().numpy())).cast(pa.string())
+    words = tuple(ordered.to_pylist())
+    arrow_dictionary(words, ordered)
+    return Column(codes, valid, typ, words)
 
 
 def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
@@ -133,6 +291,13 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
     valid = validity.to_device(n, device)
     if valid is not None:
         idx.masked_fill_(~valid, 0)
+    return _ranked(idx, valid, dictionary, n, typ, device)
+
+
+def _ranked(idx: torch.Tensor, valid: torch.Tensor | None, dictionary: pa.Array, n: int, typ: T.SqlType,
+            device) -> Column:
+    """The column whose rows hold ``dictionary[idx]`` (int64 on the device; 0 under NULLs): the
+    words that occur, sorted, and each row's rank among them."""
     size = len(dictionary)
     if size == 0:
         return Column(torch.zeros(n, dtype=torch.int32, device=device), valid, typ, ())
