@@ -410,6 +410,8 @@ class Cluster:
         info = self.tables.get(meta.table)
         if info is None or len(meta.sub) >= R.MAX_SPLIT_BITS or meta.rows < 2:
             return 0
+        if meta.table.startswith("stream/"):  # a stream job's key-group range: its subtask owns the range whole
+            return 0
         with self.pd.service.lock:  # new peer ids from the driver's allocator (PD's AskBatchSplit)
             peer_ids = {p["id"]: self.pd.driver.ids() for p in meta.peers}
         left = R.RegionMeta(**{**meta.to_json(), "sub": meta.sub + "0", "version": meta.version + 1,
