@@ -22,6 +22,7 @@ from sqlglot import exp
 
 from opforge.sql.database import Change, Database
 
+from opforge.sql.schemas import check_schema, qualified_name
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 
 
@@ -227,9 +228,7 @@ def table_name(target: exp.Expression) -> str:
         target = target.this
     if not isinstance(target, exp.Table):
         raise NotSupportedError(f"DDL target {target.sql()}")
-    if target.args.get("db") is not None:
-        raise NotSupportedError(f"qualified table name {target.sql()}")
-    return target.name.lower()
+    return qualified_name(target)
 
 
 def schema_of(schema: exp.Schema) -> tuple[pa.Schema, MemoryTable]:
@@ -284,6 +283,7 @@ class MemoryCatalog:
 
     def create(self, tree: exp.Create) -> str:
         name = table_name(tree.this)
+        check_schema(self.con.schemas, name, "CREATE TABLE")
         if self._exists(name):
             if tree.args.get("exists"):
                 return f"table {name} exists"

@@ -13,6 +13,7 @@ from sqlglot.dialects.dialect import Dialect
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.schemas import qualified_name, schema_of
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
 from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
 from opforge.sql.frontend.output_names import output_name
@@ -198,9 +199,7 @@ class Binder:
     def _relation(self, t: exp.Expression, parent: Scope | None) -> tuple[P.Node, list[ScopeCol]]:
         alias = t.alias_or_name
         if isinstance(t, exp.Table):
-            if t.args.get("db") is not None:
-                raise NotSupportedError(f"qualified table name {t.sql()}")
-            name = t.name.lower()
+            name = qualified_name(t)
             for depth in range(len(self.ctes) - 1, -1, -1):
                 frame = self.ctes[depth]
                 if name in frame:
@@ -214,7 +213,8 @@ class Binder:
                 raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
             table = self.catalog.tables[tables[name]]
             outs = [self.new_col(n, typ) for n, typ in zip(table.names, table.types)]  # loads no column
-            return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
+            schema = schema_of(name) if t.args.get("alias") is None else ""
+            return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type, schema=schema) for o in outs]
         if isinstance(t, exp.Subquery):
             return self._derived(t.this, alias, t, [])
         if isinstance(t, exp.Values):

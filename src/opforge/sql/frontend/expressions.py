@@ -145,7 +145,8 @@ class ExprBinder:
     def _Column(self, node):
         if isinstance(node.this, exp.Star):
             raise SqlError(f"{node.sql()} is only allowed in the select list")
-        ref = self.scope.resolve(node.name, node.table or None)
+        db = node.args.get("db")
+        ref = self.scope.resolve(node.name, node.table or None, db.name if db is not None else None)
         if self.agg_mode:
             if ref.cid in self.key_cids:
                 return self.key_cids[ref.cid]
