@@ -22,6 +22,7 @@ from sqlglot import exp
 
 from opforge.sql.database import Change, Database
 
+from opforge.sql import types as T
 from opforge.sql.schemas import check_schema, qualified_name
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 
@@ -54,6 +55,9 @@ def arrow_type(dt: exp.DataType, column: str) -> pa.DataType:
             raise NotSupportedError(f"column {column}: DECIMAL({precision},{scale}) wider than 18 digits "
                                     "(decimals are stored as scaled int64)")
         return pa.decimal128(precision, scale)
+    if dt.this in (_T.ARRAY, _T.LIST, _T.STRUCT) and dt.expressions:  # LIST / STRUCT (sql/nested.py)
+        from opforge.sql.frontend.expressions import sql_type
+        return T.to_arrow(sql_type(dt))
     if dt.this not in _ARROW:
         raise NotSupportedError(f"column {column}: type {dt.sql(dialect='duckdb')}")
     return _ARROW[dt.this]
@@ -205,6 +209,11 @@ def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     elif pa.types.is_timestamp(typ):
         def fn(v, _):
             return _to_timestamp(v)
+    elif pa.types.is_list(typ) or pa.types.is_struct(typ):
+        def fn(v, _):
+            if not isinstance(v, (list, dict)):
+                raise TypeError
+            return v
     else:
         raise NotSupportedError(f"column {column}: Arrow type {typ}")
     out = []

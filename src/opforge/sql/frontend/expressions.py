@@ -10,6 +10,7 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
+from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
@@ -34,6 +35,10 @@ def sql_type(dt: exp.DataType) -> T.SqlType:
         return T.timestamp(6)
     if t == D.TIMESTAMPTZ:
         return T.timestamp(6, "UTC")
+    if t in (D.ARRAY, D.LIST) and dt.expressions:
+        return T.list_of(sql_type(dt.expressions[0]))
+    if t == D.STRUCT and dt.expressions:
+        return T.struct_of((f.name, sql_type(f.args["kind"])) for f in dt.expressions)
     if t == D.DECIMAL:
         params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
         p = params[0] if params else 18
@@ -82,6 +87,10 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
         return T.INT32
     out = types[0]
     for t in types[1:]:
+        if out.kind in T.NESTED or t.kind in T.NESTED:
+            if out != t:
+                raise SqlError(f"{where}: incompatible types {out} and {t}")
+            continue
         if out.kind in ("STRING", "DATE", "TIMESTAMP") or t.kind in ("STRING", "DATE", "TIMESTAMP"):
             if out.kind != t.kind:
                 raise SqlError(f"{where}: incompatible types {out} and {t}")
@@ -130,6 +139,8 @@ class ExprBinder:
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
             call = bind_string_call(self, node)
+            if call is None:
+                call = bind_nested_call(self, node)
             if call is not None:
                 return call
             raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
@@ -145,8 +156,16 @@ class ExprBinder:
     def _Column(self, node):
         if isinstance(node.this, exp.Star):
             raise SqlError(f"{node.sql()} is only allowed in the select list")
-        db = node.args.get("db")
-        ref = self.scope.resolve(node.name, node.table or None, db.name if db is not None else None)
+        db, catalog = node.args.get("db"), node.args.get("catalog")
+        try:
+            if catalog is not None and catalog.name.lower() not in ("memory", "main", "temp"):
+                raise SqlError(f"unknown catalog {catalog.name!r} in column {node.sql()}")
+            ref = self.scope.resolve(node.name, node.table or None, db.name if db is not None else None)
+        except SqlError:
+            hit = column_field(self, node) if node.table else None  # s.a: a STRUCT's field
+            if hit is None:
+                raise
+            return hit
         if self.agg_mode:
             if ref.cid in self.key_cids:
                 return self.key_cids[ref.cid]
@@ -366,6 +385,9 @@ class ExprBinder:
         return self._string_unary(node, "lower", T.STRING)
 
     def _Length(self, node):
+        x = self.bind(node.this)
+        if x.type.kind == "LIST":
+            return list_length(x)
         return self._string_unary(node, "length", T.INT64)
 
     def _Trim(self, node):

@@ -74,7 +74,8 @@ def bind_like(binder, node: exp.Expression, escape: exp.Expression | None) -> Ex
 def _regexp_extract(binder, node: exp.RegexpExtract) -> Expr:
     group = node.args.get("group")
     if isinstance(group, exp.Array):
-        raise SqlError("regexp_extract with a list of group names returns a STRUCT, which is not supported")
+        from opforge.sql.frontend.nested_calls import regexp_extract_struct
+        return regexp_extract_struct(binder, node)
     nodes = [node.this, node.expression] + ([group] if group is not None else [])
     if node.args.get("parameters") is not None:
         nodes += [node.args["parameters"]] if group is not None else [exp.Literal.number(0), node.args["parameters"]]

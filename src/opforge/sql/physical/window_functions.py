@@ -139,14 +139,14 @@ def _ranking(func: str, args: list[Column], L: Layout) -> Column:
 
 def _choose(take: torch.Tensor, a: Column, b: Column, typ: T.SqlType) -> Column:
     """``a`` where ``take``, else ``b`` (both cast to ``typ``)."""
-    if typ.kind == "STRING":
+    if T.is_coded(typ):
         a, b = unify_strings([a, b])
         va, vb = a.values, b.values
     else:
         va, vb = cast_values(a, typ), cast_values(b, typ)
     valid = torch.where(take, a.valid_mask(), b.valid_mask())
     return Column(torch.where(take, va, vb), None if bool(valid.all()) else valid, typ,
-                  a.dictionary if typ.kind == "STRING" else None)
+                  a.dictionary if T.is_coded(typ) else None)
 
 
 def _nth_valid(x: Column, j: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,256 @@
+"""Binding of LIST and STRUCT expressions (``sql/nested.py`` has the columns): list literals
+``[1, 2]`` / ``list_value``, struct literals ``{'a': 1}`` / ``struct_pack``, ``l[i]``, ``s.a`` /
+``s['a']``, ``len`` / ``array_length``, ``regexp_extract_all`` and ``regexp_extract`` with group
+names. A constant stays a literal (folded here: DuckDB's tests are full of them); the others are
+functions evaluated in ``expr/nested_functions.py``."""
+from __future__ import annotations
+
+from sqlglot import exp
+
+from opforge.sql import nested
+from opforge.sql import types as T
+from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.expr.tree import Expr, Func, Lit
+
+
+def _is_null(e: Expr) -> bool:
+    return isinstance(e, Lit) and e.value is None
+
+
+def element_type(items: list[Expr], where: str) -> T.SqlType:
+    from opforge.sql.frontend.expressions import _common
+
+    types = [e.type for e in items if not _is_null(e)]
+    if not types:
+        return T.INT32
+    if any(t.kind in T.NESTED for t in types):
+        if any(t != types[0] for t in types):
+            raise SqlError(f"{where}: elements of different types {', '.join(sorted({str(t) for t in types}))}")
+        return types[0]
+    return _common(types, where)
+
+
+def _cast(e: Expr, to: T.SqlType) -> Expr:
+    if _is_null(e):
+        return Lit(None, to)
+    if e.type == to:
+        return e
+    if isinstance(e, Lit):
+        return Lit(nested.coerce(nested.python_literal(e.value, e.type), to), to)
+    if to.kind in T.NESTED or e.type.kind in T.NESTED or to.kind == "STRING" or e.type.kind == "STRING":
+        raise SqlError(f"cannot convert {e.type} to {to}")
+    return Func("cast", [e], to)
+
+
+def list_value(items: list[Expr]) -> Expr:
+    t = element_type(items, "list")
+    items = [_cast(e, t) for e in items]
+    out = T.list_of(t)
+    if all(isinstance(e, Lit) for e in items):
+        return Lit([nested.python_literal(e.value, e.type) for e in items], out)
+    return Func("list_value", items, out)
+
+
+def struct_pack(names: list[str], items: list[Expr]) -> Expr:
+    if len({n.lower() for n in names}) != len(names):
+        raise SqlError(f"struct: duplicate field names {names}")
+    out = T.struct_of(zip(names, [T.INT32 if _is_null(e) else e.type for e in items]))
+    if all(isinstance(e, Lit) for e in items):
+        return Lit({n: nested.python_literal(e.value, e.type) for n, e in zip(names, items)}, out)
+    return Func("struct_pack", items, out, tuple(names))
+
+
+def field(x: Expr, name: str) -> Expr:
+    """``s.name`` / ``s['name']``: the field of a STRUCT (names match case-insensitively)."""
+    if x.type.kind != "STRUCT":
+        raise SqlError(f"cannot extract field {name!r} from a value of type {x.type}")
+    for n, t in x.type.fields:
+        if n.lower() == name.lower():
+            if isinstance(x, Lit):
+                return Lit(None if x.value is None else _storage(x.value.get(n), t), t)
+            return Func("struct_extract", [x], t, n)
+    raise SqlError(f"Binder Error: could not find key {name!r} in struct {x.type}")
+
+
+def _storage(value, typ: T.SqlType):
+    """A Python value inside a nested literal as a scalar literal's value (DATE: days)."""
+    if value is None:
+        return None
+    if typ.kind == "DATE":
+        return (value - __import__("datetime").date(1970, 1, 1)).days
+    if typ.kind == "TIMESTAMP":
+        from opforge.sql.column import timestamp_value
+        return timestamp_value(value, typ)
+    return value
+
+
+def element(x: Expr, index: Expr) -> Expr:
+    """``l[i]``: 1-based; a negative index counts from the end; 0 or out of range is NULL (DuckDB)."""
+    if x.type.kind == "STRUCT":
+        if not (isinstance(index, Lit) and index.type.kind == "STRING"):
+            raise SqlError("a STRUCT is indexed by a constant field name: s['a']")
+        return field(x, index.value)
+    if x.type.kind == "STRING":
+        raise NotSupportedError("indexing a string: s[i] (use substring)")
+    if x.type.kind != "LIST":
+        raise SqlError(f"cannot index a value of type {x.type}")
+    if not index.type.is_integer and not _is_null(index):
+        raise SqlError(f"a list index must be an integer, got {index.type}")
+    t = x.type.fields[0][1]
+    if isinstance(x, Lit) and isinstance(index, Lit):
+        return Lit(_storage(list_element(x.value, index.value), t), t)
+    return Func("list_extract", [x, index], t)
+
+
+def list_element(values, i):
+    if values is None or i is None:
+        return None
+    if i > 0:
+        return values[i - 1] if i <= len(values) else None
+    if i < 0:
+        return values[i] if -i <= len(values) else None
+    return None
+
+
+def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
+    """The bound expression when ``node`` is a nested-type expression, else None."""
+    if isinstance(node, exp.Array):
+        if node.expressions and isinstance(node.expressions[0], (exp.Select, exp.Subquery, exp.Union)):
+            raise NotSupportedError(f"ARRAY(subquery): {node.sql(dialect='duckdb')}")
+        return list_value([binder.bind(e) for e in node.expressions])
+    if isinstance(node, exp.Struct):
+        names, items = [], []
+        for i, e in enumerate(node.expressions):
+            if isinstance(e, (exp.PropertyEQ, exp.Slice)) and e.this is not None:
+                key = e.this
+                names.append(key.this if isinstance(key, exp.Literal) else key.name)
+                items.append(binder.bind(e.expression))
+            elif isinstance(e, exp.Alias):
+                names.append(e.alias)
+                items.append(binder.bind(e.this))
+            elif isinstance(e, exp.Column):
+                names.append(e.name)
+                items.append(binder.bind(e))
+            else:
+                names.append(f"v{i + 1}")
+                items.append(binder.bind(e))
+        return struct_pack(names, items)
+    if isinstance(node, exp.Bracket):
+        if len(node.expressions) != 1 or isinstance(node.expressions[0], exp.Slice):
+            raise NotSupportedError(f"list slices: {node.sql(dialect='duckdb')}")
+        x = binder.bind(node.this)
+        idx = binder.bind(node.expressions[0])
+        raw = node.expressions[0]
+        literal = isinstance(raw, exp.Literal) or (isinstance(raw, exp.Neg) and isinstance(raw.this, exp.Literal))
+        if x.type.kind == "LIST" and literal and isinstance(idx, Lit) and idx.value is not None:
+            idx = Lit(idx.value + 1, idx.type)  # sqlglot keeps a literal index 0-based (DuckDB's l[1] reads l[0])
+        return element(x, idx)
+    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Identifier):
+        return field(binder.bind(node.this), node.expression.name)
+    if isinstance(node, (exp.ArraySize,)):
+        return length(binder.bind(node.this))
+    if isinstance(node, exp.RegexpExtractAll):
+        return regexp_extract_all(binder, node)
+    if isinstance(node, exp.Explode):
+        raise NotSupportedError(f"UNNEST of a list that is not a constant: {node.sql(dialect='duckdb')}")
+    if isinstance(node, exp.Anonymous):
+        name = node.name.lower()
+        args = node.expressions
+        if name in ("list_value", "list_pack"):
+            return list_value([binder.bind(a) for a in args])
+        if name in ("list_extract", "list_element", "array_extract") and len(args) == 2:
+            return element(binder.bind(args[0]), binder.bind(args[1]))
+        if name == "struct_extract" and len(args) == 2:
+            key = binder.bind(args[1])
+            if not (isinstance(key, Lit) and key.type.kind == "STRING"):
+                raise SqlError("struct_extract: the field name must be a constant string")
+            return field(binder.bind(args[0]), key.value)
+        if name in ("len", "array_length", "list_length") and len(args) == 1:
+            return length(binder.bind(args[0]))
+    return None
+
+
+def length(x: Expr) -> Expr:
+    if x.type.kind != "LIST":
+        raise SqlError(f"len / array_length: expected a list, got {x.type}")
+    if isinstance(x, Lit):
+        return Lit(None if x.value is None else len(x.value), T.INT64)
+    return Func("list_len", [x], T.INT64)
+
+
+def _names(e: Expr, where: str) -> tuple[str, ...]:
+    if not (isinstance(e, Lit) and e.type.kind == "LIST" and e.value is not None
+            and e.type.fields[0][1].kind in ("STRING", "INT32")):
+        raise SqlError(f"{where}: the group names must be a constant list of strings")
+    names = tuple(e.value)
+    if not names:
+        raise SqlError(f"{where}: the group name list must be non-empty")
+    if any(not isinstance(n, str) for n in names):
+        raise SqlError(f"{where}: NULL group name (the group names must be strings)")
+    if len({n.lower() for n in names}) != len(names):
+        raise SqlError(f"{where}: duplicate group names {list(names)}")
+    return names
+
+
+def regexp_extract_all(binder, node: exp.RegexpExtractAll) -> Expr:
+    """regexp_extract_all(s, pattern [, group | [names]] [, options]): every match's group as a
+    list of strings, or with a list of group names a list of STRUCTs (one field per name)."""
+    s, pattern = binder.bind(node.this), binder.bind(node.expression)
+    group = binder.bind(node.args["group"]) if node.args.get("group") is not None else Lit(0, T.INT32)
+    options = binder.bind(node.args["parameters"]) if node.args.get("parameters") is not None else Lit("", T.STRING)
+    if _is_null(pattern):
+        raise SqlError("regexp_extract_all: the pattern must not be NULL")
+    for e, what in ((s, "string"), (pattern, "pattern")):
+        if e.type.kind != "STRING" and not _is_null(e):
+            raise SqlError(f"regexp_extract_all: expected a string {what}, got {e.type}")
+    if not isinstance(options, Lit) or options.type.kind != "STRING":
+        raise SqlError("regexp_extract_all: the options must be a constant string")
+    if group.type.kind == "LIST":
+        names = _names(group, "regexp_extract_all")
+        out = T.list_of(T.struct_of((n, T.STRING) for n in names))
+        extra = ("names", names, options.value or "")
+    else:
+        if not (isinstance(group, Lit) and group.type.is_integer):
+            raise SqlError("regexp_extract_all: the group must be a constant integer")
+        out = T.list_of(T.STRING)
+        extra = ("group", group.value, options.value or "")
+    if _is_null(s):
+        return Lit(None, out)
+    return Func("regexp_extract_all", [s, pattern], out, extra)
+
+
+def regexp_extract_struct(binder, node: exp.RegexpExtract) -> Expr:
+    """regexp_extract(s, pattern, [names] [, options]): the first match's groups as a STRUCT."""
+    s, pattern = binder.bind(node.this), binder.bind(node.expression)
+    if not (isinstance(pattern, Lit) and pattern.value is not None):
+        raise SqlError("regexp_extract with group names needs a constant pattern")
+    names = _names(binder.bind(node.args["group"]), "regexp_extract")
+    options = binder.bind(node.args["parameters"]) if node.args.get("parameters") is not None else Lit("", T.STRING)
+    if not isinstance(options, Lit) or options.type.kind != "STRING":
+        raise SqlError("regexp_extract: the options must be a constant string")
+    out = T.struct_of((n, T.STRING) for n in names)
+    if _is_null(s):
+        return Lit(None, out)
+    return Func("regexp_extract_struct", [s, pattern], out, (names, options.value or ""))
+
+
+def column_field(binder, node: exp.Column) -> Expr | None:
+    """``s.a`` / ``t.s.a`` / ``sch.t.s.a`` written as a column reference: the column named by the
+    qualifier with the field after it (DuckDB tries the table qualification first: the caller
+    calls this only when that failed). None when no prefix names a column."""
+    parts = [p.name for p in node.parts]  # catalog, db, table, column: the ones given
+    for split in range(len(parts) - 1, 0, -1):
+        head, fields = parts[:split], parts[split:]
+        name, qualifiers = head[-1], head[:-1]
+        relation = qualifiers[-1] if qualifiers else None
+        schema = qualifiers[-2] if len(qualifiers) > 1 else None
+        try:
+            x = binder.scope.resolve(name, relation, schema)
+        except SqlError:
+            continue
+        if binder.agg_mode and x.cid in binder.key_cids:
+            x = binder.key_cids[x.cid]
+        for f in fields:
+            x = field(x, f)
+        return x
+    return None
