@@ -23,6 +23,7 @@ from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
 from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
 from opforge.sql.frontend.star import expand_star
+from opforge.sql.frontend.unnest import from_unnest, select_unnests
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import SPREAD_FUNCS, result_type
 
@@ -219,6 +220,8 @@ class Binder:
             return self._derived(t.this, alias, t, [])
         if isinstance(t, exp.Values):
             return self._values(t, alias or "valueslist")
+        if isinstance(t, exp.Unnest):
+            return from_unnest(self, t, alias)
         raise NotSupportedError(f"FROM item {type(t).__name__}: {t.sql(dialect='duckdb')}")
 
     def _values(self, t: exp.Values, alias: str):
@@ -509,6 +512,7 @@ class Binder:
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
+        q, node = select_unnests(self, q, node, scope)
         sets = grouping_sets(group)
         if sets is not None:
             return self._grouping_sets(q, node, scope, sets, distinct is not None), scope
