@@ -173,6 +173,21 @@ class ExprBinder:
                 raise SqlError(f"column {node.sql()!r} must appear in the GROUP BY clause or be used in an aggregate")
         return ref
 
+    def _PositionalColumn(self, node):
+        """``#n``: the n-th column of the FROM clause (DuckDB's positional reference)."""
+        cols = [c for c in self.scope.cols if not c.hidden]
+        n = int(node.this.this) if isinstance(node.this, exp.Literal) and not node.this.is_string else 0
+        if not 1 <= n <= len(cols):
+            raise SqlError(f"Binder Error: positional reference {node.sql()} out of range (the FROM clause has "
+                           f"{len(cols)} columns)")
+        c = cols[n - 1]
+        ref = Ref(c.cid, c.type, c.name)
+        if self.agg_mode:
+            if ref.cid in self.key_cids:
+                return self.key_cids[ref.cid]
+            raise SqlError(f"column {node.sql()!r} must appear in the GROUP BY clause or be used in an aggregate")
+        return ref
+
     def _Literal(self, node):
         if node.is_string:
             return Lit(node.this, T.STRING)
