@@ -10,6 +10,8 @@ SETUP = [
     "CREATE TABLE t(a INTEGER, l INTEGER[], s STRUCT(x INTEGER, y VARCHAR))",
     "INSERT INTO t VALUES (1, [1, 2, 3], {'x': 1, 'y': 'a'}), (2, [], {'x': 2, 'y': NULL}), "
     "(3, NULL, NULL), (4, [4, NULL], {'x': NULL, 'y': 'b'}), (5, [1, 2, 3], {'x': 1, 'y': 'a'})",
+    "CREATE TABLE u(l INTEGER[])",
+    "INSERT INTO u VALUES ([4, NULL]), ([9]), ([1, 2, 3])",  # other distinct lists: other codes
 ]
 
 
@@ -31,6 +33,8 @@ QUERIES = [
     "SELECT a FROM t WHERE l = [1, 2, 3] ORDER BY a",
     "SELECT a, UNNEST(l) AS u FROM t ORDER BY a, u",  # rows multiply; NULL and empty lists give none
     "SELECT a, UNNEST(l) AS u, UNNEST([a, a + 1]) AS v FROM t ORDER BY a, u, v",  # zipped, padded
+    "SELECT t.a, u.l FROM t JOIN u ON t.l = u.l ORDER BY t.a",  # keys of two dictionaries
+    "SELECT l FROM t INTERSECT SELECT l FROM u ORDER BY l",
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",
