@@ -209,6 +209,7 @@ class Connection:
         self._table_stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
         self.schemas: set[str] = {schemas.MAIN}  # CREATE SCHEMA (sql/schemas.py)
+        self.prepared: dict[str, str] = {}  # PREPARE name AS ... (sql/prepared.py)
         self._cids = itertools.count()
         self._memory_catalog: MemoryCatalog | None = None
         self._settings_now: Settings | None = None
@@ -341,6 +342,11 @@ class Connection:
         ``params``: values for its ``?`` / ``$n`` placeholders (``sql/parameters.py``)."""
         if self.database is not None and not self._nested:
             self._memory.sync()  # a statement's inner queries see the tables it started with
+        if params is None and text.lstrip()[:1].upper() in ("P", "E", "D"):
+            from opforge.sql import prepared
+            done = prepared.run(self, text)  # PREPARE / EXECUTE / DEALLOCATE
+            if done is not None:
+                return done
         m = _EXPLAIN.match(text)
         if m:
             inner = self.sql(m.group(2), params)
