@@ -35,6 +35,8 @@ QUERIES = [
     "SELECT a, UNNEST(l) AS u, UNNEST([a, a + 1]) AS v FROM t ORDER BY a, u, v",  # zipped, padded
     "SELECT t.a, u.l FROM t JOIN u ON t.l = u.l ORDER BY t.a",  # keys of two dictionaries
     "SELECT l FROM t INTERSECT SELECT l FROM u ORDER BY l",
+    "SELECT a, [1] || [2], [1] || NULL, list_concat([1], NULL, [2, 3]), l || [9], l || l FROM t ORDER BY a",
+    "SELECT a, CAST(l AS VARCHAR), s::VARCHAR, l::VARCHAR || '!' FROM t ORDER BY a",  # DuckDB's text
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",
@@ -66,6 +68,13 @@ def test_nested_arrow_round_trip():
     "SELECT [1, 2] = 1",
     "SELECT {'a': 1}.b",
     "SELECT UNNEST(1)",
+    "SELECT concat([1], 'hello')",
+    "SELECT [1] || 'x'",
+    "SELECT -[1]",
+    "SELECT abs([1])",
+    "SELECT CAST([1] AS INTEGER)",
+    "SELECT concat_ws(',', [1, 2])",
+    "SELECT list_concat([1, 2], ['3', '4'])",
 ])
 def test_nested_errors(bad):
     with pytest.raises(sql.SqlError):

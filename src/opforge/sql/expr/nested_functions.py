@@ -83,7 +83,16 @@ def _list_extract(e, cols, batch):
     return nested.per_row(cols, list_element, e.type, batch.device, batch.n)
 
 
+def _list_concat(e, cols, batch):
+    def run(*lists):
+        if e.extra and any(v is None for v in lists):
+            return None
+        return [x for v in lists if v is not None for x in v]
+    return nested.per_row(cols, run, e.type, batch.device, batch.n)
+
+
 FUNCS.update({
+    "list_concat": _list_concat,
     "regexp_extract_all": _extract_all, "regexp_extract_struct": _extract_struct, "list_value": _list_value,
     "struct_pack": _struct_pack, "struct_extract": _struct_extract, "list_len": _list_len,
     "list_extract": _list_extract,

@@ -10,7 +10,7 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
-from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, length as list_length
+from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, concat_lists, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
@@ -97,6 +97,11 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
             continue
         out = T.common_numeric(out, t)
     return out
+
+
+def _not_nested(e: Expr, what: str) -> None:
+    if e.type.kind in T.NESTED:
+        raise SqlError(f"{what}: expected a number, got {e.type}")
 
 
 def _is_null_lit(e: Expr) -> bool:
@@ -232,6 +237,7 @@ class ExprBinder:
 
     def _Neg(self, node):
         a = self.bind(node.this)
+        _not_nested(a, "unary -")
         if isinstance(a, Lit) and a.value is not None:
             return Lit(-a.value, a.type)
         return Func("neg", [a], a.type)
@@ -366,6 +372,10 @@ class ExprBinder:
                 return Func("cast", [_string_number(x.value, to)], to)
         if to.kind == "STRING":
             return x if x.type.kind == "STRING" else Func("to_string", [x], T.STRING)
+        if x.type.kind in T.NESTED or to.kind in T.NESTED:
+            if x.type == to or _is_null_lit(x):
+                return x if x.type == to else Lit(None, to)
+            raise NotSupportedError(f"CAST of {x.type} to {to}")
         if x.type.kind == "STRING":
             raise NotSupportedError(f"CAST of a string column to {to}")
         if _is_null_lit(x):
@@ -427,11 +437,17 @@ class ExprBinder:
         return Func("trim", [x], T.STRING, (side, chars))
 
     def _DPipe(self, node):
-        return Func("concat", [self.bind(node.this), self.bind(node.expression)], T.STRING)
+        a, b = self.bind(node.this), self.bind(node.expression)
+        if a.type.kind in T.NESTED or b.type.kind in T.NESTED:
+            return concat_lists([a, b], strict=True)
+        return Func("concat", [a, b], T.STRING)
 
     def _Concat(self, node):
         """CONCAT(...) skips NULL arguments (DuckDB), unlike ``||`` whose NULL operand makes NULL."""
         args = [a for a in (self.bind(e) for e in node.expressions) if not (isinstance(a, Lit) and a.value is None)]
+        if any(a.type.kind in T.NESTED for a in args):
+            raise SqlError("Binder Error: CONCAT of a LIST or STRUCT (use || or list_concat for lists): "
+                           f"{node.sql(dialect='duckdb')}")
         if not args:
             return Lit("", T.STRING)
         return Func("concat", args, T.STRING, "skip_nulls")
@@ -450,6 +466,7 @@ class ExprBinder:
 
     def _Abs(self, node):
         x = self.bind(node.this)
+        _not_nested(x, "abs")
         return Func("abs", [x], x.type)
 
     def _Round(self, node):

@@ -18,9 +18,12 @@ def _is_null(e: Expr) -> bool:
 
 
 def element_type(items: list[Expr], where: str) -> T.SqlType:
+    return common_type([e.type for e in items if not _is_null(e)], where)
+
+
+def common_type(types: list[T.SqlType], where: str) -> T.SqlType:
     from opforge.sql.frontend.expressions import _common
 
-    types = [e.type for e in items if not _is_null(e)]
     if not types:
         return T.INT32
     if any(t.kind in T.NESTED for t in types):
@@ -147,6 +150,8 @@ def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
         return element(x, idx)
     if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Identifier):
         return field(binder.bind(node.this), node.expression.name)
+    if isinstance(node, exp.ArrayConcat):
+        return concat_lists([binder.bind(node.this)] + [binder.bind(e) for e in node.expressions], strict=False)
     if isinstance(node, (exp.ArraySize,)):
         return length(binder.bind(node.this))
     if isinstance(node, exp.RegexpExtractAll):
@@ -168,6 +173,34 @@ def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
         if name in ("len", "array_length", "list_length") and len(args) == 1:
             return length(binder.bind(args[0]))
     return None
+
+
+def concat_lists(items: list[Expr], strict: bool) -> Expr:
+    """``a || b`` (``strict``: a NULL operand makes NULL) or ``list_concat(a, b, ...)`` (NULL
+    operands are skipped): the lists one after another, of the common element type."""
+    lists = [e for e in items if not _is_null(e)]
+    if any(e.type.kind != "LIST" for e in lists):
+        raise SqlError("Binder Error: cannot concatenate types " + " and ".join(str(e.type) for e in items))
+    if not lists:
+        return Lit(None, T.list_of(T.INT32))
+    out = T.list_of(common_type([e.type.fields[0][1] for e in lists], "list_concat"))
+    if strict and len(lists) < len(items):
+        return Lit(None, out)
+    args = [_cast_list(e, out) for e in lists]
+    if all(isinstance(e, Lit) for e in args):
+        values = [e.value for e in args if e.value is not None]
+        if strict and len(values) < len(args):
+            return Lit(None, out)
+        return Lit([x for v in values for x in v], out)
+    return Func("list_concat", args, out, strict)
+
+
+def _cast_list(e: Expr, to: T.SqlType) -> Expr:
+    if e.type == to:
+        return e
+    if isinstance(e, Lit):
+        return Lit(nested.coerce(e.value, to), to)
+    raise NotSupportedError(f"list_concat of lists of {e.type} and {to} (cast the list first)")
 
 
 def length(x: Expr) -> Expr:

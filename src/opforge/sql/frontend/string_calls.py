@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from opforge.sql import types as T
-from opforge.sql.errors import SqlError
+from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr.tree import Expr, Func, Lit
 
 # node class name (or Anonymous function name) -> (function, argument names, kinds, result type).
@@ -48,6 +48,8 @@ def bind_string_call(binder, node: exp.Expression) -> Expr | None:
         return _call(binder, "chr", node.expressions, "i", _S)
     if isinstance(node, exp.ConcatWs):
         args = [binder.bind(a) for a in node.expressions]
+        if any(a.type.kind in T.NESTED for a in args):  # DuckDB joins a list's elements: not here
+            raise NotSupportedError(f"concat_ws of a LIST or STRUCT: {node.sql(dialect='duckdb')}")
         if len(args) < 2:
             raise SqlError("concat_ws: expected a separator and at least one string")
         return Func("string_call", args, _S, "concat_ws")
