@@ -37,6 +37,10 @@ QUERIES = [
     "SELECT l FROM t INTERSECT SELECT l FROM u ORDER BY l",
     "SELECT a, [1] || [2], [1] || NULL, list_concat([1], NULL, [2, 3]), l || [9], l || l FROM t ORDER BY a",
     "SELECT a, CAST(l AS VARCHAR), s::VARCHAR, l::VARCHAR || '!' FROM t ORDER BY a",  # DuckDB's text
+    "SELECT a % 2 AS g, list(a), array_agg(l) FROM t GROUP BY g ORDER BY g",  # the list aggregate
+    "SELECT list(a) FROM t WHERE a > 10",  # no rows: NULL
+    "SELECT a, 2 = ANY(l), 9 > ANY(l), NULL = ANY(l) FROM t ORDER BY a",  # SQL's three values
+    "SELECT ARRAY(SELECT a FROM t WHERE a > 2 ORDER BY a DESC), ARRAY(SELECT 1 WHERE false)",
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",

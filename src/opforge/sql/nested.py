@@ -127,6 +127,17 @@ def per_row(cols: list, fn, out: T.SqlType, device, n: int) -> "Column":
     return from_python([fn(*r) for r in rows], out, device)
 
 
+def group_lists(col, gid: torch.Tensor, groups: int, out: T.SqlType) -> "Column":
+    """The ``list`` aggregate (array_agg): each group's values, NULLs included, in row order; a
+    group of no rows (the one row of an aggregate without GROUP BY over no input) is NULL."""
+    lists: list = [None] * groups
+    for g, v in zip(gid.tolist(), python_values(col)):
+        if lists[g] is None:
+            lists[g] = []
+        lists[g].append(v)
+    return encode(lists, out, col.device)
+
+
 def python_literal(value, typ: T.SqlType):
     """A bound literal's value as the Python value an Arrow array of ``typ`` takes."""
     if value is None:

@@ -91,7 +91,26 @@ def _list_concat(e, cols, batch):
     return nested.per_row(cols, run, e.type, batch.device, batch.n)
 
 
+_OPS = {"=": lambda a, b: a == b, "<>": lambda a, b: a != b, "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def _list_quantified(e, cols, batch):
+    op, every = e.extra
+    cmp = _OPS[op]
+
+    def run(x, values):
+        if not values:  # DuckDB: a NULL list is no elements, as an empty subquery
+            return every
+        results = [None if x is None or v is None else cmp(x, v) for v in values]
+        if every:
+            return False if False in results else (None if None in results else True)
+        return True if True in results else (None if None in results else False)
+    return nested.per_row(cols, run, e.type, batch.device, batch.n)
+
+
 FUNCS.update({
+    "list_quantified": _list_quantified,
     "list_concat": _list_concat,
     "regexp_extract_all": _extract_all, "regexp_extract_struct": _extract_struct, "list_value": _list_value,
     "struct_pack": _struct_pack, "struct_extract": _struct_extract, "list_len": _list_len,

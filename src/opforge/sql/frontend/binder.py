@@ -762,6 +762,8 @@ class Binder:
             return P.AggCall("count", binder.bind(arg), T.INT64)
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
+        if isinstance(arg, exp.Order):
+            raise NotSupportedError(f"ORDER BY inside the aggregate {a.sql(dialect='duckdb')}")
         e = binder.bind(arg)
         name = AGG_NAMES.get(name, name)
         if name in ("bool_and", "bool_or"):  # over booleans: min and max

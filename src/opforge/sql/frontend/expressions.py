@@ -10,17 +10,17 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
-from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, concat_lists, length as list_length
+from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, concat_lists, quantified_list, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
-             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr)
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.ArrayAgg)
 # sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
 AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
-             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or"}
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or", "arrayagg": "list"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -140,6 +140,9 @@ class ExprBinder:
                             and isinstance(node.expression.this, (exp.Subquery, exp.Select)):
                         return self.quantified_hook(self.bind(node.this), node.expression.this, op,
                                                     isinstance(node.expression, exp.All))
+                    if isinstance(node.expression, (exp.Any, exp.All)):  # x op ANY (list)
+                        return quantified_list(self.bind(node.this), self.bind(node.expression.this), op,
+                                               isinstance(node.expression, exp.All))
                     return self._compare(op, self.bind(node.this), self.bind(node.expression))
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")

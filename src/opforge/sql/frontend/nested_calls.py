@@ -118,8 +118,8 @@ def list_element(values, i):
 def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
     """The bound expression when ``node`` is a nested-type expression, else None."""
     if isinstance(node, exp.Array):
-        if node.expressions and isinstance(node.expressions[0], (exp.Select, exp.Subquery, exp.Union)):
-            raise NotSupportedError(f"ARRAY(subquery): {node.sql(dialect='duckdb')}")
+        if node.expressions and isinstance(node.expressions[0], (exp.Select, exp.Subquery, exp.SetOperation)):
+            return array_subquery(binder, node.expressions[0])
         return list_value([binder.bind(e) for e in node.expressions])
     if isinstance(node, exp.Struct):
         names, items = [], []
@@ -201,6 +201,41 @@ def _cast_list(e: Expr, to: T.SqlType) -> Expr:
     if isinstance(e, Lit):
         return Lit(nested.coerce(e.value, to), to)
     raise NotSupportedError(f"list_concat of lists of {e.type} and {to} (cast the list first)")
+
+
+def array_subquery(binder, q: exp.Expression) -> Expr:
+    """``ARRAY(SELECT ...)``: the subquery's one column, in its order, as a list. An uncorrelated
+    subquery runs once while binding (as a scalar subquery does); a correlated one is refused."""
+    if isinstance(q, exp.Subquery):
+        q = q.this
+    qb = binder.qb
+    sub, sscope = qb.probe(q, binder.scope)
+    if len(sub.outputs) != 1:
+        raise SqlError(f"ARRAY(subquery): the subquery returns {len(sub.outputs)} columns, expected 1")
+    out = T.list_of(sub.outputs[0].type)
+    if sscope.outer_refs:
+        raise NotSupportedError("a correlated ARRAY(subquery)")
+    if qb.probing:  # inside a probe only the references count: its plan is discarded
+        return Lit([], out)
+    return Lit(qb.catalog.run_table(sub).column(0).to_pylist(), out)
+
+
+def quantified_list(x: Expr, lst: Expr, op: str, every: bool) -> Expr:
+    """``x op ANY (list)`` / ``x op ALL (list)`` with SQL's three values: ANY is true when some
+    element compares true, else NULL when some comparison is NULL, else false (ALL the dual); a
+    NULL or empty list gives false (ALL: true), as DuckDB."""
+    if _is_null(lst):  # DuckDB: a NULL list has no elements to compare
+        return Lit(every, T.BOOL)
+    if lst.type.kind != "LIST":
+        raise SqlError(f"{'ALL' if every else 'ANY'}: expected a list or a subquery, got {lst.type}")
+    elem = lst.type.fields[0][1]
+    if not _is_null(x):
+        common_type([x.type, elem], f"comparison {op}")
+    if x.type.kind in T.NESTED or elem.kind in T.NESTED:
+        raise NotSupportedError(f"{op} ANY / ALL over a list of {elem}")
+    if x.type != elem and not _is_null(x):
+        raise NotSupportedError(f"{op} ANY / ALL of a {x.type} over a list of {elem} (cast one side)")
+    return Func("list_quantified", [x, lst], T.BOOL, (op, every))
 
 
 def length(x: Expr) -> Expr:

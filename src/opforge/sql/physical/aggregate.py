@@ -32,6 +32,8 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
     sum(decimal(p,s)) DECIMAL(38,s), sum(float) DOUBLE, min/max keep the type."""
     if func in ("count", "count_star", "count_distinct"):
         return T.INT64
+    if func == "list":
+        return T.list_of(arg_type)
     if func == "avg" or func in SPREAD_FUNCS:
         return T.FLOAT64
     if func == "sum":
@@ -113,6 +115,9 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
 
 def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType,
             rows_per_group: list) -> Column:
+    if func == "list":
+        from opforge.sql.nested import group_lists
+        return group_lists(col, gid, groups, out_type)
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
             c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
