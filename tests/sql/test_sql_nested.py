@@ -101,3 +101,19 @@ def test_schemas_match_duckdb():
     with pytest.raises(sql.SqlError):
         ours.sql("SELECT * FROM s1.t")
     assert ours.sql("SELECT v FROM t").fetchall() == [(3,)]
+
+
+FILL_ROWS = ("(VALUES (1, 1, NULL, 5, 1.0), (1, 2, 10, 1, NULL), (1, 3, NULL, 3, 2.5), (1, 5, 20, 2, NULL), "
+             "(1, 6, NULL, NULL, NULL), (1, 7, NULL, 9, 4.0), (2, 1, NULL, 1, NULL), (2, 2, 7, 2, 1.5), "
+             "(2, 3, NULL, 3, NULL), (3, 1, NULL, 1, NULL)) t(p, i, v, k, d)")
+
+
+@pytest.mark.parametrize("call", [
+    "fill(v) OVER (PARTITION BY p ORDER BY i)",  # interpolated (truncated), extrapolated (rounded), copied
+    "fill(v ORDER BY k) OVER (PARTITION BY p ORDER BY i)",  # by a key of its own; a NULL key stays NULL
+    "fill(d) OVER (PARTITION BY p ORDER BY i)",  # DECIMAL(2,1)
+    "fill(d::DOUBLE ORDER BY k) OVER (ORDER BY i, p)",
+])
+def test_window_fill_equals_duckdb(call):
+    q = f"SELECT p, i, {call} AS f FROM {FILL_ROWS} ORDER BY p, i"
+    assert sql.connect(device="cpu").sql(q).fetchall() == duckdb.connect().execute(q).fetchall(), q

@@ -103,6 +103,9 @@ def _call(call: WindowCall, args: list[Column], L: Layout, typ: T.SqlType) -> Co
         return _ranking(call.func, args, L)
     if call.func in ("lag", "lead"):
         return _lag_lead(call.func, args, L, typ, call.ignore_nulls)
+    if call.func == "fill":
+        from opforge.sql.physical.window_fill import fill
+        return fill(args[0], args[1], L.part_id, typ)
     start, end = frame_bounds(call.frame, L)
     if call.func in VALUE:
         return _frame_value(call.func, args, start, end, L, call.ignore_nulls)
