@@ -41,6 +41,8 @@ QUERIES = [
     "SELECT list(a) FROM t WHERE a > 10",  # no rows: NULL
     "SELECT a, 2 = ANY(l), 9 > ANY(l), NULL = ANY(l) FROM t ORDER BY a",  # SQL's three values
     "SELECT ARRAY(SELECT a FROM t WHERE a > 2 ORDER BY a DESC), ARRAY(SELECT 1 WHERE false)",
+    "WITH RECURSIVE r(l) AS (SELECT [1] UNION SELECT l || [len(l) + 1] FROM r WHERE len(l) < 3) SELECT * FROM r ORDER BY l",
+    "SELECT l::BIGINT[], l::DOUBLE[] FROM t ORDER BY a",
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",

@@ -109,7 +109,12 @@ def _list_quantified(e, cols, batch):
     return nested.per_row(cols, run, e.type, batch.device, batch.n)
 
 
+def _nested_cast(e, cols, batch):
+    return nested.per_value(cols[0], lambda v: nested.coerce(v, e.type), e.type)
+
+
 FUNCS.update({
+    "nested_cast": _nested_cast,
     "list_quantified": _list_quantified,
     "list_concat": _list_concat,
     "regexp_extract_all": _extract_all, "regexp_extract_struct": _extract_struct, "list_value": _list_value,

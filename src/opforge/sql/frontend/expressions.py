@@ -10,7 +10,7 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
-from opforge.sql.frontend.nested_calls import bind_nested_call, column_field, concat_lists, quantified_list, length as list_length
+from opforge.sql.frontend.nested_calls import bind_nested_call, cast_nested, column_field, concat_lists, quantified_list, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
@@ -378,7 +378,7 @@ class ExprBinder:
         if x.type.kind in T.NESTED or to.kind in T.NESTED:
             if x.type == to or _is_null_lit(x):
                 return x if x.type == to else Lit(None, to)
-            raise NotSupportedError(f"CAST of {x.type} to {to}")
+            return cast_nested(x, to)
         if x.type.kind == "STRING":
             raise NotSupportedError(f"CAST of a string column to {to}")
         if _is_null_lit(x):

@@ -200,7 +200,16 @@ def _cast_list(e: Expr, to: T.SqlType) -> Expr:
         return e
     if isinstance(e, Lit):
         return Lit(nested.coerce(e.value, to), to)
-    raise NotSupportedError(f"list_concat of lists of {e.type} and {to} (cast the list first)")
+    return cast_nested(e, to)
+
+
+def cast_nested(e: Expr, to: T.SqlType) -> Expr:
+    """A LIST to a LIST of wider numbers (INTEGER[] to BIGINT[] / DECIMAL / DOUBLE): per distinct list."""
+    fr_el, to_el = e.type.fields[0][1] if e.type.kind == "LIST" else None, to.fields[0][1] if to.kind == "LIST" else None
+    if fr_el is None or to_el is None or not (fr_el.is_numeric and to_el.is_numeric) \
+            or common_type([fr_el, to_el], "CAST") != to_el:
+        raise NotSupportedError(f"CAST of {e.type} to {to}")
+    return Func("nested_cast", [e], to)
 
 
 def array_subquery(binder, q: exp.Expression) -> Expr:
