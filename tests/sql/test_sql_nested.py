@@ -12,6 +12,8 @@ SETUP = [
     "(3, NULL, NULL), (4, [4, NULL], {'x': NULL, 'y': 'b'}), (5, [1, 2, 3], {'x': 1, 'y': 'a'})",
     "CREATE TABLE u(l INTEGER[])",
     "INSERT INTO u VALUES ([4, NULL]), ([9]), ([1, 2, 3])",  # other distinct lists: other codes
+    "CREATE TABLE w(s STRUCT(k TINYINT, j BOOLEAN, d DECIMAL(4, 1)[]))",
+    "INSERT INTO w VALUES ({'k': 2, 'j': 1, 'd': [1, 2.5]}), ({'k': NULL, 'j': 0, 'd': NULL}), (NULL)",  # cast per field
 ]
 
 
@@ -43,6 +45,8 @@ QUERIES = [
     "SELECT ARRAY(SELECT a FROM t WHERE a > 2 ORDER BY a DESC), ARRAY(SELECT 1 WHERE false)",
     "WITH RECURSIVE r(l) AS (SELECT [1] UNION SELECT l || [len(l) + 1] FROM r WHERE len(l) < 3) SELECT * FROM r ORDER BY l",
     "SELECT l::BIGINT[], l::DOUBLE[] FROM t ORDER BY a",
+    "SELECT s FROM w ORDER BY s",
+    "SELECT UNNEST(s), a FROM t ORDER BY a",  # a STRUCT's fields as columns
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",

@@ -113,6 +113,27 @@ def literal_value(e: exp.Expression):
     raise LookupError
 
 
+def _convert_nested(values: list, typ: pa.DataType, column: str) -> pa.Array:
+    """A LIST / STRUCT column's values, each element or field converted as a column of its type is."""
+    if any(v is not None and not isinstance(v, list if pa.types.is_list(typ) else dict) for v in values):
+        bad = next(v for v in values if v is not None and not isinstance(v, (list, dict)))
+        raise ConversionError(f"Could not convert {_to_text(bad)!r} to {typ} for column {column}")
+    mask = pa.array([v is None for v in values], pa.bool_())
+    if pa.types.is_list(typ):
+        flat = convert([x for v in values if v is not None for x in v], typ.value_type, column)
+        offsets, at = [0], 0
+        for v in values:
+            at += len(v) if v is not None else 0
+            offsets.append(at)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=typ, mask=mask)
+    fields = []
+    for f in typ:
+        names = {k.lower(): k for v in values if v is not None for k in v}
+        key = names.get(f.name.lower(), f.name)
+        fields.append(convert([None if v is None else v.get(key) for v in values], f.type, f"{column}.{f.name}"))
+    return pa.StructArray.from_arrays(fields, fields=list(typ), mask=mask)
+
+
 def _to_int(v, name):
     if isinstance(v, bool):
         return int(v)
@@ -210,10 +231,7 @@ def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
         def fn(v, _):
             return _to_timestamp(v)
     elif pa.types.is_list(typ) or pa.types.is_struct(typ):
-        def fn(v, _):
-            if not isinstance(v, (list, dict)):
-                raise TypeError
-            return v
+        return _convert_nested(values, typ, column)
     else:
         raise NotSupportedError(f"column {column}: Arrow type {typ}")
     out = []

@@ -41,6 +41,9 @@ def select_unnests(binder, q: exp.Select, node: P.Node, scope: Scope) -> tuple[e
     (the FROM and WHERE rows); GROUP BY / aggregates run after UNNEST in DuckDB: refused here."""
     if not _own_unnests(q):
         return q, node
+    q = _struct_unnests(binder, q, scope)
+    if not _own_unnests(q):
+        return q, node
     if q.args.get("group") is not None or q.args.get("having") is not None:
         raise NotSupportedError("UNNEST in a select list with GROUP BY / HAVING")
     q = q.copy()
@@ -58,6 +61,28 @@ def select_unnests(binder, q: exp.Select, node: P.Node, scope: Scope) -> tuple[e
             col = exp.alias_(col, "unnest", quoted=True)
         e.replace(col)
     return q, P.Unnest(node, lists)
+
+
+def _struct_unnests(binder, q: exp.Select, scope: Scope) -> exp.Select:
+    """A select item ``UNNEST(s)`` of a STRUCT ``s`` is its fields, one item each (no rows multiply)."""
+    from opforge.sql.frontend.expressions import ExprBinder
+
+    items, changed = [], False
+    for item in q.expressions:
+        e = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(e, exp.Explode) and e.this is not None:
+            t = ExprBinder(binder, scope).bind(e.this).type
+            if t.kind == "STRUCT":
+                items += [exp.alias_(exp.Anonymous(this="struct_extract", expressions=[e.this.copy(), exp.Literal.string(n)]),
+                                     n, quoted=True) for n, _ in t.fields]
+                changed = True
+                continue
+        items.append(item)
+    if not changed:
+        return q
+    q = q.copy()
+    q.set("expressions", items)
+    return q
 
 
 def from_unnest(binder, t: exp.Unnest, alias: str) -> tuple[P.Node, list[ScopeCol]]:
