@@ -123,3 +123,18 @@ FILL_ROWS = ("(VALUES (1, 1, NULL, 5, 1.0), (1, 2, 10, 1, NULL), (1, 3, NULL, 3,
 def test_window_fill_equals_duckdb(call):
     q = f"SELECT p, i, {call} AS f FROM {FILL_ROWS} ORDER BY p, i"
     assert sql.connect(device="cpu").sql(q).fetchall() == duckdb.connect().execute(q).fetchall(), q
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT x, y FROM t1 UNION BY NAME SELECT y, z FROM t2 ORDER BY y, x",
+    "SELECT x FROM t1 UNION ALL BY NAME SELECT x FROM t1 ORDER BY x",
+    "SELECT t1.x FROM t1 UNION SELECT z FROM t2 ORDER BY t2.z",  # a qualified name of either side's column
+    "SELECT x FROM t1 UNION SELECT y FROM t2 ORDER BY t1.x DESC",
+])
+def test_set_operations_by_name_equal_duckdb(query):
+    ours, ref = sql.connect(device="cpu"), duckdb.connect()
+    for s in ["CREATE TABLE t1(x INTEGER, y INTEGER)", "INSERT INTO t1 VALUES (1, 1), (3, 3)",
+              "CREATE TABLE t2(y INTEGER, z INTEGER)", "INSERT INTO t2 VALUES (2, 2), (4, 4)"]:
+        ours.sql(s)
+        ref.execute(s)
+    assert ours.sql(query).fetchall() == ref.execute(query).fetchall(), query

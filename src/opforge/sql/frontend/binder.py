@@ -21,7 +21,7 @@ from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, ov
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
-from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
+from opforge.sql.frontend.set_operations import align_by_name, as_strings, intersect_except, output_relations, set_type
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.unnest import from_unnest, select_unnests
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
@@ -108,6 +108,9 @@ class Binder:
         what = type(q).__name__.upper()
         left, ls = self.bind_query(q.this, parent)
         right, rs = self.bind_query(q.expression, parent)
+        sides = left.outputs, right.outputs  # each side's own columns, in its select order
+        if q.args.get("by_name"):
+            left, right = align_by_name(self, left, right)
         if len(left.outputs) != len(right.outputs):
             raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
         types = [set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
@@ -123,6 +126,10 @@ class Binder:
         # ORDER BY may name a column by the right side's name too (DuckDB), the left's first
         scope.cols += [ScopeCol("", r.name, o.cid, o.type) for o, r in zip(outs, right.outputs)
                        if r.name.lower() not in left_names]
+        # ORDER BY t.x: the output of a select item t.x (BY NAME: the output of that name)
+        by_name = {o.name.lower(): o for o in outs}
+        mapped = [[by_name[c.name.lower()] for c in side] if q.args.get("by_name") else outs for side in sides]
+        scope.cols += output_relations(q.this, mapped[0], ls) + output_relations(q.expression, mapped[1], rs)
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         return self._order_limit(q, node, outs, scope), scope
 

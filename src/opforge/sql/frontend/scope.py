@@ -48,7 +48,7 @@ class Scope:
 
     def resolve(self, name: str, relation: str | None = None, schema: str | None = None) -> Ref:
         hits = self._find(name, relation, schema)
-        if len(hits) > 1:
+        if len({h.cid for h in hits}) > 1:  # two names of one column (a set operation's output) are one
             tables = sorted({h.relation for h in hits})
             raise SqlError(f"column reference {name!r} is ambiguous: it exists in {', '.join(tables)}")
         if hits:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.expr import Func, Lit, Ref, and_, cmp
+from opforge.sql.errors import SqlError
 from opforge.sql.frontend.expressions import _common
 
 
@@ -57,3 +58,50 @@ def intersect_except(binder, left: P.Node, right: P.Node, outs: list[P.OutCol], 
     else:
         keep = cmp("=", hi_ref, Lit(0, T.INT32))
     return P.Project(P.Filter(grouped, keep), [(o, Ref(k.cid, k.type, k.name)) for o, (k, _) in zip(outs, keys)])
+
+
+def align_by_name(binder, left: P.Node, right: P.Node) -> tuple[P.Node, P.Node]:
+    """UNION BY NAME: both sides projected onto every column name of either (case-insensitive; the
+    left side's names first, then the right's new ones), NULL where a side lacks the name."""
+    names: dict[str, str] = {}
+    for o in left.outputs + right.outputs:
+        names.setdefault(o.name.lower(), o.name)
+    for side in (left, right):
+        seen = [o.name.lower() for o in side.outputs]
+        if len(set(seen)) != len(seen):
+            raise SqlError(f"UNION BY NAME: the column name {next(n for n in seen if seen.count(n) > 1)!r} "
+                           "appears twice on one side")
+
+    def project(side: P.Node, other: P.Node) -> P.Node:
+        mine = {o.name.lower(): o for o in side.outputs}
+        theirs = {o.name.lower(): o for o in other.outputs}
+        exprs = []
+        for key, name in names.items():
+            o = mine.get(key)
+            if o is not None:
+                exprs.append((binder.new_col(name, o.type), Ref(o.cid, o.type, o.name)))
+            else:
+                t = theirs[key].type
+                exprs.append((binder.new_col(name, t), Lit(None, t)))
+        return P.Project(side, exprs)
+    return project(left, right), project(right, left)
+
+
+def output_relations(q, outputs: list, scope) -> list:
+    """Scope columns that let ORDER BY after a set operation name an output by the table column it
+    reads (``ORDER BY t1.x`` for a select item ``t1.x`` / ``x`` of FROM t1): for each select item that
+    is a plain column reference. ``outputs``: the set operation's output columns, by position."""
+    from sqlglot import exp
+
+    from opforge.sql.frontend.scope import ScopeCol
+
+    if not isinstance(q, exp.Select) or len(q.expressions) != len(outputs):
+        return []
+    out = []
+    for item, o in zip(q.expressions, outputs):
+        if not isinstance(item, exp.Column) or isinstance(item.this, exp.Star):
+            continue
+        hits = scope._find(item.name, item.table or None)
+        if len(hits) == 1 and hits[0].relation:
+            out.append(ScopeCol(hits[0].relation, item.name, o.cid, o.type, hidden=True))  # qualified only
+    return out
