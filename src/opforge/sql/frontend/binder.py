@@ -597,8 +597,10 @@ class Binder:
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
         for e in q.expressions:
+            if isinstance(e, exp.Columns) and isinstance(e.this, exp.Star):  # COLUMNS(* ...): the star itself
+                e = e.this
             if isinstance(e, exp.Star):
-                items += expand_star(e, [c for c in scope.cols if not c.hidden], "FROM clause")
+                items += expand_star(e, [c for c in scope.cols if not c.hidden], "FROM clause", scope.cols)
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
