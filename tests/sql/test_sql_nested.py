@@ -47,6 +47,7 @@ QUERIES = [
     "SELECT l::BIGINT[], l::DOUBLE[] FROM t ORDER BY a",
     "SELECT s FROM w ORDER BY s",
     "SELECT UNNEST(s), a FROM t ORDER BY a",  # a STRUCT's fields as columns
+    "SELECT a, l[2:3], l[:2], l[2:], l[-2:], l[0:a], l[a:-1], [1, 2, 3, 4, 5][2:-2], [1, 2][4:2] FROM t ORDER BY a",
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",

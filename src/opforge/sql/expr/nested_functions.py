@@ -8,7 +8,7 @@ from opforge.sql import nested
 from opforge.sql.errors import SqlError
 from opforge.sql.expr.evaluation import FUNCS
 from opforge.sql.expr.string_calls import regex
-from opforge.sql.frontend.nested_calls import list_element
+from opforge.sql.frontend.nested_calls import list_element, slice_values
 
 _POSIX = {"[:lower:]": "a-z", "[:upper:]": "A-Z", "[:digit:]": "0-9", "[:alpha:]": "a-zA-Z",
           "[:alnum:]": "a-zA-Z0-9", "[:space:]": r"\s", "[:xdigit:]": "0-9A-Fa-f", "[:word:]": r"\w"}
@@ -113,7 +113,12 @@ def _nested_cast(e, cols, batch):
     return nested.per_value(cols[0], lambda v: nested.coerce(v, e.type), e.type)
 
 
+def _list_slice(e, cols, batch):
+    return nested.per_row(cols, slice_values, e.type, batch.device, batch.n)
+
+
 FUNCS.update({
+    "list_slice": _list_slice,
     "nested_cast": _nested_cast,
     "list_quantified": _list_quantified,
     "list_concat": _list_concat,

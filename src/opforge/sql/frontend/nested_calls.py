@@ -139,8 +139,14 @@ def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
                 items.append(binder.bind(e))
         return struct_pack(names, items)
     if isinstance(node, exp.Bracket):
-        if len(node.expressions) != 1 or isinstance(node.expressions[0], exp.Slice):
-            raise NotSupportedError(f"list slices: {node.sql(dialect='duckdb')}")
+        if len(node.expressions) != 1:
+            raise NotSupportedError(f"indexing with several subscripts: {node.sql(dialect='duckdb')}")
+        sub = node.expressions[0]
+        if isinstance(sub, exp.Placeholder) and sub.name:  # l[:loc]: sqlglot reads ':loc' as a named parameter
+            sub = exp.Slice(expression=exp.column(sub.name))
+        if isinstance(sub, exp.Slice):
+            return list_slice(binder.bind(node.this), *(None if s is None else binder.bind(s)
+                                                        for s in (sub.this, sub.expression)))
         x = binder.bind(node.this)
         idx = binder.bind(node.expressions[0])
         raw = node.expressions[0]
@@ -245,6 +251,32 @@ def quantified_list(x: Expr, lst: Expr, op: str, every: bool) -> Expr:
     if x.type != elem and not _is_null(x):
         raise NotSupportedError(f"{op} ANY / ALL of a {x.type} over a list of {elem} (cast one side)")
     return Func("list_quantified", [x, lst], T.BOOL, (op, every))
+
+
+def list_slice(x: Expr, begin: Expr | None, end: Expr | None) -> Expr:
+    """``l[b:e]``: elements b..e, 1-based and inclusive, a negative bound counting from the end, the
+    bounds clamped to the list (DuckDB's list_slice); a NULL bound gives NULL."""
+    if x.type.kind != "LIST":
+        raise NotSupportedError(f"slicing a value of type {x.type} (lists only)")
+    bounds = [Lit(1, T.INT64) if begin is None else begin, Lit(-1, T.INT64) if end is None else end]
+    for b in bounds:
+        if not (b.type.is_integer or _is_null(b)):
+            raise SqlError(f"a list slice bound must be an integer, got {b.type}")
+    if any(_is_null(b) for b in bounds):
+        return Lit(None, x.type)
+    if isinstance(x, Lit) and all(isinstance(b, Lit) for b in bounds):
+        return Lit(slice_values(x.value, bounds[0].value, bounds[1].value), x.type)
+    return Func("list_slice", [x] + bounds, x.type)
+
+
+def slice_values(values, b, e):
+    if values is None or b is None or e is None:
+        return None
+    n = len(values)
+    b = n + b + 1 if b < 0 else b
+    e = n + e + 1 if e < 0 else e
+    b, e = max(b, 1), min(e, n)
+    return list(values[b - 1:e]) if b <= e else []
 
 
 def length(x: Expr) -> Expr:
