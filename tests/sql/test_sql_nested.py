@@ -141,3 +141,13 @@ def test_set_operations_by_name_equal_duckdb(query):
         ours.sql(s)
         ref.execute(s)
     assert ours.sql(query).fetchall() == ref.execute(query).fetchall(), query
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT (1, 2) <> ANY (SELECT * FROM (VALUES (1, NULL::INT), (1, 2)) t(x, y))",  # NULL: unknown
+    "SELECT (NULL::INT, 3) <> ANY (SELECT * FROM (VALUES (1, 2)) t(x, y))",  # 3 <> 2: true
+    "SELECT (1, 2) = ALL (SELECT * FROM (VALUES (1, 2), (1, 3)) t(x, y)), (1, 2) = ANY (SELECT 1, 2 WHERE false)",
+    "SELECT a, (a, 1) = (1, a), (a, 2) <> (2, NULL) FROM (VALUES (1), (2), (NULL)) v(a) ORDER BY a",
+])
+def test_row_comparisons_equal_duckdb(query):
+    assert sql.connect(device="cpu").sql(query).fetchall() == duckdb.connect().execute(query).fetchall(), query

@@ -160,8 +160,8 @@ def coerce(value, typ: T.SqlType):
     """A Python value converted to an element of ``typ`` (a list of INTEGER and DECIMAL literals)."""
     if value is None:
         return None
-    if typ.kind == "DECIMAL" and not isinstance(value, Decimal):
-        return Decimal(str(value))
+    if typ.kind == "DECIMAL":
+        return Decimal(str(value)).quantize(Decimal(1).scaleb(-typ.scale))
     if typ.is_float:
         return float(value)
     if typ.kind == "LIST":

@@ -135,6 +135,9 @@ class ExprBinder:
                 if isinstance(node, cls):
                     return self._arith(node, op)
             for cls, op in _CMPS.items():
+                if isinstance(node, cls) and isinstance(node.this, exp.Tuple):  # (a, b) = (c, d)
+                    from opforge.sql.frontend.row_compare import row_compare
+                    return row_compare(self, node.this, node.expression, op)
                 if isinstance(node, cls):
                     if isinstance(node.expression, (exp.Any, exp.All)) and self.quantified_hook is not None \
                             and isinstance(node.expression.this, (exp.Subquery, exp.Select)):

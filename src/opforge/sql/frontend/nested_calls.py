@@ -22,14 +22,23 @@ def element_type(items: list[Expr], where: str) -> T.SqlType:
 
 
 def common_type(types: list[T.SqlType], where: str) -> T.SqlType:
+    """The type values of ``types`` meet as: numbers widened; lists by their elements' common type;
+    structs of the same field names field by field."""
     from opforge.sql.frontend.expressions import _common
 
     if not types:
         return T.INT32
     if any(t.kind in T.NESTED for t in types):
-        if any(t != types[0] for t in types):
-            raise SqlError(f"{where}: elements of different types {', '.join(sorted({str(t) for t in types}))}")
-        return types[0]
+        first = types[0]
+        if all(t == first for t in types):
+            return first
+        if all(t.kind == "LIST" for t in types):
+            return T.list_of(common_type([t.fields[0][1] for t in types], where))
+        if all(t.kind == "STRUCT" and [n.lower() for n, _ in t.fields] == [n.lower() for n, _ in first.fields]
+               for t in types):
+            return T.struct_of((n, common_type([t.fields[i][1] for t in types], where))
+                               for i, (n, _) in enumerate(first.fields))
+        raise SqlError(f"{where}: elements of different types {', '.join(sorted({str(t) for t in types}))}")
     return _common(types, where)
 
 
@@ -47,7 +56,9 @@ def _cast(e: Expr, to: T.SqlType) -> Expr:
 
 def list_value(items: list[Expr]) -> Expr:
     t = element_type(items, "list")
-    items = [_cast(e, t) for e in items]
+    if t.kind == "DECIMAL" and t.precision > 18:
+        raise NotSupportedError(f"a list of {t}: DECIMAL wider than 18 digits")
+    items = [e if e.type == t else _cast_list(e, t) if e.type.kind in T.NESTED else _cast(e, t) for e in items]
     out = T.list_of(t)
     if all(isinstance(e, Lit) for e in items):
         return Lit([nested.python_literal(e.value, e.type) for e in items], out)
@@ -248,7 +259,7 @@ def quantified_list(x: Expr, lst: Expr, op: str, every: bool) -> Expr:
         common_type([x.type, elem], f"comparison {op}")
     if x.type.kind in T.NESTED or elem.kind in T.NESTED:
         raise NotSupportedError(f"{op} ANY / ALL over a list of {elem}")
-    if x.type != elem and not _is_null(x):
+    if x.type != elem and not _is_null(x) and not (_plain_number(x.type) and _plain_number(elem)):
         raise NotSupportedError(f"{op} ANY / ALL of a {x.type} over a list of {elem} (cast one side)")
     return Func("list_quantified", [x, lst], T.BOOL, (op, every))
 
@@ -277,6 +288,11 @@ def slice_values(values, b, e):
     e = n + e + 1 if e < 0 else e
     b, e = max(b, 1), min(e, n)
     return list(values[b - 1:e]) if b <= e else []
+
+
+def _plain_number(t: T.SqlType) -> bool:
+    """Compared as Python numbers (int, Decimal, float compare by value)."""
+    return t.is_numeric and t.kind != "BOOL"
 
 
 def length(x: Expr) -> Expr:
