@@ -148,6 +148,9 @@ def test_set_operations_by_name_equal_duckdb(query):
     "SELECT (NULL::INT, 3) <> ANY (SELECT * FROM (VALUES (1, 2)) t(x, y))",  # 3 <> 2: true
     "SELECT (1, 2) = ALL (SELECT * FROM (VALUES (1, 2), (1, 3)) t(x, y)), (1, 2) = ANY (SELECT 1, 2 WHERE false)",
     "SELECT a, (a, 1) = (1, a), (a, 2) <> (2, NULL) FROM (VALUES (1), (2), (NULL)) v(a) ORDER BY a",
+    "SELECT a, CASE WHEN a THEN 1 ELSE 0 END, CASE WHEN NULL THEN 1 ELSE 2 END, CASE WHEN 1 THEN 3 END, "
+    "bool_or(NULL) OVER () FROM (VALUES (0), (2), (NULL)) v(a) ORDER BY a",
 ])
-def test_row_comparisons_equal_duckdb(query):
+def test_row_comparisons_and_boolean_conditions_equal_duckdb(query):
+    """Row values, and CASE conditions DuckDB reads as booleans (an integer, NULL)."""
     assert sql.connect(device="cpu").sql(query).fetchall() == duckdb.connect().execute(query).fetchall(), query

@@ -776,6 +776,8 @@ class Binder:
         e = binder.bind(arg)
         name = AGG_NAMES.get(name, name)
         if name in ("bool_and", "bool_or"):  # over booleans: min and max
+            if isinstance(e, Lit) and e.value is None:  # bool_or(NULL): a NULL boolean
+                e = Lit(None, T.BOOL)
             if e.type.kind != "BOOL":
                 raise SqlError(f"{name}: expected a boolean argument, got {e.type}")
             return P.AggCall("min" if name == "bool_and" else "max", e, T.BOOL)

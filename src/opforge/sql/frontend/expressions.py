@@ -342,13 +342,17 @@ class ExprBinder:
             cond = self.bind(branch.this)
             if operand is not None:
                 cond = self._compare("=", operand, cond)
+            elif cond.type.is_integer:  # CASE WHEN 1: DuckDB casts the integer to a boolean (non-zero)
+                cond = Lit(None if cond.value is None else cond.value != 0, T.BOOL) if isinstance(cond, Lit) \
+                    else cmp("<>", cond, Lit(0, cond.type))
             v = self.bind(branch.args["true"])
             args += [cond, v]
             vals.append(v)
         default = self.bind(node.args["default"]) if node.args.get("default") is not None else Lit(None, T.INT32)
         vals.append(default)
         t = _common([v.type for v in vals if not _is_null_lit(v)], "CASE")
-        args = [Lit(None, t) if _is_null_lit(a) else a for a in args]
+        # a NULL value takes the result type; a NULL condition is a NULL boolean (never taken)
+        args = [Lit(None, t if i % 2 else T.BOOL) if _is_null_lit(a) else a for i, a in enumerate(args)]
         default = Lit(None, t) if _is_null_lit(default) else default
         return Func("case", args + [default], t)
 
