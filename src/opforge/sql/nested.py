@@ -16,12 +16,16 @@ from __future__ import annotations
 import datetime
 import functools
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from opforge.sql import types as T
+
+if TYPE_CHECKING:
+    from opforge.sql.column import Column
 
 
 def sort_key(v):
@@ -136,6 +140,28 @@ def group_lists(col, gid: torch.Tensor, groups: int, out: T.SqlType) -> "Column"
             lists[g] = []
         lists[g].append(v)
     return encode(lists, out, col.device)
+
+
+def list_element(values, i):
+    """``l[i]``: 1-based; a negative index counts from the end; 0 or out of range is NULL (DuckDB)."""
+    if values is None or i is None:
+        return None
+    if i > 0:
+        return values[i - 1] if i <= len(values) else None
+    if i < 0:
+        return values[i] if -i <= len(values) else None
+    return None
+
+
+def slice_values(values, b, e):
+    """``l[b:e]`` as DuckDB's list_slice: 1-based, inclusive, negative from the end, clamped."""
+    if values is None or b is None or e is None:
+        return None
+    n = len(values)
+    b = n + b + 1 if b < 0 else b
+    e = n + e + 1 if e < 0 else e
+    b, e = max(b, 1), min(e, n)
+    return list(values[b - 1:e]) if b <= e else []
 
 
 def python_literal(value, typ: T.SqlType):

@@ -8,7 +8,6 @@ from opforge.sql import nested
 from opforge.sql.errors import SqlError
 from opforge.sql.expr.evaluation import FUNCS
 from opforge.sql.expr.string_calls import regex
-from opforge.sql.frontend.nested_calls import list_element, slice_values
 
 _POSIX = {"[:lower:]": "a-z", "[:upper:]": "A-Z", "[:digit:]": "0-9", "[:alpha:]": "a-zA-Z",
           "[:alnum:]": "a-zA-Z0-9", "[:space:]": r"\s", "[:xdigit:]": "0-9A-Fa-f", "[:word:]": r"\w"}
@@ -80,7 +79,7 @@ def _list_len(e, cols, batch):
 
 
 def _list_extract(e, cols, batch):
-    return nested.per_row(cols, list_element, e.type, batch.device, batch.n)
+    return nested.per_row(cols, nested.list_element, e.type, batch.device, batch.n)
 
 
 def _list_concat(e, cols, batch):
@@ -114,7 +113,7 @@ def _nested_cast(e, cols, batch):
 
 
 def _list_slice(e, cols, batch):
-    return nested.per_row(cols, slice_values, e.type, batch.device, batch.n)
+    return nested.per_row(cols, nested.slice_values, e.type, batch.device, batch.n)
 
 
 FUNCS.update({

@@ -112,18 +112,8 @@ def element(x: Expr, index: Expr) -> Expr:
         raise SqlError(f"a list index must be an integer, got {index.type}")
     t = x.type.fields[0][1]
     if isinstance(x, Lit) and isinstance(index, Lit):
-        return Lit(_storage(list_element(x.value, index.value), t), t)
+        return Lit(_storage(nested.list_element(x.value, index.value), t), t)
     return Func("list_extract", [x, index], t)
-
-
-def list_element(values, i):
-    if values is None or i is None:
-        return None
-    if i > 0:
-        return values[i - 1] if i <= len(values) else None
-    if i < 0:
-        return values[i] if -i <= len(values) else None
-    return None
 
 
 def bind_nested_call(binder, node: exp.Expression) -> Expr | None:
@@ -276,18 +266,8 @@ def list_slice(x: Expr, begin: Expr | None, end: Expr | None) -> Expr:
     if any(_is_null(b) for b in bounds):
         return Lit(None, x.type)
     if isinstance(x, Lit) and all(isinstance(b, Lit) for b in bounds):
-        return Lit(slice_values(x.value, bounds[0].value, bounds[1].value), x.type)
+        return Lit(nested.slice_values(x.value, bounds[0].value, bounds[1].value), x.type)
     return Func("list_slice", [x] + bounds, x.type)
-
-
-def slice_values(values, b, e):
-    if values is None or b is None or e is None:
-        return None
-    n = len(values)
-    b = n + b + 1 if b < 0 else b
-    e = n + e + 1 if e < 0 else e
-    b, e = max(b, 1), min(e, n)
-    return list(values[b - 1:e]) if b <= e else []
 
 
 def _plain_number(t: T.SqlType) -> bool:
