@@ -1,4 +1,5 @@
 """LIST and STRUCT columns (sql/nested.py), UNNEST (plan.Unnest) and schemas (sql/schemas.py),
+and the other constructs DuckDB's sqllogictest files needed (fill, BY NAME, row comparisons, ...),
 each answer compared with DuckDB's on the same data."""
 import duckdb
 import pyarrow as pa
@@ -154,3 +155,13 @@ def test_set_operations_by_name_equal_duckdb(query):
 def test_row_comparisons_and_boolean_conditions_equal_duckdb(query):
     """Row values, and CASE conditions DuckDB reads as booleans (an integer, NULL)."""
     assert sql.connect(device="cpu").sql(query).fetchall() == duckdb.connect().execute(query).fetchall(), query
+
+
+def test_trim_characters_from_a_column_equal_duckdb():
+    ours, ref = sql.connect(device="cpu"), duckdb.connect()
+    for s in ["CREATE TABLE tt(a VARCHAR, b VARCHAR)",
+              "INSERT INTO tt VALUES ('hello', 'ho'), ('xxhixx', 'x'), (NULL, ' '), ('', NULL), ('ab', '')"]:
+        ours.sql(s)
+        ref.execute(s)
+    q = "SELECT LTRIM(a, b), RTRIM(a, b), TRIM(a, b) FROM tt ORDER BY a, b"
+    assert ours.sql(q).fetchall() == ref.execute(q).fetchall()

@@ -432,8 +432,14 @@ class ExprBinder:
         chars = " "
         if node.args.get("expression") is not None:
             c = self.bind(node.args["expression"])
-            if not isinstance(c, Lit):
-                raise NotSupportedError("TRIM with non-constant characters to strip")
+            if not isinstance(c, Lit):  # characters from a column: per distinct (string, characters) pair
+                x = self.bind(node.this)
+                for e in (x, c):
+                    if e.type.kind != "STRING" and not _is_null_lit(e):
+                        raise SqlError(f"TRIM: expected strings, got {e.type}")
+                if _is_null_lit(x):
+                    return Lit(None, T.STRING)
+                return Func("string_call", [x, c], T.STRING, f"trim_{side.lower()}")
             if c.value is None:
                 return Lit(None, T.STRING)
             if c.type.kind != "STRING":
