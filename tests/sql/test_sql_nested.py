@@ -165,3 +165,11 @@ def test_trim_characters_from_a_column_equal_duckdb():
         ref.execute(s)
     q = "SELECT LTRIM(a, b), RTRIM(a, b), TRIM(a, b) FROM tt ORDER BY a, b"
     assert ours.sql(q).fetchall() == ref.execute(q).fetchall()
+
+
+def test_string_functions_the_peer_files_use_equal_duckdb():
+    q = ("SELECT substring_grapheme(s, -4, 4), substring_grapheme(s, 5), substring_grapheme(s, 0, -4) "
+         "FROM (VALUES ('twoñthree₡four🦆end'), ('abc')) v(s) ORDER BY s")
+    assert sql.connect(device="cpu").sql(q).fetchall() == duckdb.connect().execute(q).fetchall()
+    with pytest.raises(sql.NotSupportedError):  # a cluster of two code points: refused, not cut
+        sql.connect(device="cpu").sql("SELECT substring_grapheme('e\u0301x', 1, 1)").fetchall()

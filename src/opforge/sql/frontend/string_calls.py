@@ -44,6 +44,8 @@ def bind_string_call(binder, node: exp.Expression) -> Expr | None:
                      [node.this, node.expression, node.args.get("fill_pattern") or exp.Literal.string(" ")], "sis", _S)
     if isinstance(node, exp.RegexpExtract):
         return _regexp_extract(binder, node)
+    if name == "substring_grapheme":
+        return _substring_grapheme(binder, node)
     if isinstance(node, exp.Chr):
         return _call(binder, "chr", node.expressions, "i", _S)
     if isinstance(node, exp.ConcatWs):
@@ -71,6 +73,20 @@ def bind_like(binder, node: exp.Expression, escape: exp.Expression | None) -> Ex
     fn = ("not_" if node.args.get("negate") else "") + ("ilike" if fold else "like")
     nodes = [node.this, node.expression] + ([escape] if escape is not None else [])
     return _call(binder, fn, nodes, "sss", _B)
+
+
+def _substring_grapheme(binder, node: exp.Anonymous) -> Expr:
+    """substring_grapheme(s, start[, length]) with constant positions (``expr/graphemes.py``)."""
+    args = node.expressions
+    if len(args) not in (2, 3):
+        raise SqlError(f"substring_grapheme: expected 2 or 3 arguments: {node.sql(dialect='duckdb')}")
+    x = binder.bind(args[0])
+    pos = [binder._int_lit(a, "substring_grapheme position") for a in args[1:]]
+    if isinstance(x, Lit) and x.value is None:
+        return Lit(None, _S)
+    if x.type.kind != "STRING":
+        raise SqlError(f"substring_grapheme: expected a string, got {x.type}")
+    return Func("substring_grapheme", [x], _S, (pos[0], pos[1] if len(pos) > 1 else None))
 
 
 def _regexp_extract(binder, node: exp.RegexpExtract) -> Expr:
