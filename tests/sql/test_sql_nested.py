@@ -49,6 +49,8 @@ QUERIES = [
     "SELECT s FROM w ORDER BY s",
     "SELECT UNNEST(s), a FROM t ORDER BY a",  # a STRUCT's fields as columns
     "SELECT a, l[2:3], l[:2], l[2:], l[-2:], l[0:a], l[a:-1], [1, 2, 3, 4, 5][2:-2], [1, 2][4:2] FROM t ORDER BY a",
+    "SELECT [{'a': 42}, {'b': 84}], CASE WHEN a > 2 THEN l ELSE [0.5] END, coalesce(s, {'z': 1}) FROM t ORDER BY a",
+    "SELECT {'a': 'x'} AS c UNION ALL BY NAME SELECT {'b': 'y'} AS c UNION ALL SELECT {'a': 'z', 'b': 'w'} ORDER BY c",
     "SELECT sum(u) FROM (SELECT UNNEST(l) AS u FROM t)",
     "SELECT * FROM UNNEST([5, 6, NULL]) AS x(u) ORDER BY u",
     "SELECT (SELECT UNNEST([])), (SELECT UNNEST([7]))",

@@ -131,6 +131,11 @@ def per_row(cols: list, fn, out: T.SqlType, device, n: int) -> "Column":
     return from_python([fn(*r) for r in rows], out, device)
 
 
+def cast_column(col, typ: T.SqlType) -> "Column":
+    """The nested column as one of the wider type ``typ`` (``frontend/nested_calls.widens``)."""
+    return per_value(col, lambda v: coerce(v, typ), typ) if col.type != typ else col
+
+
 def group_lists(col, gid: torch.Tensor, groups: int, out: T.SqlType) -> "Column":
     """The ``list`` aggregate (array_agg): each group's values, NULLs included, in row order; a
     group of no rows (the one row of an aggregate without GROUP BY over no input) is NULL."""
@@ -193,7 +198,8 @@ def coerce(value, typ: T.SqlType):
     if typ.kind == "LIST":
         return [coerce(v, typ.fields[0][1]) for v in value]
     if typ.kind == "STRUCT":
-        return {n: coerce(value.get(n), t) for n, t in typ.fields}
+        named = {k.lower(): v for k, v in value.items()}
+        return {n: coerce(named.get(n.lower()), t) for n, t in typ.fields}
     return value
 
 

@@ -85,12 +85,11 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
     types = [t for t in types if t is not None]
     if not types:
         return T.INT32
+    if any(t.kind in T.NESTED for t in types):
+        from opforge.sql.frontend.nested_calls import common_type
+        return common_type(types, where)
     out = types[0]
     for t in types[1:]:
-        if out.kind in T.NESTED or t.kind in T.NESTED:
-            if out != t:
-                raise SqlError(f"{where}: incompatible types {out} and {t}")
-            continue
         if out.kind in ("STRING", "DATE", "TIMESTAMP") or t.kind in ("STRING", "DATE", "TIMESTAMP"):
             if out.kind != t.kind:
                 raise SqlError(f"{where}: incompatible types {out} and {t}")

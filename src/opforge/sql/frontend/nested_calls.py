@@ -34,10 +34,13 @@ def common_type(types: list[T.SqlType], where: str) -> T.SqlType:
             return first
         if all(t.kind == "LIST" for t in types):
             return T.list_of(common_type([t.fields[0][1] for t in types], where))
-        if all(t.kind == "STRUCT" and [n.lower() for n, _ in t.fields] == [n.lower() for n, _ in first.fields]
-               for t in types):
-            return T.struct_of((n, common_type([t.fields[i][1] for t in types], where))
-                               for i, (n, _) in enumerate(first.fields))
+        if all(t.kind == "STRUCT" for t in types):  # DuckDB: the fields of all, by name; a missing one NULL
+            names: dict[str, str] = {}
+            for t in types:
+                for n, _ in t.fields:
+                    names.setdefault(n.lower(), n)
+            return T.struct_of((n, common_type([ft for t in types for fn, ft in t.fields if fn.lower() == key], where))
+                               for key, n in names.items())
         raise SqlError(f"{where}: elements of different types {', '.join(sorted({str(t) for t in types}))}")
     return _common(types, where)
 
@@ -211,12 +214,25 @@ def _cast_list(e: Expr, to: T.SqlType) -> Expr:
 
 
 def cast_nested(e: Expr, to: T.SqlType) -> Expr:
-    """A LIST to a LIST of wider numbers (INTEGER[] to BIGINT[] / DECIMAL / DOUBLE): per distinct list."""
-    fr_el, to_el = e.type.fields[0][1] if e.type.kind == "LIST" else None, to.fields[0][1] if to.kind == "LIST" else None
-    if fr_el is None or to_el is None or not (fr_el.is_numeric and to_el.is_numeric) \
-            or common_type([fr_el, to_el], "CAST") != to_el:
+    """A LIST / STRUCT to one of wider types (INTEGER[] to BIGINT[] / DECIMAL / DOUBLE; a STRUCT to
+    one with more fields, NULL in them): per distinct value."""
+    if not widens(e.type, to):
         raise NotSupportedError(f"CAST of {e.type} to {to}")
     return Func("nested_cast", [e], to)
+
+
+def widens(fr: T.SqlType, to: T.SqlType) -> bool:
+    """Every value of ``fr`` is a value of ``to`` (numbers widened, struct fields added)."""
+    if fr == to:
+        return True
+    if fr.kind == to.kind == "LIST":
+        return widens(fr.fields[0][1], to.fields[0][1])
+    if fr.kind == to.kind == "STRUCT":
+        target = {n.lower(): t for n, t in to.fields}
+        return all(n.lower() in target and widens(t, target[n.lower()]) for n, t in fr.fields)
+    if fr.is_numeric and to.is_numeric and fr.kind != "BOOL" and to.kind != "BOOL":
+        return common_type([fr, to], "CAST") == to
+    return False
 
 
 def array_subquery(binder, q: exp.Expression) -> Expr:

@@ -15,6 +15,9 @@ def run_union(node: Union, batches: list[Batch], child_cids: list[list[int]]) ->
     cols = {}
     for pos, out in enumerate(node.outputs):
         parts = [b.cols[cids[pos]] for b, cids in zip(batches, child_cids)]
+        if out.type.kind in T.NESTED:  # a side of narrower LIST / STRUCT type widened first
+            from opforge.sql.nested import cast_column
+            parts = [cast_column(p, out.type) for p in parts]
         if T.is_coded(out.type):
             parts = unify_strings(parts)
             vals = torch.cat([p.values for p in parts])
