@@ -175,3 +175,13 @@ def test_string_functions_the_peer_files_use_equal_duckdb():
     assert sql.connect(device="cpu").sql(q).fetchall() == duckdb.connect().execute(q).fetchall()
     with pytest.raises(sql.NotSupportedError):  # a cluster of two code points: refused, not cut
         sql.connect(device="cpu").sql("SELECT substring_grapheme('e\u0301x', 1, 1)").fetchall()
+
+
+def test_exact_float_sums_equal_duckdb():
+    ours, ref = sql.connect(device="cpu"), duckdb.connect()
+    for s in ["CREATE TABLE dd(n DOUBLE, g INTEGER)",
+              "INSERT INTO dd VALUES (9007199254740992, 1), (1, 1), (1, 1), (NULL, 2), (0.1, 3), (0.2, 3)"]:
+        ours.sql(s)
+        ref.execute(s)
+    q = "SELECT g, fsum(n), kahan_sum(n), sumKahan(n), favg(n), sum(n) FROM dd GROUP BY g ORDER BY g"
+    assert ours.sql(q).fetchall() == ref.execute(q).fetchall()  # 2^53 + 1 + 1: fsum keeps both ones

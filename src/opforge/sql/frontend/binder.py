@@ -22,6 +22,7 @@ from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
 from opforge.sql.frontend.set_operations import align_by_name, as_strings, intersect_except, output_relations, set_type
+from opforge.sql.frontend.exact_sums import marked
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.unnest import from_unnest, select_unnests
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
@@ -773,6 +774,9 @@ class Binder:
             raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
         if isinstance(arg, exp.Order):
             raise NotSupportedError(f"ORDER BY inside the aggregate {a.sql(dialect='duckdb')}")
+        exact = marked(arg)  # fsum / favg (frontend/exact_sums.py)
+        if exact is not None:
+            name, arg = exact
         e = binder.bind(arg)
         name = AGG_NAMES.get(name, name)
         if name in ("bool_and", "bool_or"):  # over booleans: min and max
@@ -783,7 +787,7 @@ class Binder:
             return P.AggCall("min" if name == "bool_and" else "max", e, T.BOOL)
         if name in SPREAD_FUNCS and (not e.type.is_numeric or e.type.kind == "BOOL"):
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
-        if name in ("sum", "avg") and not e.type.is_numeric:
+        if name in ("sum", "avg", "fsum", "favg") and not e.type.is_numeric:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and e.type.kind == "BOOL":
             e = Func("cast", [e], T.INT32)
