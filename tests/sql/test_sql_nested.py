@@ -185,3 +185,15 @@ def test_exact_float_sums_equal_duckdb():
         ref.execute(s)
     q = "SELECT g, fsum(n), kahan_sum(n), sumKahan(n), favg(n), sum(n) FROM dd GROUP BY g ORDER BY g"
     assert ours.sql(q).fetchall() == ref.execute(q).fetchall()  # 2^53 + 1 + 1: fsum keeps both ones
+
+
+def test_covariances_equal_duckdb():
+    ours, ref = sql.connect(device="cpu"), duckdb.connect()
+    for s in ["CREATE TABLE cv(x INTEGER, y DOUBLE, g INTEGER)",
+              "INSERT INTO cv VALUES (1, 2.5, 1), (2, NULL, 1), (3, 7.0, 1), (NULL, 1, 1), (4, 4, 2), (5, 1, 3), (6, 3, 3)"]:
+        ours.sql(s)
+        ref.execute(s)
+    q = "SELECT g, covar_pop(x, y), covar_samp(y, x) FROM cv GROUP BY g ORDER BY g"  # one row: samp NULL
+    assert ours.sql(q).fetchall() == ref.execute(q).fetchall()
+    q = "SELECT covar_pop(x, y) OVER (PARTITION BY g) FROM cv ORDER BY g, x"
+    assert ours.sql(q).fetchall() == ref.execute(q).fetchall()

@@ -25,5 +25,6 @@ def parse_all(text: str) -> list[exp.Expression]:
         raise SqlError(f"syntax error{where}: {info.get('description', str(e))}") from None
     except TokenError as e:
         raise SqlError(f"syntax error: {e}") from None
+    from opforge.sql.frontend.covariance import covariances
     from opforge.sql.frontend.exact_sums import exact_sums
-    return [exact_sums(t) for t in trees]
+    return [covariances(exact_sums(t)) for t in trees]
