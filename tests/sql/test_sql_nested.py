@@ -151,6 +151,9 @@ def test_set_operations_by_name_equal_duckdb(query):
     "SELECT (NULL::INT, 3) <> ANY (SELECT * FROM (VALUES (1, 2)) t(x, y))",  # 3 <> 2: true
     "SELECT (1, 2) = ALL (SELECT * FROM (VALUES (1, 2), (1, 3)) t(x, y)), (1, 2) = ANY (SELECT 1, 2 WHERE false)",
     "SELECT a, (a, 1) = (1, a), (a, 2) <> (2, NULL) FROM (VALUES (1), (2), (NULL)) v(a) ORDER BY a",
+    "SELECT * FROM (VALUES (3), ('42'), (NULL)) v(x) ORDER BY x",  # a string literal read as the column's type
+    "SELECT * FROM (VALUES (DATE '1992-01-01'), ('1992-01-02')) v(x) ORDER BY x",
+    "SELECT NULL IN ('a', 'b'), NULL NOT IN (1, 2)",
     "SELECT a, CASE WHEN a THEN 1 ELSE 0 END, CASE WHEN NULL THEN 1 ELSE 2 END, CASE WHEN 1 THEN 3 END, "
     "bool_or(NULL) OVER () FROM (VALUES (0), (2), (NULL)) v(a) ORDER BY a",
 ])

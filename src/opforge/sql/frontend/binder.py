@@ -15,7 +15,7 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.schemas import qualified_name, schema_of
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
-from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
+from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common, string_literals_as
 from opforge.sql.frontend.output_names import output_name
 from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes, subquery_parts
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
@@ -245,6 +245,7 @@ class Binder:
         if len(names) > width:
             raise SqlError(f"{alias}: {len(names)} column names given for {width} columns")
         names += [f"col{i}" for i in range(len(names), width)]
+        rows = string_literals_as(rows)
         types = [_common([r[i].type for r in rows if not (isinstance(r[i], Lit) and r[i].value is None)], "VALUES")
                  for i in range(width)]
         children = []

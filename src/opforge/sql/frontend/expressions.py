@@ -103,6 +103,31 @@ def _not_nested(e: Expr, what: str) -> None:
         raise SqlError(f"{what}: expected a number, got {e.type}")
 
 
+def string_literals_as(rows: list[list[Expr]]) -> list[list[Expr]]:
+    """VALUES rows with each string literal of a column whose other values are numbers or dates
+    read as that type ('42' beside 3 is 42; 'hello' there is DuckDB's conversion error)."""
+    width = len(rows[0]) if rows else 0
+    for i in range(width):
+        items = [r[i] for r in rows if not _is_null_lit(r[i])]
+        others = [e.type for e in items if e.type.kind != "STRING"]
+        strings = [e for e in items if e.type.kind == "STRING"]
+        if not strings or not others or not all(isinstance(e, Lit) for e in strings):
+            continue
+        if any(t.kind in T.NESTED for t in others):
+            continue
+        target = _common(others, "VALUES")
+        for r in rows:
+            e = r[i]
+            if isinstance(e, Lit) and e.type.kind == "STRING" and e.value is not None:
+                if target.kind == "DATE":
+                    r[i] = Lit(_parse_date(e.value), T.DATE)
+                elif target.kind == "TIMESTAMP":
+                    r[i] = _timestamp_literal(e, target)
+                elif target.is_numeric and target.kind != "BOOL":
+                    r[i] = _string_number(e.value, target)
+    return rows
+
+
 def _is_null_lit(e: Expr) -> bool:
     return isinstance(e, Lit) and e.value is None
 
@@ -310,6 +335,8 @@ class ExprBinder:
                 raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
             return self.quantified_hook(self.bind(node.this), node.args["query"], "=", False)
         x = self.bind(node.this)
+        if _is_null_lit(x) and node.expressions:  # NULL IN (...): unknown, whatever the list holds
+            return Lit(None, T.BOOL)
         items = []
         for it in node.expressions:
             b = self.bind(it)
