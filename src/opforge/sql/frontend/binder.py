@@ -130,7 +130,8 @@ class Binder:
         # ORDER BY t.x: the output of a select item t.x (BY NAME: the output of that name)
         by_name = {o.name.lower(): o for o in outs}
         mapped = [[by_name[c.name.lower()] for c in side] if q.args.get("by_name") else outs for side in sides]
-        scope.cols += output_relations(q.this, mapped[0], ls) + output_relations(q.expression, mapped[1], rs)
+        scope.cols += output_relations(q.this, sides[0], mapped[0], ls) + \
+            output_relations(q.expression, sides[1], mapped[1], rs)
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         return self._order_limit(q, node, outs, scope), scope
 

@@ -87,15 +87,27 @@ def align_by_name(binder, left: P.Node, right: P.Node) -> tuple[P.Node, P.Node]:
     return project(left, right), project(right, left)
 
 
-def output_relations(q, outputs: list, scope) -> list:
+def output_relations(q, side: list, outputs: list, scope) -> list:
     """Scope columns that let ORDER BY after a set operation name an output by the table column it
     reads (``ORDER BY t1.x`` for a select item ``t1.x`` / ``x`` of FROM t1): for each select item that
-    is a plain column reference. ``outputs``: the set operation's output columns, by position."""
+    is a plain column reference; for a side that is a set operation itself, the names its own ORDER
+    BY could use. ``side``: that side's output columns; ``outputs``: the set operation's, by position."""
     from sqlglot import exp
 
     from opforge.sql.frontend.scope import ScopeCol
 
-    if not isinstance(q, exp.Select) or len(q.expressions) != len(outputs):
+    if isinstance(q, exp.SetOperation):
+        at = {o.cid: i for i, o in enumerate(side)}
+        return [ScopeCol(c.relation, c.name, outputs[at[c.cid]].cid, outputs[at[c.cid]].type, hidden=True)
+                for c in scope.cols if c.hidden and c.relation and c.cid in at]
+    if not isinstance(q, exp.Select):
+        return []
+    if len(q.expressions) == 1 and type(q.expressions[0]) is exp.Star and not any(q.expressions[0].args.values()):
+        shown = [c for c in scope.cols if not c.hidden]  # SELECT *: the FROM columns in order
+        if len(shown) == len(outputs):
+            return [ScopeCol(c.relation, c.name, o.cid, o.type, hidden=True) for c, o in zip(shown, outputs) if c.relation]
+        return []
+    if len(q.expressions) != len(outputs):
         return []
     out = []
     for item, o in zip(q.expressions, outputs):
