@@ -201,3 +201,16 @@ def test_covariances_equal_duckdb():
     assert ours.sql(q).fetchall() == ref.execute(q).fetchall()
     q = "SELECT covar_pop(x, y) OVER (PARTITION BY g) FROM cv ORDER BY g, x"
     assert ours.sql(q).fetchall() == ref.execute(q).fetchall()
+
+
+def test_string_column_casts_equal_duckdb():
+    ours, ref = sql.connect(device="cpu"), duckdb.connect()
+    for s in ["CREATE TABLE sc(a VARCHAR)", "INSERT INTO sc VALUES ('2023-01-05'), (' 42 '), (NULL), ('x'), ('1.5')"]:
+        ours.sql(s)
+        ref.execute(s)
+    for q in ["SELECT a::DATE FROM sc WHERE a LIKE '2023%'",  # 'x' is in the column, not in these rows
+              "SELECT a::INTEGER, a::BIGINT, a::DOUBLE FROM sc WHERE a = ' 42 '",
+              "SELECT a::DOUBLE FROM sc WHERE a <> 'x' AND a NOT LIKE '2023%' ORDER BY 1"]:
+        assert ours.sql(q).fetchall() == ref.execute(q).fetchall(), q
+    with pytest.raises(sql.SqlError):
+        ours.sql("SELECT a::INTEGER FROM sc").fetchall()  # 'x': DuckDB's conversion error
