@@ -135,6 +135,7 @@ def test_window_fill_equals_duckdb(call):
     "SELECT t1.x FROM t1 UNION SELECT z FROM t2 ORDER BY t2.z",  # a qualified name of either side's column
     "SELECT x FROM t1 UNION SELECT y FROM t2 ORDER BY t1.x DESC",
     "SELECT x, y FROM t1 UNION SELECT * FROM t2 UNION SELECT y, x FROM t1 a ORDER BY t1.x DESC, t2.z",  # nested, SELECT *
+    "SELECT x % 2, y FROM t1 UNION SELECT y % 2 AS k, z FROM t2 ORDER BY x % 2, y",  # a side's item text
     "SELECT COLUMNS(* REPLACE (x + 1 AS x)) FROM t1 ORDER BY x",
     "SELECT * EXCLUDE (t1.y, t2.y) FROM t1 JOIN t2 USING (y) ORDER BY x",  # t2.y: merged away by USING
 ])

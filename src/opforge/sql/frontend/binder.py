@@ -21,7 +21,8 @@ from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, ov
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
-from opforge.sql.frontend.set_operations import align_by_name, as_strings, intersect_except, output_relations, set_type
+from opforge.sql.frontend.set_operations import (align_by_name, as_strings, branch_item_positions, intersect_except,
+                                                  output_relations, set_type)
 from opforge.sql.frontend.exact_sums import marked
 from opforge.sql.frontend.star import expand_star
 from opforge.sql.frontend.unnest import from_unnest, select_unnests
@@ -147,7 +148,14 @@ class Binder:
                     r = outs[idx]
                     ref = Ref(r.cid, r.type, r.name)
                 else:
-                    ref = ExprBinder(self, scope).bind(e)
+                    try:
+                        ref = ExprBinder(self, scope).bind(e)
+                    except SqlError:
+                        # after a set operation: an expression written as one of a side's select items
+                        idx = branch_item_positions(q, self.sql_text).get(self.sql_text(e))
+                        if idx is None or not isinstance(q, exp.SetOperation):
+                            raise
+                        ref = Ref(outs[idx].cid, outs[idx].type, outs[idx].name)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
         return self._limit(q, node, scope)

@@ -117,3 +117,24 @@ def output_relations(q, side: list, outputs: list, scope) -> list:
         if len(hits) == 1 and hits[0].relation:
             out.append(ScopeCol(hits[0].relation, item.name, o.cid, o.type, hidden=True))  # qualified only
     return out
+
+
+def branch_item_positions(q, text) -> dict[str, int]:
+    """The select items of every SELECT side of the set operation ``q`` (nested ones too, without
+    their aliases) by their text -> output position; a text at two positions is left out."""
+    from sqlglot import exp
+
+    found: dict[str, set[int]] = {}
+
+    def walk(node):
+        if isinstance(node, exp.SetOperation):
+            walk(node.this)
+            walk(node.expression)
+        elif isinstance(node, exp.Select):
+            for i, item in enumerate(node.expressions):
+                e = item.this if isinstance(item, exp.Alias) else item
+                found.setdefault(text(e), set()).add(i)
+        elif isinstance(node, exp.Subquery):
+            walk(node.this)
+    walk(q)
+    return {t: next(iter(p)) for t, p in found.items() if len(p) == 1}
