@@ -215,3 +215,13 @@ def test_string_column_casts_equal_duckdb():
         assert ours.sql(q).fetchall() == ref.execute(q).fetchall(), q
     with pytest.raises(sql.SqlError):
         ours.sql("SELECT a::INTEGER FROM sc").fetchall()  # 'x': DuckDB's conversion error
+
+
+def test_schema_tables_persist(tmp_path):
+    con = sql.connect(database=str(tmp_path / "db"))
+    con.sql("CREATE SCHEMA s")
+    con.sql("CREATE TABLE s.t(a INTEGER)")
+    con.sql("INSERT INTO s.t VALUES (1)")
+    again = sql.connect(database=str(tmp_path / "db"))
+    assert again.sql("SELECT a FROM s.t").fetchall() == [(1,)]
+    again.sql("CREATE TABLE s.u(b INTEGER)")  # the schema of a table read back exists

@@ -221,6 +221,8 @@ class Connection:
 
             self.database = Database(database)
             self._memory.attach(self.database)
+            # the schemas of the tables read back (a schema itself is not stored: it holds tables)
+            self.schemas |= {schemas.schema_of(name.lower()) for name in self._registered}
 
     @property
     def _tables(self) -> dict[str, Table]:
