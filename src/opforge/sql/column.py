@@ -57,6 +57,9 @@ class Column:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         typ = T.from_arrow(arr.type, name)
+        if typ.kind in T.NESTED:
+            from opforge.sql import nested
+            return nested.from_arrow(arr, typ, device)
         valid = None
         if arr.null_count:
             valid = torch.from_numpy(np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)).to(device)
@@ -97,6 +100,9 @@ class Column:
         return Column(torch.from_numpy(np.array(vals, copy=True)).to(device), valid, typ)
 
     def to_arrow(self) -> pa.Array:
+        if self.type.kind in T.NESTED:
+            from opforge.sql import nested
+            return nested.to_arrow(self)
         vals = self.values.detach().cpu().numpy()
         mask = None if self.valid is None else ~self.valid.cpu().numpy()
         kind = self.type.kind
@@ -119,6 +125,9 @@ class Column:
     @staticmethod
     def constant(value, typ: T.SqlType, n: int, device) -> "Column":
         """A column of n copies of one Python value (None = NULL)."""
+        if typ.kind in T.NESTED:
+            from opforge.sql import nested
+            return nested.constant(value, typ, n, device)
         if value is None:
             return Column(torch.zeros(n, dtype=typ.torch_dtype, device=device),
                           torch.zeros(n, dtype=torch.bool, device=device), typ,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from opforge.sql import table_source
+from opforge.sql import schemas, table_source
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.outofcore.sizes import env_limit, parse_size
 
@@ -208,6 +208,8 @@ class Connection:
         self._unread = False  # some value of _registered is a TableSource
         self._table_stats: dict[str, TableStats] = {}
         self.views: dict[str, exp.Expression] = {}
+        self.schemas: set[str] = {schemas.MAIN}  # CREATE SCHEMA (sql/schemas.py)
+        self.prepared: dict[str, str] = {}  # PREPARE name AS ... (sql/prepared.py)
         self._cids = itertools.count()
         self._memory_catalog: MemoryCatalog | None = None
         self._settings_now: Settings | None = None
@@ -219,6 +221,8 @@ class Connection:
 
             self.database = Database(database)
             self._memory.attach(self.database)
+            # the schemas of the tables read back (a schema itself is not stored: it holds tables)
+            self.schemas |= {schemas.schema_of(name.lower()) for name in self._registered}
 
     @property
     def _tables(self) -> dict[str, Table]:
@@ -345,6 +349,11 @@ class Connection:
         ``params``: values for its ``?`` / ``$n`` placeholders (``sql/parameters.py``)."""
         if self.database is not None and not self._nested:
             self._memory.sync()  # a statement's inner queries see the tables it started with
+        if params is None and text.lstrip()[:1].upper() in ("P", "E", "D"):
+            from opforge.sql import prepared
+            done = prepared.run(self, text)  # PREPARE / EXECUTE / DEALLOCATE
+            if done is not None:
+                return done
         m = _EXPLAIN.match(text)
         if m:
             inner = self.sql(m.group(2), params)
@@ -414,6 +423,8 @@ class Connection:
             return Relation(self, None, f"{n} rows", result=pa.table({"Count": pa.array([n], pa.int64())}))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
             return Relation(self, None, self._memory.drop(tree))
+        if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "SCHEMA":
+            return Relation(self, None, schemas.drop(self, tree))
         if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "VIEW":
             target = tree.this if tree.this is not None else (tree.args.get("tables") or [None])[0]
             name = target.name.lower()
@@ -463,11 +474,13 @@ class Connection:
         from sqlglot import exp
 
         kind = (tree.args.get("kind") or "").upper()
+        if kind == "SCHEMA":
+            return Relation(self, None, schemas.create(self.schemas, tree))
         if kind == "TABLE":
             return Relation(self, None, self._memory.create(tree))
         if kind != "VIEW":
             raise NotSupportedError(f"CREATE {kind} (only CREATE TABLE and CREATE VIEW)")
-        name = tree.this.name.lower() if isinstance(tree.this, exp.Table) else tree.this.this.name.lower()
+        name = schemas.qualified_name(tree.this if isinstance(tree.this, exp.Table) else tree.this.this)
         if (name in self.views or name in {t.lower() for t in self._tables}) and not tree.args.get("replace"):
             raise SqlError(f"CREATE VIEW: {name!r} already exists")
         query = tree.expression

@@ -22,6 +22,8 @@ from sqlglot import exp
 
 from opforge.sql.database import Change, Database
 
+from opforge.sql import types as T
+from opforge.sql.schemas import check_schema, qualified_name
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 
 
@@ -53,6 +55,9 @@ def arrow_type(dt: exp.DataType, column: str) -> pa.DataType:
             raise NotSupportedError(f"column {column}: DECIMAL({precision},{scale}) wider than 18 digits "
                                     "(decimals are stored as scaled int64)")
         return pa.decimal128(precision, scale)
+    if dt.this in (_T.ARRAY, _T.LIST, _T.STRUCT) and dt.expressions:  # LIST / STRUCT (sql/nested.py)
+        from opforge.sql.frontend.expressions import sql_type
+        return T.to_arrow(sql_type(dt))
     if dt.this not in _ARROW:
         raise NotSupportedError(f"column {column}: type {dt.sql(dialect='duckdb')}")
     return _ARROW[dt.this]
@@ -106,6 +111,27 @@ def literal_value(e: exp.Expression):
         except ValueError:
             return decimal.Decimal(text)
     raise LookupError
+
+
+def _convert_nested(values: list, typ: pa.DataType, column: str) -> pa.Array:
+    """A LIST / STRUCT column's values, each element or field converted as a column of its type is."""
+    if any(v is not None and not isinstance(v, list if pa.types.is_list(typ) else dict) for v in values):
+        bad = next(v for v in values if v is not None and not isinstance(v, (list, dict)))
+        raise ConversionError(f"Could not convert {_to_text(bad)!r} to {typ} for column {column}")
+    mask = pa.array([v is None for v in values], pa.bool_())
+    if pa.types.is_list(typ):
+        flat = convert([x for v in values if v is not None for x in v], typ.value_type, column)
+        offsets, at = [0], 0
+        for v in values:
+            at += len(v) if v is not None else 0
+            offsets.append(at)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=typ, mask=mask)
+    fields = []
+    for f in typ:
+        names = {k.lower(): k for v in values if v is not None for k in v}
+        key = names.get(f.name.lower(), f.name)
+        fields.append(convert([None if v is None else v.get(key) for v in values], f.type, f"{column}.{f.name}"))
+    return pa.StructArray.from_arrays(fields, fields=list(typ), mask=mask)
 
 
 def _to_int(v, name):
@@ -204,6 +230,8 @@ def convert(values: list, typ: pa.DataType, column: str) -> pa.Array:
     elif pa.types.is_timestamp(typ):
         def fn(v, _):
             return _to_timestamp(v)
+    elif pa.types.is_list(typ) or pa.types.is_struct(typ):
+        return _convert_nested(values, typ, column)
     else:
         raise NotSupportedError(f"column {column}: Arrow type {typ}")
     out = []
@@ -227,9 +255,7 @@ def table_name(target: exp.Expression) -> str:
         target = target.this
     if not isinstance(target, exp.Table):
         raise NotSupportedError(f"DDL target {target.sql()}")
-    if target.args.get("db") is not None:
-        raise NotSupportedError(f"qualified table name {target.sql()}")
-    return target.name.lower()
+    return qualified_name(target)
 
 
 def schema_of(schema: exp.Schema) -> tuple[pa.Schema, MemoryTable]:
@@ -284,6 +310,7 @@ class MemoryCatalog:
 
     def create(self, tree: exp.Create) -> str:
         name = table_name(tree.this)
+        check_schema(self.con.schemas, name, "CREATE TABLE")
         if self._exists(name):
             if tree.args.get("exists"):
                 return f"table {name} exists"

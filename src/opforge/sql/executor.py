@@ -137,6 +137,9 @@ class Executor:
             child = inputs[0]
             keep = Batch({o.cid: child.cols[o.cid] for o in node.outputs}, child.n, child.device)
             return run_distinct(keep)
+        if isinstance(node, P.Unnest):
+            from opforge.sql.physical.unnest import run_unnest
+            return run_unnest(node, inputs[0])
         if isinstance(node, P.Union):
             return run_union(node, inputs, [[o.cid for o in c.outputs] for c in node.children])
         raise SqlError(f"internal: no operator for {type(node).__name__}")

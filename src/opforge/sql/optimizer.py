@@ -227,7 +227,7 @@ def _topk(node: P.Node) -> P.Node:
         return P.Limit(_topk(node.child), node.limit, node.offset)
     if isinstance(node, P.Distinct):
         return P.Distinct(_topk(node.child))
-    if isinstance(node, P.WindowFunctions):
+    if isinstance(node, (P.WindowFunctions, P.Unnest)):
         return dataclasses.replace(node, child=_topk(node.child))
     return node
 
@@ -297,6 +297,8 @@ def _fold(node, device):
         return P.Scan(node.table, node.outputs, [f(e) for e in node.filters])
     if isinstance(node, P.WindowFunctions):
         return dataclasses.replace(node, child=_fold(node.child, device))
+    if isinstance(node, P.Unnest):
+        return dataclasses.replace(node, child=_fold(node.child, device), lists=[(o, f(e)) for o, e in node.lists])
     return node
 
 
@@ -355,6 +357,9 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         return P.Distinct(_push(node.child, preds))
     if isinstance(node, P.Limit):
         return _wrap(P.Limit(_push(node.child, []), node.limit, node.offset), preds)
+    if isinstance(node, P.Unnest):  # a predicate over the child's columns keeps or drops whole rows
+        down = [p for p in preds if p.cids() <= _cids(node.child)]
+        return _wrap(dataclasses.replace(node, child=_push(node.child, down)), [p for p in preds if p not in down])
     if isinstance(node, P.WindowFunctions):
         # a predicate over partition keys only keeps or drops whole partitions: the windows of the
         # partitions kept are the same, so it filters below them
@@ -386,6 +391,9 @@ def _prune(node: P.Node, need: set[int]) -> P.Node:
         aggs = [(o, c) for o, c in node.aggs if o.cid in need]
         child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(c.arg for _, c in aggs)
         return P.Window(_prune(node.child, child_need), node.partition, aggs)
+    if isinstance(node, P.Unnest):  # every list stays: it decides the rows even when its column is unused
+        child_need = (need & _cids(node.child)) | _refs(e for _, e in node.lists)
+        return dataclasses.replace(node, child=_prune(node.child, child_need))
     if isinstance(node, P.WindowFunctions):
         calls = [(o, c) for o, c in node.calls if o.cid in need]
         if not calls:

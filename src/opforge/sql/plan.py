@@ -298,3 +298,19 @@ def expr_cids(exprs) -> set[int]:
         if e is not None:
             out |= e.cids()
     return out
+
+
+@dataclass(eq=False)
+class Unnest(Unary):
+    """``SELECT UNNEST(l)``: each child row repeated once per element of its lists, with one more
+    column per list holding the element (lists of one row are zipped, the shorter padded with NULL,
+    as DuckDB does; a NULL or empty list gives the row no output)."""
+    child: Node
+    lists: list[tuple[OutCol, Expr]]
+
+    @property
+    def outputs(self):
+        return self.child.outputs + [o for o, _ in self.lists]
+
+    def describe(self):
+        return "Unnest " + ", ".join(f"{o.name}#{o.cid}=UNNEST({e})" for o, e in self.lists)

@@ -15,8 +15,14 @@ class SqlType:
     precision: int = 0
     scale: int = 0  # DECIMAL: digits after the point; TIMESTAMP: digits of a second (0 s, 3 ms, 6 us, 9 ns)
     tz: str | None = None  # TIMESTAMP: the zone of a TIMESTAMPTZ (values are UTC instants), None: naive
+    # LIST: (("", element type),); STRUCT: ((field name, type), ...) -- see sql/nested.py
+    fields: tuple = ()
 
     def __str__(self) -> str:
+        if self.kind == "LIST":
+            return f"{self.fields[0][1]}[]"
+        if self.kind == "STRUCT":
+            return "STRUCT(" + ", ".join(f"{n} {t}" for n, t in self.fields) + ")"
         if self.kind == "DECIMAL":
             return f"DECIMAL({self.precision},{self.scale})"
         if self.kind == "TIMESTAMP":
@@ -49,6 +55,22 @@ DATE = SqlType("DATE")
 STRING = SqlType("STRING")
 
 
+NESTED = ("LIST", "STRUCT")
+
+
+def is_coded(t: SqlType) -> bool:
+    """Stored as codes into the column's sorted dictionary (strings, and LIST / STRUCT values)."""
+    return t.kind == "STRING" or t.kind in NESTED
+
+
+def list_of(element: SqlType) -> SqlType:
+    return SqlType("LIST", fields=(("", element),))
+
+
+def struct_of(fields) -> SqlType:
+    return SqlType("STRUCT", fields=tuple((n, t) for n, t in fields))
+
+
 def decimal(precision: int, scale: int) -> SqlType:
     return SqlType("DECIMAL", min(precision, 38), scale)
 
@@ -69,7 +91,7 @@ def same_time_unit(a: SqlType, b: SqlType) -> bool:
 _TORCH = {
     "INT32": torch.int32, "INT64": torch.int64, "FLOAT32": torch.float32, "FLOAT64": torch.float64,
     "BOOL": torch.bool, "DATE": torch.int32, "DECIMAL": torch.int64, "STRING": torch.int32,
-    "TIMESTAMP": torch.int64,
+    "TIMESTAMP": torch.int64, "LIST": torch.int32, "STRUCT": torch.int32,  # nested: codes, as strings
 }
 
 
@@ -99,10 +121,18 @@ def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
         return STRING
     if pa.types.is_null(t):
         return INT32
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t):
+        return list_of(from_arrow(t.value_type, where))
+    if pa.types.is_struct(t):
+        return struct_of((t.field(i).name, from_arrow(t.field(i).type, where)) for i in range(t.num_fields))
     raise NotSupportedError(f"column {where}: Arrow type {t} is not supported")
 
 
 def to_arrow(t: SqlType) -> pa.DataType:
+    if t.kind == "LIST":
+        return pa.list_(to_arrow(t.fields[0][1]))
+    if t.kind == "STRUCT":
+        return pa.struct([(n, to_arrow(ft)) for n, ft in t.fields])
     if t.kind == "TIMESTAMP":
         return pa.timestamp({v: k for k, v in _UNITS.items()}[t.scale], t.tz)
     return {

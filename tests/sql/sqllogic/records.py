@@ -95,7 +95,8 @@ def parse_file(path: str) -> list[Record]:
             if word == "loop":
                 values = [str(i) for i in range(int(header[2]), int(header[3]))]
             else:
-                values = [v.strip("'") if v.startswith("'") else v for v in header[2:]]
+                # the values as written: DuckDB's runner keeps a quoted value's quotes ('infinity'::DOUBLE)
+                values = header[2:]
             stack.append((values, header[1], []))
             rest = block[1:]
             if rest:  # a record right after the loop header without a blank line

@@ -79,8 +79,20 @@ def value_text(v) -> str:
         return format(v, "f")
     if isinstance(v, (datetime.date, datetime.datetime)):
         return v.isoformat(sep=" ") if isinstance(v, datetime.datetime) else v.isoformat()
+    if isinstance(v, (list, dict)):  # DuckDB's text of a LIST / STRUCT: [1, NULL], {'a': x} (strings unquoted)
+        return _nested_text(v)
     s = str(v)
     return "(empty)" if s == "" else s
+
+
+def _nested_text(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, list):
+        return "[" + ", ".join(_nested_text(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"'{k}': {_nested_text(x)}" for k, x in v.items()) + "}"
+    return "''" if v == "" else value_text(v)
 
 
 def _number(s: str):

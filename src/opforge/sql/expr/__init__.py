@@ -19,6 +19,7 @@ from opforge.sql.expr.result_types import arith_type
 from opforge.sql.expr.evaluation import evaluate
 from opforge.sql.expr.casts import cast_values
 from opforge.sql.expr import arithmetic, date_functions, logic, single_row, string_calls  # noqa: F401  (register their evaluators)
+from opforge.sql.expr import graphemes, nested_functions, string_casts  # noqa: F401,E402  (their evaluators)
 from opforge.sql.expr.compare import comparable
 from opforge.sql.expr.string_functions import device_like, like_regex
 from opforge.sql.expr.rewrites import factor_or, fold_constants, substitute, value_with

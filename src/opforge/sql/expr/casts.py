@@ -161,6 +161,9 @@ def coerce(col: Column, t: T.SqlType) -> Column:
     """A column cast to `t` (strings keep their own dictionaries; callers unify)."""
     if col.type == t or t.kind == "STRING":
         return col
+    if t.kind in T.NESTED:  # a LIST / STRUCT widened value by value (sql/nested.py)
+        from opforge.sql.nested import cast_column
+        return cast_column(col, t)
     return Column(cast_values(col, t), col.valid, t)
 
 

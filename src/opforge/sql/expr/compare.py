@@ -14,8 +14,8 @@ from opforge.sql.expr.tree import Func, Lit
 
 def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
     """Both columns as tensors of one type whose order is SQL order."""
-    if a.type.kind == "STRING" or b.type.kind == "STRING":
-        if a.type.kind != b.type.kind:
+    if T.is_coded(a.type) or T.is_coded(b.type):
+        if a.type.kind != b.type.kind or (a.type.kind in T.NESTED and a.type != b.type):
             raise SqlError(f"cannot compare {a.type} with {b.type}")
         a, b = unify_strings([a, b])
         return a.values, b.values

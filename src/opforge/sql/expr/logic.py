@@ -45,7 +45,7 @@ def _is_null(e, args, batch):
 def _choose(conds: list[torch.Tensor], vals: list[Column], default: Column, t: T.SqlType) -> Column:
     """CASE core: first true condition wins, else default."""
     cols = [coerce(c, t) for c in vals] + [coerce(default, t)]
-    if t.kind == "STRING":
+    if T.is_coded(t):
         cols = unify_strings(cols)
     out_v, out_ok = cols[-1].values, cols[-1].valid_mask()
     for cond, c in reversed(list(zip(conds, cols[:-1]))):

@@ -27,6 +27,8 @@ def fold_constants(e: Expr, device) -> Expr:
             col = evaluate(e, Batch({}, 1, device))
             if col.valid is not None and not bool(col.valid[0]):
                 return Lit(None, e.type)
+            if e.type.kind in T.NESTED:
+                return Lit(col.to_arrow()[0].as_py(), e.type)
             v = col.values[0].item()
             if e.type.kind == "DECIMAL":
                 from decimal import Decimal

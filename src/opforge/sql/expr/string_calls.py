@@ -242,6 +242,8 @@ CALLS: dict[str, Call] = {
     "split_part": Call(split_part), "left": Call(left), "right": Call(right),
     "reverse": Call(lambda s: s[::-1]), "repeat": Call(lambda s, k: s * max(k, 0)),
     "chr": Call(chr_), "ascii": Call(ascii_), "unicode": Call(lambda s: ord(s[0]) if s else -1),
+    "trim_both": Call(lambda s, c: s.strip(c)), "trim_leading": Call(lambda s, c: s.lstrip(c)),
+    "trim_trailing": Call(lambda s, c: s.rstrip(c)),
 }
 
 FUNCS["string_call"] = _string_call

@@ -119,6 +119,9 @@ def _trim(s: str, extra) -> str:
 
 
 def to_string(col: Column) -> Column:
+    if col.type.kind in ("LIST", "STRUCT"):  # DuckDB's text of the value: [1, 2], {'a': x}
+        from opforge.sql import nested
+        return nested.per_value(col, nested.text, T.STRING)
     uniq, inv = torch.unique(col.values, return_inverse=True)
     if col.type.kind == "DECIMAL":
         words = [str(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py()) for i in range(len(uniq))]

@@ -13,15 +13,19 @@ from sqlglot.dialects.dialect import Dialect
 from opforge.sql import plan as P
 from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.schemas import qualified_name, schema_of
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, cmp, conjuncts, equi_pair, factor_or, split_equi, value_with
-from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common
+from opforge.sql.frontend.expressions import AGG_FUNCS, AGG_NAMES, ExprBinder, _common, string_literals_as
 from opforge.sql.frontend.output_names import output_name
 from opforge.sql.frontend.grouping_sets import grouping_sets, grouping_value, over_union, own_nodes, subquery_parts
 from opforge.sql.frontend.scope import Scope, ScopeCol, close_names
 from opforge.sql.frontend import recursive_cte
 from opforge.sql.frontend.correlated import SideJoiner, SubqueryJoiner
-from opforge.sql.frontend.set_operations import as_strings, intersect_except, set_type
+from opforge.sql.frontend.set_operations import (align_by_name, as_strings, branch_item_positions, intersect_except,
+                                                  output_relations, set_type)
+from opforge.sql.frontend.exact_sums import marked
 from opforge.sql.frontend.star import expand_star
+from opforge.sql.frontend.unnest import from_unnest, select_unnests
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import SPREAD_FUNCS, result_type
 
@@ -106,6 +110,9 @@ class Binder:
         what = type(q).__name__.upper()
         left, ls = self.bind_query(q.this, parent)
         right, rs = self.bind_query(q.expression, parent)
+        sides = left.outputs, right.outputs  # each side's own columns, in its select order
+        if q.args.get("by_name"):
+            left, right = align_by_name(self, left, right)
         if len(left.outputs) != len(right.outputs):
             raise SqlError(f"{what}: the sides have {len(left.outputs)} and {len(right.outputs)} columns")
         types = [set_type(a.type, b.type, what) for a, b in zip(left.outputs, right.outputs)]
@@ -121,6 +128,11 @@ class Binder:
         # ORDER BY may name a column by the right side's name too (DuckDB), the left's first
         scope.cols += [ScopeCol("", r.name, o.cid, o.type) for o, r in zip(outs, right.outputs)
                        if r.name.lower() not in left_names]
+        # ORDER BY t.x: the output of a select item t.x (BY NAME: the output of that name)
+        by_name = {o.name.lower(): o for o in outs}
+        mapped = [[by_name[c.name.lower()] for c in side] if q.args.get("by_name") else outs for side in sides]
+        scope.cols += output_relations(q.this, sides[0], mapped[0], ls) + \
+            output_relations(q.expression, sides[1], mapped[1], rs)
         scope.outer_refs = ls.outer_refs + rs.outer_refs
         return self._order_limit(q, node, outs, scope), scope
 
@@ -136,7 +148,14 @@ class Binder:
                     r = outs[idx]
                     ref = Ref(r.cid, r.type, r.name)
                 else:
-                    ref = ExprBinder(self, scope).bind(e)
+                    try:
+                        ref = ExprBinder(self, scope).bind(e)
+                    except SqlError:
+                        # after a set operation: an expression written as one of a side's select items
+                        idx = branch_item_positions(q, self.sql_text).get(self.sql_text(e))
+                        if idx is None or not isinstance(q, exp.SetOperation):
+                            raise
+                        ref = Ref(outs[idx].cid, outs[idx].type, outs[idx].name)
                 keys.append((ref, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             node = P.Sort(node, keys)
         return self._limit(q, node, scope)
@@ -198,9 +217,7 @@ class Binder:
     def _relation(self, t: exp.Expression, parent: Scope | None) -> tuple[P.Node, list[ScopeCol]]:
         alias = t.alias_or_name
         if isinstance(t, exp.Table):
-            if t.args.get("db") is not None:
-                raise NotSupportedError(f"qualified table name {t.sql()}")
-            name = t.name.lower()
+            name = qualified_name(t)
             for depth in range(len(self.ctes) - 1, -1, -1):
                 frame = self.ctes[depth]
                 if name in frame:
@@ -214,11 +231,14 @@ class Binder:
                 raise SqlError(f"unknown table {t.name!r}" + close_names(t.name, list(self.catalog.tables) + list(self.catalog.views)))
             table = self.catalog.tables[tables[name]]
             outs = [self.new_col(n, typ) for n, typ in zip(table.names, table.types)]  # loads no column
-            return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type) for o in outs]
+            schema = schema_of(name) if t.args.get("alias") is None else ""
+            return P.Scan(tables[name], outs), [ScopeCol(alias, o.name, o.cid, o.type, schema=schema) for o in outs]
         if isinstance(t, exp.Subquery):
             return self._derived(t.this, alias, t, [])
         if isinstance(t, exp.Values):
             return self._values(t, alias or "valueslist")
+        if isinstance(t, exp.Unnest):
+            return from_unnest(self, t, alias)
         raise NotSupportedError(f"FROM item {type(t).__name__}: {t.sql(dialect='duckdb')}")
 
     def _values(self, t: exp.Values, alias: str):
@@ -234,6 +254,7 @@ class Binder:
         if len(names) > width:
             raise SqlError(f"{alias}: {len(names)} column names given for {width} columns")
         names += [f"col{i}" for i in range(len(names), width)]
+        rows = string_literals_as(rows)
         types = [_common([r[i].type for r in rows if not (isinstance(r[i], Lit) and r[i].value is None)], "VALUES")
                  for i in range(width)]
         children = []
@@ -509,6 +530,7 @@ class Binder:
         distinct = q.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise NotSupportedError("DISTINCT ON")
+        q, node = select_unnests(self, q, node, scope)
         sets = grouping_sets(group)
         if sets is not None:
             return self._grouping_sets(q, node, scope, sets, distinct is not None), scope
@@ -586,8 +608,10 @@ class Binder:
     def _select_items(self, q, scope) -> list[tuple[str, exp.Expression | Ref]]:
         items = []
         for e in q.expressions:
+            if isinstance(e, exp.Columns) and isinstance(e.this, exp.Star):  # COLUMNS(* ...): the star itself
+                e = e.this
             if isinstance(e, exp.Star):
-                items += expand_star(e, [c for c in scope.cols if not c.hidden], "FROM clause")
+                items += expand_star(e, [c for c in scope.cols if not c.hidden], "FROM clause", scope.cols)
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 rel = e.table.lower()
                 cols = [c for c in scope.cols if c.relation_key == rel]
@@ -758,15 +782,22 @@ class Binder:
             return P.AggCall("count", binder.bind(arg), T.INT64)
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{name.upper()}(DISTINCT ...)")
+        if isinstance(arg, exp.Order):
+            raise NotSupportedError(f"ORDER BY inside the aggregate {a.sql(dialect='duckdb')}")
+        exact = marked(arg)  # fsum / favg (frontend/exact_sums.py)
+        if exact is not None:
+            name, arg = exact
         e = binder.bind(arg)
         name = AGG_NAMES.get(name, name)
         if name in ("bool_and", "bool_or"):  # over booleans: min and max
+            if isinstance(e, Lit) and e.value is None:  # bool_or(NULL): a NULL boolean
+                e = Lit(None, T.BOOL)
             if e.type.kind != "BOOL":
                 raise SqlError(f"{name}: expected a boolean argument, got {e.type}")
             return P.AggCall("min" if name == "bool_and" else "max", e, T.BOOL)
         if name in SPREAD_FUNCS and (not e.type.is_numeric or e.type.kind == "BOOL"):
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
-        if name in ("sum", "avg") and not e.type.is_numeric:
+        if name in ("sum", "avg", "fsum", "favg") and not e.type.is_numeric:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg") and e.type.kind == "BOOL":
             e = Func("cast", [e], T.INT32)

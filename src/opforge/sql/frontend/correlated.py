@@ -85,6 +85,10 @@ def _own_block(node: exp.Expression, q: exp.Select) -> bool:
 def _zero(t: T.SqlType) -> Lit:
     if t.kind == "STRING":
         return Lit("", t)
+    if t.kind == "LIST":
+        return Lit([], t)
+    if t.kind == "STRUCT":
+        return Lit({n: None for n, _ in t.fields}, t)
     return Lit(False, t) if t.kind == "BOOL" else Lit(0, t)
 
 
@@ -236,6 +240,8 @@ class SubqueryJoiner:
         node = qb._join(node, domain, "inner", correlated, {d.cid for d in dcols})
         for w in rest:
             node = qb._apply_subquery_conjunct(node, w, scope)
+        from opforge.sql.frontend.unnest import select_unnests
+        q, node = select_unnests(qb, q, node, scope)
         keys = [(qb.new_col(d.name, d.type), Ref(d.cid, d.type, d.name)) for d in dcols]
         aggregated = any(_group_aggregates(s) for s in sources)
         _, proj = qb._aggregate_project(q, node, scope, extra_keys=keys, distinct=distinct is not None,

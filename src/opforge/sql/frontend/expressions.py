@@ -10,16 +10,17 @@ from opforge.sql import types as T
 from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
+from opforge.sql.frontend.nested_calls import bind_nested_call, cast_nested, column_field, concat_lists, quantified_list, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
-             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr)
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.ArrayAgg)
 # sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
 AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
-             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or"}
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or", "arrayagg": "list"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -34,6 +35,10 @@ def sql_type(dt: exp.DataType) -> T.SqlType:
         return T.timestamp(6)
     if t == D.TIMESTAMPTZ:
         return T.timestamp(6, "UTC")
+    if t in (D.ARRAY, D.LIST) and dt.expressions:
+        return T.list_of(sql_type(dt.expressions[0]))
+    if t == D.STRUCT and dt.expressions:
+        return T.struct_of((f.name, sql_type(f.args["kind"])) for f in dt.expressions)
     if t == D.DECIMAL:
         params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
         p = params[0] if params else 18
@@ -80,6 +85,9 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
     types = [t for t in types if t is not None]
     if not types:
         return T.INT32
+    if any(t.kind in T.NESTED for t in types):
+        from opforge.sql.frontend.nested_calls import common_type
+        return common_type(types, where)
     out = types[0]
     for t in types[1:]:
         if out.kind in ("STRING", "DATE", "TIMESTAMP") or t.kind in ("STRING", "DATE", "TIMESTAMP"):
@@ -88,6 +96,36 @@ def _common(types: list[T.SqlType], where: str) -> T.SqlType:
             continue
         out = T.common_numeric(out, t)
     return out
+
+
+def _not_nested(e: Expr, what: str) -> None:
+    if e.type.kind in T.NESTED:
+        raise SqlError(f"{what}: expected a number, got {e.type}")
+
+
+def string_literals_as(rows: list[list[Expr]]) -> list[list[Expr]]:
+    """VALUES rows with each string literal of a column whose other values are numbers or dates
+    read as that type ('42' beside 3 is 42; 'hello' there is DuckDB's conversion error)."""
+    width = len(rows[0]) if rows else 0
+    for i in range(width):
+        items = [r[i] for r in rows if not _is_null_lit(r[i])]
+        others = [e.type for e in items if e.type.kind != "STRING"]
+        strings = [e for e in items if e.type.kind == "STRING"]
+        if not strings or not others or not all(isinstance(e, Lit) for e in strings):
+            continue
+        if any(t.kind in T.NESTED for t in others):
+            continue
+        target = _common(others, "VALUES")
+        for r in rows:
+            e = r[i]
+            if isinstance(e, Lit) and e.type.kind == "STRING" and e.value is not None:
+                if target.kind == "DATE":
+                    r[i] = Lit(_parse_date(e.value), T.DATE)
+                elif target.kind == "TIMESTAMP":
+                    r[i] = _timestamp_literal(e, target)
+                elif target.is_numeric and target.kind != "BOOL":
+                    r[i] = _string_number(e.value, target)
+    return rows
 
 
 def _is_null_lit(e: Expr) -> bool:
@@ -121,15 +159,23 @@ class ExprBinder:
                 if isinstance(node, cls):
                     return self._arith(node, op)
             for cls, op in _CMPS.items():
+                if isinstance(node, cls) and isinstance(node.this, exp.Tuple):  # (a, b) = (c, d)
+                    from opforge.sql.frontend.row_compare import row_compare
+                    return row_compare(self, node.this, node.expression, op)
                 if isinstance(node, cls):
                     if isinstance(node.expression, (exp.Any, exp.All)) and self.quantified_hook is not None \
                             and isinstance(node.expression.this, (exp.Subquery, exp.Select)):
                         return self.quantified_hook(self.bind(node.this), node.expression.this, op,
                                                     isinstance(node.expression, exp.All))
+                    if isinstance(node.expression, (exp.Any, exp.All)):  # x op ANY (list)
+                        return quantified_list(self.bind(node.this), self.bind(node.expression.this), op,
+                                               isinstance(node.expression, exp.All))
                     return self._compare(op, self.bind(node.this), self.bind(node.expression))
             if isinstance(node, AGG_FUNCS):
                 raise SqlError(f"aggregate {node.sql(dialect='duckdb')} is not allowed here")
             call = bind_string_call(self, node)
+            if call is None:
+                call = bind_nested_call(self, node)
             if call is not None:
                 return call
             raise NotSupportedError(f"{type(node).__name__}: {node.sql(dialect='duckdb')}")
@@ -145,12 +191,36 @@ class ExprBinder:
     def _Column(self, node):
         if isinstance(node.this, exp.Star):
             raise SqlError(f"{node.sql()} is only allowed in the select list")
-        ref = self.scope.resolve(node.name, node.table or None)
+        db, catalog = node.args.get("db"), node.args.get("catalog")
+        try:
+            if catalog is not None and catalog.name.lower() not in ("memory", "main", "temp"):
+                raise SqlError(f"unknown catalog {catalog.name!r} in column {node.sql()}")
+            ref = self.scope.resolve(node.name, node.table or None, db.name if db is not None else None)
+        except SqlError:
+            hit = column_field(self, node) if node.table else None  # s.a: a STRUCT's field
+            if hit is None:
+                raise
+            return hit
         if self.agg_mode:
             if ref.cid in self.key_cids:
                 return self.key_cids[ref.cid]
             if ref.cid in self.scope.cids():
                 raise SqlError(f"column {node.sql()!r} must appear in the GROUP BY clause or be used in an aggregate")
+        return ref
+
+    def _PositionalColumn(self, node):
+        """``#n``: the n-th column of the FROM clause (DuckDB's positional reference)."""
+        cols = [c for c in self.scope.cols if not c.hidden]
+        n = int(node.this.this) if isinstance(node.this, exp.Literal) and not node.this.is_string else 0
+        if not 1 <= n <= len(cols):
+            raise SqlError(f"Binder Error: positional reference {node.sql()} out of range (the FROM clause has "
+                           f"{len(cols)} columns)")
+        c = cols[n - 1]
+        ref = Ref(c.cid, c.type, c.name)
+        if self.agg_mode:
+            if ref.cid in self.key_cids:
+                return self.key_cids[ref.cid]
+            raise SqlError(f"column {node.sql()!r} must appear in the GROUP BY clause or be used in an aggregate")
         return ref
 
     def _Literal(self, node):
@@ -197,6 +267,7 @@ class ExprBinder:
 
     def _Neg(self, node):
         a = self.bind(node.this)
+        _not_nested(a, "unary -")
         if isinstance(a, Lit) and a.value is not None:
             return Lit(-a.value, a.type)
         return Func("neg", [a], a.type)
@@ -264,6 +335,8 @@ class ExprBinder:
                 raise NotSupportedError("IN (subquery) inside an expression (supported as a WHERE conjunct)")
             return self.quantified_hook(self.bind(node.this), node.args["query"], "=", False)
         x = self.bind(node.this)
+        if _is_null_lit(x) and node.expressions:  # NULL IN (...): unknown, whatever the list holds
+            return Lit(None, T.BOOL)
         items = []
         for it in node.expressions:
             b = self.bind(it)
@@ -295,13 +368,17 @@ class ExprBinder:
             cond = self.bind(branch.this)
             if operand is not None:
                 cond = self._compare("=", operand, cond)
+            elif cond.type.is_integer:  # CASE WHEN 1: DuckDB casts the integer to a boolean (non-zero)
+                cond = Lit(None if cond.value is None else cond.value != 0, T.BOOL) if isinstance(cond, Lit) \
+                    else cmp("<>", cond, Lit(0, cond.type))
             v = self.bind(branch.args["true"])
             args += [cond, v]
             vals.append(v)
         default = self.bind(node.args["default"]) if node.args.get("default") is not None else Lit(None, T.INT32)
         vals.append(default)
         t = _common([v.type for v in vals if not _is_null_lit(v)], "CASE")
-        args = [Lit(None, t) if _is_null_lit(a) else a for a in args]
+        # a NULL value takes the result type; a NULL condition is a NULL boolean (never taken)
+        args = [Lit(None, t if i % 2 else T.BOOL) if _is_null_lit(a) else a for i, a in enumerate(args)]
         default = Lit(None, t) if _is_null_lit(default) else default
         return Func("case", args + [default], t)
 
@@ -331,7 +408,13 @@ class ExprBinder:
                 return Func("cast", [_string_number(x.value, to)], to)
         if to.kind == "STRING":
             return x if x.type.kind == "STRING" else Func("to_string", [x], T.STRING)
+        if x.type.kind in T.NESTED or to.kind in T.NESTED:
+            if x.type == to or _is_null_lit(x):
+                return x if x.type == to else Lit(None, to)
+            return cast_nested(x, to)
         if x.type.kind == "STRING":
+            if to.kind == "DATE" or to.is_integer or to.is_float:  # per distinct string (expr/string_casts.py)
+                return Func("string_cast", [x], to)
             raise NotSupportedError(f"CAST of a string column to {to}")
         if _is_null_lit(x):
             return Lit(None, to)
@@ -365,6 +448,9 @@ class ExprBinder:
         return self._string_unary(node, "lower", T.STRING)
 
     def _Length(self, node):
+        x = self.bind(node.this)
+        if x.type.kind == "LIST":
+            return list_length(x)
         return self._string_unary(node, "length", T.INT64)
 
     def _Trim(self, node):
@@ -374,8 +460,14 @@ class ExprBinder:
         chars = " "
         if node.args.get("expression") is not None:
             c = self.bind(node.args["expression"])
-            if not isinstance(c, Lit):
-                raise NotSupportedError("TRIM with non-constant characters to strip")
+            if not isinstance(c, Lit):  # characters from a column: per distinct (string, characters) pair
+                x = self.bind(node.this)
+                for e in (x, c):
+                    if e.type.kind != "STRING" and not _is_null_lit(e):
+                        raise SqlError(f"TRIM: expected strings, got {e.type}")
+                if _is_null_lit(x):
+                    return Lit(None, T.STRING)
+                return Func("string_call", [x, c], T.STRING, f"trim_{side.lower()}")
             if c.value is None:
                 return Lit(None, T.STRING)
             if c.type.kind != "STRING":
@@ -389,11 +481,17 @@ class ExprBinder:
         return Func("trim", [x], T.STRING, (side, chars))
 
     def _DPipe(self, node):
-        return Func("concat", [self.bind(node.this), self.bind(node.expression)], T.STRING)
+        a, b = self.bind(node.this), self.bind(node.expression)
+        if a.type.kind in T.NESTED or b.type.kind in T.NESTED:
+            return concat_lists([a, b], strict=True)
+        return Func("concat", [a, b], T.STRING)
 
     def _Concat(self, node):
         """CONCAT(...) skips NULL arguments (DuckDB), unlike ``||`` whose NULL operand makes NULL."""
         args = [a for a in (self.bind(e) for e in node.expressions) if not (isinstance(a, Lit) and a.value is None)]
+        if any(a.type.kind in T.NESTED for a in args):
+            raise SqlError("Binder Error: CONCAT of a LIST or STRUCT (use || or list_concat for lists): "
+                           f"{node.sql(dialect='duckdb')}")
         if not args:
             return Lit("", T.STRING)
         return Func("concat", args, T.STRING, "skip_nulls")
@@ -412,6 +510,7 @@ class ExprBinder:
 
     def _Abs(self, node):
         x = self.bind(node.this)
+        _not_nested(x, "abs")
         return Func("abs", [x], x.type)
 
     def _Round(self, node):

@@ -25,4 +25,6 @@ def parse_all(text: str) -> list[exp.Expression]:
         raise SqlError(f"syntax error{where}: {info.get('description', str(e))}") from None
     except TokenError as e:
         raise SqlError(f"syntax error: {e}") from None
-    return trees
+    from opforge.sql.frontend.covariance import covariances
+    from opforge.sql.frontend.exact_sums import exact_sums
+    return [covariances(exact_sums(t)) for t in trees]

@@ -86,10 +86,14 @@ def _conform(t: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
                        f"types {[str(f.type) for f in schema]}: {e}") from None
 
 
+from opforge.sql.nested import sort_key  # noqa: E402
+
+
 def _new_rows(t: pa.Table, seen: set) -> pa.Table:
     """UNION's step: the rows of ``t`` not seen before, each once (NULLs equal, as in DISTINCT)."""
     keep = []
     for i, row in enumerate(zip(*(c.to_pylist() for c in t.columns))):
+        row = tuple(sort_key(v) if isinstance(v, (list, dict)) else v for v in row)  # LIST / STRUCT: hashable
         if row not in seen:
             seen.add(row)
             keep.append(i)

@@ -16,6 +16,9 @@ def _entry(e: exp.Expression) -> tuple[str | None, str]:
     if isinstance(e, exp.Literal) and e.is_string:
         return None, e.this.lower()
     if isinstance(e, exp.Column) and not isinstance(e.this, exp.Star):
+        db = e.args.get("db")
+        if db is not None:  # schema.table.column
+            return f"{db.name.lower()}.{e.table.lower()}", e.name.lower()
         return (e.table.lower() or None), e.name.lower()
     raise SqlError(f"unexpected entry {e.sql()} in a * modifier")
 
@@ -29,9 +32,11 @@ def _check_duplicates(entries: list[tuple[str | None, str]], clause: str) -> Non
         rels.add(rel)
 
 
-def expand_star(star: exp.Star, cols: list[ScopeCol], where: str) -> list[tuple[str, exp.Expression | Ref]]:
+def expand_star(star: exp.Star, cols: list[ScopeCol], where: str,
+                known: list[ScopeCol] | None = None) -> list[tuple[str, exp.Expression | Ref]]:
     """The select items of one star over ``cols`` (all of the FROM clause, or one table's);
-    ``where`` names them in errors ("FROM clause" or the table)."""
+    ``where`` names them in errors ("FROM clause" or the table). ``known``: the columns a modifier
+    may name (default ``cols``; also the columns a JOIN ... USING merged away: ``EXCLUDE (t2.a)``)."""
     if star.args.get("ilike") is not None:
         raise NotSupportedError("* ILIKE")
     exclude = [_entry(e) for e in star.args.get("except_") or []]
@@ -46,10 +51,12 @@ def expand_star(star: exp.Star, cols: list[ScopeCol], where: str) -> list[tuple[
 
     def matches(c: ScopeCol, entry) -> bool:
         rel, name = entry
+        if rel is not None and "." in rel:
+            return c.name_key == name and f"{c.schema}.{c.relation_key}" == rel
         return c.name_key == name and (rel is None or c.relation_key == rel)
 
     for rel, name in exclude + [r for r, _ in renames] + [(None, n) for n in replace]:
-        if not any(matches(c, (rel, name)) for c in cols):
+        if not any(matches(c, (rel, name)) for c in (known if known is not None else cols)):
             full = f"{rel}.{name}" if rel else name
             raise SqlError(f"column {full!r} in the * modifier not found in {where}")
     items: list[tuple[str, exp.Expression | Ref]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from opforge.sql import types as T
-from opforge.sql.errors import SqlError
+from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr.tree import Expr, Func, Lit
 
 # node class name (or Anonymous function name) -> (function, argument names, kinds, result type).
@@ -44,10 +44,14 @@ def bind_string_call(binder, node: exp.Expression) -> Expr | None:
                      [node.this, node.expression, node.args.get("fill_pattern") or exp.Literal.string(" ")], "sis", _S)
     if isinstance(node, exp.RegexpExtract):
         return _regexp_extract(binder, node)
+    if name == "substring_grapheme":
+        return _substring_grapheme(binder, node)
     if isinstance(node, exp.Chr):
         return _call(binder, "chr", node.expressions, "i", _S)
     if isinstance(node, exp.ConcatWs):
         args = [binder.bind(a) for a in node.expressions]
+        if any(a.type.kind in T.NESTED for a in args):  # DuckDB joins a list's elements: not here
+            raise NotSupportedError(f"concat_ws of a LIST or STRUCT: {node.sql(dialect='duckdb')}")
         if len(args) < 2:
             raise SqlError("concat_ws: expected a separator and at least one string")
         return Func("string_call", args, _S, "concat_ws")
@@ -71,10 +75,25 @@ def bind_like(binder, node: exp.Expression, escape: exp.Expression | None) -> Ex
     return _call(binder, fn, nodes, "sss", _B)
 
 
+def _substring_grapheme(binder, node: exp.Anonymous) -> Expr:
+    """substring_grapheme(s, start[, length]) with constant positions (``expr/graphemes.py``)."""
+    args = node.expressions
+    if len(args) not in (2, 3):
+        raise SqlError(f"substring_grapheme: expected 2 or 3 arguments: {node.sql(dialect='duckdb')}")
+    x = binder.bind(args[0])
+    pos = [binder._int_lit(a, "substring_grapheme position") for a in args[1:]]
+    if isinstance(x, Lit) and x.value is None:
+        return Lit(None, _S)
+    if x.type.kind != "STRING":
+        raise SqlError(f"substring_grapheme: expected a string, got {x.type}")
+    return Func("substring_grapheme", [x], _S, (pos[0], pos[1] if len(pos) > 1 else None))
+
+
 def _regexp_extract(binder, node: exp.RegexpExtract) -> Expr:
     group = node.args.get("group")
     if isinstance(group, exp.Array):
-        raise SqlError("regexp_extract with a list of group names returns a STRUCT, which is not supported")
+        from opforge.sql.frontend.nested_calls import regexp_extract_struct
+        return regexp_extract_struct(binder, node)
     nodes = [node.this, node.expression] + ([group] if group is not None else [])
     if node.args.get("parameters") is not None:
         nodes += [node.args["parameters"]] if group is not None else [exp.Literal.number(0), node.args["parameters"]]

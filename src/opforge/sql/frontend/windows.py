@@ -135,7 +135,7 @@ class WindowCollector:
                 return call
         if isinstance(fn, AGG_FUNCS):
             agg = self.qb._agg_call(fn, binder)
-            if agg.func in SPREAD_FUNCS:
+            if agg.func in SPREAD_FUNCS or agg.func in ("list", "fsum", "favg"):
                 raise NotSupportedError(f"window function {agg.func}: {fn.sql(dialect='duckdb')}")
             if agg.func == "count_distinct" and frame.start.kind != "unbounded_preceding" \
                     and frame.end.kind != "unbounded_following":
@@ -155,6 +155,8 @@ class WindowCollector:
             if x.type.kind != "BOOL":
                 raise SqlError(f"{fn.sql(dialect='duckdb')}: expected a boolean argument, got {x.type}")
             return P.WindowCall("min" if isinstance(fn, exp.LogicalAnd) else "max", [x], T.BOOL, frame)
+        if isinstance(fn, exp.Anonymous) and fn.name.lower() == "fill":
+            return _fill_call(fn, binder, keys)
         name = fn.sql_name() if hasattr(fn, "sql_name") else type(fn).__name__
         raise NotSupportedError(f"window function {name.lower()}: {fn.sql(dialect='duckdb')}")
 
@@ -222,3 +224,24 @@ class WindowCollector:
                 raise NotSupportedError(f"RANGE frame offset over an ORDER BY key of type {key_type} "
                                         "(numeric keys only)")
         return P.FrameBound(str(side).lower(), offset)
+
+
+def _fill_call(fn: exp.Anonymous, binder: ExprBinder, keys) -> P.WindowCall:
+    """``fill(x [ORDER BY k])``: physical/window_fill.py; the key defaults to the window's ORDER BY."""
+    if len(fn.expressions) != 1:
+        raise SqlError(f"fill: expected one argument: {fn.sql(dialect='duckdb')}")
+    arg = fn.expressions[0]
+    if isinstance(arg, exp.Order):
+        if len(arg.expressions) != 1:
+            raise SqlError("FILL functions must have only one ORDER BY expression")
+        x, k = binder.bind(arg.this), binder.bind(arg.expressions[0].this)
+    else:
+        if len(keys) != 1:
+            raise SqlError("FILL functions must have exactly one ORDER BY expression (in the call or the window)")
+        x, k = binder.bind(arg), keys[0][0]
+    for e, what in ((x, "argument"), (k, "ordering")):
+        if not e.type.is_numeric or e.type.kind == "BOOL":
+            if e.type.kind in ("DATE", "TIMESTAMP"):
+                raise NotSupportedError(f"fill of {e.type} values / keys")
+            raise SqlError(f"FILL {what} must support subtraction, got {e.type}")
+    return P.WindowCall("fill", [x, k], x.type)

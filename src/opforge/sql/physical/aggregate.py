@@ -32,7 +32,9 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
     sum(decimal(p,s)) DECIMAL(38,s), sum(float) DOUBLE, min/max keep the type."""
     if func in ("count", "count_star", "count_distinct"):
         return T.INT64
-    if func == "avg" or func in SPREAD_FUNCS:
+    if func == "list":
+        return T.list_of(arg_type)
+    if func in ("avg", "fsum", "favg") or func in SPREAD_FUNCS:
         return T.FLOAT64
     if func == "sum":
         if arg_type.kind == "DECIMAL":
@@ -113,6 +115,11 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
 
 def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType,
             rows_per_group: list) -> Column:
+    if func == "list":
+        from opforge.sql.nested import group_lists
+        return group_lists(col, gid, groups, out_type)
+    if func in ("fsum", "favg"):
+        return _exact_float_sum(func, col, gid, groups)
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
             c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
@@ -166,6 +173,23 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
+
+
+def _exact_float_sum(func: str, col: Column, gid: torch.Tensor, groups: int) -> Column:
+    """fsum / favg: each group's sum of its non-NULL values rounded once (``math.fsum``, on the
+    host: the device sum rounds at every addition); NULL for a group without values."""
+    import math
+
+    values = cast_values(col, T.FLOAT64).tolist()
+    ok = col.valid_mask().tolist()
+    per: list[list[float]] = [[] for _ in range(groups)]
+    for g, v, k in zip(gid.tolist(), values, ok):
+        if k:
+            per[g].append(v)
+    out = [math.fsum(p) / (len(p) if func == "favg" else 1) if p else 0.0 for p in per]
+    valid = torch.tensor([bool(p) for p in per], dtype=torch.bool, device=col.device)
+    return Column(torch.tensor(out, dtype=torch.float64, device=col.device), None if bool(valid.all()) else valid,
+                  T.FLOAT64)
 
 
 def _spread(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor) -> Column:

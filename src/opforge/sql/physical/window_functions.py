@@ -103,6 +103,9 @@ def _call(call: WindowCall, args: list[Column], L: Layout, typ: T.SqlType) -> Co
         return _ranking(call.func, args, L)
     if call.func in ("lag", "lead"):
         return _lag_lead(call.func, args, L, typ, call.ignore_nulls)
+    if call.func == "fill":
+        from opforge.sql.physical.window_fill import fill
+        return fill(args[0], args[1], L.part_id, typ)
     start, end = frame_bounds(call.frame, L)
     if call.func in VALUE:
         return _frame_value(call.func, args, start, end, L, call.ignore_nulls)
@@ -139,14 +142,14 @@ def _ranking(func: str, args: list[Column], L: Layout) -> Column:
 
 def _choose(take: torch.Tensor, a: Column, b: Column, typ: T.SqlType) -> Column:
     """``a`` where ``take``, else ``b`` (both cast to ``typ``)."""
-    if typ.kind == "STRING":
+    if T.is_coded(typ):
         a, b = unify_strings([a, b])
         va, vb = a.values, b.values
     else:
         va, vb = cast_values(a, typ), cast_values(b, typ)
     valid = torch.where(take, a.valid_mask(), b.valid_mask())
     return Column(torch.where(take, va, vb), None if bool(valid.all()) else valid, typ,
-                  a.dictionary if typ.kind == "STRING" else None)
+                  a.dictionary if T.is_coded(typ) else None)
 
 
 def _nth_valid(x: Column, j: torch.Tensor) -> torch.Tensor:

@@ -230,7 +230,7 @@ def _with_inputs(node: P.Node, inputs: list[P.Node]) -> P.Node:
         return dataclasses.replace(node, child=inputs[0])
     if isinstance(node, P.Window):
         return P.Window(inputs[0], node.partition, node.aggs)
-    if isinstance(node, P.WindowFunctions):
+    if isinstance(node, (P.WindowFunctions, P.Unnest)):
         return dataclasses.replace(node, child=inputs[0])
     if isinstance(node, P.Sort):
         return P.Sort(inputs[0], node.keys)
