@@ -34,7 +34,7 @@ import sys
 import time
 
 PARTS = ("warm", "check", "time", "dispatch", "backward", "memcheck")
-LIMITS = {"warm": 30, "check": 15, "time": 40, "dispatch": 25, "backward": 20, "memcheck": 20,
+LIMITS = {"warm": 30, "check": 15, "time": 40, "dispatch": 25, "backward": 90, "memcheck": 20,
           "selftest": 30}  # 150 s at most
 
 
