@@ -223,11 +223,27 @@ def dense_rank(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # -- floats -----------------------------------------------------------------------------------------
 def to_float64(x: torch.Tensor) -> torch.Tensor:
-    """The nearest double (from the magnitude: no cancellation between the words)."""
+    """The double nearest the value (as good as one rounding almost always): the magnitude's three
+    exact parts (high word, upper and lower 32 bits of the low word) summed with the first sum's
+    rounding error carried (no cancellation: all parts are non-negative)."""
     m = abs_(x)
-    low = lo(m).double() + (lo(m) < 0).double() * 2.0 ** 64  # the low word unsigned
-    f = hi(m).double() * 2.0 ** 64 + low
+    a = hi(m).double() * 2.0 ** 64  # the high word: rounded once (exact below 2^53)
+    b = ((lo(m) >> 32) & MASK32).double() * 2.0 ** 32
+    c = (lo(m) & MASK32).double()
+    s = a + b
+    err = b - (s - a)
+    f = s + (err + c)
     return torch.where(is_negative(x), -f, f)
+
+
+def to_float64_scaled(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """``x / 10^scale`` as a double: the integer part and the fraction converted apart, so a
+    value's digits are not rounded twice in one big number."""
+    if scale == 0:
+        return to_float64(x)
+    whole = div_pow10(x, scale, "trunc")
+    frac = sub(x, scale_up(whole, scale))[0]
+    return to_float64(whole) + to_float64(frac) / 10.0 ** scale
 
 
 def from_float64(f: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,10 @@ class SqlType:
     precision: int = 0
     scale: int = 0  # DECIMAL: digits after the point; TIMESTAMP: digits of a second (0 s, 3 ms, 6 us, 9 ns)
     tz: str | None = None  # TIMESTAMP: the zone of a TIMESTAMPTZ (values are UTC instants), None: naive
+    # DECIMAL: 128-bit storage ([n, 2] int64, sql/decimal128.py), for a declared precision above 18.
+    # A wider DECIMAL computed from 64-bit ones (SUM's DECIMAL(38, s)) keeps int64 storage and
+    # refuses a value that leaves it.
+    wide: bool = False
 
     def __str__(self) -> str:
         if self.kind == "DECIMAL":
@@ -49,8 +53,20 @@ DATE = SqlType("DATE")
 STRING = SqlType("STRING")
 
 
-def decimal(precision: int, scale: int) -> SqlType:
-    return SqlType("DECIMAL", min(precision, 38), scale)
+def decimal(precision: int, scale: int, wide: bool = False) -> SqlType:
+    return SqlType("DECIMAL", min(precision, 38), scale, None, wide)
+
+
+def wide_decimal(precision: int, scale: int) -> SqlType:
+    """DECIMAL(p, s) in 128-bit storage (any p <= 38: a declared wide one keeps its storage)."""
+    return decimal(precision, scale, True)
+
+
+def declared_decimal(precision: int, scale: int) -> SqlType:
+    """A DECIMAL as written in SQL or read from Arrow: 128-bit storage above 18 digits."""
+    if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+        raise NotSupportedError(f"DECIMAL({precision},{scale}): the width must be 1..38 and the scale 0..width")
+    return decimal(precision, scale, precision > 18)
 
 
 _UNITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
@@ -91,10 +107,9 @@ def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
     if pa.types.is_timestamp(t):
         return timestamp(_UNITS[t.unit], t.tz)
     if pa.types.is_decimal(t):
-        if t.precision > 18:
-            raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 18 digits "
-                                    "(decimals are stored as scaled int64)")
-        return decimal(t.precision, t.scale)
+        if t.precision > 38:
+            raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 38 digits")
+        return declared_decimal(t.precision, t.scale)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return STRING
     if pa.types.is_null(t):
@@ -118,14 +133,15 @@ def common_numeric(a: SqlType, b: SqlType) -> SqlType:
     """The type both operands are cast to for comparison or CASE/COALESCE (DuckDB-like)."""
     if a == b:
         return a
+    wide = a.wide or b.wide
     if a.kind == "DECIMAL" and b.kind == "DECIMAL":
         s = max(a.scale, b.scale)
-        return decimal(max(a.precision - a.scale, b.precision - b.scale) + s, s)
+        return decimal(max(a.precision - a.scale, b.precision - b.scale) + s, s, wide)
     hi = a if _RANK[a.kind] >= _RANK[b.kind] else b
     lo = b if hi is a else a
     if hi.kind == "DECIMAL" and lo.kind in ("INT32", "INT64", "BOOL"):
         digits = 19 if lo.kind == "INT64" else 10
-        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale)
+        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale, wide)
     if hi.kind == "FLOAT32" and lo.kind in ("INT64", "DECIMAL"):
         return FLOAT64
     return hi

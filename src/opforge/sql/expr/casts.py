@@ -15,6 +15,7 @@ import torch
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import ConversionError, NotSupportedError
+from opforge.sql.expr import decimal_wide
 from opforge.sql.expr.evaluation import FUNCS, check_range
 
 I64_MAX = 2 ** 63 - 1
@@ -78,6 +79,8 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
     v = col.values
     if fr == to:
         return v
+    if fr.wide or to.wide:
+        return decimal_wide.cast_wide(col, to)
     if to.kind == "DECIMAL":
         if fr.kind == "DECIMAL":
             if to.scale >= fr.scale:
@@ -111,6 +114,8 @@ def sql_cast(col: Column, to: T.SqlType) -> torch.Tensor:
     fr, v, valid = col.type, col.values, col.valid
     if fr == to:
         return v
+    if fr.wide or to.wide:
+        return decimal_wide.cast_wide(col, to)
     if to.kind == "DECIMAL" and to.precision <= 18:
         limit = 10 ** to.precision
         if fr.kind == "DECIMAL":

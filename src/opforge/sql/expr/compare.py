@@ -6,6 +6,7 @@ import torch
 from opforge.sql import types as T
 from opforge.sql.column import Column, code_bound, storage_value, unify_strings
 from opforge.sql.errors import SqlError
+from opforge.sql.expr import decimal_wide
 from opforge.sql.expr.casts import cast_values
 from opforge.sql.expr.evaluation import FUNCS, LITERAL_PATHS, and_valid, evaluate
 from opforge.sql.expr.result_types import scale_of
@@ -29,6 +30,8 @@ def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
         digits = max(a.type.scale, b.type.scale)  # both in the finer unit
         return a.values * 10 ** (digits - a.type.scale), b.values * 10 ** (digits - b.type.scale)
     t = T.common_numeric(a.type, b.type)
+    if t.wide:  # [n, 2] rows: callers compare them with decimal_wide / decimal128, not elementwise
+        return cast_values(a, T.wide_decimal(38, t.scale)), cast_values(b, T.wide_decimal(38, t.scale))
     if t.kind == "DECIMAL":
         t = T.decimal(18, t.scale)
     return cast_values(a, t), cast_values(b, t)
@@ -71,6 +74,8 @@ def compare(e, args, batch):
         out = {"=": (c >= lo) & (c < hi), "<>": (c < lo) | (c >= hi), "<": c < lo, "<=": c < hi,
                ">": c >= hi, ">=": c >= lo}[op]
         return Column(out, a.valid, T.BOOL)
+    if a.type.wide or b.type.wide:
+        return Column(decimal_wide.compare_wide(op, a, b), and_valid(a, b), T.BOOL)
     if _decimal_scales_differ(a.type, b.type):
         return Column(_compare_scaled(op, a, b), and_valid(a, b), T.BOOL)
     av, bv = comparable(a, b)
@@ -85,6 +90,8 @@ def _literal_at_scale(col_type: T.SqlType, lit: Lit) -> tuple[int, bool] | None:
     the column stores ``x`` at scale s, the literal ``L`` at scale t; ``f = 10^(t - s)`` when t > s
     (``exact``: f divides L), else the literal is scaled up exactly. None: not such a pair."""
     tb = lit.type
+    if col_type.wide or tb.wide:  # 128-bit values: the general path (decimal_wide)
+        return None
     if col_type.kind == "DATE" and tb.kind == "DATE":
         sa = sb = 0
     elif "BOOL" in (col_type.kind, tb.kind) or "DATE" in (col_type.kind, tb.kind):

@@ -119,7 +119,8 @@ def _trim(s: str, extra) -> str:
 
 
 def to_string(col: Column) -> Column:
-    uniq, inv = torch.unique(col.values, return_inverse=True)
+    # a 128-bit DECIMAL's rows are [n, 2]: unique rows, not words
+    uniq, inv = torch.unique(col.values, return_inverse=True, **({"dim": 0} if col.values.dim() == 2 else {}))
     if col.type.kind == "DECIMAL":
         words = [str(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py()) for i in range(len(uniq))]
     elif col.type.kind == "DATE":

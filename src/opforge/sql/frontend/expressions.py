@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import decimal
 from decimal import Decimal
 
 from sqlglot import exp
@@ -38,9 +39,9 @@ def sql_type(dt: exp.DataType) -> T.SqlType:
         params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
         p = params[0] if params else 18
         s = params[1] if len(params) > 1 else (3 if not params else 0)
-        if p > 18:
-            raise NotSupportedError(f"CAST to DECIMAL({p},{s}): wider than 18 digits")
-        return T.decimal(p, s)
+        return T.declared_decimal(p, s)
+    if t == D.INT128:  # HUGEINT: 128-bit DECIMAL(38, 0) storage (values to +-(10^38 - 1))
+        return T.wide_decimal(38, 0)
     raise NotSupportedError(f"type {dt.sql(dialect='duckdb')}")
 
 
@@ -51,12 +52,19 @@ def number_literal(text: str) -> Lit:
         d = Decimal(text)
         digits = text.lstrip("-").replace(".", "")  # DuckDB counts leading zeros: 0.06 is DECIMAL(3,2)
         scale = len(text.split(".")[1])
-        return Lit(d, T.decimal(max(len(digits), scale, 1), scale))
+        if max(len(digits), scale) > 38:  # DuckDB: beyond DECIMAL(38) a literal is a DOUBLE
+            return Lit(float(d), T.FLOAT64)
+        return Lit(d, T.declared_decimal(max(len(digits), scale, 1), scale))
     v = int(text)
+    if not -2**63 <= v < 2**63:  # DuckDB: HUGEINT, here 128-bit DECIMAL(38, 0)
+        if abs(v) >= 10 ** 38:
+            return Lit(float(v), T.FLOAT64)
+        return Lit(v, T.wide_decimal(38, 0))
     return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
 
 
 _DECIMAL_MAX_EXPONENT = 32768
+_WIDE_CONTEXT = decimal.Context(prec=100)
 _FLOAT_WORDS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 
 
@@ -67,6 +75,16 @@ def _string_number(text: str, to: T.SqlType) -> Lit:
     if word.lower() in _FLOAT_WORDS:
         return Lit(float(word), T.FLOAT64)
     try:
+        if to.kind == "DECIMAL" and "e" in word.lower() and "inf" not in word.lower():
+            d = Decimal(word)  # exactly, as DuckDB's decimal parser ('1e37' is 10^37, not a DOUBLE's)
+            if not d.is_finite() or abs(d.as_tuple().exponent) > _DECIMAL_MAX_EXPONENT:
+                raise ValueError(word)
+            if d == d.to_integral_value():
+                d = d.quantize(Decimal(1), context=_WIDE_CONTEXT)
+            digits = len(d.as_tuple().digits)
+            scale = max(-d.as_tuple().exponent, 0)
+            if max(digits, scale) <= 38:
+                return Lit(d, T.declared_decimal(max(digits, scale, 1), scale))
         lit = number_literal(word)
         # DuckDB's decimal parser refuses an exponent beyond +-32768 (1e-99999 is no DECIMAL 0)
         if to.kind == "DECIMAL" and "e" in word.lower() and abs(int(word.lower().split("e")[1])) > _DECIMAL_MAX_EXPONENT:
@@ -417,7 +435,7 @@ class ExprBinder:
     def _Round(self, node):
         x = self.bind(node.this)
         digits = self._int_lit(node.args["decimals"], "ROUND digits") if node.args.get("decimals") is not None else 0
-        t = T.decimal(x.type.precision, min(x.type.scale, max(digits, 0))) if x.type.kind == "DECIMAL" else x.type
+        t = T.decimal(x.type.precision, min(x.type.scale, max(digits, 0)), x.type.wide) if x.type.kind == "DECIMAL" else x.type
         return Func("round", [x], t, digits)
 
     def _Subquery(self, node):

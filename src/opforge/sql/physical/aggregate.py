@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from opforge.ops import hashing
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column
-from opforge.sql.errors import NotSupportedError
+from opforge.sql.errors import NotSupportedError, OutOfRangeError
 from opforge.sql.expr import Batch, cast_values, evaluate
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.keys import dense_ids, key_tensor, partition_bits, partition_of, partitions
@@ -36,7 +37,7 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
         return T.FLOAT64
     if func == "sum":
         if arg_type.kind == "DECIMAL":
-            return T.decimal(38, arg_type.scale)
+            return T.decimal(38, arg_type.scale, arg_type.wide)
         if arg_type.is_integer or arg_type.kind == "BOOL":
             return T.decimal(38, 0)
         return T.FLOAT64
@@ -135,6 +136,8 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         first = hashing.segment_reduce_dense(torch.arange(len(v), device=dev), pairs, npairs, "min")
         d = hashing.segment_reduce_dense(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
+    if col.type.wide and func in ("sum", "avg", "min", "max"):
+        return _reduce_wide(func, col, gid, groups, cnt, valid, out_type)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
             v = cast_values(col, T.FLOAT64)
@@ -166,6 +169,30 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         r = r.to(col.values.dtype)
         return Column(r, valid, col.type, col.dictionary)
     raise ValueError(f"aggregate: unknown function {func!r}")
+
+
+def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor, valid,
+                 out_type: T.SqlType) -> Column:
+    """sum / avg / min / max of a 128-bit DECIMAL: SUM exact by 32-bit limb columns (int64 segment
+    sums, carries folded after), AVG that exact sum as a DOUBLE, MIN / MAX through the values' dense
+    ranks."""
+    v = col.values
+    if func in ("sum", "avg"):
+        s, over = decimal128.segment_sum(
+            v, lambda limb: hashing.segment_reduce_dense(limb, gid, groups, "sum", valid=col.valid))
+        bad = over | decimal128.exceeds(torch.where(over[:, None], torch.zeros_like(s), s), 10 ** 38)
+        if valid is not None:
+            bad = bad & valid
+        if bool(bad.any()):
+            raise OutOfRangeError(f"Overflow in SUM of {col.type}: the sum leaves DECIMAL(38)")
+        if func == "avg":
+            return Column(decimal128.to_float64_scaled(s, col.type.scale) / cnt.clamp(min=1), valid, T.FLOAT64)
+        return Column(s, valid, out_type)
+    rank, uniques = decimal128.dense_rank(v)
+    r = hashing.segment_reduce_dense(rank, gid, groups, func, valid=col.valid)
+    r = torch.where(cnt > 0, r, torch.zeros_like(r)).clamp(0, max(len(uniques) - 1, 0))
+    out = uniques[r] if len(uniques) else torch.zeros(groups, 2, dtype=torch.int64, device=v.device)
+    return Column(out, valid, col.type)
 
 
 def _spread(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor) -> Column:

@@ -38,8 +38,10 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     n, dev = batch.n, batch.device
     if n == 0:
         return Batch({**batch.cols, **{o.cid: Column.constant(None, o.type, 0, dev) for o, _ in node.calls}}, 0, dev)
-    part = [evaluate(e, batch) for e in node.partition]
+    part = [_ranked(evaluate(e, batch)) for e in node.partition]
     order = [(evaluate(e, batch), d, nf) for e, d, nf in node.order]
+    if any(c.type.wide for c, _, _ in order):
+        raise NotSupportedError("window ORDER BY a 128-bit DECIMAL (more than 18 digits)")
     keys = [(c.values, c.valid, False, False) for c in part] + [(c.values, c.valid, d, nf) for c, d, nf in order]
     perm = sort_permutation(keys, n, dev) if keys else torch.arange(n, device=dev)
     layout = Layout(n, dev, [c.take(perm) for c in part], [(c.take(perm), d, nf) for c, d, nf in order],
@@ -51,8 +53,17 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     out = dict(batch.cols)
     for o, call in node.calls:
         args = [evaluate(a, batch).take(perm) for a in call.args]
+        if any(a.type.wide for a in args):
+            raise NotSupportedError(f"window function {call.func} over a 128-bit DECIMAL (more than 18 digits)")
         out[o.cid] = _call(call, args, layout, o.type).take(inverse)
     return Batch(out, n, dev)
+
+
+def _ranked(col: Column) -> Column:
+    """A PARTITION BY column of 128-bit DECIMALs as its dense ranks (partitions need only equality)."""
+    if not col.type.wide:
+        return col
+    return Column(key_tensor(col), col.valid, T.INT64)
 
 
 def _prefix(v: torch.Tensor) -> torch.Tensor:
