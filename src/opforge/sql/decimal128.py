@@ -144,10 +144,12 @@ def _mul_small(m: torch.Tensor, c: int) -> torch.Tensor:
     return from_limbs32([limb * c for limb in limbs])[0]
 
 
-def _divmod_small(m: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-negative ``(m // d, m % d)`` for 0 < d < 2^31: long division over 32-bit limbs, top first
-    (each step's dividend ``r * 2^32 + limb`` < 2^63)."""
+def _divmod_small(m: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m // d, m % d)`` of a magnitude (``m`` read as unsigned 128 bits) for 0 < d < 2^31, an int or
+    a per-row tensor: long division over 32-bit limbs, top first (each step's dividend
+    ``r * 2^32 + limb`` < 2^63)."""
     limbs = limbs32(m)
+    limbs[3] = limbs[3] & MASK32  # unsigned: |-2^127| = 2^127
     r = torch.zeros_like(limbs[0])
     q = [None] * 4
     for i in (3, 2, 1, 0):
@@ -155,6 +157,15 @@ def _divmod_small(m: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
         q[i] = torch.div(cur, d, rounding_mode="floor")
         r = cur - q[i] * d
     return from_limbs32(q)[0], r
+
+
+def div_count_half_even(x: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``x / count`` per row (1 <= count < 2^31) rounded half to even (DuckDB's decimal_average);
+    exact for every 128-bit x, -2^127 included (its magnitude is read unsigned)."""
+    q, r = _divmod_small(abs_(x), count)
+    up = (2 * r > count) | ((2 * r == count) & ((lo(q) & 1) == 1))
+    q = add(q, from_int64(up.long()))[0]
+    return torch.where(is_negative(x)[:, None], neg(q), q)
 
 
 def _chunks(k: int) -> list[int]:

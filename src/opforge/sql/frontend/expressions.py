@@ -17,10 +17,11 @@ from opforge.sql.frontend.scope import Scope
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
-             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr)
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.AnonymousAggFunc)
 # sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
 AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
-             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or"}
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or",
+             "decimal_average": "decimal_avg"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -184,6 +185,18 @@ class ExprBinder:
 
     def _Paren(self, node):
         return self.bind(node.this)
+
+    def _Typeof(self, node):
+        """typeof(x) as DuckDB names the type, for the types whose SQL name this engine keeps
+        (TINYINT / SMALLINT are held as INTEGER, HUGEINT as DECIMAL(38,0): those are refused)."""
+        t = self.bind(node.this).type
+        name = {"INT64": "BIGINT", "FLOAT32": "FLOAT", "FLOAT64": "DOUBLE", "BOOL": "BOOLEAN", "STRING": "VARCHAR",
+                "DATE": "DATE"}.get(t.kind)
+        if t.kind == "DECIMAL" and (t.precision, t.scale) != (38, 0):
+            name = str(t)
+        if name is None:
+            raise NotSupportedError(f"typeof of a {t} value (its exact SQL type is not kept)")
+        return Lit(name, T.STRING)
 
     # -- operators ---------------------------------------------------------------------------------------
     def _interval(self, node: exp.Interval) -> tuple[str, int]:

@@ -136,6 +136,8 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         first = hashing.segment_reduce_dense(torch.arange(len(v), device=dev), pairs, npairs, "min")
         d = hashing.segment_reduce_dense(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
+    if func == "decimal_avg":
+        return _decimal_average(col, gid, groups, cnt, valid)
     if col.type.wide and func in ("sum", "avg", "min", "max"):
         return _reduce_wide(func, col, gid, groups, cnt, valid, out_type)
     if func in ("sum", "avg"):
@@ -193,6 +195,18 @@ def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: to
     r = torch.where(cnt > 0, r, torch.zeros_like(r)).clamp(0, max(len(uniques) - 1, 0))
     out = uniques[r] if len(uniques) else torch.zeros(groups, 2, dtype=torch.int64, device=v.device)
     return Column(out, valid, col.type)
+
+
+def _decimal_average(col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor, valid) -> Column:
+    """DuckDB's decimal_average: the exact sum (128 bits) divided by the count, rounded half to
+    even, in the argument's DECIMAL type; a sum beyond 128 bits is DuckDB's error."""
+    v = col.values if col.type.wide else decimal128.from_int64(col.values)
+    s, over = decimal128.segment_sum(
+        v, lambda limb: hashing.segment_reduce_dense(limb, gid, groups, "sum", valid=col.valid))
+    if bool((over if valid is None else over & valid).any()):
+        raise OutOfRangeError("decimal_average: the intermediate sum overflowed HUGEINT range")
+    q = decimal128.div_count_half_even(s, cnt.clamp(min=1))
+    return Column(q if col.type.wide else decimal128.lo(q), valid, col.type)
 
 
 def _spread(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor) -> Column:
