@@ -136,7 +136,11 @@ def common_numeric(a: SqlType, b: SqlType) -> SqlType:
     wide = a.wide or b.wide
     if a.kind == "DECIMAL" and b.kind == "DECIMAL":
         s = max(a.scale, b.scale)
-        return decimal(max(a.precision - a.scale, b.precision - b.scale) + s, s, wide)
+        p = max(a.precision - a.scale, b.precision - b.scale) + s
+        if p > 38:  # DuckDB: no DECIMAL holds both; the wider one is the result
+            w = a if (a.precision, a.scale) >= (b.precision, b.scale) else b
+            return decimal(w.precision, w.scale, wide)
+        return decimal(p, s, wide)
     hi = a if _RANK[a.kind] >= _RANK[b.kind] else b
     lo = b if hi is a else a
     if hi.kind == "DECIMAL" and lo.kind in ("INT32", "INT64", "BOOL"):

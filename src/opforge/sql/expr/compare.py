@@ -30,10 +30,10 @@ def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
         digits = max(a.type.scale, b.type.scale)  # both in the finer unit
         return a.values * 10 ** (digits - a.type.scale), b.values * 10 ** (digits - b.type.scale)
     t = T.common_numeric(a.type, b.type)
-    if t.wide:  # [n, 2] rows: callers compare them with decimal_wide / decimal128, not elementwise
-        return cast_values(a, T.wide_decimal(38, t.scale)), cast_values(b, T.wide_decimal(38, t.scale))
-    if t.kind == "DECIMAL":
-        t = T.decimal(18, t.scale)
+    if t.kind == "DECIMAL":  # at the finer scale of the two: a comparison never rounds a side
+        s = max(scale_of(a.type), scale_of(b.type))
+        # wide: [n, 2] rows, which callers compare with decimal_wide / decimal128, not elementwise
+        t = T.wide_decimal(38, s) if t.wide else T.decimal(18, s)
     return cast_values(a, t), cast_values(b, t)
 
 
