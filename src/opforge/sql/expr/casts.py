@@ -105,7 +105,28 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
         return (v != 0) if to.kind == "BOOL" else v.to(to.torch_dtype)
     if to.kind == "DATE" and fr.kind == "DATE":
         return v
+    if {fr.kind, to.kind} == {"DATE", "TIMESTAMP"}:
+        return _date_timestamp(col, to)
     raise NotSupportedError(f"CAST from {fr} to {to}")
+
+
+_UTC = (None, "UTC", "Etc/UTC", "+00:00")
+
+
+def _date_timestamp(col: Column, to: T.SqlType) -> torch.Tensor:
+    """DATE <-> TIMESTAMP: midnight of the day, or the day of the instant (UTC, DuckDB's default
+    zone; a TIMESTAMPTZ in another zone is refused)."""
+    ts = to if to.kind == "TIMESTAMP" else col.type
+    if ts.tz not in _UTC:
+        raise NotSupportedError(f"CAST between DATE and a TIMESTAMPTZ in zone {ts.tz} (only UTC)")
+    per_day = 86400 * 10 ** ts.scale
+    if to.kind == "DATE":
+        return torch.div(col.values, per_day, rounding_mode="floor").to(torch.int32)
+    days = col.values.long()
+    limit = I64_MAX // per_day
+    check_range((days > limit) | (days < -limit), col.valid,
+                lambda x: ConversionError(f"Could not cast DATE (day {x}) to {to}: out of range"), days)
+    return days * per_day
 
 
 def sql_cast(col: Column, to: T.SqlType) -> torch.Tensor:

@@ -12,6 +12,7 @@ from opforge.sql.column import timestamp_value
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
+from opforge.sql.frontend.intervals import add_interval
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
@@ -199,26 +200,11 @@ class ExprBinder:
         return Lit(name, T.STRING)
 
     # -- operators ---------------------------------------------------------------------------------------
-    def _interval(self, node: exp.Interval) -> tuple[str, int]:
-        n = node.this
-        amount = int(n.this) if isinstance(n, exp.Literal) else None
-        if amount is None:
-            raise NotSupportedError(f"interval {node.sql()}")
-        unit = (node.unit.name if node.unit is not None else "day").lower().rstrip("s")
-        if unit not in ("day", "month", "year", "week"):
-            raise NotSupportedError(f"interval unit {unit}")
-        return unit, amount
-
     def _arith(self, node, op):
         if isinstance(node.expression, exp.Interval) and op in "+-":
-            base = self.bind(node.this)
-            if base.type.kind != "DATE":
-                raise SqlError(f"operator {op}: interval arithmetic needs a DATE, got {base.type}")
-            unit, amount = self._interval(node.expression)
-            amount = -amount if op == "-" else amount
-            if unit in ("day", "week"):
-                return Func("arith", [base, Lit(amount * (7 if unit == "week" else 1), T.INT32)], T.DATE, "+")
-            return Func("add_months", [base], T.DATE, amount * (12 if unit == "year" else 1))
+            return add_interval(self._interval_base(node.this), node.expression, 1 if op == "+" else -1, self.bind)
+        if isinstance(node.this, exp.Interval) and op == "+":  # INTERVAL ... + x
+            return add_interval(self._interval_base(node.expression), node.this, 1, self.bind)
         a, b = self.bind(node.this), self.bind(node.expression)
         a, b = self._date_literal_pair(a, b)
         if _is_null_lit(a) or _is_null_lit(b):
@@ -231,6 +217,13 @@ class ExprBinder:
         if isinstance(a, Lit) and a.value is not None:
             return Lit(-a.value, a.type)
         return Func("neg", [a], a.type)
+
+    def _interval_base(self, node) -> Expr:
+        """The date / timestamp an interval is added to ('1992-01-01' as a string literal: a DATE)."""
+        base = self.bind(node)
+        if isinstance(base, Lit) and base.type.kind == "STRING" and base.value is not None:
+            return Lit(_parse_date(base.value), T.DATE)
+        return base
 
     def _date_literal_pair(self, a: Expr, b: Expr) -> tuple[Expr, Expr]:
         """'1998-01-01' compared with a DATE becomes a DATE literal."""
