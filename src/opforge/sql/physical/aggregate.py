@@ -35,11 +35,11 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
         return T.INT64
     if func == "avg" or func in SPREAD_FUNCS:
         return T.FLOAT64
-    if func == "sum":
+    if func == "sum":  # 128-bit storage: a sum past int64 is exact (DuckDB's HUGEINT / DECIMAL(38, s))
         if arg_type.kind == "DECIMAL":
-            return T.decimal(38, arg_type.scale, arg_type.wide)
+            return T.wide_decimal(38, arg_type.scale)
         if arg_type.is_integer or arg_type.kind == "BOOL":
-            return T.decimal(38, 0)
+            return T.wide_decimal(38, 0)
         return T.FLOAT64
     return arg_type
 
@@ -153,9 +153,12 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             # abs() of the int64 minimum is negative); only then sum exactly in two halves
             lo, hi = (int(x) for x in torch.stack([v.min(), v.max()]).tolist())
             if max(-lo, hi) * int(cnt.max()) >= 2 ** 63:
+                if out_type.wide:  # exact in 128 bits, by 32-bit limbs
+                    return _reduce_wide("sum", Column(decimal128.from_int64(v), col.valid, out_type), gid, groups,
+                                        cnt, valid, out_type)
                 return Column(_exact_sum(v, gid, groups, col.valid, out_type), valid, out_type)
         s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
-        return Column(s, valid, out_type)
+        return Column(decimal128.from_int64(s) if out_type.wide else s, valid, out_type)
     if func in SPREAD_FUNCS:
         return _spread(func, col, gid, groups, cnt)
     if func in ("min", "max"):
@@ -179,6 +182,15 @@ def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: to
     sums, carries folded after), AVG that exact sum as a DOUBLE, MIN / MAX through the values' dense
     ranks."""
     v = col.values
+    if func in ("sum", "avg") and len(v) and groups:
+        low = decimal128.lo(v)
+        fits = decimal128.fits_int64(v) if col.valid is None else decimal128.fits_int64(v) | ~col.valid
+        bounds = torch.stack([fits.all().long(), low.min(), low.max(), cnt.max()]).tolist()
+        if bounds[0] and max(-bounds[1], bounds[2]) * bounds[3] < 2 ** 63:  # int64 values, no int64 overflow
+            narrow = T.decimal(col.type.precision, col.type.scale)
+            out = _reduce(func, Column(low, col.valid, narrow), gid, groups, len(v), v.device,
+                          T.FLOAT64 if func == "avg" else narrow, [(cnt, valid)])
+            return out if func == "avg" else Column(decimal128.from_int64(out.values), out.valid, out_type)
     if func in ("sum", "avg"):
         s, over = decimal128.segment_sum(
             v, lambda limb: hashing.segment_reduce_dense(limb, gid, groups, "sum", valid=col.valid))
