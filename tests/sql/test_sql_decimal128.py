@@ -114,6 +114,9 @@ def check():
     "SELECT t.k, u.name FROM t LEFT JOIN u ON t.d = u.d",
     "SELECT CAST('4567645908450368043562342564564938245.1' AS DECIMAL(38,1)), CAST('1e37' AS DECIMAL(38,0))",
     "SELECT 12345678901234567890123 * 10, CAST(1 AS HUGEINT) + 0.5",
+    "SELECT x.k, x.s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) x JOIN (SELECT k, sum(n) AS s FROM t GROUP BY k) y "
+    "ON x.s = y.s WHERE x.s > 2",
+    "SELECT k, sum(n) OVER (PARTITION BY k), max(n) OVER (ORDER BY n ROWS 1 PRECEDING) FROM t",
 ])
 def test_queries_match_duckdb(check, query):
     check(query)
@@ -122,6 +125,7 @@ def test_queries_match_duckdb(check, query):
 def test_order_by_and_top_n_match_duckdb(check):
     check("SELECT k, d FROM t ORDER BY d DESC NULLS LAST, k", ordered=True)
     check("SELECT d FROM t ORDER BY d LIMIT 3", ordered=True)
+    check("SELECT k, sum(n) AS s FROM t GROUP BY k ORDER BY s DESC", ordered=True)
 
 
 @pytest.mark.parametrize("query, error, match", [

@@ -224,6 +224,15 @@ def exceeds(x: torch.Tensor, bound: int) -> torch.Tensor:
     return compare(">=", abs_(x), full(bound, len(x), x.device))
 
 
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """One int64 per row in the values' order, equal exactly where they are: the values themselves
+    when all fit int64 (SUM results nearly always: one check, no sort), else their dense ranks
+    (only comparable within this tensor)."""
+    if len(x) == 0 or bool(fits_int64(x).all()):
+        return lo(x)
+    return dense_rank(x)[0]
+
+
 def dense_rank(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rank, uniques): int64 ranks in value order (equal values, equal ranks) and the distinct values."""
     if len(x) == 0:

@@ -202,6 +202,9 @@ def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: to
         if func == "avg":
             return Column(decimal128.to_float64_scaled(s, col.type.scale) / cnt.clamp(min=1), valid, T.FLOAT64)
         return Column(s, valid, out_type)
+    if len(v) == 0 or bool(decimal128.fits_int64(v).all()):  # int64 values: the plain reduction
+        r = hashing.segment_reduce_dense(decimal128.lo(v), gid, groups, func, valid=col.valid)
+        return Column(decimal128.from_int64(r), valid, col.type)
     rank, uniques = decimal128.dense_rank(v)
     r = hashing.segment_reduce_dense(rank, gid, groups, func, valid=col.valid)
     r = torch.where(cnt > 0, r, torch.zeros_like(r)).clamp(0, max(len(uniques) - 1, 0))

@@ -34,11 +34,11 @@ _PART_MUL = 0xC2B2AE3D27D4EB4F - (1 << 64)
 
 def key_tensor(col: Column) -> torch.Tensor:
     """An int64 tensor whose equality is SQL equality of the values (NULL slots zeroed). A 128-bit
-    DECIMAL gives its dense ranks: equal within this column only (``join_keys`` ranks both sides
-    together)."""
+    DECIMAL gives ``decimal128.order_key``: its values when they fit int64, else its dense ranks,
+    equal within this column only (``join_keys`` keys both sides together)."""
     v = col.values
     if v.dim() == 2:
-        v = decimal128.dense_rank(v)[0]
+        v = decimal128.order_key(v)
     elif v.dtype.is_floating_point:
         v = v.double()
         v = torch.where(v == 0, torch.zeros_like(v), v)  # -0.0 == 0.0
@@ -172,9 +172,9 @@ def join_keys(left: list[Column], right: list[Column], device
     pairs = []
     for l, r in zip(left, right):
         lv, rv = comparable(l, r)
-        if lv.dim() == 2:  # 128-bit DECIMALs: ranks over both sides together, so equal values share one
-            ranks = decimal128.dense_rank(torch.cat([lv, rv]))[0]
-            lv, rv = ranks[:nl], ranks[nl:]
+        if lv.dim() == 2:  # 128-bit DECIMALs: keyed over both sides together, so equal values share a key
+            keys = decimal128.order_key(torch.cat([lv, rv]))
+            lv, rv = keys[:nl], keys[nl:]
         pairs.append((hash_key(Column(lv, l.valid, l.type)), hash_key(Column(rv, r.valid, r.type))))
     if len(pairs) == 1:
         lk, rk = pairs[0]
