@@ -114,6 +114,9 @@ def check():
     "SELECT t.k, u.name FROM t LEFT JOIN u ON t.d = u.d",
     "SELECT CAST('4567645908450368043562342564564938245.1' AS DECIMAL(38,1)), CAST('1e37' AS DECIMAL(38,0))",
     "SELECT 12345678901234567890123 * 10, CAST(1 AS HUGEINT) + 0.5",
+    # text of small values: plain digits, never Python's exponent form ('0E-10', '1.000E-7')
+    "SELECT CAST(CAST(0 AS DECIMAL(18,10)) AS VARCHAR), CAST(CAST(0.0000001 AS DECIMAL(38,10)) AS VARCHAR), "
+    "CAST(CAST(-0.00001 AS DECIMAL(9,8)) AS VARCHAR)",
     "SELECT x.k, x.s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) x JOIN (SELECT k, sum(n) AS s FROM t GROUP BY k) y "
     "ON x.s = y.s WHERE x.s > 2",
     "SELECT k, sum(n) OVER (PARTITION BY k), max(n) OVER (ORDER BY n ROWS 1 PRECEDING) FROM t",

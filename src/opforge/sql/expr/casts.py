@@ -8,8 +8,6 @@ value and only the int64 storage of a DECIMAL can run out (a ``NotSupportedError
 read per expression evaluation)."""
 from __future__ import annotations
 
-from decimal import Decimal
-
 import torch
 
 from opforge.sql import types as T
@@ -27,8 +25,14 @@ DUCKDB_NAME = {"INT32": "INT32", "INT64": "INT64", "FLOAT32": "FLOAT", "FLOAT64"
 
 
 def decimal_text(v: int, scale: int) -> str:
-    """The decimal ``v * 10^-scale`` as DuckDB prints it in messages (123.45)."""
-    return str(Decimal(int(v)).scaleb(-scale)) if scale else str(int(v))
+    """The decimal ``v * 10^-scale`` as DuckDB prints it in messages (123.45): exact digits for 38 of
+    them (no Decimal context rounding) and no exponent form (0.0000001, not 1E-7)."""
+    v = int(v)
+    sign, digits = ("-" if v < 0 else ""), str(abs(v))
+    if not scale:
+        return sign + digits
+    digits = digits.rjust(scale + 1, "0")
+    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
 
 
 def storage_error(what: str):
