@@ -108,6 +108,7 @@ def check():
     "SELECT CASE WHEN k = 1 THEN d ELSE e END, coalesce(d, n) FROM t",
     "SELECT k, sum(d), min(d), max(d), count(d), sum(e), avg(e), decimal_average(d) FROM t GROUP BY k",
     "SELECT sum(d), min(e), max(e), count(DISTINCT d) FROM t",
+    "SELECT k, first(d), first(n) FROM t GROUP BY k",
     "SELECT d, count(*) FROM t GROUP BY d",
     "SELECT DISTINCT e FROM t",
     "SELECT t.k, u.name FROM t JOIN u ON t.d = u.d",

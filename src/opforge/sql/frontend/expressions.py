@@ -18,7 +18,7 @@ from opforge.sql.frontend.scope import Scope
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
-             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.AnonymousAggFunc)
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.AnonymousAggFunc, exp.First)
 # sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
 AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
              "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or",

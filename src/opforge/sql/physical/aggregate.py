@@ -114,6 +114,9 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
 
 def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType,
             rows_per_group: list) -> Column:
+    if func == "first":  # DuckDB's first(x): the group's first row's value, NULL included
+        first = hashing.segment_reduce_dense(torch.arange(n, device=dev), gid, groups, "min")
+        return col.take(first.clamp(0, max(n - 1, 0))) if n else Column.constant(None, col.type, groups, dev)
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
             c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
