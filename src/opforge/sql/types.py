@@ -15,9 +15,8 @@ class SqlType:
     precision: int = 0
     scale: int = 0  # DECIMAL: digits after the point; TIMESTAMP: digits of a second (0 s, 3 ms, 6 us, 9 ns)
     tz: str | None = None  # TIMESTAMP: the zone of a TIMESTAMPTZ (values are UTC instants), None: naive
-    # DECIMAL: 128-bit storage ([n, 2] int64, sql/decimal128.py), for a declared precision above 18.
-    # A wider DECIMAL computed from 64-bit ones (SUM's DECIMAL(38, s)) keeps int64 storage and
-    # refuses a value that leaves it.
+    # DECIMAL: 128-bit storage ([n, 2] int64, sql/decimal128.py): every precision above 18, as in
+    # DuckDB; False above 18 only for the int64 view of values that fit (``decimal(p, s, False)``)
     wide: bool = False
 
     def __str__(self) -> str:
@@ -53,8 +52,11 @@ DATE = SqlType("DATE")
 STRING = SqlType("STRING")
 
 
-def decimal(precision: int, scale: int, wide: bool = False) -> SqlType:
-    return SqlType("DECIMAL", min(precision, 38), scale, None, wide)
+def decimal(precision: int, scale: int, wide: bool | None = None) -> SqlType:
+    """DECIMAL(p, s); above 18 digits in 128-bit storage (DuckDB's HUGEINT-backed decimals), unless
+    ``wide=False`` asks for int64 storage (the window and SUM kernels' view of values that fit)."""
+    precision = min(precision, 38)
+    return SqlType("DECIMAL", precision, scale, None, precision > 18 if wide is None else wide)
 
 
 def wide_decimal(precision: int, scale: int) -> SqlType:
@@ -66,7 +68,7 @@ def declared_decimal(precision: int, scale: int) -> SqlType:
     """A DECIMAL as written in SQL or read from Arrow: 128-bit storage above 18 digits."""
     if not 1 <= precision <= 38 or not 0 <= scale <= precision:
         raise NotSupportedError(f"DECIMAL({precision},{scale}): the width must be 1..38 and the scale 0..width")
-    return decimal(precision, scale, precision > 18)
+    return decimal(precision, scale)
 
 
 _UNITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
@@ -139,13 +141,13 @@ def common_numeric(a: SqlType, b: SqlType) -> SqlType:
         p = max(a.precision - a.scale, b.precision - b.scale) + s
         if p > 38:  # DuckDB: no DECIMAL holds both; the wider one is the result
             w = a if (a.precision, a.scale) >= (b.precision, b.scale) else b
-            return decimal(w.precision, w.scale, wide)
-        return decimal(p, s, wide)
+            return decimal(w.precision, w.scale, wide or None)
+        return decimal(p, s, wide or None)
     hi = a if _RANK[a.kind] >= _RANK[b.kind] else b
     lo = b if hi is a else a
     if hi.kind == "DECIMAL" and lo.kind in ("INT32", "INT64", "BOOL"):
         digits = 19 if lo.kind == "INT64" else 10
-        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale, wide)
+        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale, wide or None)
     if hi.kind == "FLOAT32" and lo.kind in ("INT64", "DECIMAL"):
         return FLOAT64
     return hi

@@ -29,6 +29,11 @@ def _scale(t: T.SqlType) -> int:
     return t.scale if t.kind == "DECIMAL" else 0
 
 
+def _digits(t: T.SqlType) -> int:
+    """A bound on the digits of a value of ``t`` (at its own scale)."""
+    return t.precision if t.kind == "DECIMAL" else {"INT32": 10, "INT64": 19, "BOOL": 1}.get(t.kind, 39)
+
+
 def as_wide(col: Column) -> torch.Tensor:
     """The column's exact numeric values as [n, 2] 128-bit integers at its own scale (integers: 0)."""
     if col.type.wide:
@@ -89,11 +94,18 @@ def _rescale(w: torch.Tensor, fr: T.SqlType, to: T.SqlType, valid) -> torch.Tens
             f'Casting value "{_text(x, fs)}" to type {to} failed: value is out of range!')
     else:
         error = lambda x: ConversionError(f"Could not cast value {x} to {to}")  # noqa: E731
+    # the digits the result can have, from the types: within the target's, there is nothing to check
+    # (rounding a value down to fewer decimals adds at most the one digit it removed)
+    fits = _digits(fr) + k <= to.precision if k >= 0 else _digits(fr) <= to.precision
     if k >= 0:
+        if fits:
+            return D.scale_up(w, k)
         bad = D.exceeds(w, 10 ** (to.precision - k))
         out = D.scale_up(torch.where(bad[:, None], torch.zeros_like(w), w), k)
     else:
         out = D.div_pow10(w, -k)
+        if fits:
+            return out
         bad = D.exceeds(out, 10 ** to.precision)
     check_range(bad, valid, error, w)
     return out
@@ -110,11 +122,15 @@ def arith_wide(op: str, a: Column, b: Column, t: T.SqlType, valid) -> torch.Tens
     if op in "+-":
         av, bv = cast_wide(a, t), cast_wide(b, t)
         out, over = (D.add if op == "+" else D.sub)(av, bv)
+        digits = max(_digits(a.type) - _scale(a.type), _digits(b.type) - _scale(b.type)) + t.scale + 1
     elif op == "*":
         av, bv = as_wide(a), as_wide(b)
         out, over = D.mul(av, bv)
+        digits = _digits(a.type) + _digits(b.type)
     else:
         raise NotSupportedError(f"operator {op} on {t} (128-bit DECIMAL)")
+    if digits <= t.precision:  # the operand types bound the result within t: no check
+        return out
     bad = over | D.exceeds(torch.where(over[:, None], torch.zeros_like(out), out), 10 ** t.precision)
     sa, sb = (t.scale, t.scale) if op in "+-" else (_scale(a.type), _scale(b.type))
     check_range(bad, valid, lambda x, y: OutOfRangeError(

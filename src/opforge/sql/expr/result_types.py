@@ -53,8 +53,8 @@ def arith_type(op: str, a: Expr, b: Expr) -> T.SqlType:
                                       "multiplication result, but this is out of range of the DECIMAL type. "
                                       "Max scale is 38")
             return T.decimal(min(p, 18) if da.precision <= 18 and db.precision <= 18 else p, da.scale + db.scale,
-                             wide)
+                             wide or None)
         s = max(da.scale, db.scale)
         return T.decimal(max(da.precision - da.scale, db.precision - db.scale) + s + (1 if op in "+-" else 0), s,
-                         wide)
+                         wide or None)
     return T.INT32 if ta.kind in ("INT32", "BOOL") and tb.kind in ("INT32", "BOOL") else T.INT64

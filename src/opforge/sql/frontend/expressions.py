@@ -441,7 +441,7 @@ class ExprBinder:
     def _Round(self, node):
         x = self.bind(node.this)
         digits = self._int_lit(node.args["decimals"], "ROUND digits") if node.args.get("decimals") is not None else 0
-        t = T.decimal(x.type.precision, min(x.type.scale, max(digits, 0)), x.type.wide) if x.type.kind == "DECIMAL" else x.type
+        t = T.decimal(x.type.precision, min(x.type.scale, max(digits, 0))) if x.type.kind == "DECIMAL" else x.type
         return Func("round", [x], t, digits)
 
     def _Subquery(self, node):

@@ -190,7 +190,7 @@ def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: to
         fits = decimal128.fits_int64(v) if col.valid is None else decimal128.fits_int64(v) | ~col.valid
         bounds = torch.stack([fits.all().long(), low.min(), low.max(), cnt.max()]).tolist()
         if bounds[0] and max(-bounds[1], bounds[2]) * bounds[3] < 2 ** 63:  # int64 values, no int64 overflow
-            narrow = T.decimal(col.type.precision, col.type.scale)
+            narrow = T.decimal(col.type.precision, col.type.scale, False)
             out = _reduce(func, Column(low, col.valid, narrow), gid, groups, len(v), v.device,
                           T.FLOAT64 if func == "avg" else narrow, [(cnt, valid)])
             return out if func == "avg" else Column(decimal128.from_int64(out.values), out.valid, out_type)

@@ -52,7 +52,7 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     out = dict(batch.cols)
     for o, call in node.calls:
         args = [_narrowed(evaluate(a, batch).take(perm)) for a in call.args]
-        narrow = T.decimal(o.type.precision, o.type.scale) if o.type.wide else o.type
+        narrow = T.decimal(o.type.precision, o.type.scale, False) if o.type.wide else o.type
         out[o.cid] = _widened(_call(call, args, layout, narrow), o.type).take(inverse)
     return Batch(out, n, dev)
 
@@ -67,7 +67,7 @@ def _narrowed(col: Column) -> Column:
         fits = fits | ~col.valid
     if not bool(fits.all()):
         raise NotSupportedError(f"window functions over {col.type} values beyond 64 bits")
-    return Column(decimal128.lo(col.values), col.valid, T.decimal(col.type.precision, col.type.scale))
+    return Column(decimal128.lo(col.values), col.valid, T.decimal(col.type.precision, col.type.scale, False))
 
 
 def _widened(col: Column, typ: T.SqlType) -> Column:
