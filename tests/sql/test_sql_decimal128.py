@@ -102,6 +102,7 @@ def check():
 @pytest.mark.parametrize("query", [
     "SELECT k, d, e, n FROM t",
     "SELECT d + n, d - e, e * n, d * n, -d, abs(d), d / n FROM t",
+    "SELECT d % 7, e % 0.3, n % CAST(2 AS BIGINT), round(k * 0.333, 0) % 3 FROM t",
     "SELECT CAST(d AS DOUBLE), CAST(e AS BIGINT), CAST(n AS DECIMAL(30, 4)), CAST(d AS VARCHAR) FROM t",
     "SELECT d FROM t WHERE d > 1000 OR d < e",
     "SELECT d FROM t WHERE d = 0.01 OR d IN (-5.25, 7)",

@@ -144,7 +144,7 @@ def _mul_small(m: torch.Tensor, c: int) -> torch.Tensor:
     return from_limbs32([limb * c for limb in limbs])[0]
 
 
-def _divmod_small(m: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
+def divmod_small(m: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
     """``(m // d, m % d)`` of a magnitude (``m`` read as unsigned 128 bits) for 0 < d < 2^31, an int or
     a per-row tensor: long division over 32-bit limbs, top first (each step's dividend
     ``r * 2^32 + limb`` < 2^63)."""
@@ -162,7 +162,7 @@ def _divmod_small(m: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
 def div_count_half_even(x: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``x / count`` per row (1 <= count < 2^31) rounded half to even (DuckDB's decimal_average);
     exact for every 128-bit x, -2^127 included (its magnitude is read unsigned)."""
-    q, r = _divmod_small(abs_(x), count)
+    q, r = divmod_small(abs_(x), count)
     up = (2 * r > count) | ((2 * r == count) & ((lo(q) & 1) == 1))
     q = add(q, from_int64(up.long()))[0]
     return torch.where(is_negative(x)[:, None], neg(q), q)
@@ -193,8 +193,8 @@ def div_pow10(x: torch.Tensor, k: int, rounding: str = "half_up") -> torch.Tenso
         return x
     m = abs_(x)
     for c in _chunks(k - 1):
-        m = _divmod_small(m, c)[0]
-    q, last = _divmod_small(m, 10)
+        m = divmod_small(m, c)[0]
+    q, last = divmod_small(m, 10)
     if rounding == "half_up":
         q = add(q, from_int64((last >= 5).long()))[0]
     return torch.where(is_negative(x)[:, None], neg(q), q)

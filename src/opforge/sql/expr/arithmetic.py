@@ -41,21 +41,25 @@ def _arith(e: Func, args, batch):
         if t.is_float:
             out = torch.div(av, bv, rounding_mode="floor") if op == "//" else torch.fmod(av, bv)
         else:
-            check_range(bv == 0, valid, lambda: SqlError(f"division by zero in {op}"))  # DuckDB raises too
-            # x // -1 is -x (the type's minimum overflows, as DuckDB), x % -1 is 0; dividing the
-            # minimum by -1 in the hardware traps (SIGFPE on x86), so -1 never reaches it
-            minus_one = bv == -1
-            safe = torch.where((bv == 0) | minus_one, torch.ones_like(bv), bv)
-            # truncating division; the remainder takes the dividend's sign (C, DuckDB)
-            if op == "//":
-                check_range(minus_one & (av == torch.iinfo(av.dtype).min), valid,
-                            lambda x: OutOfRangeError(f"Overflow in division of {x} / -1"), av)
-                out = torch.where(minus_one, -av, torch.div(av, safe, rounding_mode="trunc"))
-            else:
-                out = torch.fmod(av, safe)
+            out = int_divmod(op, av, bv, valid)
     else:
         raise NotSupportedError(f"operator {op}")
     return Column(out.to(t.torch_dtype), valid, t)
+
+
+def int_divmod(op: str, av: torch.Tensor, bv: torch.Tensor, valid) -> torch.Tensor:
+    """``av // bv`` or ``av % bv`` of integer tensors, truncating (C, DuckDB): the remainder takes
+    the dividend's sign; a zero divisor raises."""
+    check_range(bv == 0, valid, lambda: SqlError(f"division by zero in {op}"))  # DuckDB raises too
+    # x // -1 is -x (the type's minimum overflows, as DuckDB), x % -1 is 0; dividing the
+    # minimum by -1 in the hardware traps (SIGFPE on x86), so -1 never reaches it
+    minus_one = bv == -1
+    safe = torch.where((bv == 0) | minus_one, torch.ones_like(bv), bv)
+    if op == "//":
+        check_range(minus_one & (av == torch.iinfo(av.dtype).min), valid,
+                    lambda x: OutOfRangeError(f"Overflow in division of {x} / -1"), av)
+        return torch.where(minus_one, -av, torch.div(av, safe, rounding_mode="trunc"))
+    return torch.fmod(av, safe)
 
 
 

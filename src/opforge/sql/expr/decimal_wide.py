@@ -9,7 +9,7 @@ import torch
 from opforge.sql import decimal128 as D
 from opforge.sql import types as T
 from opforge.sql.column import Column
-from opforge.sql.errors import ConversionError, NotSupportedError, OutOfRangeError
+from opforge.sql.errors import ConversionError, NotSupportedError, OutOfRangeError, SqlError
 from opforge.sql.expr.evaluation import check_range
 
 I64_MIN, I64_MAX = -2 ** 63, 2 ** 63 - 1
@@ -127,6 +127,8 @@ def arith_wide(op: str, a: Column, b: Column, t: T.SqlType, valid) -> torch.Tens
         av, bv = as_wide(a), as_wide(b)
         out, over = D.mul(av, bv)
         digits = _digits(a.type) + _digits(b.type)
+    elif op == "%":
+        return _remainder(a, b, t, valid)
     else:
         raise NotSupportedError(f"operator {op} on {t} (128-bit DECIMAL)")
     if digits <= t.precision:  # the operand types bound the result within t: no check
@@ -136,6 +138,26 @@ def arith_wide(op: str, a: Column, b: Column, t: T.SqlType, valid) -> torch.Tens
     check_range(bad, valid, lambda x, y: OutOfRangeError(
         f"Overflow in {_NAMES[op]} of DECIMAL({t.precision}) ({_text(x, sa)} {op} {_text(y, sb)})"), av, bv)
     return out
+
+
+def _remainder(a: Column, b: Column, t: T.SqlType, valid) -> torch.Tensor:
+    """``a % b`` at ``t``'s scale (the remainder of truncating division, the dividend's sign, as
+    DuckDB): by long division when every divisor is below 2^31, else in int64 when both sides'
+    values fit it (128-by-128-bit division is not implemented: beyond that a clear refusal)."""
+    from opforge.sql.expr.arithmetic import int_divmod
+    av, bv = cast_wide(a, t), cast_wide(b, t)
+    d = D.lo(bv).abs()
+    small = D.fits_int64(bv) & (d < 2 ** 31)
+    if bool((small if valid is None else small | ~valid).all()):
+        check_range(d == 0, valid, lambda: SqlError("division by zero in %"))
+        _, r = D.divmod_small(D.abs_(av), torch.where(small & (d > 0), d, torch.ones_like(d)))
+        return D.from_int64(torch.where(D.is_negative(av), -r, r))
+    fits = D.fits_int64(av) & D.fits_int64(bv)
+    if valid is not None:
+        fits = fits | ~valid
+    if not bool(fits.all()):
+        raise NotSupportedError(f"% of {t} values beyond 64 bits")
+    return D.from_int64(int_divmod("%", D.lo(av), D.lo(bv), valid))
 
 
 def neg_wide(v: torch.Tensor) -> torch.Tensor:

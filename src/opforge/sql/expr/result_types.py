@@ -44,8 +44,6 @@ def arith_type(op: str, a: Expr, b: Expr) -> T.SqlType:
             raise NotSupportedError("integer division // of DECIMAL values")
         da, db = as_decimal_type(ta, a), as_decimal_type(tb, b)
         wide = da.wide or db.wide
-        if wide and op in ("%", "//"):
-            raise NotSupportedError(f"operator {op} on a 128-bit DECIMAL ({ta}, {tb})")
         if op == "*":
             p = da.precision + db.precision
             if da.scale + db.scale > 38:
