@@ -169,3 +169,12 @@ def test_parquet_decimal128_round_trip(tmp_path):
     assert out.schema.field("x").type == pa.decimal128(32, 2) and out.column("x").to_pylist() == values
     assert out.column("y").to_pylist() == [decimal.Decimal("246913578024691357802469135780.24"), None,
                                            decimal.Decimal("-0.02")]
+
+
+@pytest.mark.triton_kernels
+def test_hash_kernels_on_128_bit_columns(check):
+    """The Triton group-by / segment-reduce / hash-join kernels (interpreted on the CPU) read plain
+    int64 buffers: a 128-bit column reaches them as contiguous words, never a strided view."""
+    check("SELECT k, sum(d), min(d), max(d), sum(n), min(e) FROM t GROUP BY k")
+    check("SELECT x.k, x.s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) x JOIN u ON x.s * 0 + 7 = u.d")
+    check("SELECT t.k, u.name FROM t JOIN u ON t.d = u.d")

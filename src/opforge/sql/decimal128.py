@@ -45,11 +45,13 @@ def _signed64(u: int) -> int:
 
 
 def lo(x: torch.Tensor) -> torch.Tensor:
-    return x[:, 0]
+    """The low words, contiguous: a strided view would reach kernels that read plain buffers (the
+    Triton hash ops) as the interleaved words."""
+    return x[:, 0].contiguous()
 
 
 def hi(x: torch.Tensor) -> torch.Tensor:
-    return x[:, 1]
+    return x[:, 1].contiguous()
 
 
 def fits_int64(x: torch.Tensor) -> torch.Tensor:
