@@ -106,6 +106,8 @@ def check():
     "SELECT CAST(d AS DOUBLE), CAST(e AS BIGINT), CAST(n AS DECIMAL(30, 4)), CAST(d AS VARCHAR) FROM t",
     "SELECT d FROM t WHERE d > 1000 OR d < e",
     "SELECT d FROM t WHERE d = 0.01 OR d IN (-5.25, 7)",
+    "SELECT k FROM t GROUP BY k HAVING sum(n) > 3 AND sum(n) <> 8.25 AND 0.001 < sum(e)",
+    "SELECT k FROM t WHERE e > 7 OR d < -5 OR d > 12345678901234567890123.456",
     "SELECT CASE WHEN k = 1 THEN d ELSE e END, coalesce(d, n) FROM t",
     "SELECT k, sum(d), min(d), max(d), count(d), sum(e), avg(e), decimal_average(d) FROM t GROUP BY k",
     "SELECT sum(d), min(e), max(e), count(DISTINCT d) FROM t",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column, code_bound, storage_value, unify_strings
 from opforge.sql.errors import SqlError
@@ -125,11 +126,18 @@ def _compare_literal(e, batch) -> Column | None:
         a, b, op = b, a, _FLIP_CMP[op]
     if not isinstance(b, Lit) or isinstance(a, Lit) or b.value is None or op not in _FLIP_CMP:
         return None
-    scaled = _literal_at_scale(a.type, b)
+    # a 128-bit column (a SUM's DECIMAL(38, s)) against a literal: as int64 when its values fit
+    col_type = T.decimal(a.type.precision, a.type.scale, False) if a.type.wide else a.type
+    scaled = _literal_at_scale(col_type, b)
     if scaled is None:
         return None
     bound, exact = scaled
     col = evaluate(a, batch)
+    if a.type.wide:
+        if len(col) and not bool(decimal128.fits_int64(col.values).all()):
+            return Column(decimal_wide.compare_wide(op, col, Column.constant(b.value, b.type, len(col), col.device)),
+                          col.valid, T.BOOL)
+        col = Column(decimal128.lo(col.values), col.valid, col_type)
     if not exact:  # bound = floor(L / f) < L / f < bound + 1
         if op in ("=", "<>"):
             return _filled(op == "<>", col, batch)
