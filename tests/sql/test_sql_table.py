@@ -97,10 +97,12 @@ def test_decimal_extremes_exact():
     assert Table.load(t, "cpu").to_arrow().equals(t)
 
 
-def test_wide_decimal_not_supported():
-    t = pa.table({"d": pa.array([decimal.Decimal("1.5")], pa.decimal128(30, 1))})
-    with pytest.raises(sql.NotSupportedError, match="DECIMAL"):
-        Table.load(t, "cpu")
+def test_wide_decimal_loads_exactly():
+    """DECIMAL(30,1) is held in 128 bits (sql/decimal128.py): values past int64 come back exactly."""
+    values = [decimal.Decimal("1.5"), decimal.Decimal("-12345678901234567890123456789.9"), None]
+    t = pa.table({"d": pa.array(values, pa.decimal128(30, 1))})
+    col = Table.load(t, "cpu").column("d")
+    assert col.type.wide and col.to_arrow().type == pa.decimal128(30, 1) and col.to_arrow().to_pylist() == values
 
 
 def test_dictionary_order_is_python_string_order():

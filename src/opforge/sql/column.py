@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql import types as T
 
 
@@ -36,7 +37,7 @@ class Column:
     def mark_sorted(self) -> "Column":
         """Set ``sorted`` when the values are ascending with no NULLs (one pass, one host sync)."""
         v = self.values
-        if self.valid is None and v.dtype != torch.bool and not v.dtype.is_floating_point:
+        if self.valid is None and v.dim() == 1 and v.dtype != torch.bool and not v.dtype.is_floating_point:
             self.sorted = bool((v[1:] >= v[:-1]).all()) if len(v) > 1 else True
         return self
 
@@ -81,6 +82,8 @@ class Column:
             words = tuple(ordered.to_pylist())
             arrow_dictionary(words, ordered)
             return Column(torch.from_numpy(codes).to(device), valid, typ, words)
+        if typ.wide:
+            return Column(decimal128_from_arrow(arr, typ, device), valid, typ)
         if typ.kind == "DECIMAL":
             wide = pc.cast(arr, pa.decimal128(38, typ.scale))
             # reinterpret the unscaled 128-bit integers: value * 10^s exactly
@@ -113,6 +116,8 @@ class Column:
             # a dictionary of 1.5M comments must not rebuild the dictionary.
             codes = pa.array(vals.astype(np.int32), mask=mask)
             return arrow_dictionary(self.dictionary).take(codes).cast(pa.string())
+        if self.type.wide:
+            return decimal128_to_arrow(vals, mask, self.type)
         if kind == "DECIMAL":
             return _scaled_to_decimal(vals, mask, self.type)
         if kind == "DATE":
@@ -128,6 +133,9 @@ class Column:
         if typ.kind in T.NESTED:
             from opforge.sql import nested
             return nested.constant(value, typ, n, device)
+        if typ.wide:
+            values = decimal128.full(0 if value is None else storage_value(value, typ), n, device)
+            return Column(values, None if value is not None else torch.zeros(n, dtype=torch.bool, device=device), typ)
         if value is None:
             return Column(torch.zeros(n, dtype=typ.torch_dtype, device=device),
                           torch.zeros(n, dtype=torch.bool, device=device), typ,
@@ -148,13 +156,34 @@ def storage_value(value, typ: T.SqlType):
             return timestamp_value(value, typ)
         return int(value)
     if typ.kind == "DECIMAL":
-        from decimal import Decimal
-        return int((Decimal(str(value)) * (10 ** typ.scale)).to_integral_value())
+        import decimal
+        with decimal.localcontext(prec=100):  # 38 digits and a scale: beyond the default 28
+            return int((decimal.Decimal(str(value)) * (10 ** typ.scale)).to_integral_value())
     if typ.kind == "BOOL":
         return bool(value)
     if typ.is_integer:
         return int(value)
     return float(value)
+
+
+def decimal128_from_arrow(arr: pa.Array, typ: T.SqlType, device) -> torch.Tensor:
+    """A decimal128 array as [n, 2] int64 (low, high) words: its buffer, rescaled to ``typ``'s scale."""
+    if arr.type != pa.decimal128(typ.precision, typ.scale):
+        arr = pc.cast(arr, pa.decimal128(typ.precision, typ.scale))
+    if arr.null_count:
+        arr = arr.fill_null(0)
+    words = np.frombuffer(arr.buffers()[1], dtype=np.int64)[2 * arr.offset: 2 * (arr.offset + len(arr))]
+    return torch.from_numpy(words.reshape(len(arr), 2).copy()).to(device)
+
+
+def decimal128_to_arrow(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
+    words = np.ascontiguousarray(vals.astype(np.int64).reshape(-1, 2))
+    validity = None
+    if mask is not None and mask.any():
+        validity = pa.array(~mask, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(pa.decimal128(typ.precision, typ.scale), len(words),
+                                 [validity, pa.py_buffer(words.tobytes())],
+                                 null_count=int(mask.sum()) if validity is not None else 0)
 
 
 def _scaled_to_decimal(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:

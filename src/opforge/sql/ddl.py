@@ -35,6 +35,7 @@ _T = exp.DataType.Type
 _ARROW = {
     _T.TINYINT: pa.int8(), _T.SMALLINT: pa.int16(), _T.INT: pa.int32(), _T.BIGINT: pa.int64(),
     _T.UTINYINT: pa.int16(), _T.USMALLINT: pa.int32(), _T.UINT: pa.int64(),
+    _T.INT128: pa.decimal128(38, 0),  # HUGEINT in 128-bit DECIMAL storage (values to +-(10^38 - 1))
     _T.FLOAT: pa.float32(), _T.DOUBLE: pa.float64(),
     _T.BOOLEAN: pa.bool_(), _T.DATE: pa.date32(),
     _T.VARCHAR: pa.string(), _T.TEXT: pa.string(), _T.CHAR: pa.string(), _T.NCHAR: pa.string(),
@@ -51,9 +52,9 @@ def arrow_type(dt: exp.DataType, column: str) -> pa.DataType:
         precision, scale = (params + [18, 3])[:2] if params else (18, 3)
         if len(params) == 1:
             scale = 0
-        if precision > 18:
-            raise NotSupportedError(f"column {column}: DECIMAL({precision},{scale}) wider than 18 digits "
-                                    "(decimals are stored as scaled int64)")
+        if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+            raise NotSupportedError(f"column {column}: DECIMAL({precision},{scale}): the width must be 1..38 "
+                                    "and the scale 0..width")
         return pa.decimal128(precision, scale)
     if dt.this in (_T.ARRAY, _T.LIST, _T.STRUCT) and dt.expressions:  # LIST / STRUCT (sql/nested.py)
         from opforge.sql.frontend.expressions import sql_type
@@ -158,7 +159,8 @@ def _to_decimal(v, scale):
     d = decimal.Decimal(v.strip() if isinstance(v, str) else v)
     if not d.is_finite():
         raise ValueError
-    return d.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
+    with decimal.localcontext(prec=100):  # 38 digits: beyond the default context's 28
+        return d.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
 
 
 def _to_bool(v):
@@ -545,17 +547,11 @@ class MemoryCatalog:
 
 
 def _plain(data: pa.Table) -> pa.Table:
-    """Query results as stored columns: dictionary-encoded strings decoded, and the 38-digit decimals
-    of SUM (DuckDB's HUGEINT) narrowed to the 18 digits a column holds, when their values fit."""
+    """Query results as stored columns: dictionary-encoded strings decoded (decimals of any width
+    are kept: above 18 digits a column is stored in 128 bits)."""
     cols = []
-    for name, c in zip(data.column_names, data.columns):
+    for c in data.columns:
         if pa.types.is_dictionary(c.type):
             c = c.cast(c.type.value_type)
-        if pa.types.is_decimal(c.type) and c.type.precision > 18:
-            try:
-                c = c.cast(pa.decimal128(18, c.type.scale))
-            except pa.ArrowInvalid:
-                raise NotSupportedError(f"column {name}: a value wider than 18 digits (decimals are stored as "
-                                        "scaled int64)") from None
         cols.append(c)
     return pa.Table.from_arrays(cols, names=data.column_names)

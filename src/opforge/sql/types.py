@@ -15,6 +15,9 @@ class SqlType:
     precision: int = 0
     scale: int = 0  # DECIMAL: digits after the point; TIMESTAMP: digits of a second (0 s, 3 ms, 6 us, 9 ns)
     tz: str | None = None  # TIMESTAMP: the zone of a TIMESTAMPTZ (values are UTC instants), None: naive
+    # DECIMAL: 128-bit storage ([n, 2] int64, sql/decimal128.py): every precision above 18, as in
+    # DuckDB; False above 18 only for the int64 view of values that fit (``decimal(p, s, False)``)
+    wide: bool = False
     # LIST: (("", element type),); STRUCT: ((field name, type), ...) -- see sql/nested.py
     fields: tuple = ()
 
@@ -71,8 +74,23 @@ def struct_of(fields) -> SqlType:
     return SqlType("STRUCT", fields=tuple((n, t) for n, t in fields))
 
 
-def decimal(precision: int, scale: int) -> SqlType:
-    return SqlType("DECIMAL", min(precision, 38), scale)
+def decimal(precision: int, scale: int, wide: bool | None = None) -> SqlType:
+    """DECIMAL(p, s); above 18 digits in 128-bit storage (DuckDB's HUGEINT-backed decimals), unless
+    ``wide=False`` asks for int64 storage (the window and SUM kernels' view of values that fit)."""
+    precision = min(precision, 38)
+    return SqlType("DECIMAL", precision, scale, None, precision > 18 if wide is None else wide)
+
+
+def wide_decimal(precision: int, scale: int) -> SqlType:
+    """DECIMAL(p, s) in 128-bit storage (any p <= 38: a declared wide one keeps its storage)."""
+    return decimal(precision, scale, True)
+
+
+def declared_decimal(precision: int, scale: int) -> SqlType:
+    """A DECIMAL as written in SQL or read from Arrow: 128-bit storage above 18 digits."""
+    if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+        raise NotSupportedError(f"DECIMAL({precision},{scale}): the width must be 1..38 and the scale 0..width")
+    return decimal(precision, scale)
 
 
 _UNITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
@@ -113,10 +131,9 @@ def from_arrow(t: pa.DataType, where: str = "") -> SqlType:
     if pa.types.is_timestamp(t):
         return timestamp(_UNITS[t.unit], t.tz)
     if pa.types.is_decimal(t):
-        if t.precision > 18:
-            raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 18 digits "
-                                    "(decimals are stored as scaled int64)")
-        return decimal(t.precision, t.scale)
+        if t.precision > 38:
+            raise NotSupportedError(f"column {where}: DECIMAL({t.precision},{t.scale}) wider than 38 digits")
+        return declared_decimal(t.precision, t.scale)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return STRING
     if pa.types.is_null(t):
@@ -148,14 +165,19 @@ def common_numeric(a: SqlType, b: SqlType) -> SqlType:
     """The type both operands are cast to for comparison or CASE/COALESCE (DuckDB-like)."""
     if a == b:
         return a
+    wide = a.wide or b.wide
     if a.kind == "DECIMAL" and b.kind == "DECIMAL":
         s = max(a.scale, b.scale)
-        return decimal(max(a.precision - a.scale, b.precision - b.scale) + s, s)
+        p = max(a.precision - a.scale, b.precision - b.scale) + s
+        if p > 38:  # DuckDB: no DECIMAL holds both; the wider one is the result
+            w = a if (a.precision, a.scale) >= (b.precision, b.scale) else b
+            return decimal(w.precision, w.scale, wide or None)
+        return decimal(p, s, wide or None)
     hi = a if _RANK[a.kind] >= _RANK[b.kind] else b
     lo = b if hi is a else a
     if hi.kind == "DECIMAL" and lo.kind in ("INT32", "INT64", "BOOL"):
         digits = 19 if lo.kind == "INT64" else 10
-        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale)
+        return decimal(max(hi.precision - hi.scale, digits) + hi.scale, hi.scale, wide or None)
     if hi.kind == "FLOAT32" and lo.kind in ("INT64", "DECIMAL"):
         return FLOAT64
     return hi

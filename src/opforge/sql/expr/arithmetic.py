@@ -8,6 +8,7 @@ import torch
 from opforge.sql import types as T
 from opforge.sql.column import Column, storage_value
 from opforge.sql.errors import NotSupportedError, OutOfRangeError, SqlError
+from opforge.sql.expr import decimal_wide
 from opforge.sql.expr.casts import cast_values, round_div, scale_up, storage_error
 from opforge.sql.expr.evaluation import FUNCS, LITERAL_PATHS, and_valid, check_range, evaluate
 from opforge.sql.expr.result_types import as_decimal_type, scale_of
@@ -25,6 +26,8 @@ def _arith(e: Func, args, batch):
         return Column(out.to(t.torch_dtype), valid, t)
     if op == "/":  # DOUBLE division, IEEE results for a zero divisor (as DuckDB)
         return Column(cast_values(a, T.FLOAT64) / cast_values(b, T.FLOAT64), valid, t)
+    if t.wide:
+        return Column(decimal_wide.arith_wide(op, a, b, t, valid), valid, t)
     if t.kind == "DECIMAL" and op == "*":
         da, db = as_decimal_type(a.type), as_decimal_type(b.type)
         av = cast_values(a, T.decimal(18, da.scale))
@@ -38,21 +41,25 @@ def _arith(e: Func, args, batch):
         if t.is_float:
             out = torch.div(av, bv, rounding_mode="floor") if op == "//" else torch.fmod(av, bv)
         else:
-            check_range(bv == 0, valid, lambda: SqlError(f"division by zero in {op}"))  # DuckDB raises too
-            # x // -1 is -x (the type's minimum overflows, as DuckDB), x % -1 is 0; dividing the
-            # minimum by -1 in the hardware traps (SIGFPE on x86), so -1 never reaches it
-            minus_one = bv == -1
-            safe = torch.where((bv == 0) | minus_one, torch.ones_like(bv), bv)
-            # truncating division; the remainder takes the dividend's sign (C, DuckDB)
-            if op == "//":
-                check_range(minus_one & (av == torch.iinfo(av.dtype).min), valid,
-                            lambda x: OutOfRangeError(f"Overflow in division of {x} / -1"), av)
-                out = torch.where(minus_one, -av, torch.div(av, safe, rounding_mode="trunc"))
-            else:
-                out = torch.fmod(av, safe)
+            out = int_divmod(op, av, bv, valid)
     else:
         raise NotSupportedError(f"operator {op}")
     return Column(out.to(t.torch_dtype), valid, t)
+
+
+def int_divmod(op: str, av: torch.Tensor, bv: torch.Tensor, valid) -> torch.Tensor:
+    """``av // bv`` or ``av % bv`` of integer tensors, truncating (C, DuckDB): the remainder takes
+    the dividend's sign; a zero divisor raises."""
+    check_range(bv == 0, valid, lambda: SqlError(f"division by zero in {op}"))  # DuckDB raises too
+    # x // -1 is -x (the type's minimum overflows, as DuckDB), x % -1 is 0; dividing the
+    # minimum by -1 in the hardware traps (SIGFPE on x86), so -1 never reaches it
+    minus_one = bv == -1
+    safe = torch.where((bv == 0) | minus_one, torch.ones_like(bv), bv)
+    if op == "//":
+        check_range(minus_one & (av == torch.iinfo(av.dtype).min), valid,
+                    lambda x: OutOfRangeError(f"Overflow in division of {x} / -1"), av)
+        return torch.where(minus_one, -av, torch.div(av, safe, rounding_mode="trunc"))
+    return torch.fmod(av, safe)
 
 
 
@@ -62,7 +69,7 @@ def _arith_literal(e: Func, batch) -> Column | None:
     values, scales and overflow checks as ``_arith``. None: not this case (the general path)."""
     a, b = e.args
     op, t = e.extra, e.type
-    if op not in ("+", "-", "*") or t.kind not in ("DECIMAL", "INT64"):
+    if op not in ("+", "-", "*") or t.kind not in ("DECIMAL", "INT64") or t.wide:
         return None
     lit_left = isinstance(a, Lit) and not isinstance(b, Lit)
     x, lit = (b, a) if lit_left else (a, b)
@@ -163,6 +170,8 @@ def _long(x):
 def _neg(e, args, batch):
     (a,) = args
     v = a.values
+    if a.type.wide:
+        return Column(decimal_wide.neg_wide(v), a.valid, a.type)
     if v.dtype in (torch.int32, torch.int64):
         check_range(v == torch.iinfo(v.dtype).min, a.valid,
                     lambda x: OutOfRangeError("Overflow in negation of numeric value!"), v)
@@ -172,6 +181,8 @@ def _neg(e, args, batch):
 def _abs(e, args, batch):
     (a,) = args
     v = a.values
+    if a.type.wide:
+        return Column(decimal_wide.abs_wide(v), a.valid, a.type)
     if v.dtype in (torch.int32, torch.int64):
         check_range(v == torch.iinfo(v.dtype).min, a.valid, lambda x: OutOfRangeError(f"Overflow on abs({x})"), v)
     return Column(v.abs(), a.valid, a.type)
@@ -182,6 +193,8 @@ def _round(e, args, batch):
     digits = e.extra
     if a.type.kind == "DECIMAL":
         drop = max(a.type.scale - digits, 0)
+        if a.type.wide:
+            return Column(decimal_wide.round_wide(a.values, drop), a.valid, e.type)
         return Column(round_div(a.values, 10 ** drop), a.valid, e.type)
     if a.type.is_float:
         f = 10.0 ** digits

@@ -8,13 +8,12 @@ value and only the int64 storage of a DECIMAL can run out (a ``NotSupportedError
 read per expression evaluation)."""
 from __future__ import annotations
 
-from decimal import Decimal
-
 import torch
 
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import ConversionError, NotSupportedError
+from opforge.sql.expr import decimal_wide
 from opforge.sql.expr.evaluation import FUNCS, check_range
 
 I64_MAX = 2 ** 63 - 1
@@ -26,8 +25,14 @@ DUCKDB_NAME = {"INT32": "INT32", "INT64": "INT64", "FLOAT32": "FLOAT", "FLOAT64"
 
 
 def decimal_text(v: int, scale: int) -> str:
-    """The decimal ``v * 10^-scale`` as DuckDB prints it in messages (123.45)."""
-    return str(Decimal(int(v)).scaleb(-scale)) if scale else str(int(v))
+    """The decimal ``v * 10^-scale`` as DuckDB prints it in messages (123.45): exact digits for 38 of
+    them (no Decimal context rounding) and no exponent form (0.0000001, not 1E-7)."""
+    v = int(v)
+    sign, digits = ("-" if v < 0 else ""), str(abs(v))
+    if not scale:
+        return sign + digits
+    digits = digits.rjust(scale + 1, "0")
+    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
 
 
 def storage_error(what: str):
@@ -78,6 +83,8 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
     v = col.values
     if fr == to:
         return v
+    if fr.wide or to.wide:
+        return decimal_wide.cast_wide(col, to)
     if to.kind == "DECIMAL":
         if fr.kind == "DECIMAL":
             if to.scale >= fr.scale:
@@ -102,7 +109,28 @@ def cast_values(col: Column, to: T.SqlType) -> torch.Tensor:
         return (v != 0) if to.kind == "BOOL" else v.to(to.torch_dtype)
     if to.kind == "DATE" and fr.kind == "DATE":
         return v
+    if {fr.kind, to.kind} == {"DATE", "TIMESTAMP"}:
+        return _date_timestamp(col, to)
     raise NotSupportedError(f"CAST from {fr} to {to}")
+
+
+_UTC = (None, "UTC", "Etc/UTC", "+00:00")
+
+
+def _date_timestamp(col: Column, to: T.SqlType) -> torch.Tensor:
+    """DATE <-> TIMESTAMP: midnight of the day, or the day of the instant (UTC, DuckDB's default
+    zone; a TIMESTAMPTZ in another zone is refused)."""
+    ts = to if to.kind == "TIMESTAMP" else col.type
+    if ts.tz not in _UTC:
+        raise NotSupportedError(f"CAST between DATE and a TIMESTAMPTZ in zone {ts.tz} (only UTC)")
+    per_day = 86400 * 10 ** ts.scale
+    if to.kind == "DATE":
+        return torch.div(col.values, per_day, rounding_mode="floor").to(torch.int32)
+    days = col.values.long()
+    limit = I64_MAX // per_day
+    check_range((days > limit) | (days < -limit), col.valid,
+                lambda x: ConversionError(f"Could not cast DATE (day {x}) to {to}: out of range"), days)
+    return days * per_day
 
 
 def sql_cast(col: Column, to: T.SqlType) -> torch.Tensor:
@@ -111,6 +139,8 @@ def sql_cast(col: Column, to: T.SqlType) -> torch.Tensor:
     fr, v, valid = col.type, col.values, col.valid
     if fr == to:
         return v
+    if fr.wide or to.wide:
+        return decimal_wide.cast_wide(col, to)
     if to.kind == "DECIMAL" and to.precision <= 18:
         limit = 10 ** to.precision
         if fr.kind == "DECIMAL":

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column, code_bound, storage_value, unify_strings
 from opforge.sql.errors import SqlError
+from opforge.sql.expr import decimal_wide
 from opforge.sql.expr.casts import cast_values
 from opforge.sql.expr.evaluation import FUNCS, LITERAL_PATHS, and_valid, evaluate
 from opforge.sql.expr.result_types import scale_of
@@ -29,8 +31,10 @@ def comparable(a: Column, b: Column) -> tuple[torch.Tensor, torch.Tensor]:
         digits = max(a.type.scale, b.type.scale)  # both in the finer unit
         return a.values * 10 ** (digits - a.type.scale), b.values * 10 ** (digits - b.type.scale)
     t = T.common_numeric(a.type, b.type)
-    if t.kind == "DECIMAL":
-        t = T.decimal(18, t.scale)
+    if t.kind == "DECIMAL":  # at the finer scale of the two: a comparison never rounds a side
+        s = max(scale_of(a.type), scale_of(b.type))
+        # wide: [n, 2] rows, which callers compare with decimal_wide / decimal128, not elementwise
+        t = T.wide_decimal(38, s) if t.wide else T.decimal(18, s)
     return cast_values(a, t), cast_values(b, t)
 
 
@@ -71,6 +75,8 @@ def compare(e, args, batch):
         out = {"=": (c >= lo) & (c < hi), "<>": (c < lo) | (c >= hi), "<": c < lo, "<=": c < hi,
                ">": c >= hi, ">=": c >= lo}[op]
         return Column(out, a.valid, T.BOOL)
+    if a.type.wide or b.type.wide:
+        return Column(decimal_wide.compare_wide(op, a, b), and_valid(a, b), T.BOOL)
     if _decimal_scales_differ(a.type, b.type):
         return Column(_compare_scaled(op, a, b), and_valid(a, b), T.BOOL)
     av, bv = comparable(a, b)
@@ -85,6 +91,8 @@ def _literal_at_scale(col_type: T.SqlType, lit: Lit) -> tuple[int, bool] | None:
     the column stores ``x`` at scale s, the literal ``L`` at scale t; ``f = 10^(t - s)`` when t > s
     (``exact``: f divides L), else the literal is scaled up exactly. None: not such a pair."""
     tb = lit.type
+    if col_type.wide or tb.wide:  # 128-bit values: the general path (decimal_wide)
+        return None
     if col_type.kind == "DATE" and tb.kind == "DATE":
         sa = sb = 0
     elif "BOOL" in (col_type.kind, tb.kind) or "DATE" in (col_type.kind, tb.kind):
@@ -118,11 +126,18 @@ def _compare_literal(e, batch) -> Column | None:
         a, b, op = b, a, _FLIP_CMP[op]
     if not isinstance(b, Lit) or isinstance(a, Lit) or b.value is None or op not in _FLIP_CMP:
         return None
-    scaled = _literal_at_scale(a.type, b)
+    # a 128-bit column (a SUM's DECIMAL(38, s)) against a literal: as int64 when its values fit
+    col_type = T.decimal(a.type.precision, a.type.scale, False) if a.type.wide else a.type
+    scaled = _literal_at_scale(col_type, b)
     if scaled is None:
         return None
     bound, exact = scaled
     col = evaluate(a, batch)
+    if a.type.wide:
+        if len(col) and not bool(decimal128.fits_int64(col.values).all()):
+            return Column(decimal_wide.compare_wide(op, col, Column.constant(b.value, b.type, len(col), col.device)),
+                          col.valid, T.BOOL)
+        col = Column(decimal128.lo(col.values), col.valid, col_type)
     if not exact:  # bound = floor(L / f) < L / f < bound + 1
         if op in ("=", "<>"):
             return _filled(op == "<>", col, batch)

@@ -81,7 +81,17 @@ def raise_failed(checks: list) -> None:
     flags = torch.stack([flag for flag, _, _ in checks]).tolist()
     for ok_flag, (_, values, error) in zip(flags, checks):
         if ok_flag:
-            raise error(*[x.item() if isinstance(x, torch.Tensor) else x for x in values])
+            raise error(*[_host(x) for x in values])
+
+
+def _host(x):
+    """A failing row's operand as a Python number (a 128-bit DECIMAL's row: its two words as one int)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.numel() == 2:
+        low, high = x.tolist()
+        return (high << 64) | (low & (2 ** 64 - 1))
+    return x.item()
 
 
 def _evaluate(e: Expr, batch: Batch) -> Column:

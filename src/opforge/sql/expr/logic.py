@@ -49,7 +49,7 @@ def _choose(conds: list[torch.Tensor], vals: list[Column], default: Column, t: T
         cols = unify_strings(cols)
     out_v, out_ok = cols[-1].values, cols[-1].valid_mask()
     for cond, c in reversed(list(zip(conds, cols[:-1]))):
-        out_v = torch.where(cond, c.values, out_v)
+        out_v = torch.where(cond[:, None] if out_v.dim() == 2 else cond, c.values, out_v)  # 2-D: 128-bit rows
         out_ok = torch.where(cond, c.valid_mask(), out_ok)
     return Column(out_v, None if bool(out_ok.all()) else out_ok, t, cols[-1].dictionary)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from opforge.sql import types as T
-from opforge.sql.errors import NotSupportedError, SqlError
+from opforge.sql.errors import NotSupportedError, OutOfRangeError, SqlError
 from opforge.sql.expr.tree import Expr
 
 
@@ -43,9 +43,16 @@ def arith_type(op: str, a: Expr, b: Expr) -> T.SqlType:
         if op == "//":
             raise NotSupportedError("integer division // of DECIMAL values")
         da, db = as_decimal_type(ta, a), as_decimal_type(tb, b)
+        wide = da.wide or db.wide
         if op == "*":
             p = da.precision + db.precision
-            return T.decimal(min(p, 18) if da.precision <= 18 and db.precision <= 18 else p, da.scale + db.scale)
+            if da.scale + db.scale > 38:
+                raise OutOfRangeError(f"Needed scale {da.scale + db.scale} to accurately represent the "
+                                      "multiplication result, but this is out of range of the DECIMAL type. "
+                                      "Max scale is 38")
+            return T.decimal(min(p, 18) if da.precision <= 18 and db.precision <= 18 else p, da.scale + db.scale,
+                             wide or None)
         s = max(da.scale, db.scale)
-        return T.decimal(max(da.precision - da.scale, db.precision - db.scale) + s + (1 if op in "+-" else 0), s)
+        return T.decimal(max(da.precision - da.scale, db.precision - db.scale) + s + (1 if op in "+-" else 0), s,
+                         wide or None)
     return T.INT32 if ta.kind in ("INT32", "BOOL") and tb.kind in ("INT32", "BOOL") else T.INT64

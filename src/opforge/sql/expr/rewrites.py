@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.expr.batch import Batch
 from opforge.sql.expr.evaluation import evaluate
@@ -29,10 +30,12 @@ def fold_constants(e: Expr, device) -> Expr:
                 return Lit(None, e.type)
             if e.type.kind in T.NESTED:
                 return Lit(col.to_arrow()[0].as_py(), e.type)
-            v = col.values[0].item()
             if e.type.kind == "DECIMAL":
-                from decimal import Decimal
-                return Lit(Decimal(v).scaleb(-e.type.scale), e.type)
+                import decimal
+                v = decimal128.to_ints(col.values[:1])[0] if e.type.wide else col.values[0].item()
+                with decimal.localcontext(prec=100):  # 38 digits: beyond the default context's 28
+                    return Lit(decimal.Decimal(v).scaleb(-e.type.scale), e.type)
+            v = col.values[0].item()
             return Lit(v, e.type) if e.type.kind != "DATE" else Lit(int(v), e.type)
     return e
 

@@ -122,9 +122,11 @@ def to_string(col: Column) -> Column:
     if col.type.kind in ("LIST", "STRUCT"):  # DuckDB's text of the value: [1, 2], {'a': x}
         from opforge.sql import nested
         return nested.per_value(col, nested.text, T.STRING)
-    uniq, inv = torch.unique(col.values, return_inverse=True)
+    # a 128-bit DECIMAL's rows are [n, 2]: unique rows, not words
+    uniq, inv = torch.unique(col.values, return_inverse=True, **({"dim": 0} if col.values.dim() == 2 else {}))
     if col.type.kind == "DECIMAL":
-        words = [str(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py()) for i in range(len(uniq))]
+        # format(.., "f"): plain digits as DuckDB prints them (str() gives '0E-10' for a zero of scale 10)
+        words = [format(Column(uniq[i:i + 1], None, col.type).to_arrow()[0].as_py(), "f") for i in range(len(uniq))]
     elif col.type.kind == "DATE":
         words = [str(x) for x in Column(uniq, None, col.type).to_arrow().to_pylist()]
     elif col.type.kind == "FLOAT32":  # shortest text that reads back as the float32 (DuckDB's 0.1, not 0.100000001...)

@@ -772,6 +772,11 @@ class Binder:
     def _agg_call(self, a, binder) -> P.AggCall:
         name = type(a).__name__.lower()
         arg = a.this
+        if isinstance(a, exp.AnonymousAggFunc):  # frontend/parser.py's ANONYMOUS_AGGREGATES
+            name = a.name.lower()
+            if name not in AGG_NAMES or len(a.expressions) != 1:
+                raise NotSupportedError(f"aggregate {a.sql(dialect='duckdb')}")
+            arg = a.expressions[0]
         if isinstance(a, exp.Count):
             if isinstance(arg, exp.Star) or arg is None:
                 return P.AggCall("count_star", None, T.INT64)
@@ -799,6 +804,8 @@ class Binder:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
         if name in ("sum", "avg", "fsum", "favg") and not e.type.is_numeric:
             raise SqlError(f"{name}: expected a numeric argument, got {e.type}")
+        if name == "decimal_avg" and e.type.kind != "DECIMAL":
+            raise SqlError(f"decimal_average: expected a DECIMAL argument, got {e.type}")
         if name in ("sum", "avg") and e.type.kind == "BOOL":
             e = Func("cast", [e], T.INT32)
         return P.AggCall(name, e, result_type(name, e.type))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import decimal
 from decimal import Decimal
 
 from sqlglot import exp
@@ -12,15 +13,18 @@ from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
 from opforge.sql.expr import Expr, Func, Lit, Ref, and_, arith_type, cmp
 from opforge.sql.frontend.nested_calls import bind_nested_call, cast_nested, column_field, concat_lists, quantified_list, length as list_length
 from opforge.sql.frontend.string_calls import bind_like, bind_string_call
+from opforge.sql.frontend.intervals import add_interval
 from opforge.sql.frontend.scope import Scope
 
 _ARITH = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.IntDiv: "//"}
 _CMPS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 AGG_FUNCS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
-             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.ArrayAgg)
+             exp.StddevSamp, exp.StddevPop, exp.LogicalAnd, exp.LogicalOr, exp.ArrayAgg, exp.AnonymousAggFunc,
+             exp.First)
 # sqlglot's aggregate class (lower-case name) -> the engine's function, where they differ
 AGG_NAMES = {"variance": "var_samp", "variancepop": "var_pop", "stddev": "stddev_samp", "stddevsamp": "stddev_samp",
-             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or", "arrayagg": "list"}
+             "stddevpop": "stddev_pop", "logicaland": "bool_and", "logicalor": "bool_or", "arrayagg": "list",
+             "decimal_average": "decimal_avg"}
 
 
 def sql_type(dt: exp.DataType) -> T.SqlType:
@@ -43,9 +47,9 @@ def sql_type(dt: exp.DataType) -> T.SqlType:
         params = [int(p.this.this) if isinstance(p.this, exp.Literal) else int(p.name) for p in dt.expressions]
         p = params[0] if params else 18
         s = params[1] if len(params) > 1 else (3 if not params else 0)
-        if p > 18:
-            raise NotSupportedError(f"CAST to DECIMAL({p},{s}): wider than 18 digits")
-        return T.decimal(p, s)
+        return T.declared_decimal(p, s)
+    if t == D.INT128:  # HUGEINT: 128-bit DECIMAL(38, 0) storage (values to +-(10^38 - 1))
+        return T.wide_decimal(38, 0)
     raise NotSupportedError(f"type {dt.sql(dialect='duckdb')}")
 
 
@@ -56,12 +60,19 @@ def number_literal(text: str) -> Lit:
         d = Decimal(text)
         digits = text.lstrip("-").replace(".", "")  # DuckDB counts leading zeros: 0.06 is DECIMAL(3,2)
         scale = len(text.split(".")[1])
-        return Lit(d, T.decimal(max(len(digits), scale, 1), scale))
+        if max(len(digits), scale) > 38:  # DuckDB: beyond DECIMAL(38) a literal is a DOUBLE
+            return Lit(float(d), T.FLOAT64)
+        return Lit(d, T.declared_decimal(max(len(digits), scale, 1), scale))
     v = int(text)
+    if not -2**63 <= v < 2**63:  # DuckDB: HUGEINT, here 128-bit DECIMAL(38, 0)
+        if abs(v) >= 10 ** 38:
+            return Lit(float(v), T.FLOAT64)
+        return Lit(v, T.wide_decimal(38, 0))
     return Lit(v, T.INT32 if -2**31 <= v < 2**31 else T.INT64)
 
 
 _DECIMAL_MAX_EXPONENT = 32768
+_WIDE_CONTEXT = decimal.Context(prec=100)
 _FLOAT_WORDS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 
 
@@ -72,6 +83,16 @@ def _string_number(text: str, to: T.SqlType) -> Lit:
     if word.lower() in _FLOAT_WORDS:
         return Lit(float(word), T.FLOAT64)
     try:
+        if to.kind == "DECIMAL" and "e" in word.lower() and "inf" not in word.lower():
+            d = Decimal(word)  # exactly, as DuckDB's decimal parser ('1e37' is 10^37, not a DOUBLE's)
+            if not d.is_finite() or abs(d.as_tuple().exponent) > _DECIMAL_MAX_EXPONENT:
+                raise ValueError(word)
+            if d == d.to_integral_value():
+                d = d.quantize(Decimal(1), context=_WIDE_CONTEXT)
+            digits = len(d.as_tuple().digits)
+            scale = max(-d.as_tuple().exponent, 0)
+            if max(digits, scale) <= 38:
+                return Lit(d, T.declared_decimal(max(digits, scale, 1), scale))
         lit = number_literal(word)
         # DuckDB's decimal parser refuses an exponent beyond +-32768 (1e-99999 is no DECIMAL 0)
         if to.kind == "DECIMAL" and "e" in word.lower() and abs(int(word.lower().split("e")[1])) > _DECIMAL_MAX_EXPONENT:
@@ -237,27 +258,24 @@ class ExprBinder:
     def _Paren(self, node):
         return self.bind(node.this)
 
-    # -- operators ---------------------------------------------------------------------------------------
-    def _interval(self, node: exp.Interval) -> tuple[str, int]:
-        n = node.this
-        amount = int(n.this) if isinstance(n, exp.Literal) else None
-        if amount is None:
-            raise NotSupportedError(f"interval {node.sql()}")
-        unit = (node.unit.name if node.unit is not None else "day").lower().rstrip("s")
-        if unit not in ("day", "month", "year", "week"):
-            raise NotSupportedError(f"interval unit {unit}")
-        return unit, amount
+    def _Typeof(self, node):
+        """typeof(x) as DuckDB names the type, for the types whose SQL name this engine keeps
+        (TINYINT / SMALLINT are held as INTEGER, HUGEINT as DECIMAL(38,0): those are refused)."""
+        t = self.bind(node.this).type
+        name = {"INT64": "BIGINT", "FLOAT32": "FLOAT", "FLOAT64": "DOUBLE", "BOOL": "BOOLEAN", "STRING": "VARCHAR",
+                "DATE": "DATE"}.get(t.kind)
+        if t.kind == "DECIMAL" and (t.precision, t.scale) != (38, 0):
+            name = str(t)
+        if name is None:
+            raise NotSupportedError(f"typeof of a {t} value (its exact SQL type is not kept)")
+        return Lit(name, T.STRING)
 
+    # -- operators ---------------------------------------------------------------------------------------
     def _arith(self, node, op):
         if isinstance(node.expression, exp.Interval) and op in "+-":
-            base = self.bind(node.this)
-            if base.type.kind != "DATE":
-                raise SqlError(f"operator {op}: interval arithmetic needs a DATE, got {base.type}")
-            unit, amount = self._interval(node.expression)
-            amount = -amount if op == "-" else amount
-            if unit in ("day", "week"):
-                return Func("arith", [base, Lit(amount * (7 if unit == "week" else 1), T.INT32)], T.DATE, "+")
-            return Func("add_months", [base], T.DATE, amount * (12 if unit == "year" else 1))
+            return add_interval(self._interval_base(node.this), node.expression, 1 if op == "+" else -1, self.bind)
+        if isinstance(node.this, exp.Interval) and op == "+":  # INTERVAL ... + x
+            return add_interval(self._interval_base(node.expression), node.this, 1, self.bind)
         a, b = self.bind(node.this), self.bind(node.expression)
         a, b = self._date_literal_pair(a, b)
         if _is_null_lit(a) or _is_null_lit(b):
@@ -271,6 +289,13 @@ class ExprBinder:
         if isinstance(a, Lit) and a.value is not None:
             return Lit(-a.value, a.type)
         return Func("neg", [a], a.type)
+
+    def _interval_base(self, node) -> Expr:
+        """The date / timestamp an interval is added to ('1992-01-01' as a string literal: a DATE)."""
+        base = self.bind(node)
+        if isinstance(base, Lit) and base.type.kind == "STRING" and base.value is not None:
+            return Lit(_parse_date(base.value), T.DATE)
+        return base
 
     def _date_literal_pair(self, a: Expr, b: Expr) -> tuple[Expr, Expr]:
         """'1998-01-01' compared with a DATE becomes a DATE literal."""

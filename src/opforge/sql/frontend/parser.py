@@ -3,9 +3,18 @@ from __future__ import annotations
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
 
 from opforge.sql.errors import SqlError
+
+
+# DuckDB aggregates sqlglot has no node for: parsed as AnonymousAggFunc (an aggregate to the binder)
+# instead of Anonymous (a scalar call). decimal_average(x): the exact average of a DECIMAL, in its type.
+ANONYMOUS_AGGREGATES = ("decimal_average",)
+for _name in ANONYMOUS_AGGREGATES:
+    DuckDB.Parser.FUNCTIONS.setdefault(
+        _name.upper(), lambda args, dialect=None, _name=_name: exp.AnonymousAggFunc(this=_name, expressions=args))
 
 
 def parse(text: str) -> exp.Expression:

@@ -135,7 +135,7 @@ class WindowCollector:
                 return call
         if isinstance(fn, AGG_FUNCS):
             agg = self.qb._agg_call(fn, binder)
-            if agg.func in SPREAD_FUNCS or agg.func in ("list", "fsum", "favg"):
+            if agg.func in SPREAD_FUNCS or agg.func in ("list", "fsum", "favg", "decimal_avg", "first"):
                 raise NotSupportedError(f"window function {agg.func}: {fn.sql(dialect='duckdb')}")
             if agg.func == "count_distinct" and frame.start.kind != "unbounded_preceding" \
                     and frame.end.kind != "unbounded_following":

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from opforge.ops import hashing
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column
-from opforge.sql.errors import NotSupportedError
+from opforge.sql.errors import NotSupportedError, OutOfRangeError
 from opforge.sql.expr import Batch, cast_values, evaluate
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.keys import dense_ids, key_tensor, partition_bits, partition_of, partitions
@@ -36,11 +37,11 @@ def result_type(func: str, arg_type: T.SqlType | None) -> T.SqlType:
         return T.list_of(arg_type)
     if func in ("avg", "fsum", "favg") or func in SPREAD_FUNCS:
         return T.FLOAT64
-    if func == "sum":
+    if func == "sum":  # 128-bit storage: a sum past int64 is exact (DuckDB's HUGEINT / DECIMAL(38, s))
         if arg_type.kind == "DECIMAL":
-            return T.decimal(38, arg_type.scale)
+            return T.wide_decimal(38, arg_type.scale)
         if arg_type.is_integer or arg_type.kind == "BOOL":
-            return T.decimal(38, 0)
+            return T.wide_decimal(38, 0)
         return T.FLOAT64
     return arg_type
 
@@ -120,6 +121,9 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         return group_lists(col, gid, groups, out_type)
     if func in ("fsum", "favg"):
         return _exact_float_sum(func, col, gid, groups)
+    if func == "first":  # DuckDB's first(x): the group's first row's value, NULL included
+        first = hashing.segment_reduce_dense(torch.arange(n, device=dev), gid, groups, "min")
+        return col.take(first.clamp(0, max(n - 1, 0))) if n else Column.constant(None, col.type, groups, dev)
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
             c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
@@ -142,6 +146,10 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         first = hashing.segment_reduce_dense(torch.arange(len(v), device=dev), pairs, npairs, "min")
         d = hashing.segment_reduce_dense(gid.new_ones(npairs), g_ok[first], groups, "count")
         return Column(d, None, T.INT64)
+    if func == "decimal_avg":
+        return _decimal_average(col, gid, groups, cnt, valid)
+    if col.type.wide and func in ("sum", "avg", "min", "max"):
+        return _reduce_wide(func, col, gid, groups, cnt, valid, out_type)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
             v = cast_values(col, T.FLOAT64)
@@ -155,9 +163,12 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
             # abs() of the int64 minimum is negative); only then sum exactly in two halves
             lo, hi = (int(x) for x in torch.stack([v.min(), v.max()]).tolist())
             if max(-lo, hi) * int(cnt.max()) >= 2 ** 63:
+                if out_type.wide:  # exact in 128 bits, by 32-bit limbs
+                    return _reduce_wide("sum", Column(decimal128.from_int64(v), col.valid, out_type), gid, groups,
+                                        cnt, valid, out_type)
                 return Column(_exact_sum(v, gid, groups, col.valid, out_type), valid, out_type)
         s = hashing.segment_reduce_dense(v, gid, groups, "sum", valid=col.valid)
-        return Column(s, valid, out_type)
+        return Column(decimal128.from_int64(s) if out_type.wide else s, valid, out_type)
     if func in SPREAD_FUNCS:
         return _spread(func, col, gid, groups, cnt)
     if func in ("min", "max"):
@@ -190,6 +201,54 @@ def _exact_float_sum(func: str, col: Column, gid: torch.Tensor, groups: int) -> 
     valid = torch.tensor([bool(p) for p in per], dtype=torch.bool, device=col.device)
     return Column(torch.tensor(out, dtype=torch.float64, device=col.device), None if bool(valid.all()) else valid,
                   T.FLOAT64)
+
+
+def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor, valid,
+                 out_type: T.SqlType) -> Column:
+    """sum / avg / min / max of a 128-bit DECIMAL: SUM exact by 32-bit limb columns (int64 segment
+    sums, carries folded after), AVG that exact sum as a DOUBLE, MIN / MAX through the values' dense
+    ranks."""
+    v = col.values
+    if func in ("sum", "avg") and len(v) and groups:
+        low = decimal128.lo(v)
+        fits = decimal128.fits_int64(v) if col.valid is None else decimal128.fits_int64(v) | ~col.valid
+        bounds = torch.stack([fits.all().long(), low.min(), low.max(), cnt.max()]).tolist()
+        if bounds[0] and max(-bounds[1], bounds[2]) * bounds[3] < 2 ** 63:  # int64 values, no int64 overflow
+            narrow = T.decimal(col.type.precision, col.type.scale, False)
+            out = _reduce(func, Column(low, col.valid, narrow), gid, groups, len(v), v.device,
+                          T.FLOAT64 if func == "avg" else narrow, [(cnt, valid)])
+            return out if func == "avg" else Column(decimal128.from_int64(out.values), out.valid, out_type)
+    if func in ("sum", "avg"):
+        s, over = decimal128.segment_sum(
+            v, lambda limb: hashing.segment_reduce_dense(limb, gid, groups, "sum", valid=col.valid))
+        bad = over | decimal128.exceeds(torch.where(over[:, None], torch.zeros_like(s), s), 10 ** 38)
+        if valid is not None:
+            bad = bad & valid
+        if bool(bad.any()):
+            raise OutOfRangeError(f"Overflow in SUM of {col.type}: the sum leaves DECIMAL(38)")
+        if func == "avg":
+            return Column(decimal128.to_float64_scaled(s, col.type.scale) / cnt.clamp(min=1), valid, T.FLOAT64)
+        return Column(s, valid, out_type)
+    if len(v) == 0 or bool(decimal128.fits_int64(v).all()):  # int64 values: the plain reduction
+        r = hashing.segment_reduce_dense(decimal128.lo(v), gid, groups, func, valid=col.valid)
+        return Column(decimal128.from_int64(r), valid, col.type)
+    rank, uniques = decimal128.dense_rank(v)
+    r = hashing.segment_reduce_dense(rank, gid, groups, func, valid=col.valid)
+    r = torch.where(cnt > 0, r, torch.zeros_like(r)).clamp(0, max(len(uniques) - 1, 0))
+    out = uniques[r] if len(uniques) else torch.zeros(groups, 2, dtype=torch.int64, device=v.device)
+    return Column(out, valid, col.type)
+
+
+def _decimal_average(col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor, valid) -> Column:
+    """DuckDB's decimal_average: the exact sum (128 bits) divided by the count, rounded half to
+    even, in the argument's DECIMAL type; a sum beyond 128 bits is DuckDB's error."""
+    v = col.values if col.type.wide else decimal128.from_int64(col.values)
+    s, over = decimal128.segment_sum(
+        v, lambda limb: hashing.segment_reduce_dense(limb, gid, groups, "sum", valid=col.valid))
+    if bool((over if valid is None else over & valid).any()):
+        raise OutOfRangeError("decimal_average: the intermediate sum overflowed HUGEINT range")
+    q = decimal128.div_count_half_even(s, cnt.clamp(min=1))
+    return Column(q if col.type.wide else decimal128.lo(q), valid, col.type)
 
 
 def _spread(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor) -> Column:

@@ -18,9 +18,10 @@ import os
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column
-from opforge.sql.errors import MemoryLimitError, NotSupportedError
+from opforge.sql.errors import MemoryLimitError, NotSupportedError, OutOfRangeError
 from opforge.sql.expr import Batch
 from opforge.sql.physical.aggregate import run_aggregate
 from opforge.sql.physical.context import ExecContext
@@ -72,14 +73,18 @@ def _repeated(func: str, one: Column, times: int, out_type: T.SqlType, dev) -> C
     if times == 0:  # no pairs: counts are 0, the others NULL
         if func in ("count", "count_distinct"):
             return Column(torch.zeros(1, dtype=torch.int64, device=dev), None, T.INT64)
-        return Column(torch.zeros(1, dtype=out_type.torch_dtype, device=dev),
-                      torch.zeros(1, dtype=torch.bool, device=dev), out_type)
+        return Column.constant(None, out_type, 1, dev)
     if func == "count":
         return Column(one.values * times, None, T.INT64)
     if func != "sum":  # avg, min, max, count(DISTINCT): the same over repeated rows
         return one
     if out_type.is_float:
         return Column(one.values * times, one.valid, out_type)
+    if out_type.wide:  # a 128-bit sum: exact in Python, refused past DECIMAL(38) (DuckDB's overflow)
+        total = decimal128.to_ints(one.values)[0] * times
+        if abs(total) >= 10 ** 38:
+            raise OutOfRangeError(f"Overflow in SUM: {total} does not fit {out_type}")
+        return Column(decimal128.from_ints([total], dev), one.valid, out_type)
     total = int(one.values[0]) * times
     if not -2 ** 63 <= total < 2 ** 63:
         raise NotSupportedError(f"sum: the result does not fit the int64 storage of {out_type} in this engine "

@@ -78,7 +78,7 @@ def _pad(col: Column, idx: torch.Tensor, present: torch.Tensor) -> Column:
     """Gather with NULL where `present` is False (outer-join padding)."""
     safe = torch.where(present, idx, torch.zeros_like(idx))
     if len(col) == 0:
-        vals = torch.zeros(len(idx), dtype=col.values.dtype, device=idx.device)
+        vals = col.values.new_zeros((len(idx),) + tuple(col.values.shape[1:]))  # [n, 2]: 128-bit DECIMALs
         return Column(vals, torch.zeros(len(idx), dtype=torch.bool, device=idx.device), col.type, col.dictionary)
     out = col.take(safe)
     return Column(out.values, out.valid_mask() & present, col.type, col.dictionary)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from opforge.ops import hashing
+from opforge.sql import decimal128
 from opforge.sql.column import Column
 
 # xxHash64's PRIME64_2, as a signed int64: independent of the kernels' 2^64/phi multiplier.
@@ -32,9 +33,13 @@ _PART_MUL = 0xC2B2AE3D27D4EB4F - (1 << 64)
 
 
 def key_tensor(col: Column) -> torch.Tensor:
-    """An int64 tensor whose equality is SQL equality of the values (NULL slots zeroed)."""
+    """An int64 tensor whose equality is SQL equality of the values (NULL slots zeroed). A 128-bit
+    DECIMAL gives ``decimal128.order_key``: its values when they fit int64, else its dense ranks,
+    equal within this column only (``join_keys`` keys both sides together)."""
     v = col.values
-    if v.dtype.is_floating_point:
+    if v.dim() == 2:
+        v = decimal128.order_key(v)
+    elif v.dtype.is_floating_point:
         v = v.double()
         v = torch.where(v == 0, torch.zeros_like(v), v)  # -0.0 == 0.0
         v = torch.where(torch.isnan(v), torch.full_like(v, float("nan")), v)
@@ -167,6 +172,9 @@ def join_keys(left: list[Column], right: list[Column], device
     pairs = []
     for l, r in zip(left, right):
         lv, rv = comparable(l, r)
+        if lv.dim() == 2:  # 128-bit DECIMALs: keyed over both sides together, so equal values share a key
+            keys = decimal128.order_key(torch.cat([lv, rv]))
+            lv, rv = keys[:nl], keys[nl:]
         pairs.append((hash_key(Column(lv, l.valid, l.type)), hash_key(Column(rv, r.valid, r.type))))
     if len(pairs) == 1:
         lk, rk = pairs[0]

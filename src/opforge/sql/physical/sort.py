@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql.expr import Batch, evaluate
 from opforge.sql.plan import Sort
 
@@ -12,6 +13,8 @@ def sort_permutation(keys: list[tuple[torch.Tensor, torch.Tensor | None, bool, b
     """keys: (values, valid-or-None, descending, nulls_first). Returns the row order."""
     perm = torch.arange(n, device=dev)
     for values, valid, desc, nulls_first in reversed(keys):
+        if values.dim() == 2:  # 128-bit DECIMAL rows: an int64 key of the same order
+            values = decimal128.order_key(values)
         v = values[perm]
         if v.dtype == torch.bool:
             v = v.to(torch.int8)

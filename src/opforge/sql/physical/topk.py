@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.sql import decimal128
 from opforge.sql.expr import Batch, evaluate
 from opforge.sql.physical.context import ExecContext
 from opforge.sql.physical.sort import sort_permutation
@@ -35,6 +36,8 @@ def candidates(values: torch.Tensor, valid: torch.Tensor | None, desc: bool, nul
     if m >= n:
         return None
     v = values
+    if v.dim() == 2:  # 128-bit DECIMAL rows: an int64 key of the same order
+        v = decimal128.order_key(v)
     if v.dtype == torch.bool or v.dtype in (torch.int8, torch.int16, torch.uint8):
         v = v.to(torch.int32)
     if v.dtype.is_floating_point and bool(torch.isnan(v if valid is None else v[valid]).any()):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from opforge.ops import hashing, scan
+from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column, unify_strings
 from opforge.sql.errors import NotSupportedError, SqlError
@@ -38,8 +39,8 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     n, dev = batch.n, batch.device
     if n == 0:
         return Batch({**batch.cols, **{o.cid: Column.constant(None, o.type, 0, dev) for o, _ in node.calls}}, 0, dev)
-    part = [evaluate(e, batch) for e in node.partition]
-    order = [(evaluate(e, batch), d, nf) for e, d, nf in node.order]
+    part = [_ranked(evaluate(e, batch)) for e in node.partition]
+    order = [(_narrowed(evaluate(e, batch)), d, nf) for e, d, nf in node.order]
     keys = [(c.values, c.valid, False, False) for c in part] + [(c.values, c.valid, d, nf) for c, d, nf in order]
     perm = sort_permutation(keys, n, dev) if keys else torch.arange(n, device=dev)
     layout = Layout(n, dev, [c.take(perm) for c in part], [(c.take(perm), d, nf) for c, d, nf in order],
@@ -50,9 +51,37 @@ def run_window_functions(node: WindowFunctions, batch: Batch, ctx: ExecContext |
     inverse[perm] = torch.arange(n, device=dev)
     out = dict(batch.cols)
     for o, call in node.calls:
-        args = [evaluate(a, batch).take(perm) for a in call.args]
-        out[o.cid] = _call(call, args, layout, o.type).take(inverse)
+        args = [_narrowed(evaluate(a, batch).take(perm)) for a in call.args]
+        narrow = T.decimal(o.type.precision, o.type.scale, False) if o.type.wide else o.type
+        out[o.cid] = _widened(_call(call, args, layout, narrow), o.type).take(inverse)
     return Batch(out, n, dev)
+
+
+def _narrowed(col: Column) -> Column:
+    """A 128-bit DECIMAL argument or ORDER BY column as the int64 DECIMAL of the same type, when every
+    value fits int64 (the window kernels run on int64 storage); else a clear refusal."""
+    if not col.type.wide:
+        return col
+    fits = decimal128.fits_int64(col.values)
+    if col.valid is not None:
+        fits = fits | ~col.valid
+    if not bool(fits.all()):
+        raise NotSupportedError(f"window functions over {col.type} values beyond 64 bits")
+    return Column(decimal128.lo(col.values), col.valid, T.decimal(col.type.precision, col.type.scale, False))
+
+
+def _widened(col: Column, typ: T.SqlType) -> Column:
+    """A window result computed in int64 storage back in ``typ``'s 128-bit storage."""
+    if not typ.wide or col.type.wide:
+        return col
+    return Column(decimal128.from_int64(col.values), col.valid, typ)
+
+
+def _ranked(col: Column) -> Column:
+    """A PARTITION BY column of 128-bit DECIMALs as its dense ranks (partitions need only equality)."""
+    if not col.type.wide:
+        return col
+    return Column(key_tensor(col), col.valid, T.INT64)
 
 
 def _prefix(v: torch.Tensor) -> torch.Tensor:

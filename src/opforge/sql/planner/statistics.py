@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from opforge.ops.bloom import mix64  # SplitMix64's finalizer: one implementation, beside the Bloom probe op
+from opforge.sql import decimal128
 from opforge.sql.column import Column
 
 EXACT_DISTINCT_ROWS = 1 << 17
@@ -241,6 +242,8 @@ class ColumnStatsOnDemand(ColumnStats):
             values = self._col.values
             if self._col.valid is not None:
                 values = values[self._col.valid]
+            if values.dim() == 2:  # a 128-bit DECIMAL: its unscaled values as doubles (estimates only)
+                values = decimal128.to_float64(values)
             self._values = values.to(torch.int8) if values.dtype == torch.bool else values
         return self._values
 

@@ -1,0 +1,120 @@
+"""DECIMAL(38, s) (128-bit storage, ``sql/decimal128.py``) on opforge's SQL engine against DuckDB.
+
+    python benchmarks/sql_decimal128.py --device cuda [--rows 10000000] [--groups 1000] [--repeats 5] [--out PATH]
+
+One generated table: a key ``k`` with ``--groups`` values, ``w`` DECIMAL(38,2) holding values past
+int64 (up to 10^30), ``n`` DECIMAL(18,2) (the int64 path, for comparison) and ``j`` DECIMAL(38,2)
+join keys; a dimension table ``dim`` keyed on DECIMAL(30,2). Each query folds its answer into few
+rows; it runs warm on both engines, timed end to end as ``benchmarks/tpch.py`` does, and opforge's
+answer is checked against DuckDB's (so this is also the GPU check of the 128-bit kernels: shifts,
+limb carries, ``torch.unique(dim=0)`` ranks). Prints one line per query and writes
+``benchmarks/results/sql-decimal128-<device>-<date>.json`` (or ``--out``)."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from opforge.sql.tpch import compare as cmp  # noqa: E402
+from opforge.sql.tpch.runner import time_query  # noqa: E402
+
+QUERIES = {
+    "sum_wide": "SELECT sum(w) AS s, min(w) AS lo, max(w) AS hi, count(*) AS c FROM t",
+    "sum_narrow": "SELECT sum(n) AS s, min(n) AS lo, max(n) AS hi, count(*) AS c FROM t",
+    "group_sum_wide": "SELECT k, sum(w) AS s, max(w) AS m, avg(w) AS a FROM t GROUP BY k",
+    "arith_filter_wide": "SELECT sum(w * 3 - n) AS s, count(*) AS c FROM t WHERE w > CAST(n AS DECIMAL(38, 2)) * 1000000",
+    "group_by_wide_key": "SELECT count(*) AS groups, sum(c) AS rows FROM (SELECT j, count(*) AS c FROM t GROUP BY j)",
+    "join_wide_key": "SELECT count(*) AS c, sum(dim.v) AS s FROM t JOIN dim ON t.j = dim.j",
+    "top_wide": "SELECT w, k FROM t ORDER BY w DESC, k LIMIT 10",
+    "cast_wide": "SELECT sum(CAST(w AS DOUBLE)) AS f, sum(CAST(n AS DECIMAL(38, 4))) AS d FROM t",
+}
+
+
+def tables(rows: int, groups: int):
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from opforge.sql import decimal128 as D
+
+    rng = np.random.default_rng(0)
+
+    def dec(high, low, precision):
+        """decimal128(precision, 2) of the unscaled values high * 10^18 + low (int64 arrays), built
+        from the 128-bit words (the same table goes to both engines)."""
+        words, _ = D.mul(D.from_int64(torch.from_numpy(high)), D.full(10 ** 18, len(high), "cpu"))
+        words, _ = D.add(words, D.from_int64(torch.from_numpy(low)))
+        buf = pa.py_buffer(words.contiguous().numpy().tobytes())
+        return pa.Array.from_buffers(pa.decimal128(precision, 2), len(high), [None, buf])
+    zeros = np.zeros(rows, dtype=np.int64)
+    t = pa.table({
+        "k": pa.array(rng.integers(0, groups, rows).astype(np.int32)),
+        "w": dec(rng.integers(-10 ** 12, 10 ** 12, rows), rng.integers(0, 10 ** 18, rows), 38),
+        "n": dec(zeros, rng.integers(-10 ** 15, 10 ** 15, rows), 18),
+        "j": dec(rng.integers(0, rows // 10 + 1, rows) * 10 ** 4, zeros, 38),
+    })
+    dim_keys = np.arange(0, rows // 10 + 1, 2, dtype=np.int64)
+    dim = pa.table({"j": dec(dim_keys * 10 ** 4, np.zeros(len(dim_keys), dtype=np.int64), 30),
+                    "v": pa.array(np.arange(len(dim_keys)), pa.int64())})
+    return t, dim
+
+
+def _duckdb_table(rel):
+    r = rel.arrow()
+    return r.read_all() if hasattr(r, "read_all") else r
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import duckdb
+    import torch
+
+    import opforge.sql as sql
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--queries", help="comma-separated names (default: all): " + ",".join(QUERIES))
+    ap.add_argument("--out", help="JSON path (default: benchmarks/results/sql-decimal128-<device>-<date>.json)")
+    args = ap.parse_args(argv)
+    names = args.queries.split(",") if args.queries else list(QUERIES)
+    t, dim = tables(args.rows, args.groups)
+    con, duck = sql.connect(args.device), duckdb.connect()
+    for c in (con, duck):
+        c.register("t", t)
+        c.register("dim", dim)
+    records = []
+    for name in names:
+        q = QUERIES[name]
+        ours_ms, ours = time_query(lambda: con.sql(q).to_arrow(), args.repeats, args.warmup)  # noqa: B023
+        ref_ms, ref = time_query(lambda: _duckdb_table(duck.sql(q)), args.repeats, args.warmup)  # noqa: B023
+        diffs = cmp.compare(ours, ref, ordered=False)
+        rec = {"query": name, "sql": q, "opforge_ms": statistics.median(ours_ms),
+               "duckdb_ms": statistics.median(ref_ms), "match": not diffs, "diffs": diffs[:5]}
+        rec["speedup"] = rec["duckdb_ms"] / rec["opforge_ms"]
+        records.append(rec)
+        print(f"{name:20s} opforge {rec['opforge_ms']:9.2f} ms  duckdb {rec['duckdb_ms']:9.2f} ms  "
+              f"x{rec['speedup']:6.2f}  {'ok' if rec['match'] else 'MISMATCH ' + '; '.join(diffs[:2])}")
+    from opforge.runtime.device import versions
+
+    doc = {"schema_version": 1, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "benchmark": "sql-decimal128", "device": args.device, "rows": args.rows, "groups": args.groups,
+           "repeats": args.repeats, "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "",
+           **{k: versions().get(k, "") for k in ("driver", "torch", "triton")}, "duckdb": duckdb.__version__,
+           "queries": records}
+    out = Path(args.out) if args.out else HERE / "results" / f"sql-decimal128-{args.device}-{dt.date.today()}.json"
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out}; {sum(r['match'] for r in records)} of {len(records)} match DuckDB")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
