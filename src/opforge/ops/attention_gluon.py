@@ -8,8 +8,10 @@ it ran 1.11-1.28x our Triton forward at S 2048-16384 causal and full and GQA
 32/8, 0.92-1.08x cuDNN; its measured entries ship in
 ``runtime/tuned/h200-attention-gluon.jsonl``, so dispatch compares them with
 the other variants' per bucket (a bucket where it has none keeps the
-variant that has one). The backward is off (``BACKWARD_ENABLED_BY_DEFAULT``):
-correct, but 0.92-1.07x our Triton backward and 0.64-0.81x cuDNN.
+variant that has one). The backward is on too (``BACKWARD_ENABLED_BY_DEFAULT``)
+since its delta runs in one Triton kernel (2026-12-02, third session): 1.09-1.18x
+our Triton backward at S 4096 full / causal and S 8192 causal, 0.81-0.85x cuDNN
+(benchmarks/results/h200-2026-12-02c-gluon-bwd.txt).
 
 Everything the kernels do not handle falls back, by the reason ``check``
 gives, to the next variant in dispatch order (``triton_flash_tma``): varlen,
@@ -33,7 +35,7 @@ NAME = "gluon_ws"
 HEAD_DIMS = (64, 128)  # kernels/attention_gluon.HEAD_DIMS, without importing Gluon here
 # The one-line gates (see the module docstring for the measurements behind them).
 ENABLED_BY_DEFAULT = True  # the forward: faster than triton_flash_tma at every measured D 128 shape (run 2)
-BACKWARD_ENABLED_BY_DEFAULT = False
+BACKWARD_ENABLED_BY_DEFAULT = True  # faster than triton_flash at every measured shape (run 3)
 
 
 def enabled(by_default: bool) -> bool:
