@@ -4,15 +4,18 @@ name, so a table of schema ``s`` is kept as ``s.t`` and one of ``main`` (DuckDB'
 as plain ``t``."""
 from __future__ import annotations
 
-from sqlglot import exp
+from typing import TYPE_CHECKING
 
 from opforge.sql.errors import SqlError
+
+if TYPE_CHECKING:  # connect() imports this module and must not load the parser (tests/sql/test_lazy_connect.py)
+    from sqlglot import exp
 
 MAIN = "main"
 _CATALOGS = ("memory", "main", "temp")  # DuckDB's name of the in-memory database (and its aliases)
 
 
-def qualified_name(table: exp.Table) -> str:
+def qualified_name(table: "exp.Table") -> str:
     """The catalog key of a table reference: ``t`` for ``t`` / ``main.t`` / ``memory.main.t``,
     ``s.t`` for ``s.t`` (names lower-case: DuckDB matches them case-insensitively)."""
     name = table.name.lower()
@@ -29,7 +32,7 @@ def schema_of(name: str) -> str:
     return name.split(".", 1)[0] if "." in name else MAIN
 
 
-def create(schemas: set[str], tree: exp.Create) -> str:
+def create(schemas: set[str], tree: "exp.Create") -> str:
     """CREATE SCHEMA [IF NOT EXISTS] s."""
     name = _schema_name(tree.this)
     if name in schemas:
@@ -40,7 +43,7 @@ def create(schemas: set[str], tree: exp.Create) -> str:
     return f"created schema {name}"
 
 
-def drop(con, tree: exp.Drop) -> str:
+def drop(con, tree: "exp.Drop") -> str:
     """DROP SCHEMA [IF EXISTS] s [CASCADE]: without CASCADE a schema that holds tables or views is
     refused (DuckDB's Dependency Error); with it they are dropped too."""
     targets = [tree.this] if tree.this is not None else list(tree.args.get("tables") or [])
@@ -68,7 +71,9 @@ def check_schema(schemas: set[str], name: str, verb: str) -> None:
         raise SqlError(f"{verb}: Catalog Error: schema {s!r} does not exist")
 
 
-def _schema_name(target: exp.Expression) -> str:
+def _schema_name(target: "exp.Expression") -> str:
+    from sqlglot import exp
+
     if isinstance(target, exp.Table):
         ident = target.args.get("db") or target.this
         return ident.name.lower()
