@@ -15,7 +15,8 @@ give the same records. What a vectorized function returns:
 * filter: a bool tensor, one per row;
 * flat_map: a ``Batch`` or mapping of any length; with ``"__row__"`` (the
   input row each output row comes from) rows keep their input's timestamps,
-  as the record path's outputs do.
+  as the record path's outputs do; ``@vectorized(record_watermarks=True)``:
+  whole batches with per-record watermarks (``vectorized``).
 """
 
 from __future__ import annotations
