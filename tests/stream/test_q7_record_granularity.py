@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from opforge.stream import StreamExecutionEnvironment, WatermarkStrategy
+from opforge.stream import StreamExecutionEnvironment, WatermarkStrategy, vectorized
 from opforge.stream.nexmark import NexmarkConfig, generate, q7
 
 SIZE_MS = 200
@@ -54,3 +54,17 @@ def test_q7_record_output_does_not_depend_on_batch_size(at_one_record, batch_siz
 def test_q7_case_separates_granularities(at_one_record):
     """The late bids matter here: per-batch watermarks give another output."""
     assert run_q7(1024, "batch") != at_one_record
+
+
+def test_record_watermark_flat_map_without_rows_is_refused():
+    """Outputs with no input row could not carry a watermark: a clear error, not a guess."""
+
+    @vectorized(record_watermarks=True)
+    def no_rows(batch):
+        return {"price": batch["price"]}
+
+    env = StreamExecutionEnvironment(batch_size=64)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(30).with_timestamp_assigner("date_time")
+    env.from_collection(BIDS[:100], strategy).flat_map(no_rows).collect()
+    with pytest.raises(ValueError, match="__row__"):
+        env.execute("no rows")
