@@ -4,6 +4,10 @@ in both runs (a batch that tuned or compiled stands out in the first), then the 
 and host ops of the second run by self time.
 
     python benchmarks/stream_profile.py --query q5 --events 67108864 --batch-size 8388608 --device cuda
+                                        [--watermark-granularity record|batch]
+
+``--watermark-granularity`` (default ``record``, the engine's): run it at both to see what
+batch-independent event time costs, kernel by kernel.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from opforge.stream.nexmark import QUERIES, NexmarkConfig
 from opforge.stream.sinks import Sink
 
 
-def batch_walls(query: str, config: NexmarkConfig, device, batch_size: int) -> list[float]:
+def batch_walls(query: str, config: NexmarkConfig, device, batch_size: int,
+                granularity: str = "record") -> list[float]:
     """One run of ``query``; the wall time (ms) between consecutive source batches."""
     stamps: list[float] = []
 
@@ -37,7 +42,7 @@ def batch_walls(query: str, config: NexmarkConfig, device, batch_size: int) -> l
 
         return stream(env, cfg, kind).map(stamp)
 
-    env = StreamExecutionEnvironment(device=device, batch_size=batch_size)
+    env = StreamExecutionEnvironment(device=device, batch_size=batch_size, watermark_granularity=granularity)
     QUERIES[query](env, config, source=source).sink_to(_Drop())
     env.execute(f"profile {query}")
     sync()
@@ -59,22 +64,25 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=1 << 23)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--watermark-granularity", default="record", choices=("record", "batch"))
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     config = NexmarkConfig(events=args.events, events_per_second=10_000, max_out_of_orderness_ms=500)
-    first = batch_walls(args.query, config, device, args.batch_size)
+    g = args.watermark_granularity
+    first = batch_walls(args.query, config, device, args.batch_size, g)
     print(f"{args.query} first run, ms between batches: {first}")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        second = batch_walls(args.query, config, device, args.batch_size)
+        second = batch_walls(args.query, config, device, args.batch_size, g)
     print(f"{args.query} second run, ms between batches: {second}")
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=args.top))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
     out = {"query": args.query, "events": args.events, "batch_size": args.batch_size, "device": str(device),
+           "watermark_granularity": g,
            "first_run_batch_ms": first, "second_run_batch_ms": second}
     if args.json_path:
         with open(args.json_path, "w") as f:

@@ -15,7 +15,8 @@ give the same records. What a vectorized function returns:
 * filter: a bool tensor, one per row;
 * flat_map: a ``Batch`` or mapping of any length; with ``"__row__"`` (the
   input row each output row comes from) rows keep their input's timestamps,
-  as the record path's outputs do.
+  as the record path's outputs do; ``@vectorized(record_watermarks=True)``:
+  whole batches with per-record watermarks (``vectorized``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ import torch
 from opforge.stream.records import Batch, RecordSchema, column_len
 
 
-def vectorized(fn: Callable | None = None, *, output: type | None = None):
+def vectorized(fn: Callable | None = None, *, output: type | None = None, record_watermarks: bool = False):
     """Mark ``fn`` (a function or a function object's method owner) as taking
-    and returning micro-batches. ``output``: a dataclass the result rows become."""
+    and returning micro-batches. ``output``: a dataclass the result rows become.
+    ``record_watermarks`` (flat_map): with record watermark granularity the
+    function takes whole batches whose records carry the watermarks they saw
+    (``batch.watermarks``; None at batch granularity) and returns ``"__row__"``,
+    so its outputs keep their input row's watermark; without it the engine
+    calls it once per run of records that saw the same watermark."""
 
     def mark(f):
         f.__opforge_vectorized__ = True
         f.__opforge_output__ = output
+        f.__opforge_record_watermarks__ = record_watermarks
         return f
 
     return mark(fn) if fn is not None else mark

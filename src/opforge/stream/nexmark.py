@@ -57,7 +57,7 @@ from opforge.stream.records import Batch, RecordSchema
 from opforge.stream.state import ListStateDescriptor, ValueStateDescriptor
 from opforge.stream.sources import RangeSplit, Source
 from opforge.stream.state_budget import ColdRows, batch_keys, clear_tiers
-from opforge.stream.time import WatermarkStrategy
+from opforge.stream.time import MIN_WATERMARK, WatermarkStrategy
 from opforge.stream.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
 STATES = ("AL", "AK", "AZ", "AR", "CA", "CO", "CT", "DE", "FL", "GA", "HI", "ID", "IL", "IN", "IA", "KS", "KY",
@@ -727,13 +727,24 @@ def q4(env, config: NexmarkConfig, source=stream):
 # -- q7: highest bid ------------------------------------------------------------------
 
 def _batch_top(size_ms: int):
-    @vectorized
+    @vectorized(record_watermarks=True)
     def top_of_batch(batch):
         """Per tumbling window, this batch's bids at the batch's top price: a
-        window's top bids overall are among them (a pre-filter on the device;
-        the rows of one window in one batch are all late or none are)."""
+        window's top bids overall are among them (a pre-filter on the device,
+        one pass over the whole batch). It must not let a late bid hide an
+        on-time one, so a bid whose window's end its watermark has reached
+        (``batch.watermarks``, record granularity: possibly late downstream)
+        competes only with bids of its window that saw the same watermark (so
+        the same lateness); one before that end is on time downstream at any
+        allowed lateness (the window sees no later watermark than it saw here)."""
         ts, price = batch.timestamps, batch["price"]
-        rows = _top_rows(torch.div(ts, size_ms, rounding_mode="floor"), price)
+        group = torch.div(ts, size_ms, rounding_mode="floor")
+        if batch.watermarks is not None:
+            past_end = batch.watermarks >= (group + 1) * size_ms - 1
+            if bool(past_end.any()):  # rare: bids behind the watermark
+                wm = torch.where(past_end, batch.watermarks, torch.full_like(group, MIN_WATERMARK))
+                group = torch.unique(torch.stack([group, wm], 1), dim=0, return_inverse=True)[1]
+        rows = _top_rows(group, price)
         return {"auction": batch["auction"][rows], "price": price[rows], "bidder": batch["bidder"][rows],
                 "date_time": batch["date_time"][rows], "__row__": rows}
 

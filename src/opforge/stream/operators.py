@@ -142,12 +142,16 @@ class FilterOperator(Operator):
 
 class FlatMapOperator(Operator):
     """Outputs keep their input record's timestamp. A vectorized flat_map
-    returns columns plus ``"__row__"``: the input row each output row comes from."""
+    returns columns plus ``"__row__"``: the input row each output row comes
+    from. One marked ``@vectorized(record_watermarks=True)`` takes whole
+    batches with per-record watermarks (no run of one watermark at a time:
+    columnar work per batch) and its outputs keep their row's watermark."""
 
     def __init__(self, name, fn):
         super().__init__(name)
         self.fn_obj = fn
         self.fn = as_callable(fn, "flat_map", name)
+        self.record_watermarks = is_vectorized(self.fn) and getattr(self.fn, "__opforge_record_watermarks__", False)
 
     def open(self):
         open_function(self.fn_obj, self.runtime_context())
@@ -155,11 +159,19 @@ class FlatMapOperator(Operator):
     def process_batch(self, batch):
         if is_vectorized(self.fn):
             res = self.fn(batch)
+            rows = None
             if isinstance(res, dict) and "__row__" in res:
                 res = dict(res)
                 rows = torch.as_tensor(res.pop("__row__"), dtype=torch.int64, device=self.device)
                 res["__timestamp__"] = batch.timestamps.index_select(0, rows)
-            self.out.emit(batch_result(res, batch, self.name, same_length=False))
+            out = batch_result(res, batch, self.name, same_length=False)
+            if batch.watermarks is not None:  # record_watermarks: the outputs keep their rows' watermarks
+                if rows is None:
+                    raise ValueError(f"{self.name}: a flat_map marked @vectorized(record_watermarks=True) must "
+                                     f"return columns and '__row__' (the input row of each output row)")
+                out = out.with_watermarks(batch.watermarks.index_select(0, rows),
+                                          None if batch.arrival is None else batch.arrival.index_select(0, rows))
+            self.out.emit(out)
             return
         recs, ts = [], []
         r = None
