@@ -12,17 +12,14 @@ limb carries, ``torch.unique(dim=0)`` ranks). Prints one line per query and writ
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
 
-from opforge.sql.tpch import compare as cmp  # noqa: E402
-from opforge.sql.tpch.runner import time_query  # noqa: E402
+from sql_windows import run_against_duckdb  # noqa: E402
 
 QUERIES = {
     "sum_wide": "SELECT sum(w) AS s, min(w) AS lo, max(w) AS hi, count(*) AS c FROM t",
@@ -65,11 +62,6 @@ def tables(rows: int, groups: int):
     return t, dim
 
 
-def _duckdb_table(rel):
-    r = rel.arrow()
-    return r.read_all() if hasattr(r, "read_all") else r
-
-
 def main(argv: list[str] | None = None) -> dict:
     import duckdb
     import torch
@@ -91,29 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     for c in (con, duck):
         c.register("t", t)
         c.register("dim", dim)
-    records = []
-    for name in names:
-        q = QUERIES[name]
-        ours_ms, ours = time_query(lambda: con.sql(q).to_arrow(), args.repeats, args.warmup)  # noqa: B023
-        ref_ms, ref = time_query(lambda: _duckdb_table(duck.sql(q)), args.repeats, args.warmup)  # noqa: B023
-        diffs = cmp.compare(ours, ref, ordered=False)
-        rec = {"query": name, "sql": q, "opforge_ms": statistics.median(ours_ms),
-               "duckdb_ms": statistics.median(ref_ms), "match": not diffs, "diffs": diffs[:5]}
-        rec["speedup"] = rec["duckdb_ms"] / rec["opforge_ms"]
-        records.append(rec)
-        print(f"{name:20s} opforge {rec['opforge_ms']:9.2f} ms  duckdb {rec['duckdb_ms']:9.2f} ms  "
-              f"x{rec['speedup']:6.2f}  {'ok' if rec['match'] else 'MISMATCH ' + '; '.join(diffs[:2])}")
-    from opforge.runtime.device import versions
-
-    doc = {"schema_version": 1, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "benchmark": "sql-decimal128", "device": args.device, "rows": args.rows, "groups": args.groups,
-           "repeats": args.repeats, "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "",
-           **{k: versions().get(k, "") for k in ("driver", "torch", "triton")}, "duckdb": duckdb.__version__,
-           "queries": records}
-    out = Path(args.out) if args.out else HERE / "results" / f"sql-decimal128-{args.device}-{dt.date.today()}.json"
-    out.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {out}; {sum(r['match'] for r in records)} of {len(records)} match DuckDB")
-    return doc
+    return run_against_duckdb(con, duck, QUERIES, names, args, "sql-decimal128")
 
 
 if __name__ == "__main__":

@@ -80,9 +80,19 @@ def main(argv: list[str] | None = None) -> dict:
     con, duck = sql.connect(args.device), duckdb.connect()
     con.register("t", t)
     duck.register("t", t)
+    return run_against_duckdb(con, duck, QUERIES, names, args, "sql-windows")
+
+
+def run_against_duckdb(con, duck, queries: dict, names: list, args, benchmark: str) -> dict:
+    """Each named query on opforge and DuckDB (median of ``args.repeats``), answers compared; prints a
+    line per query and writes the JSON (``args.out`` or ``results/<benchmark>-<device>-<date>.json``).
+    Shared with ``sql_decimal128.py``."""
+    import duckdb
+    import torch
+
     records = []
     for name in names:
-        q = QUERIES[name]
+        q = queries[name]
         ours_ms, ours = time_query(lambda: con.sql(q).to_arrow(), args.repeats, args.warmup)  # noqa: B023
         ref_ms, ref = time_query(lambda: _duckdb_table(duck.sql(q)), args.repeats, args.warmup)  # noqa: B023
         diffs = cmp.compare(ours, ref, ordered=False)
@@ -95,11 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
     from opforge.runtime.device import versions
 
     doc = {"schema_version": 1, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "benchmark": "sql-windows", "device": args.device, "rows": args.rows, "groups": args.groups,
+           "benchmark": benchmark, "device": args.device, "rows": args.rows, "groups": args.groups,
            "repeats": args.repeats, "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "",
            **{k: versions().get(k, "") for k in ("driver", "torch", "triton")}, "duckdb": duckdb.__version__,
            "queries": records}
-    out = Path(args.out) if args.out else HERE / "results" / f"sql-windows-{args.device}-{dt.date.today()}.json"
+    out = Path(args.out) if args.out else HERE / "results" / f"{benchmark}-{args.device}-{dt.date.today()}.json"
     out.write_text(json.dumps(doc, indent=1))
     print(f"wrote {out}; {sum(r['match'] for r in records)} of {len(records)} match DuckDB")
     return doc
