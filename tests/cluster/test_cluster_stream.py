@@ -32,7 +32,7 @@ def _events(n: int, seed: int) -> list[dict]:
 
 EVENTS = _events(400, 3)
 # string keys: their ids hash the value, the same on every worker (not ids by first sight)
-NAMED = [{**e, "key": f"user-{e['key']}" if e["key"] % 3 else f"üser-{e['key']}"} for e in _events(300, 5)]
+NAMED = [{**e, "key": f"user-{e['key']}" if e["key"] % 3 else f"üser-{e['key']}"} for e in _events(200, 5)]
 
 
 def _build(env, files=None, events=EVENTS):
