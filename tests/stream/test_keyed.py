@@ -216,3 +216,30 @@ def test_segmented_scan():
             want.append(cur)
             prev = (s, cur)
         assert segmented_scan(v, seg, op).tolist() == want
+
+
+def test_non_int_key_ids_hash_the_value_the_same_in_every_process():
+    from opforge.stream.keys import KeyCodec
+
+    one, two = KeyCodec(), KeyCodec()
+    keys = ["a", "ü", b"a", ("a", 2.5, None), 1.0, True, 1, -0.0, 0, float("nan"), float("nan")]
+    ids = one.encode(keys, "cpu").tolist()
+    assert two.encode(keys[::-1], "cpu").tolist() == ids[::-1]  # not by first sight
+    assert ids[0] == 99937443907769475  # pinned: checkpoints and the workers of a cluster rely on it
+    assert len(set(ids[:5])) == 5 and len({ids[4], ids[5], ids[6]}) == 1 and ids[7] == ids[8] and ids[9] == ids[10]
+    assert one.values[ids[3]] == ("a", 2.5, None) and one.local is None
+    [local] = one.encode([frozenset([1])], "cpu").tolist()  # by first sight: this process's own id
+    assert one.values[local] == frozenset([1]) and one.local == frozenset([1])
+    with pytest.raises(TypeError, match="not hashable"):
+        one.encode([["a"]], "cpu")
+    old = KeyCodec()
+    old.restore(None, ["x", "y"])  # a checkpoint of dense ids keeps them: its state is keyed by them
+    assert old.encode(["y", "x", "z"], "cpu").tolist()[:2] == [1, 0]
+
+
+def test_every_nan_key_is_one_key():
+    recs = [{"k": v, "n": 1} for v in [float("nan"), 1.5, float("nan"), 1.5, float("nan")]]
+    env = StreamExecutionEnvironment(parallelism=2, batch_size=2)
+    sink = env.from_collection(recs).key_by("k").reduce(lambda a, b: {"k": a["k"], "n": a["n"] + b["n"]}).collect()
+    env.execute()
+    assert sorted(r["n"] for r in sink.records()) == [1, 1, 2, 2, 3]

@@ -40,10 +40,11 @@ from opforge.stream.coordinator import _restore_source, _source_state, operator_
 from opforge.stream.executor import (_attributed, _Node, _Runner, _SourceRunner, build_operator,
                                      connect_edges)
 from opforge.stream.operator_state import restore_operator, snapshot_operator
-from opforge.stream.partitioning import ForwardPartitioner
+from opforge.stream.partitioning import ForwardPartitioner, key_group_targets
 from opforge.stream.sinks import Sink
 from opforge.stream.sources import positioned
 
+_KEYS = "__keys__"  # in a region's state tree: the values of its non-int keys (``StreamTask._key_codecs``)
 STATE_SCHEMA = pa.schema([("checkpoint_id", pa.int64()), ("state", pa.large_binary())])
 
 
@@ -104,10 +105,11 @@ class _Posted:
         self.task.post(self.host, {"n": self.node_id, "s": self.index, **header}, batch)
 
     def receive(self, batch, ch, input_index: int = 0) -> None:
-        if self.key is not None and self.key.identity is False:
-            raise TypeError("key_by on a cluster: keys must be ints (a column of ints, or a function returning "
-                            f"ints), got {self.key.decode(int(batch.keys[0]))!r}: other keys get ids by first "
-                            "sight, which differ between workers")
+        local = self.key.codec.local if self.key is not None else None
+        if local is not None:
+            raise TypeError(f"key_by on a cluster: key {local!r} is a {type(local).__name__}; keys that cross "
+                            "workers are ints, floats, strings, bytes, bools, None or tuples of those (their ids "
+                            "hash the value, the same on every worker)")
         self._post({"k": "b", "c": list(ch), "i": input_index}, batch)
 
     def receive_watermark(self, wm: int, ch) -> None:
@@ -154,6 +156,7 @@ class StreamTask:
     # -- the graph ------------------------------------------------------------------------------
     def _build(self) -> None:
         nodes = {t.id: _Node(t) for t in self.transformations}
+        self.inputs_of = {t.id: t.inputs for t in self.transformations}
         self.nodes, self.local, self.sources = nodes, {}, []
         for order, t in enumerate(self.transformations):
             node = nodes[t.id]
@@ -251,11 +254,23 @@ class StreamTask:
                 self.cause, self.counter = cause, 0
                 r, ch = self.local[h["n"]][h["s"]], tuple(h["c"])
                 if h["k"] == "b":
-                    r.receive(batch, ch, h["i"])
+                    r.receive(self._keyed(batch, h), ch, h["i"])
                 elif h["k"] == "w":
                     r.receive_watermark(h["w"], ch)
                 else:
                     r.receive_idle(ch, h["v"])
+
+    def _keyed(self, batch, header: dict):
+        """A batch for a keyed input, its key ids checked against this worker's key selector, which
+        also learns the keys' values (to decode ids) from the records."""
+        key = self.inputs_of[header["n"]][header["i"]].key
+        if key is None or batch.keys is None:
+            return batch
+        if not torch.equal(key.key_ids(batch), batch.keys):
+            raise ClusterError(f"key_by on a cluster: worker {self.rank} derives other key ids from the records "
+                               "than the worker that sent them; a key selector must give the same keys in every "
+                               "process (no Python hash(), id() or randomness)")
+        return batch
 
     # -- checkpoints ----------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int) -> dict:
@@ -271,6 +286,8 @@ class StreamTask:
                 m = r.metrics  # counters restore too: a job's totals count each record once
                 state["metrics"] = [m.records_in, m.records_out, m.batches_in, m.busy_ms]
                 trees.setdefault(i % len(self.regions), {}).setdefault(uid, {})[str(i)] = state
+        for index, tree in trees.items():
+            tree[_KEYS] = self._key_codecs(index)
         blobs = {index: _encode_region(tree, index) for index, tree in trees.items()}
         outgoing: list[list] = [[] for _ in range(self.world)]
         for index, blob in blobs.items():
@@ -289,6 +306,22 @@ class StreamTask:
                     output += [[order, i, wire.encode_batch(b)] for b in r.op.sink.pending]
                     r.op.sink.pending = []
         return {"output": output}
+
+    def _key_codecs(self, index: int) -> list:
+        """The values of the non-int keys of key-group range ``index`` (this worker's codecs know
+        them), per keyed input ``[uid, input index, ids, values]``: a new leader decodes its restored
+        state's key ids with them."""
+        out = []
+        for uid, t in zip(self.uids, self.transformations):
+            for i, inp in enumerate(t.inputs):
+                if inp.key is None or inp.key.identity is not False:
+                    continue
+                ids, values = inp.key.codec.state()
+                if ids:
+                    mine = (key_group_targets(torch.tensor(ids, dtype=torch.int64), len(self.regions)) == index).tolist()
+                    ids, values = [k for k, m in zip(ids, mine) if m], [v for v, m in zip(values, mine) if m]
+                out.append([uid, i, ids, values])
+        return out
 
     def _keep(self, index: int, checkpoint_id: int, blob: bytes) -> None:
         rid = self.regions[index]["id"]
@@ -325,6 +358,10 @@ class StreamTask:
                 raise ClusterError(f"worker {self.rank}: region {region['id']} (key-group range {index}) has no "
                                    f"copy of checkpoint {checkpoint_id} here (it holds {ids})")
             tree = _decode_region(held.column("state")[ids.index(checkpoint_id)].as_py(), self.device)
+            for uid, i, key_ids, values in tree.pop(_KEYS, []):
+                key = by_uid[uid].inputs[i].key
+                key.space.identity = False
+                key.codec.learn(key_ids, values)
             for uid, subtasks in tree.items():
                 t = by_uid[uid]
                 for i, s in subtasks.items():

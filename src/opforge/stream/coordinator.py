@@ -115,7 +115,7 @@ class CheckpointCoordinator:
             ops[uid] = subtasks
         spaces: dict = {}
         for uid, i, space in self._key_spaces():
-            spaces.setdefault(uid, []).append([i, enc.encode([space.identity, space.codec.values],
+            spaces.setdefault(uid, []).append([i, enc.encode([space.identity, *space.codec.state()],
                                                              "the key codec of a key_by")])
         clock = self.env.clock
         tree = {"checkpoint_id": checkpoint_id, "max_parallelism": MAX_PARALLELISM, "operators": ops,
@@ -172,10 +172,11 @@ class CheckpointCoordinator:
         for uid, i, space in self._key_spaces():
             saved = dict((j, s) for j, s in spaces.get(uid, []))
             if i in saved:
-                identity, values = saved[i]
+                identity, *codec = saved[i]
                 space.identity = identity
-                space.codec.values = list(values)
-                space.codec.ids = {v: k for k, v in enumerate(space.codec.values)}
+                if len(codec) == 1:  # [identity, values]: written when ids were dense, by first sight
+                    codec = [None, *codec]
+                space.codec.restore(*codec)
         if tree["clock"] is not None and isinstance(self.env.clock, SimulatedClock):
             self.env.clock._now = tree["clock"]
         for uid, t in zip(self.uids, self.transformations):

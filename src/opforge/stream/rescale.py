@@ -55,8 +55,8 @@ class _Owners:
             return []
         if self.sel.identity:
             return self.of_id_list(keys)
-        ids = self.sel.codec.ids
-        return self.of_id_list([ids[k] for k in keys])
+        id_of = self.sel.codec.id_of
+        return self.of_id_list([id_of(k) for k in keys])
 
 
 def rescale_source(source, name: str, states: list[dict], parallelism: int) -> list[dict]:
