@@ -46,13 +46,22 @@ def csg_cmp_pairs(planning: Planning, component: int, max_pairs: int | None = No
     pairs: list[tuple[int, int]] = []
     csg_limit = None if max_pairs is None else max_pairs + component.bit_count()
     csg_count = 0
-    adjacency = {}
+    adjacency = graph.adjacency
+    reach: dict[int, int] = {}  # set -> its relations' neighbours (itself included): grown a subset at a time
+
+    def reach_of(mask: int) -> int:
+        out = 0
+        while mask:
+            low = mask & -mask
+            out |= adjacency[low.bit_length() - 1]
+            mask ^= low
+        return out
 
     def neighbors(s: int) -> int:
-        n = adjacency.get(s)
-        if n is None:
-            n = adjacency[s] = graph.neighbors(s) & component
-        return n
+        r = reach.get(s)
+        if r is None:
+            r = reach[s] = reach_of(s)
+        return r & component & ~s
 
     def emit(s1: int, s2: int) -> None:
         pairs.append((s1, s2))
@@ -69,7 +78,9 @@ def csg_cmp_pairs(planning: Planning, component: int, max_pairs: int | None = No
             out.append(s | sub)
             if limit is not None and len(out) > limit:
                 raise BudgetExceeded(f"more than {max_pairs} csg-cmp pairs")
+        grown = reach[s]
         for sub in _subsets(n):
+            reach[s | sub] = grown | reach_of(sub)
             csg_rec(s | sub, x | n, out, limit)
 
     def cmp_of(s1: int) -> None:
