@@ -64,3 +64,19 @@ def test_correlated_count_subquery_is_zero_without_rows(check):
     check("SELECT k FROM t WHERE i > (SELECT count(*) FROM u WHERE u.k = t.k)")
     check("SELECT k, i FROM t WHERE (SELECT count(u.i) FROM u WHERE u.k = t.k AND u.i > 40) = 0")
     check("SELECT k, i FROM t WHERE i > (SELECT count(*) FROM t t2 WHERE t2.k = t.k) - 30")  # as a window
+
+
+def test_repeated_scalar_subquery_runs_once_with_the_same_ctes(check, monkeypatch):
+    """One text, one CTE context: one run (TPC-DS q14); the same text over another CTE of that name,
+    or over a table the CTE shadows, is another value."""
+    runs = []
+    run_table = check.con._run_table
+    monkeypatch.setattr(check.con, "_run_table", lambda node: runs.append(1) or run_table(node))
+    check("WITH a AS (SELECT max(i) AS m FROM t) SELECT k, i - (SELECT m FROM a) AS x FROM t "
+          "WHERE i > (SELECT m FROM a) - 500 UNION ALL SELECT k, (SELECT m FROM a) FROM u")
+    assert len(runs) == 1
+    check("WITH a AS (SELECT max(i) AS m FROM t) SELECT (SELECT m FROM a) AS x, "
+          "(WITH a AS (SELECT min(i) AS m FROM u) SELECT (SELECT m FROM a)) AS y")
+    check("WITH a AS (SELECT max(i) AS m FROM t), b AS (SELECT (SELECT m FROM a) AS v) "
+          "SELECT (SELECT v FROM b) AS x, (SELECT v FROM (WITH a AS (SELECT min(i) AS m FROM u) "
+          "SELECT (SELECT m FROM a) AS v)) AS y")

@@ -4,6 +4,7 @@ the explicit list of every tree up to 5), greedy stays within a stated factor of
 contains an avoidable cross product."""
 import itertools
 import random
+import time
 
 import pytest
 from planner_graphs import SHAPES, all_trees, brute_force_best, planning_for, random_query
@@ -135,6 +136,27 @@ def test_dp_budget_counts_pairs():
     with pytest.raises(dp.BudgetExceeded, match="csg-cmp pairs"):
         dp.best_plan(planning, max_pairs=1000)
     assert dp.best_plan(planning, max_pairs=None).cost > 0
+
+
+@pytest.mark.parametrize("shape", ["clique", "star", "snowflake"])
+def test_dp_budget_refuses_exactly_past_the_pair_count(shape):
+    """The csgs counted while they are enumerated refuse a graph no earlier than its pairs would."""
+    planning = planning_for(*random_query(shape, 7, seed=4), MODELS["c_out"])
+    count = len(dp.csg_cmp_pairs(planning, planning.graph.all))
+    assert len(dp.csg_cmp_pairs(planning, planning.graph.all, max_pairs=count)) == count
+    for budget in (count - 1, count // 4, 1):
+        with pytest.raises(dp.BudgetExceeded, match="csg-cmp pairs"):
+            dp.csg_cmp_pairs(planning, planning.graph.all, max_pairs=budget)
+
+
+def test_dp_budget_refuses_a_dense_graph_without_listing_its_subgraphs():
+    """A star of 22 around relation 0 has 2^21 connected subsets, all listed from relation 0 before
+    its first pair: refused after about the budget's steps (TPC-DS q64's CTE)."""
+    planning = planning_for(*random_query("star", 22, seed=1), MODELS["c_out"])
+    started = time.perf_counter()
+    with pytest.raises(dp.BudgetExceeded):
+        dp.csg_cmp_pairs(planning, planning.graph.all, max_pairs=dp.DEFAULT_MAX_PAIRS)
+    assert time.perf_counter() - started < 1.0  # listing them all took 7 s
 
 
 def test_random_graph_shapes_are_what_they_say():

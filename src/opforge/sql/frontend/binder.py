@@ -29,6 +29,8 @@ from opforge.sql.frontend.unnest import from_unnest, select_unnests
 from opforge.sql.frontend.windows import WindowCollector, is_window_function
 from opforge.sql.physical.aggregate import SPREAD_FUNCS, result_type
 
+VOLATILE = {"random", "rand", "uuid", "gen_random_uuid", "nextval"}  # another value at every call
+
 
 class Binder:
     def __init__(self, catalog, run_scalar, cid_counter: itertools.count | None = None,
@@ -43,6 +45,7 @@ class Binder:
         self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
         self.single_row_check = True  # SET scalar_subquery_error_on_multiple_rows (false: any one row)
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
+        self._scalar_values: dict[tuple, tuple] = {}  # uncorrelated scalar subqueries run once (``_subquery_key``)
         self._duckdb = Dialect.get_or_raise("duckdb").generator()
 
     def sql_text(self, node: exp.Expression) -> str:
@@ -468,8 +471,24 @@ class Binder:
             return hook(q, scope)
         if len(sub.outputs) != 1:
             raise SqlError(f"scalar subquery returns {len(sub.outputs)} columns, expected 1")
-        value = self.run_scalar(sub)
-        return Lit(value, sub.outputs[0].type)
+        key = self._subquery_key(q)
+        hit = self._scalar_values.get(key) if key is not None else None
+        if hit is None:
+            kept = tuple(v for frame in self.ctes for v in frame.values())  # the key holds their ids
+            hit = (self.run_scalar(sub), kept)
+            if key is not None:
+                self._scalar_values[key] = hit
+        return Lit(hit[0], sub.outputs[0].type)
+
+    def _subquery_key(self, q) -> tuple | None:
+        """What decides an uncorrelated subquery's value within one statement: its text and the
+        CTE definitions in view (TPC-DS q14 reads ``(SELECT average_sales FROM avg_sales)`` three
+        times; it runs once). None where the text could give another value each time it runs."""
+        if any((f.name if isinstance(f, exp.Anonymous) else f.sql_name()).lower() in VOLATILE
+               for f in q.find_all(exp.Func)):
+            return None
+        frames = tuple((name, id(value[0])) for frame in self.ctes for name, value in frame.items())
+        return self._duckdb.generate(q), frames
 
     def probe(self, q, scope: Scope) -> tuple[P.Node, Scope]:
         """``bind_query(q, scope)`` to learn whether ``q`` reads outer columns: the correlated
