@@ -3,7 +3,9 @@ DROP TABLE. A created table lives on the host as an Arrow table (``MemoryTable.d
 re-registers it with the connection, so queries see it like any registered table and its columns
 reach the device when a query first reads them. On a connection to a database folder every change
 is committed to it first (``sql/database.py``): a statement that fails, or a process killed during
-one, leaves the previous state.
+one, leaves the previous state. A database's table is registered from its Parquet files
+(``StoredTable``): queries read the files (chunk by chunk under a memory limit), and its rows reach
+the host only when a write rewrites it.
 
 Values are converted to the column's type on insert as DuckDB casts them (numbers rounded half away
 from zero into integers and decimals, text parsed into numbers / dates / booleans); a value the type

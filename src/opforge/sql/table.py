@@ -64,12 +64,7 @@ class LazyColumns(Sequence):
         """Each column of the file ``meta`` describes, its row groups decoded in parallel on first
         access (``parquet_read``); string columns as Parquet's dictionaries."""
         schema = meta.schema.to_arrow_schema()
-
-        def read(i):
-            field = schema.field(i)
-            as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
-            return parquet_read.column_row_groups(path, meta, field.name, as_dictionary)
-        columns = LazyColumns(schema, meta.num_rows, read, device)
+        columns = LazyColumns(schema, meta.num_rows, _parquet_reader([(path, meta)], schema), device)
         columns.parquet = (path, meta)  # an out-of-core scan reads it in chunks (sql/outofcore/chunked_scan.py)
         columns.files = [(path, meta)]
         return columns
@@ -82,13 +77,7 @@ class LazyColumns(Sequence):
         if len(files) == 1:
             return LazyColumns.of_parquet(*files[0], device)
         schema = files[0][1].schema.to_arrow_schema()
-
-        def read(i):
-            field = schema.field(i)
-            as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
-            return [c for path, meta in files
-                    for c in parquet_read.column_row_groups(path, meta, field.name, as_dictionary)]
-        columns = LazyColumns(schema, sum(meta.num_rows for _, meta in files), read, device)
+        columns = LazyColumns(schema, sum(meta.num_rows for _, meta in files), _parquet_reader(files, schema), device)
         columns.files = list(files)
         return columns
 
@@ -127,6 +116,19 @@ class LazyColumns(Sequence):
 
     def __repr__(self) -> str:
         return f"LazyColumns({len(self)} columns, loaded: {self.loaded()})"
+
+
+def _parquet_reader(files: list[tuple[str, pq.FileMetaData]], schema: pa.Schema):
+    """``read(i)`` for LazyColumns: column ``i``'s row groups of each file in turn (string columns as
+    Parquet's dictionaries)."""
+    def read(i):
+        field = schema.field(i)
+        as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
+        if len(files) == 1:
+            return parquet_read.column_row_groups(*files[0], field.name, as_dictionary)
+        return [c for path, meta in files
+                for c in parquet_read.column_row_groups(path, meta, field.name, as_dictionary)]
+    return read
 
 
 def _column_bytes(c: Column) -> int:

@@ -1,9 +1,10 @@
 """A scan read in chunks: the table's selected columns never sit on the device all at once.
 
 A Parquet-backed table is read with ``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time,
-only the selected columns) or from the host cache; an Arrow table (registered Arrow or pandas data,
-a persistent database's tables) is sliced on the host; each chunk then moves to the device. Only a
-table built from device columns is cut into row ranges of those. Each
+only the selected columns) or from the host cache; a persistent database's table (several Parquet
+files) file after file with ``iter_batches``, so it need not fit in host memory; an Arrow table
+(registered Arrow or pandas data) is sliced on the host; each chunk then moves to the device. Only
+a table built from device columns is cut into row ranges of those. Each
 chunk gets the scan's filters and the runtime filters pushed to it (``physical/scan.run_scan`` on
 the chunk), so what leaves a chunk is only the rows that survive.
 

@@ -12,12 +12,11 @@ partition by partition. UNION ALL streams its inputs' chunks one input after the
 a hash of their keys (all columns; the PARTITION BY keys), spilled, and stream their output
 partition by partition, each computed on its own (``grace.grace_each``); a window without
 PARTITION BY is externally sorted by its ORDER BY and streamed in that order (``ordered_window``;
-frames without a bound in rows take the input whole, EXPLAIN ANALYZE says why). Consumers: an aggregation over a stream aggregates each chunk, then the
-partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
-or, with count(DISTINCT), is a grace aggregation of the rows; ORDER BY over a stream is an
-external merge sort (``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of
-those; any
-other operator gets the stream concatenated (its input is then what survived the filters and
+frames without a bound in rows take the input whole, EXPLAIN ANALYZE says why). Consumers: an
+aggregation over a stream aggregates each chunk, then the partials (``partial_aggregate``; the
+partials go through a grace aggregation when they do not fit), or, with count(DISTINCT), is a
+grace aggregation of the rows; ORDER BY over a stream is an external merge sort
+(``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of those; any other operator gets the stream concatenated (its input is then what survived the filters and
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
 side (join) or input (grouped aggregation, DISTINCT, partitioned window) exceeds the limit also go
 through ``grace``.
