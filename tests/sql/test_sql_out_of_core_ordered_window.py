@@ -20,7 +20,8 @@ def table():
     ids = rng.permutation(n)
     k = [None if i % 97 == 0 else int(i // 9) for i in ids]  # ties (peer groups of 9) and NULL keys
     x = [None if v % 5 == 0 else int(v) for v in rng.integers(-50, 100, n)]
-    return pa.table({"id": ids, "k": pa.array(k, pa.int64()), "x": pa.array(x, pa.int64())})
+    s = [None if i % 31 == 0 else f"w{i % 57:03d}" for i in ids]  # a string key: ties and NULLs
+    return pa.table({"id": ids, "k": pa.array(k, pa.int64()), "x": pa.array(x, pa.int64()), "s": s})
 
 
 def _rows(t: pa.Table):
@@ -52,9 +53,11 @@ ROWS = ("SELECT id, x, row_number() OVER (ORDER BY id) AS rn, lag(x) OVER (ORDER
 TIES = ("SELECT id, k, x, rank() OVER (ORDER BY k NULLS FIRST) AS r, dense_rank() OVER (ORDER BY k) AS dr, "
         "count(x) OVER (ORDER BY k) AS c, count(*) OVER (ORDER BY k) AS n, sum(x) OVER (ORDER BY k) AS s, "
         "max(x) OVER (ORDER BY k DESC) AS hi FROM t WHERE id > 20")
+STRINGS = ("SELECT id, s, rank() OVER (ORDER BY s DESC NULLS FIRST) AS r, count(*) OVER (ORDER BY s DESC) AS c, "
+           "lag(s, 3, 'zz') OVER (ORDER BY id DESC) AS l FROM t")
 
 
-@pytest.mark.parametrize("q", [ROWS, TIES], ids=["rows-frames", "ties-and-nulls"])
+@pytest.mark.parametrize("q", [ROWS, TIES, STRINGS], ids=["rows-frames", "ties-and-nulls", "strings"])
 def test_ordered_window_streams_and_matches_duckdb(table, q):
     con = _check(table, q)
     notes = " ".join(_notes(con, q))
