@@ -54,6 +54,8 @@ TIES = ("SELECT id, k, x, rank() OVER (ORDER BY k NULLS FIRST) AS r, dense_rank(
         "count(x) OVER (ORDER BY k) AS c, count(*) OVER (ORDER BY k) AS n, sum(x) OVER (ORDER BY k) AS s, "
         "max(x) OVER (ORDER BY k DESC) AS hi FROM t WHERE id > 20")
 STRINGS = ("SELECT id, s, rank() OVER (ORDER BY s DESC NULLS FIRST) AS r, count(*) OVER (ORDER BY s DESC) AS c, "
+           "round(percent_rank() OVER (ORDER BY s), 9) AS pr, round(cume_dist() OVER (ORDER BY s), 9) AS cd, "
+           "ntile(7) OVER (ORDER BY id) AS nt, "
            "lag(s, 3, 'zz') OVER (ORDER BY id DESC) AS l FROM t")
 
 

@@ -36,7 +36,7 @@ def sorted_chunks(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillS
     """The rows in the sort's order, a block at a time (at least one batch): what a consumer that
     streams in order (a window without PARTITION BY) reads without the whole output resident."""
     block_rows: list[int] = []
-    runs, first = _runs(node, chunks, limit, store, block_rows)
+    runs, first = _runs(node, chunks, limit, store, block_rows, counts)
     counts["runs"] = len(runs)
     if not runs:  # nothing was read: the first (empty) chunk
         yield first
@@ -78,9 +78,10 @@ def sorted_chunks(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillS
         counts["merge_steps"] = counts.get("merge_steps", 0) + 1
 
 
-def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, block_rows: list) -> tuple[list, Batch]:
+def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, block_rows: list,
+          counts: dict) -> tuple[list, Batch]:
     """Sorted runs of about half the limit each, spilled in blocks of about ``limit / 32`` bytes:
-    ([blocks of each run], the first chunk)."""
+    ([blocks of each run], the first chunk); ``counts`` gets the rows."""
     held, size, runs, first = [], 0, [], None
 
     def flush():
@@ -100,6 +101,7 @@ def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, bl
             continue
         held.append(b)
         size += batch_bytes(b)
+        counts["rows"] = counts.get("rows", 0) + b.n
         if size >= limit // 2:
             flush()
             held, size = [], 0

@@ -6,14 +6,14 @@ by segment in that order. Segments end at a peer-group boundary (a change of the
 so ties never straddle two segments. What a segment needs from outside itself is carried:
 
 * row_number / rank / dense_rank: computed on the segment, plus the rows (peer groups) before it;
+  percent_rank, cume_dist and ntile from those and the total rows (known once the input is sorted);
 * running aggregates (count, sum, min, max from UNBOUNDED PRECEDING to CURRENT ROW, ROWS or
   RANGE): computed on the segment, then combined with the previous segments' total;
 * lag / lead with a constant offset and ROWS frames with constant bounds (any function of the
   frame): computed on the segment with the last ``preceding`` rows before it and the next
   ``following`` rows after it around it, only the segment's own rows kept.
 
-Anything else (RANGE / GROUPS frames with offsets, UNBOUNDED FOLLOWING, percent_rank, cume_dist,
-ntile, IGNORE NULLS, an aggregate over the whole input) needs rows without a bound:
+Anything else (RANGE / GROUPS frames with offsets, UNBOUNDED FOLLOWING, IGNORE NULLS, an aggregate over the whole input) needs rows without a bound:
 ``unstreamable`` names why, and the executor then takes the input whole (EXPLAIN ANALYZE says so)."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch
 
 from opforge.sql import plan as P
 from opforge.sql import decimal128
+from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch, Lit, evaluate
@@ -32,6 +33,9 @@ from opforge.sql.profile import batch_bytes
 from opforge.sql.physical.window_functions import _narrowed, _starts, run_window_functions
 
 RANKS = ("row_number", "rank", "dense_rank")
+# relative ranks: computed from a rank of the segment (the call it stands for) and the total rows
+RELATIVE = {"percent_rank": "rank", "cume_dist": "count_star", "ntile": "row_number"}
+_PEERS = P.Frame("range", P.FrameBound("unbounded_preceding"), P.FrameBound("current"))
 RUNNING = ("count", "count_star", "sum", "min", "max")
 BOUNDS = ("preceding", "current", "following")
 
@@ -43,6 +47,7 @@ class Shape:
     ``following`` rows after it."""
     carried: list
     framed: list
+    relative: list = dataclasses.field(default_factory=list)  # (output, call) of RELATIVE functions
     preceding: int = 0
     following: int = 0
 
@@ -69,6 +74,10 @@ def shape(node) -> Shape | str:
         f = call.frame
         if call.func in RANKS:
             s.carried.append((o, call))
+        elif call.func in RELATIVE:  # the segment's rank, row number or end of the peer group
+            stand_in = P.WindowCall(RELATIVE[call.func], [], T.INT64, _PEERS)
+            s.carried.append((dataclasses.replace(o, type=T.INT64), stand_in))
+            s.relative.append((o, call))
         elif call.func in ("lag", "lead") and not call.ignore_nulls and _constant(call.args[1]) is not None:
             off = abs(_constant(call.args[1]))
             s.framed.append((o, call))
@@ -139,6 +148,8 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
             got = run_window_functions(carried, seg)
             for o, call in s.carried:
                 out[o.cid] = carry.apply(o, call, got.cols[o.cid])
+            for o, call in s.relative:  # its stand-in's column (same cid) -> the function's
+                out[o.cid] = _relative(call, out[o.cid].values, counts.get("rows", 0), seg)
         if s.framed:
             around = [x for x in (before, seg, after) if x is not None and x.n]
             got = run_window_functions(framed, concat(around) if around else seg)
@@ -157,6 +168,27 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
             yield Batch(out, seg.n, seg.device)
 
 
+def _relative(call: P.WindowCall, at: torch.Tensor, total: int, seg: Batch) -> Column:
+    """percent_rank from the rank, cume_dist from the end of the peer group, ntile from the row
+    number, each over all rows (``total``), as ``window_functions._ranking`` computes them."""
+    size = torch.full_like(at, total)
+    if call.func == "percent_rank":
+        return Column((at - 1).double() / max(total - 1, 1), None, T.FLOAT64)
+    if call.func == "cume_dist":
+        return Column(at.double() / max(total, 1), None, T.FLOAT64)
+    k = evaluate(call.args[0], seg)
+    buckets = k.values.long()
+    if bool((k.valid_mask() & (buckets <= 0)).any()):
+        raise SqlError("ntile: argument must be greater than zero")
+    row = at - 1
+    buckets = torch.minimum(buckets.clamp(min=1), size.clamp(min=1))
+    small = size // buckets
+    large = size - buckets * small
+    i_small = large * (small + 1)
+    tile = torch.where(row < i_small, 1 + row // (small + 1), 1 + large + (row - i_small) // small.clamp(min=1))
+    return Column(tile, k.valid, T.INT64)
+
+
 @dataclasses.dataclass
 class _Carry:
     """What the segments before the current one leave to it: rows, peer groups and each running
@@ -167,7 +199,7 @@ class _Carry:
 
     def apply(self, o, call, col: Column) -> Column:
         """``col`` (computed on the segment alone) as over all rows so far."""
-        if call.func in ("row_number", "rank"):
+        if call.func in ("row_number", "rank") or (call.func == "count_star" and call.frame is _PEERS):
             return Column(col.values + self.rows, col.valid, col.type)
         if call.func == "dense_rank":
             return Column(col.values + self.groups, col.valid, col.type)
