@@ -30,7 +30,7 @@ from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch, Lit, evaluate
 from opforge.sql.outofcore.grace import concat
 from opforge.sql.profile import batch_bytes
-from opforge.sql.physical.window_functions import _narrowed, _starts, run_window_functions
+from opforge.sql.physical.window_functions import _narrowed, _starts, ntile, run_window_functions
 
 RANKS = ("row_number", "rank", "dense_rank")
 # relative ranks: computed from a rank of the segment (the call it stands for) and the total rows
@@ -171,22 +171,11 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
 def _relative(call: P.WindowCall, at: torch.Tensor, total: int, seg: Batch) -> Column:
     """percent_rank from the rank, cume_dist from the end of the peer group, ntile from the row
     number, each over all rows (``total``), as ``window_functions._ranking`` computes them."""
-    size = torch.full_like(at, total)
     if call.func == "percent_rank":
         return Column((at - 1).double() / max(total - 1, 1), None, T.FLOAT64)
     if call.func == "cume_dist":
         return Column(at.double() / max(total, 1), None, T.FLOAT64)
-    k = evaluate(call.args[0], seg)
-    buckets = k.values.long()
-    if bool((k.valid_mask() & (buckets <= 0)).any()):
-        raise SqlError("ntile: argument must be greater than zero")
-    row = at - 1
-    buckets = torch.minimum(buckets.clamp(min=1), size.clamp(min=1))
-    small = size // buckets
-    large = size - buckets * small
-    i_small = large * (small + 1)
-    tile = torch.where(row < i_small, 1 + row // (small + 1), 1 + large + (row - i_small) // small.clamp(min=1))
-    return Column(tile, k.valid, T.INT64)
+    return ntile(at - 1, torch.full_like(at, total), evaluate(call.args[0], seg))
 
 
 @dataclasses.dataclass
