@@ -332,6 +332,15 @@ class Connection:
         if self.cluster is not None:
             self.cluster.place_table(name, data)
 
+    def _put_stored(self, name: str, files: list) -> None:
+        """(Re)places a database's table (``sql/ddl.py``): read from its Parquet files, column by
+        column when used, chunk by chunk under a memory limit; never loaded whole on the host."""
+        from opforge.sql.table import LazyColumns, Table
+
+        columns = LazyColumns.of_parquet_files(files, self.device)
+        self._registered[name] = Table(list(columns.names), columns)
+        self._table_stats.pop(name, None)
+
     def unregister(self, name: str) -> None:
         if self._memory_catalog is not None:
             self._memory_catalog.tables.pop(name.lower(), None)

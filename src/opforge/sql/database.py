@@ -151,6 +151,17 @@ class Database:
                            f"the catalog says {entry.rows}")
         return data
 
+    def parquet_files(self, name: str) -> list[tuple[str, pq.FileMetaData]]:
+        """Table ``name``'s files with their Parquet metadata (nothing else is read), checked against
+        the catalog's row count: what a query reads from, chunk by chunk under a memory limit."""
+        entry = self.tables[name]
+        files = [(self._file(f), pq.ParquetFile(self._file(f)).metadata) for f in entry.files]
+        rows = sum(meta.num_rows for _, meta in files)
+        if rows != entry.rows:
+            raise SqlError(f"database {self.folder}: table {name!r} has {rows} rows in its files, "
+                           f"the catalog says {entry.rows}")
+        return files
+
     # ------------------------------------------------------------------------------ writing
     def _write_files(self, data: pa.Table) -> list[str]:
         """Writes ``data`` as new data files (fsynced, not yet named by the catalog); their names.

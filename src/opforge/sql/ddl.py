@@ -3,7 +3,9 @@ DROP TABLE. A created table lives on the host as an Arrow table (``MemoryTable.d
 re-registers it with the connection, so queries see it like any registered table and its columns
 reach the device when a query first reads them. On a connection to a database folder every change
 is committed to it first (``sql/database.py``): a statement that fails, or a process killed during
-one, leaves the previous state.
+one, leaves the previous state. A database's table is registered from its Parquet files
+(``StoredTable``): queries read the files (chunk by chunk under a memory limit), and its rows reach
+the host only when a write rewrites it.
 
 Values are converted to the column's type on insert as DuckDB casts them (numbers rounded half away
 from zero into integers and decimals, text parsed into numbers / dates / booleans); a value the type
@@ -11,7 +13,6 @@ cannot hold is a ``ConversionError``, a NULL in a NOT NULL column or a repeated 
 key a ``ConstraintError``."""
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import decimal
 from dataclasses import dataclass, field
@@ -260,6 +261,25 @@ def table_name(target: exp.Expression) -> str:
     return qualified_name(target)
 
 
+class StoredTable(MemoryTable):
+    """A database's table: its rows are read from its files only when a write needs them (queries
+    read the files themselves), so opening a database reads no table whole."""
+
+    def __init__(self, read, not_null, unique, defaults):
+        self._read, self._rows = read, None
+        super().__init__(None, not_null, unique, defaults)
+
+    @property
+    def data(self) -> pa.Table:
+        if self._rows is None:
+            self._rows = self._read()
+        return self._rows
+
+    @data.setter
+    def data(self, value: pa.Table | None) -> None:
+        self._rows = value
+
+
 def schema_of(schema: exp.Schema) -> tuple[pa.Schema, MemoryTable]:
     """The Arrow schema and constraints of CREATE TABLE's column list."""
     fields, table = [], MemoryTable(pa.table({}))
@@ -369,12 +389,16 @@ class MemoryCatalog:
         for name, entry in db.tables.items():
             if self._files.get(name) == entry.files and name in self.tables:
                 continue
-            data = db.load(name)
             defaults = {c: sqlglot.parse_one(text, read="duckdb") for c, text in entry.defaults.items()}
             self.drop_name(name)
-            self.tables[name] = MemoryTable(data, set(entry.not_null), [list(u) for u in entry.unique], defaults)
+            table = StoredTable(lambda n=name: db.load(n), set(entry.not_null), [list(u) for u in entry.unique],
+                                defaults)
+            self.tables[name] = table
             self._files[name] = list(entry.files)
-            self.con._put_table(name, data)
+            if entry.files and self.con.cluster is None:  # queries read the files (chunk by chunk under a limit)
+                self.con._put_stored(name, db.parquet_files(name))
+            else:
+                self.con._put_table(name, table.data)
 
     def _persist(self, tables: dict[str, MemoryTable | None], appended: pa.Table | None = None) -> None:
         """Commits the tables' new contents (None: dropped) to the database, when there is one;
@@ -420,7 +444,7 @@ class MemoryCatalog:
         """Replaces the table's rows by ``data`` (``appended``: the rows an INSERT added); the
         database commit comes first, so a failed write changes nothing."""
         table.check(data, name)
-        self._persist({name: dataclasses.replace(table, data=data)}, appended)
+        self._persist({name: MemoryTable(data, table.not_null, table.unique, table.defaults)}, appended)
         table.data = data
         self.con._put_table(name, data)
 

@@ -47,6 +47,7 @@ class LazyColumns(Sequence):
         self._read = read
         self._columns: list[Column | None] = [None] * len(self.names)
         self.parquet: tuple[str, pq.FileMetaData] | None = None  # the file, when read from one
+        self.files: list[tuple[str, pq.FileMetaData]] = []  # the Parquet files, in row order, when read from them
         self.arrow: pa.Table | None = None  # the host data, when read from Arrow
         self.host_dictionaries: dict = {}  # column -> its sorted words, for chunks (sql/outofcore)
 
@@ -63,13 +64,21 @@ class LazyColumns(Sequence):
         """Each column of the file ``meta`` describes, its row groups decoded in parallel on first
         access (``parquet_read``); string columns as Parquet's dictionaries."""
         schema = meta.schema.to_arrow_schema()
-
-        def read(i):
-            field = schema.field(i)
-            as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
-            return parquet_read.column_row_groups(path, meta, field.name, as_dictionary)
-        columns = LazyColumns(schema, meta.num_rows, read, device)
+        columns = LazyColumns(schema, meta.num_rows, _parquet_reader([(path, meta)], schema), device)
         columns.parquet = (path, meta)  # an out-of-core scan reads it in chunks (sql/outofcore/chunked_scan.py)
+        columns.files = [(path, meta)]
+        return columns
+
+    @staticmethod
+    def of_parquet_files(files: list[tuple[str, pq.FileMetaData]], device) -> "LazyColumns":
+        """The rows of several Parquet files of one schema, one after the other (a database's
+        table, ``sql/database.py``): nothing is read until a column is used, and an out-of-core
+        scan reads the files batch by batch, so the table never has to fit in host memory."""
+        if len(files) == 1:
+            return LazyColumns.of_parquet(*files[0], device)
+        schema = files[0][1].schema.to_arrow_schema()
+        columns = LazyColumns(schema, sum(meta.num_rows for _, meta in files), _parquet_reader(files, schema), device)
+        columns.files = list(files)
         return columns
 
     def __len__(self) -> int:
@@ -96,7 +105,7 @@ class LazyColumns(Sequence):
         """Drop the device copies of the loaded columns not named in ``keep``, when they can be read
         again (a Parquet file's, an Arrow table's); the bytes freed. Why: under a device memory limit
         (``sql/outofcore``) columns cached by earlier queries must not crowd out this one's."""
-        if self.parquet is None and self.arrow is None:
+        if not self.files and self.arrow is None:
             return 0
         freed = 0
         for i, c in enumerate(self._columns):
@@ -107,6 +116,19 @@ class LazyColumns(Sequence):
 
     def __repr__(self) -> str:
         return f"LazyColumns({len(self)} columns, loaded: {self.loaded()})"
+
+
+def _parquet_reader(files: list[tuple[str, pq.FileMetaData]], schema: pa.Schema):
+    """``read(i)`` for LazyColumns: column ``i``'s row groups of each file in turn (string columns as
+    Parquet's dictionaries)."""
+    def read(i):
+        field = schema.field(i)
+        as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
+        if len(files) == 1:
+            return parquet_read.column_row_groups(*files[0], field.name, as_dictionary)
+        return [c for path, meta in files
+                for c in parquet_read.column_row_groups(path, meta, field.name, as_dictionary)]
+    return read
 
 
 def _column_bytes(c: Column) -> int:

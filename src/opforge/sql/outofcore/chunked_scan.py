@@ -1,9 +1,10 @@
 """A scan read in chunks: the table's selected columns never sit on the device all at once.
 
 A Parquet-backed table is read with ``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time,
-only the selected columns) or from the host cache; an Arrow table (registered Arrow or pandas data,
-a persistent database's tables) is sliced on the host; each chunk then moves to the device. Only a
-table built from device columns is cut into row ranges of those. Each
+only the selected columns) or from the host cache; a persistent database's table (several Parquet
+files) file after file with ``iter_batches``, so it need not fit in host memory; an Arrow table
+(registered Arrow or pandas data) is sliced on the host; each chunk then moves to the device. Only
+a table built from device columns is cut into row ranges of those. Each
 chunk gets the scan's filters and the runtime filters pushed to it (``physical/scan.run_scan`` on
 the chunk), so what leaves a chunk is only the rows that survive.
 
@@ -75,6 +76,8 @@ def column_chunks(table: Table, names: list[str], device, rows: int) -> Iterator
     names = list(dict.fromkeys(names))
     if lazy is not None and lazy.parquet is not None and names:
         yield from _parquet_chunks(lazy, names, device, rows)
+    elif lazy is not None and lazy.files and names:
+        yield from _files_chunks(lazy, names, device, rows)
     elif lazy is not None and lazy.arrow is not None and names:
         yield from _arrow_chunks(lazy, names, device, rows)
     else:
@@ -102,7 +105,32 @@ def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
                     cols[n] = column_load.load_column(piece.chunks, n_rows, types[n], device, n)
             yield n_rows, cols
         return
-    f = pq.ParquetFile(path, metadata=meta, read_dictionary=strings or None)
+    yield from _batches(path, meta, names, words, lazy, device, rows)
+
+
+def _files_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
+    """Several Parquet files (a database's table), each read batch by batch (never whole, nor
+    kept in the host cache); a string column coded with one dictionary over all the files."""
+    types = dict(zip(lazy.names, lazy.arrow_types))
+    key = tuple(path for path, _ in lazy.files)  # a database's data files never change
+    words = {}
+    for n in names:
+        if column_load.is_string(types[n]):
+            hit = _DICTIONARIES.get((key, n))
+            if hit is None:
+                hit = _DICTIONARIES[(key, n)] = _sorted_words(
+                    c for path, meta in lazy.files
+                    for c in parquet_read.column_row_groups(path, meta, n, as_dictionary=True))
+            words[n] = hit
+    for path, meta in lazy.files:
+        yield from _batches(path, meta, names, words, lazy, device, rows)
+
+
+def _batches(path, meta, names: list[str], words: dict, lazy: LazyColumns, device, rows: int):
+    """A Parquet file's columns ``rows`` rows at a time (``iter_batches``)."""
+    types = dict(zip(lazy.names, lazy.arrow_types))
+    sql_types = dict(zip(lazy.names, lazy.types))
+    f = pq.ParquetFile(path, metadata=meta, read_dictionary=list(words) or None)
     for rb in f.iter_batches(batch_size=rows, columns=names):
         cols = {}
         for n in names:

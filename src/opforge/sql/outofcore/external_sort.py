@@ -10,7 +10,7 @@ key tuples by hand: the sort itself decides, with the same NULL order and direct
 Memory: one block per run plus the carry, blocks sized so that this stays under half the limit."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -28,15 +28,26 @@ _ROW_BITS = 40
 
 
 def external_sort(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, counts: dict) -> Batch:
+    return concat(list(sorted_chunks(node, chunks, limit, store, counts)))
+
+
+def sorted_chunks(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore,
+                  counts: dict) -> Iterator[Batch]:
+    """The rows in the sort's order, a block at a time (at least one batch): what a consumer that
+    streams in order (a window without PARTITION BY) reads without the whole output resident."""
     block_rows: list[int] = []
-    runs, first = _runs(node, chunks, limit, store, block_rows)
+    runs, first = _runs(node, chunks, limit, store, block_rows, counts)
     counts["runs"] = len(runs)
     if not runs:  # nothing was read: the first (empty) chunk
-        return first
+        yield first
+        return
     if len(runs) == 1:  # one run: read it back in order
-        return _untag(concat([b for i in range(runs[0]) for b in store.take(("run", 0, i))]))
-    # blocks read per load: one block of each run and the carry stay within half the limit
-    per_load = max(1, (limit // 2 // (len(runs) + 1)) // max(1, block_rows[0]))
+        for i in range(runs[0]):
+            yield _untag(concat(list(store.take(("run", 0, i)))))
+        return
+    # blocks (about limit / 32 bytes each) read per load: one load of each run and the carry stay
+    # within half the limit
+    per_load = max(1, (limit // 2 // (len(runs) + 1)) // max(1, limit // 32))
     loaded = [0] * len(runs)  # blocks read of each run
     last_tag = [0] * len(runs)
 
@@ -51,27 +62,26 @@ def external_sort(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillS
         last_tag[r] = int(block.cols[TAG].values[-1])
         return block
 
-    out = []
     carry = concat([load(r) for r in range(len(runs))])
     while True:
         carry = run_sort(node, carry)
         open_runs = [r for r in range(len(runs)) if loaded[r] < runs[r]]
         if not open_runs:
-            out.append(carry)
+            yield _untag(carry)
             break
         tags = carry.cols[TAG].values
         where = {r: int(torch.nonzero(tags == last_tag[r])[0, 0]) for r in open_runs}
         r = min(open_runs, key=lambda x: where[x])
         idx = torch.arange(carry.n, device=carry.device)
-        out.append(carry.take(idx[: where[r] + 1]))
+        yield _untag(carry.take(idx[: where[r] + 1]))
         carry = concat([carry.take(idx[where[r] + 1:]), load(r)])
         counts["merge_steps"] = counts.get("merge_steps", 0) + 1
-    return _untag(concat(out))
 
 
-def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, block_rows: list) -> tuple[list, Batch]:
+def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, block_rows: list,
+          counts: dict) -> tuple[list, Batch]:
     """Sorted runs of about half the limit each, spilled in blocks of about ``limit / 32`` bytes:
-    ([blocks of each run], the first chunk)."""
+    ([blocks of each run], the first chunk); ``counts`` gets the rows."""
     held, size, runs, first = [], 0, [], None
 
     def flush():
@@ -91,6 +101,7 @@ def _runs(node: Sort, chunks: Iterable[Batch], limit: int, store: SpillStore, bl
             continue
         held.append(b)
         size += batch_bytes(b)
+        counts["rows"] = counts.get("rows", 0) + b.n
         if size >= limit // 2:
             flush()
             held, size = [], 0

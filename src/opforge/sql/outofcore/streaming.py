@@ -11,12 +11,12 @@ partition by partition. UNION ALL streams its inputs' chunks one input after the
 (and UNION) over a stream, and window functions with PARTITION BY over one, partition the rows by
 a hash of their keys (all columns; the PARTITION BY keys), spilled, and stream their output
 partition by partition, each computed on its own (``grace.grace_each``); a window without
-PARTITION BY takes its input whole. Consumers: an aggregation over a stream aggregates each chunk, then the
-partials (``partial_aggregate``; the partials go through a grace aggregation when they do not fit),
-or, with count(DISTINCT), is a grace aggregation of the rows; ORDER BY over a stream is an
-external merge sort (``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of
-those; any
-other operator gets the stream concatenated (its input is then what survived the filters and
+PARTITION BY is externally sorted by its ORDER BY and streamed in that order (``ordered_window``;
+frames without a bound in rows take the input whole, EXPLAIN ANALYZE says why). Consumers: an
+aggregation over a stream aggregates each chunk, then the partials (``partial_aggregate``; the
+partials go through a grace aggregation when they do not fit), or, with count(DISTINCT), is a
+grace aggregation of the rows; ORDER BY over a stream is an external merge sort
+(``external_sort``), ORDER BY ... LIMIT the top rows of each chunk, then of those; any other operator gets the stream concatenated (its input is then what survived the filters and
 joins, usually far smaller than the tables). Operators whose inputs are resident but whose build
 side (join) or input (grouped aggregation, DISTINCT, partitioned window) exceeds the limit also go
 through ``grace``.
@@ -38,7 +38,8 @@ import torch
 from opforge.sql import plan as P
 from opforge.sql.expr import Batch, Ref
 from opforge.sql.outofcore import chunked_scan
-from opforge.sql.outofcore.external_sort import external_sort
+from opforge.sql.outofcore import ordered_window
+from opforge.sql.outofcore.external_sort import external_sort, sorted_chunks
 from opforge.sql.outofcore.grace import GraceRun, concat, fanout_bits, grace_aggregate, grace_each, grace_join, quiet
 from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.outofcore.partition import key_types
@@ -129,8 +130,18 @@ class OutOfCore:
         if isinstance(node, P.Distinct):
             return self.streams(node.child) and self._hashable(node.outputs)
         if isinstance(node, (P.Window, P.WindowFunctions)):
-            return bool(node.partition) and self.streams(node.child) and self._hashable(node.partition)
+            if not node.partition:
+                return self.streams(node.child) and self._ordered(node)
+            return self.streams(node.child) and self._hashable(node.partition)
         return False
+
+    def _ordered(self, node) -> bool:
+        """A window without PARTITION BY streams in its ORDER BY's order (``ordered_window``); when
+        it cannot, EXPLAIN ANALYZE says why its input is taken whole."""
+        why = ordered_window.unstreamable(node)
+        if why is not None:
+            self.ctx.note(f"out of core: the window without PARTITION BY takes its input whole: {why}")
+        return why is None and self.ctx.workers == 1
 
     def _hashable(self, keys) -> bool:
         """Rows can be partitioned by these columns / expressions (``partition.key_types``)."""
@@ -186,8 +197,8 @@ class OutOfCore:
             return self._aggregate(node, [inputs[0]], batch_bytes(inputs[0]))
         if isinstance(node, P.Distinct) and batch_bytes(inputs[0]) > self.limit and self._hashable(node.outputs):
             return concat(list(self._distinct(node.outputs, [inputs[0]], batch_bytes(inputs[0]))))
-        if isinstance(node, (P.Window, P.WindowFunctions)) and node.partition \
-                and batch_bytes(inputs[0]) > self.limit and self._hashable(node.partition):
+        if isinstance(node, (P.Window, P.WindowFunctions)) and batch_bytes(inputs[0]) > self.limit \
+                and (self._hashable(node.partition) if node.partition else self._ordered(node)):
             return concat(list(self._window(node, [inputs[0]])))
         return None
 
@@ -245,12 +256,38 @@ class OutOfCore:
     def _window(self, node, chunks) -> Iterator[Batch]:
         """Window functions with PARTITION BY over a stream (or an input over the limit): the rows
         partitioned by a hash of the PARTITION BY keys (spilled), each partition's windows computed
-        on their own: a window never crosses partitions. Out partition by partition. (Without
-        PARTITION BY the input is taken whole.)"""
+        on their own: a window never crosses partitions. Out partition by partition. Without
+        PARTITION BY: in ORDER BY order (``_ordered_window``)."""
+        if not node.partition:
+            yield from self._ordered_window(node, chunks)
+            return
         inner = quiet(self.ctx)
         fn = (lambda b: run_window(node, b, inner)) if isinstance(node, P.Window) else (
             lambda b: run_window_functions(node, b, inner))
         yield from self._partitioned(node.partition, chunks, fn, self._estimate(node.child), "window")
+
+    def _ordered_window(self, node: P.WindowFunctions, chunks) -> Iterator[Batch]:
+        """A window without PARTITION BY: its input externally sorted by the ORDER BY, then computed
+        segment by segment in that order, carrying what each needs from the rows before and after
+        (``ordered_window``)."""
+        chunks, fits = self._buffer(chunks)
+        if fits:
+            self.ctx.note("out of core: the window's input stream fit the limit; computed in memory")
+            yield run_window_functions(node, concat(chunks), quiet(self.ctx))
+            return
+        store = self._grace_run().store
+        counts: dict = {}
+        try:
+            ordered = sorted_chunks(P.Sort(node.child, node.order), chunks, self.limit, store, counts)
+            yield from ordered_window.stream(node, ordered, self.limit // 4, counts)
+        finally:
+            store.close()
+        s = store.stats
+        self.ctx.note(f"out of core: window without PARTITION BY over an external sort ({counts.get('runs', 0)} "
+                      f"sorted runs), streamed in {counts.get('segments', 0)} segments; spilled {s.host_bytes} B "
+                      f"to host, {s.disk_bytes} B to disk")
+        self.ctx.count("spill_host_bytes", s.host_bytes)
+        self.ctx.count("spill_disk_bytes", s.disk_bytes)
 
     def _partitioned(self, keys, chunks, fn, estimate: int, what: str) -> Iterator[Batch]:
         """``fn`` over the stream whole when it ends within the limit, else over each hash partition

@@ -155,12 +155,15 @@ def _ranking(func: str, args: list[Column], L: Layout) -> Column:
         return Column(torch.where(size > 1, rank / (size - 1).clamp(min=1), torch.zeros_like(size)), None, T.FLOAT64)
     if func == "cume_dist":
         return Column((L.peer_end - L.part_begin).double() / size.clamp(min=1), None, T.FLOAT64)
-    # ntile(k), as DuckDB (after SQLite): the first size % k buckets hold one row more
-    k = args[0]
+    return ntile(row, L.size, args[0])
+
+
+def ntile(row: torch.Tensor, total: torch.Tensor, k: Column) -> Column:
+    """ntile(k) of the rows at 0-based ``row`` of partitions of ``total`` rows, as DuckDB (after
+    SQLite): the first total % k buckets hold one row more."""
     buckets = k.values.long()
     if bool((k.valid_mask() & (buckets <= 0)).any()):
         raise SqlError("ntile: argument must be greater than zero")
-    total = L.size
     buckets = torch.minimum(buckets.clamp(min=1), total.clamp(min=1))
     small = total // buckets
     large = total - buckets * small
