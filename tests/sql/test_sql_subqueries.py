@@ -80,3 +80,10 @@ def test_repeated_scalar_subquery_runs_once_with_the_same_ctes(check, monkeypatc
     check("WITH a AS (SELECT max(i) AS m FROM t), b AS (SELECT (SELECT m FROM a) AS v) "
           "SELECT (SELECT v FROM b) AS x, (SELECT v FROM (WITH a AS (SELECT min(i) AS m FROM u) "
           "SELECT (SELECT m FROM a) AS v)) AS y")
+
+
+def test_scalar_subquery_over_a_recursive_cte_sees_each_iteration(check):
+    """The recursive term's scalar subquery reads that iteration's working table: one text, one CTE
+    context, but another value every iteration (a once-per-statement reuse doubled nothing: 1..100)."""
+    check("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + (SELECT max(n) FROM r) FROM r WHERE n < 100) "
+          "SELECT n FROM r")

@@ -480,6 +480,11 @@ class Binder:
                 self._scalar_values[key] = hit
         return Lit(hit[0], sub.outputs[0].type)
 
+    def forget_scalar_values(self) -> None:
+        """Drop the reused scalar-subquery values: a table they may read changed within the statement
+        (a recursive CTE's working table, ``recursive_cte.materialize``)."""
+        self._scalar_values.clear()
+
     def _subquery_key(self, q) -> tuple | None:
         """What decides an uncorrelated subquery's value within one statement: its text and the
         CTE definitions in view (TPC-DS q14 reads ``(SELECT average_sales FROM avg_sales)`` three

@@ -60,6 +60,9 @@ def materialize(binder, name: str, query: exp.Expression, columns: list[str], ou
             if work.num_rows == 0:
                 break
             catalog.put_table(work_name, work)
+            # a scalar subquery of the step that reads the working table has the same text and CTE context
+            # every iteration but another value: the binder's once-per-statement values are forgotten
+            binder.forget_scalar_values()
             out = _conform(run(step, outer_ctes + [{name: (reader, names)}]), schema, name)
             work = _new_rows(out, seen) if distinct else out
             parts.append(work)
