@@ -332,6 +332,14 @@ class Cluster:
                     return total
         return total
 
+    def run_stream_job(self, env, transformations: list, job_name: str):
+        """``StreamExecutionEnvironment(cluster=self).execute()``: the job on the workers
+        (``stream_job.ClusterStreamJob``). Called by the stream package, which imports nothing of
+        this one (the layers read cluster -> stream)."""
+        from opforge.cluster.stream_job import ClusterStreamJob
+
+        return ClusterStreamJob(env, transformations, job_name).run()
+
     def watch_hot(self, hot_bytes: float | None) -> None:
         """Split a region read at ``hot_bytes`` per second or more when it far outreads the others,
         and spread the hot regions' leaders (``pd_service.watch_hot``); None: stop. A split table

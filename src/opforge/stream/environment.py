@@ -161,9 +161,7 @@ class StreamExecutionEnvironment:
             if restore_from is not None:
                 raise ValueError(f"execute({job_name!r}) on a cluster: restore_from is not supported there; "
                                  "the job restores itself from the checkpoints its regions hold")
-            from opforge.cluster.stream_job import ClusterStreamJob
-
-            return ClusterStreamJob(self, transformations, job_name).run()
+            return self.cluster.run_stream_job(self, transformations, job_name)  # cluster/stream_job.py
         return run_restarting(self, lambda restore: run_job(self, transformations, job_name, restore, None,
                                                             allow_non_restored_state), restore_from)
 
