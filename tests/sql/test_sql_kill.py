@@ -128,5 +128,5 @@ def test_killed_storage_writer_never_corrupts_or_exposes_a_commit(tmp_path):
 
 def test_killed_sql_writer_never_corrupts_or_exposes_a_statement(tmp_path):
     """Kills during INSERT / CREATE TABLE AS / DELETE / COPY statements through ``connect``."""
-    landed = _kill_trials("sql", tmp_path, 10)
+    landed = _kill_trials("sql", tmp_path, 16)
     assert len(set(landed)) > 3, sorted(set(landed))
