@@ -11,7 +11,6 @@ limb carries, ``torch.unique(dim=0)`` ranks). Prints one line per query and writ
 ``benchmarks/results/sql-decimal128-<device>-<date>.json`` (or ``--out``)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from sql_windows import run_against_duckdb  # noqa: E402
+from sql_windows import query_arguments, run_against_duckdb  # noqa: E402
 
 QUERIES = {
     "sum_wide": "SELECT sum(w) AS s, min(w) AS lo, max(w) AS hi, count(*) AS c FROM t",
@@ -64,20 +63,10 @@ def tables(rows: int, groups: int):
 
 def main(argv: list[str] | None = None) -> dict:
     import duckdb
-    import torch
 
     import opforge.sql as sql
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--groups", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--queries", help="comma-separated names (default: all): " + ",".join(QUERIES))
-    ap.add_argument("--out", help="JSON path (default: benchmarks/results/sql-decimal128-<device>-<date>.json)")
-    args = ap.parse_args(argv)
-    names = args.queries.split(",") if args.queries else list(QUERIES)
+    args, names = query_arguments(__doc__, QUERIES, "sql-decimal128", argv)
     t, dim = tables(args.rows, args.groups)
     con, duck = sql.connect(args.device), duckdb.connect()
     for c in (con, duck):

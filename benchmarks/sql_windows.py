@@ -62,25 +62,32 @@ def _duckdb_table(rel):
 
 def main(argv: list[str] | None = None) -> dict:
     import duckdb
-    import torch
 
     import opforge.sql as sql
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--groups", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--queries", help="comma-separated names (default: all): " + ",".join(QUERIES))
-    ap.add_argument("--out", help="JSON path (default: benchmarks/results/sql-windows-<device>-<date>.json)")
-    args = ap.parse_args(argv)
-    names = args.queries.split(",") if args.queries else list(QUERIES)
+    args, names = query_arguments(__doc__, QUERIES, "sql-windows", argv)
     t = table(args.rows, args.groups)
     con, duck = sql.connect(args.device), duckdb.connect()
     con.register("t", t)
     duck.register("t", t)
     return run_against_duckdb(con, duck, QUERIES, names, args, "sql-windows")
+
+
+def query_arguments(doc: str, queries: dict, benchmark: str, argv) -> tuple:
+    """The command line of a query-set benchmark against DuckDB (this one, ``sql_decimal128.py``):
+    the parsed arguments and the names of the queries to run."""
+    import torch
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--queries", help="comma-separated names (default: all): " + ",".join(queries))
+    ap.add_argument("--out", help=f"JSON path (default: benchmarks/results/{benchmark}-<device>-<date>.json)")
+    args = ap.parse_args(argv)
+    return args, args.queries.split(",") if args.queries else list(queries)
 
 
 def run_against_duckdb(con, duck, queries: dict, names: list, args, benchmark: str) -> dict:
