@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 
 from opforge.ops.hashing import expand_runs
+from opforge.ops.scan import cummax
 from opforge.stream.columnar_join import Rows, _TwoInputs
 from opforge.stream.functions import as_callable, batch_result
 from opforge.stream.operators import Operator
@@ -358,7 +359,7 @@ def _bucket_order(probe: torch.Tensor, pos: torch.Tensor, other: Rows):
     n = probe.shape[0]
     new = torch.ones(n, dtype=torch.bool, device=probe.device)
     new[1:] = (probe[1:] != probe[:-1]) | (ts[1:] != ts[:-1])
-    first = torch.cummax(torch.where(new, torch.arange(n, device=probe.device), 0), 0).values
+    first = cummax(torch.where(new, torch.arange(n, device=probe.device), 0), 0)[0]
     made = seq.index_select(0, first)
     back = torch.zeros(n, dtype=torch.bool, device=probe.device)
     back[1:] = (probe[1:] == probe[:-1]) & (made[1:] < made[:-1])

@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from opforge.ops.scan import cummax
+
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
 WATERMARK_GRANULARITIES = ("record", "batch")
@@ -129,12 +131,13 @@ class WatermarkGenerator:
         """Before ``on_batch``: the watermark each record sees, the one the
         records before it (this batch's and earlier) produced — the emitted
         watermark, raised by the running maximum of the earlier timestamps
-        (an exclusive ``cummax``, on the batch's device)."""
+        (an exclusive ``cummax``, on the batch's device: opforge's scan kernel,
+        since ``torch.cummax`` on CUDA took 2.8 ms for 2^20 int64 — 70 % of q5's device time)."""
         floor = timestamps.new_full(timestamps.shape, self.emitted)
         if self.strategy.out_of_orderness_ms is None or timestamps.numel() == 0:
             return floor
         prev = torch.cat([timestamps.new_tensor([self.max_ts]), timestamps[:-1]])
-        running = torch.cummax(prev, 0).values
+        running = cummax(prev, 0)[0]
         bound = self.strategy.out_of_orderness_ms + 1
         # no int64 wrap below the minimum: a running maximum of MIN means no timestamp yet
         wm = torch.where(running == MIN_WATERMARK, floor, running.clamp(min=MIN_WATERMARK + bound) - bound)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.ops.scan import cummax, cummin
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.physical.sort import sort_permutation
@@ -17,12 +18,12 @@ from opforge.sql.physical.sort import sort_permutation
 
 def _prev_known(known: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """The last known position at or before each position (-1: none)."""
-    return torch.cummax(torch.where(known, pos, -1), 0).values
+    return cummax(torch.where(known, pos, -1), 0)[0]
 
 
 def _next_known(known: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor:
     """The first known position at or after each position (n: none)."""
-    return torch.flip(torch.cummin(torch.flip(torch.where(known, pos, n), [0]), 0).values, [0])
+    return torch.flip(cummin(torch.flip(torch.where(known, pos, n), [0]), 0)[0], [0])
 
 
 def fill(x: Column, k: Column, part_id: torch.Tensor, typ: T.SqlType) -> Column:
