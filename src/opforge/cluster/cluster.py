@@ -13,7 +13,10 @@ leader to send a snapshot and the target to receive it over the group (``Worker.
 
 A query is planned by the caller (``sql.connect(cluster=c)``) and run by every worker on the
 regions it leads (``Worker.run_query``); a worker dying mid-query makes it fail with
-:class:`~opforge.cluster.errors.RetryableError`, and the next call recovers first.
+:class:`~opforge.cluster.errors.RetryableError`, and the next call recovers first. A worker whose
+call raises alone (its peers waiting for it in a collective) fails the call within seconds, not at
+the group's timeout: the failed worker leaves the group, the peers are aborted, and its error comes
+back naming it (``_collect``); a peer still stuck at the next call is killed and restarted.
 """
 from __future__ import annotations
 
@@ -84,6 +87,7 @@ class Cluster:
         self.last_query: dict = {}
         self._suspect = False
         self._stragglers: list[tuple] = []  # (worker actor, its call's ref): still in a call that failed
+        self._aborts: list = []  # refs of the leave / abort calls _abort_peers sent
         self._stopped = False
         infos = ray.get([w.info.remote() for w in self.workers])
         for i, info in enumerate(infos):
@@ -565,18 +569,26 @@ class Cluster:
         the group (on Gloo their closed connections fail every rank waiting on them, which then
         leave in turn; a worker's failed call normally left already: ``Worker._leaving_on_error``);
         on NCCL, whose peers would wait out the group's timeout in a collective, the running ones
-        abort theirs from their control thread. Nothing here is waited for."""
-        for i in failed:
-            self.workers[i].leave_group.remote()
+        abort theirs from their control thread. Waited for by ``_end_stragglers`` (before the group is
+        re-formed: an abort must not reach the new one)."""
+        refs = [self.workers[i].leave_group.remote() for i in failed]
         if self.backend == "nccl":
-            for i in running:
-                self.workers[i].abort_group.options(concurrency_group="control").remote()
+            refs += [self.workers[i].abort_group.options(concurrency_group="control").remote() for i in running]
+        self._aborts = refs
 
     def _end_stragglers(self) -> None:
         """Wait (``STRAGGLER_WAIT_S``) for the workers still in a call that failed; kill those that
         do not end it (Ray restarts them; ``recover`` then treats them as lost)."""
         ray = _ray()
         stragglers, self._stragglers = self._stragglers, []
+        aborts, self._aborts = self._aborts, []
+        if aborts:  # their errors (a dead worker's) are recover's to handle
+            done, _ = ray.wait(aborts, num_returns=len(aborts), timeout=STRAGGLER_WAIT_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
         if not stragglers:
             return
         _, stuck = ray.wait([r for _, r in stragglers], num_returns=len(stragglers), timeout=STRAGGLER_WAIT_S)
