@@ -132,8 +132,8 @@ def main(argv=None) -> int:
                 for cl in (None, cluster):  # the same untimed run on each side: compiles, tunes, imports
                     _run(q, warm, args, device, parallelism, 0, cl)
                 say(f"{q}  warmed on {warm_events} events, both sides")
-            single = [_run(q, config, args, device, parallelism, args.checkpoint_ms) for _ in range(args.repeats)]
-            dist = [_run(q, config, args, device, parallelism, args.checkpoint_ms, cluster) for _ in range(args.repeats)]
+            single, dist = ([_run(q, config, args, device, parallelism, args.checkpoint_ms, cl)
+                             for _ in range(args.repeats)] for cl in (None, cluster))
             single_s, dist_s = statistics.median(r[0] for r in single), statistics.median(r[0] for r in dist)
             _, ref, single_res, _ = single[-1]
             _, ours, dist_res, job = dist[-1]
