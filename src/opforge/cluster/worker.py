@@ -76,16 +76,19 @@ class Worker:
 
     def leave_group(self) -> None:
         """Leave the group (a no-op when already left): on Gloo this closes this rank's connections,
-        so peers blocked on it in a collective fail now instead of at the group's timeout."""
+        so peers blocked on it in a collective fail now instead of at the group's timeout. On NCCL
+        the group is aborted, not destroyed: destroying could wait on this rank's collectives,
+        which wait on peers that may never come (the coordinator aborts theirs: :meth:`abort_group`)."""
+        if self.backend == "nccl":
+            _abort()
         D.destroy()
 
     def abort_group(self) -> None:
         """Abort the group from the coordinator's control thread while this worker's task may be
-        blocked in a collective (``Cluster._collect`` after a peer failed). NCCL's abort makes the
-        blocked collective return an error (``ncclCommAbort``); Gloo's does not wake it, but a peer
-        that left the group does (:meth:`leave_group`). The group is re-formed before the next call."""
-        if dist.is_initialized():
-            distributed_c10d._abort_process_group()
+        blocked in a collective (``Cluster._abort_peers``, after a peer failed): NCCL's abort makes
+        the blocked collective return an error (``ncclCommAbort``); Gloo's would not wake it (a
+        peer that left does). The group is re-formed before the next call."""
+        _abort()
 
     def inject_failure(self, message: str) -> None:
         """Make this worker's next query or stream call raise :class:`InjectedFailure` as it starts,
@@ -280,8 +283,17 @@ class Worker:
             self._take_injected()
             return fn(*args)
         except BaseException:
-            D.destroy()
+            self.leave_group()
             raise
+
+
+def _abort() -> None:
+    """Abort the default group, if any (``ncclCommAbort``: never waits on peers)."""
+    try:
+        if dist.is_initialized():
+            distributed_c10d._abort_process_group()
+    except (ValueError, AssertionError):  # the other thread (task or control) aborted it meanwhile
+        pass
 
 
 class InjectedFailure(RuntimeError):
