@@ -3,6 +3,7 @@ single-process stream engine.
 
     python benchmarks/cluster_nexmark.py [--events 8388608] [--workers 2] [--queries q5,q7]
                                          [--batch-size 1048576] [--watermarks batch|record]
+                                         [--warmup-events N] [--repeats 1] [--budget-s 480]
                                          [--device cuda|cpu] [--checkpoint-ms 0] [--out PATH]
 
 Starts a local Ray instance with ``--workers`` worker actors. NCCL takes one rank per GPU, so when
@@ -10,14 +11,18 @@ there are more workers than GPUs (one H200: any ``--workers`` > 1) the workers f
 and share the GPU (Ray is told not to hide it from them: ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_
 DEVICES``); records then cross workers through host memory. The job runs at parallelism
 ``2 * workers`` (two key-group regions per worker) on the cluster and, for comparison, at the same
-parallelism in one process on the same device. Each query runs once small (warm-up: compiles,
-imports on the workers), then timed. The answers must be equal (as multisets of records).
-Prints one line per query:
+parallelism in one process on the same device. Both sides are warmed alike: each query runs once
+untimed on ``--warmup-events`` events (default: ``--events``, the timed run's own batch shapes, so
+no kernel of the timed run compiles or tunes on either side) in the single process and on the
+cluster, then ``--repeats`` timed runs on each (the median counts). The answers must be equal (as
+multisets of records). Prints a line per phase and per query:
 
     q5  single 3.21 M ev/s  cluster 1.02 M ev/s  overhead x3.15  (2 workers, gloo, cuda; 4 subtasks;
         210.4 MB between workers; 4914 records out)  equal
 
-and writes ``benchmarks/results/cluster-nexmark-<device>-w<workers>-<date>.json``. The overhead
+Each query's row is appended to ``<out>.partial.jsonl`` as it finishes; ``--budget-s`` starts no
+query once the run's time plus the last query's would pass it (one device call holds the run).
+Writes ``benchmarks/results/cluster-nexmark-<device>-w<workers>-<date>.json``. The overhead
 is the cost of the distributed path: a Ray call per round per worker, records encoded to Arrow
 and moved through the group at every keyed edge, and the sinks' output handed back at the
 checkpoints.
@@ -29,6 +34,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -69,8 +75,19 @@ def main(argv=None) -> int:
                     help="watermark granularity (record: Flink's output at any batch size, much slower)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--checkpoint-ms", type=int, default=0, help="checkpoint interval (0: only the final one)")
+    ap.add_argument("--warmup-events", type=int, default=None,
+                    help="events of the untimed run per query and side (default: --events; 0: none)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per query and side (median)")
+    ap.add_argument("--budget-s", type=float, default=480.0,
+                    help="start no query once the elapsed time plus the last query's would pass this")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    names = [s.strip() for s in args.queries.split(",") if s.strip()]
+    unknown = [q for q in names if q not in QUERIES]
+    if unknown:
+        raise SystemExit(f"cluster_nexmark: unknown queries {unknown} (known: {', '.join(QUERIES)})")
+    if args.repeats < 1:
+        raise SystemExit("cluster_nexmark: --repeats must be >= 1")
     warnings.simplefilter("ignore", MissingUidWarning)  # the queries' operators have no uids: one job, no restore
 
     import torch
@@ -84,48 +101,71 @@ def main(argv=None) -> int:
     if device == "cuda" and backend == "gloo":  # workers share the GPUs Ray would hide from CPU actors
         env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
         os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # and the raylet this starts
-    t0 = time.perf_counter()
+    begin = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(f"{text}  [{time.perf_counter() - begin:.0f} s]", flush=True)
+
     cluster = C.start(workers=args.workers, backend=backend, env=env_vars)
-    started_s = time.perf_counter() - t0
+    started_s = time.perf_counter() - begin
     parallelism = cluster.regions_per_table
     why = " (more workers than GPUs: Gloo, records through host memory)" if device == "cuda" and backend == "gloo" \
         else ""
-    print(f"cluster: {cluster.size} workers, group {cluster.backend}{why}, job device {device}, started in "
-          f"{started_s:.1f} s; jobs at parallelism {parallelism}, {args.watermarks} watermarks", flush=True)
+    say(f"cluster: {cluster.size} workers, group {cluster.backend}{why}, job device {device}, started in "
+        f"{started_s:.1f} s; jobs at parallelism {parallelism}, {args.watermarks} watermarks")
     config = NexmarkConfig(events=args.events, events_per_second=max(args.events // 100, 1000))
-    warm = NexmarkConfig(events=min(args.events, 20_000), events_per_second=1000)
-    entries = []
+    warm_events = args.events if args.warmup_events is None else args.warmup_events
+    warm = NexmarkConfig(events=warm_events, events_per_second=max(warm_events // 100, 1000))
+    day = dt.date.today().isoformat()
+    out = Path(args.out) if args.out else HERE / "results" / f"cluster-nexmark-{device}-w{cluster.size}-{day}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial.jsonl")
+    partial.unlink(missing_ok=True)
+    entries, skipped, last_s = [], [], 0.0
     try:
-        for q in [s.strip() for s in args.queries.split(",") if s.strip()]:
-            for cl in (None, cluster):  # warm-up: kernels compiled, modules imported on the workers
-                _run(q, warm, args, device, parallelism, 0, cl)
-            single_s, ref, single_res, _ = _run(q, config, args, device, parallelism, args.checkpoint_ms)
-            dist_s, ours, dist_res, job = _run(q, config, args, device, parallelism, args.checkpoint_ms, cluster)
+        for q in names:
+            if time.perf_counter() - begin + last_s > args.budget_s:
+                skipped.append(q)
+                continue
+            q0 = time.perf_counter()
+            if warm_events:
+                for cl in (None, cluster):  # the same untimed run on each side: compiles, tunes, imports
+                    _run(q, warm, args, device, parallelism, 0, cl)
+                say(f"{q}  warmed on {warm_events} events, both sides")
+            single, dist = ([_run(q, config, args, device, parallelism, args.checkpoint_ms, cl)
+                             for _ in range(args.repeats)] for cl in (None, cluster))
+            single_s, dist_s = statistics.median(r[0] for r in single), statistics.median(r[0] for r in dist)
+            _, ref, single_res, _ = single[-1]
+            _, ours, dist_res, job = dist[-1]
             events = single_res.source_records
             entry = {"query": q, "events": events, "single_s": single_s, "cluster_s": dist_s,
                      "single_events_per_s": events / single_s, "cluster_events_per_s": dist_res.source_records / dist_s,
-                     "overhead": dist_s / single_s, "checkpoints": len(dist_res.checkpoints),
+                     "overhead": dist_s / single_s, "repeats": args.repeats, "warmup_events": warm_events,
+                     "checkpoints": len(dist_res.checkpoints),
                      "bytes_exchanged": job.exchanged["bytes"], "records_exchanged": job.exchanged["records"],
-                     "output_records": len(ours), "equal": ours == ref}
+                     "output_records": len(ours), "equal": ours == ref and dist_res.source_records == events}
             entries.append(entry)
-            print(f"{q}  single {entry['single_events_per_s'] / 1e6:.2f} M ev/s  cluster "
-                  f"{entry['cluster_events_per_s'] / 1e6:.2f} M ev/s  overhead x{entry['overhead']:.2f}  "
-                  f"({cluster.size} workers, {cluster.backend}, {device}; {parallelism} subtasks; "
-                  f"{job.exchanged['bytes'] / 1e6:.1f} MB between workers; {len(ours)} records out)  "
-                  f"{'equal' if ours == ref else 'DIFFERS'}", flush=True)
+            with partial.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+            last_s = time.perf_counter() - q0
+            say(f"{q}  single {entry['single_events_per_s'] / 1e6:.2f} M ev/s  cluster "
+                f"{entry['cluster_events_per_s'] / 1e6:.2f} M ev/s  overhead x{entry['overhead']:.2f}  "
+                f"({cluster.size} workers, {cluster.backend}, {device}; {parallelism} subtasks; "
+                f"{job.exchanged['bytes'] / 1e6:.1f} MB between workers; {len(ours)} records out)  "
+                f"{'equal' if entry['equal'] else 'DIFFERS'}")
     finally:
         cluster.stop()
+    if skipped:
+        say(f"budget of {args.budget_s:g} s reached: skipped {', '.join(skipped)}")
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
-    result = {"schema_version": 1, "date": dt.date.today().isoformat(), "gpu": gpu, "device": device,
+    result = {"schema_version": 1, "date": day, "gpu": gpu, "device": device,
               "torch": torch.__version__, "workers": cluster.size, "backend": cluster.backend,
               "parallelism": parallelism, "batch_size": args.batch_size, "watermark_granularity": args.watermarks,
-              "checkpoint_ms": args.checkpoint_ms,
-              "start_s": started_s, "entries": entries}
-    out = Path(args.out) if args.out else HERE / "results" / (
-        f"cluster-nexmark-{device}-w{cluster.size}-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+              "checkpoint_ms": args.checkpoint_ms, "warmup_events": warm_events, "repeats": args.repeats,
+              "start_s": started_s, "skipped": skipped, "entries": entries}
     out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    partial.unlink(missing_ok=True)
+    say(f"wrote {out}")
     return 0 if all(e["equal"] for e in entries) else 1
 
 

@@ -7,6 +7,7 @@ flight fail with a retryable error, and the next one succeeds once the lost repl
 worker added later gets regions moved to it by the balance scheduler.
 """
 import os
+import time
 
 import pytest
 
@@ -102,6 +103,28 @@ def test_a_query_error_on_the_workers_is_the_querys_own(con, cluster):
     with pytest.raises(SqlError, match="Overflow"):  # raised on every worker, not a lost worker
         con.sql("SELECT o_orderkey * 9223372036854775807 AS x FROM orders").to_arrow()
     assert con.sql("SELECT count(*) FROM orders").fetchall() == [(15000,)]  # the group re-formed
+
+
+def test_one_worker_failing_alone_fails_the_query_fast_and_names_it(con, tpch, cluster):
+    """Its peers wait for it in a collective: the error must come back in seconds (not at the
+    group's 60 s timeout), name the worker and the cause, and the next query must be right."""
+    import opforge.cluster as C
+    from opforge.sql.errors import SqlError
+
+    _, root = tpch
+    cluster.inject_failure(1, "disk on fire")  # raised as its next call starts
+    t0 = time.monotonic()
+    with pytest.raises(C.RetryableError, match=r"worker 1 failed .*InjectedFailure: worker 1: disk on fire"):
+        con.sql(queries.query(3)).to_arrow()
+    assert time.monotonic() - t0 < 10
+    _check(con, root, 3)
+    # a query that fails on one region only: o_orderkey 7's (one worker leads it)
+    t0 = time.monotonic()
+    with pytest.raises(SqlError, match=r"division by zero .*\(on worker \d\)"):
+        con.sql("SELECT o_orderpriority, count(*) FROM orders WHERE o_orderkey // (o_orderkey - 7) >= 0 "
+                "GROUP BY 1").to_arrow()
+    assert time.monotonic() - t0 < 10
+    _check(con, root, 12)
 
 
 def test_tables_made_and_dropped_by_sql_follow_on_the_cluster(con, cluster):

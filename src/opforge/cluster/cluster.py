@@ -13,7 +13,10 @@ leader to send a snapshot and the target to receive it over the group (``Worker.
 
 A query is planned by the caller (``sql.connect(cluster=c)``) and run by every worker on the
 regions it leads (``Worker.run_query``); a worker dying mid-query makes it fail with
-:class:`~opforge.cluster.errors.RetryableError`, and the next call recovers first.
+:class:`~opforge.cluster.errors.RetryableError`, and the next call recovers first. A worker whose
+call raises alone (its peers waiting for it in a collective) fails the call within seconds, not at
+the group's timeout: the failed worker leaves the group, the peers are aborted, and its error comes
+back naming it (``_collect``); a peer still stuck at the next call is killed and restarted.
 """
 from __future__ import annotations
 
@@ -31,8 +34,15 @@ from opforge.cluster.errors import ClusterError, RetryableError
 from opforge.cluster import pd_service
 from opforge.cluster.pd_service import PDServer
 from opforge.cluster.worker import Worker
+from opforge.distributed.errors import CollectiveError
 
 GROUP_TIMEOUT_S = 60.0
+# After one worker's call failed: how long its peers get to fail too (they are told to leave the
+# collective they wait in) before the error goes back without them.
+ABORT_GRACE_S = 3.0
+# ``recover``: how long a worker still in a failed call may take to end it before it is killed
+# (and restarted by Ray, a lost store: its replicas are made again from the others).
+STRAGGLER_WAIT_S = 15.0
 
 
 def _ray():
@@ -55,7 +65,10 @@ class Cluster:
         self.pd = PDServer(self.replicas, pd_host, hot_bytes).start()  # hot_bytes: pd_service.make_driver
         gpus = ray.cluster_resources().get("GPU", 0) >= workers and backend != "gloo"
         opts = {"num_gpus": 1} if gpus else {"num_cpus": 1}
-        self._actor = ray.remote(Worker).options(max_restarts=max_restarts, max_task_retries=0, **opts)
+        # "control": a second thread per worker, so the coordinator can abort a group while the
+        # worker's task is blocked in one of its collectives (``_abort_peers``)
+        self._actor = ray.remote(concurrency_groups={"control": 1})(Worker).options(
+            max_restarts=max_restarts, max_task_retries=0, **opts)
         self.backend = backend or ("nccl" if gpus else "gloo")
         self.workers = [self._new_worker(i) for i in range(workers)]
         self._worker_names = itertools.count(workers)  # a worker's name (its store's label) is never reused
@@ -73,6 +86,8 @@ class Cluster:
         self.splits = 0
         self.last_query: dict = {}
         self._suspect = False
+        self._stragglers: list[tuple] = []  # (worker actor, its call's ref): still in a call that failed
+        self._aborts: list = []  # refs of the leave / abort calls _abort_peers sent
         self._stopped = False
         infos = ray.get([w.info.remote() for w in self.workers])
         for i, info in enumerate(infos):
@@ -196,11 +211,19 @@ class Cluster:
         os.kill(self.pids[i], signal.SIGKILL)  # the coordinator learns of it as from a real crash
         return self.pids[i]
 
+    def inject_failure(self, i: int, message: str = "injected failure") -> None:
+        """Make worker ``i``'s next query or stream call raise (``Worker.inject_failure``) while its
+        peers wait for it in a collective: one worker failing alone, for tests and demos."""
+        if not 0 <= i < self.size:
+            raise ValueError(f"opforge.cluster: no worker {i} (the cluster has {self.size})")
+        _ray().get(self.workers[i].inject_failure.remote(message))
+
     def recover(self, timeout: float = 120.0) -> list[int]:
         """Bring the cluster back after workers died: wait for Ray's restarts, mark their old stores
         offline and drop their replicas (new leaders among the survivors), re-form the group. Returns the
         indexes of the restarted workers."""
         ray = _ray()
+        self._end_stragglers()
         deadline = time.monotonic() + timeout
         infos: list[dict | None] = [None] * self.size
         while any(x is None for x in infos):
@@ -505,10 +528,14 @@ class Cluster:
         return "\n".join(lines)
 
     def _collect(self, futures: list) -> list:
-        """Every worker's answer; when one fails (its process died), wait for the others to leave
-        the collective they are in (the group fails them when a peer is gone), then raise."""
+        """Every worker's answer (``futures[i]``: worker ``i``'s call). When one worker's call fails,
+        its peers may be blocked in a collective waiting for it: they are told to leave it
+        (``_abort_peers``) and get ``ABORT_GRACE_S`` to fail too; then the first failure that is
+        not a consequence of another (a peer's broken collective) is raised, naming its worker.
+        Workers still in the call are stragglers, ended by ``recover`` before the next call."""
         ray = _ray()
-        pending, answers, errors = list(futures), {}, []
+        index = {ref: i for i, ref in enumerate(futures)}
+        pending, answers, failed = list(futures), {}, []  # failed: (worker, Ray's error), as they came
         deadline = time.monotonic() + self.group_timeout * 4
         while pending and time.monotonic() < deadline:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.01))
@@ -516,23 +543,58 @@ class Cluster:
                 try:
                     answers[ref] = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    errors.append(e)
-        if not errors and not pending:
+                    failed.append((index[ref], e))
+            if failed and deadline > time.monotonic() + ABORT_GRACE_S:  # the first failure
+                deadline = time.monotonic() + ABORT_GRACE_S
+                self._abort_peers([i for i, _ in failed], [index[r] for r in pending])
+        if not failed and not pending:
             return [answers[f] for f in futures]
         self._suspect = True  # the group is left behind broken: re-formed before the next call
-        for e in errors:
-            cause = getattr(e, "cause", None)
-            if cause is not None and not _lost_worker(cause):
-                raise cause  # the query's own error (raised alike on every worker), not a lost worker
-        error = errors[0] if errors else None
-        if error is None:
-            why = "no answer within the timeout"
-        else:  # the worker's own exception, not Ray's coloured wrapper of it
-            inner = getattr(error, "cause", None) or error
-            text = str(inner).strip().splitlines()
-            why = f"{type(inner).__name__}: {text[0][:200] if text else ''}"
-        raise RetryableError(f"opforge.cluster: a worker was lost while the query ran ({why}); the cluster "
-                             "recovers before the next query: run it again") from error
+        self._stragglers = [(self.workers[index[r]], r) for r in pending]
+        if not failed:
+            raise RetryableError(f"opforge.cluster: workers {sorted(index[r] for r in pending)} gave no answer "
+                                 f"within {self.group_timeout * 4:g} s; the cluster recovers (restarting them) "
+                                 "before the next call: run it again")
+        i, error = next(((i, e) for i, e in failed if not _consequence(_inner(e))), failed[0])
+        inner = _inner(error)
+        if not _lost_worker(inner):
+            raise _on_worker(inner, i)  # the call's own error (a SqlError, an operator's), not a lost worker
+        text = str(inner).strip().splitlines()
+        raise RetryableError(f"opforge.cluster: worker {i} failed while the call ran ({type(inner).__name__}: "
+                             f"{text[0][:300] if text else ''}); the cluster recovers before the next call: "
+                             "run it again") from error
+
+    def _abort_peers(self, failed: list[int], running: list[int]) -> None:
+        """Free the peers of a failed worker from the collective they wait in: the failed ones leave
+        the group (on Gloo their closed connections fail every rank waiting on them, which then
+        leave in turn; a worker's failed call normally left already: ``Worker._leaving_on_error``);
+        on NCCL, whose peers would wait out the group's timeout in a collective, the running ones
+        abort theirs from their control thread. Waited for by ``_end_stragglers`` (before the group is
+        re-formed: an abort must not reach the new one)."""
+        refs = [self.workers[i].leave_group.remote() for i in failed]
+        if self.backend == "nccl":
+            refs += [self.workers[i].abort_group.options(concurrency_group="control").remote() for i in running]
+        self._aborts = refs
+
+    def _end_stragglers(self) -> None:
+        """Wait (``STRAGGLER_WAIT_S``) for the workers still in a call that failed; kill those that
+        do not end it (Ray restarts them; ``recover`` then treats them as lost)."""
+        ray = _ray()
+        stragglers, self._stragglers = self._stragglers, []
+        aborts, self._aborts = self._aborts, []
+        if aborts:  # their errors (a dead worker's) are recover's to handle
+            done, _ = ray.wait(aborts, num_returns=len(aborts), timeout=STRAGGLER_WAIT_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
+        if not stragglers:
+            return
+        _, stuck = ray.wait([r for _, r in stragglers], num_returns=len(stragglers), timeout=STRAGGLER_WAIT_S)
+        for actor, ref in stragglers:
+            if ref in stuck:
+                ray.kill(actor, no_restart=False)
 
     def _ensure_ready(self) -> None:
         if self._stopped:
@@ -571,6 +633,27 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _inner(error: BaseException) -> BaseException:
+    """The worker's own exception, not Ray's wrapper of it (none when the process died)."""
+    return getattr(error, "cause", None) or error
+
+
+def _consequence(error: BaseException) -> bool:
+    """A failure another worker's caused: a collective broken by a peer that failed or left."""
+    return isinstance(error, CollectiveError) or any(
+        m in str(error) for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def _on_worker(error: BaseException, i: int) -> BaseException:
+    """``error`` with the worker it came from named in its message."""
+    where = f"(on worker {i})"
+    if error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]} {where}",) + error.args[1:]
+    else:
+        error.add_note(where)
+    return error
 
 
 def _lost_worker(error: BaseException) -> bool:

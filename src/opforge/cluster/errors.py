@@ -7,7 +7,8 @@ class ClusterError(RuntimeError):
 
 
 class RetryableError(ClusterError):
-    """A query failed because a worker died while it ran. The coordinator recovers (re-forms the
-    group, promotes replicas) before the next call, so running the query again is expected to work."""
+    """A query failed because a worker died, or failed alone (not by the query's own error), while it
+    ran. The coordinator recovers (re-forms the group, promotes replicas) before the next call, so
+    running the query again is expected to work."""
 
     retryable = True

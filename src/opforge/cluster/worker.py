@@ -18,6 +18,7 @@ import time
 import pyarrow as pa
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 import opforge.distributed as D
 from opforge.cluster import regions as R
@@ -47,6 +48,7 @@ class Worker:
         self._flow = {"bytes_read": 0, "keys_read": 0, "bytes_written": 0, "keys_written": 0, "queries": 0}
         self._region_reads: dict[int, list[int]] = {}  # region id -> [bytes, rows, queries] since its heartbeat
         self._last_hb = self._last_region_hb = time.monotonic()
+        self._injected: str | None = None  # inject_failure's message
 
     # -- membership -----------------------------------------------------------------------------
     def info(self) -> dict:
@@ -71,6 +73,33 @@ class Worker:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=addr,
                           MASTER_PORT=str(port))
         return D.init(self.backend, timeout=timeout).rank
+
+    def leave_group(self) -> None:
+        """Leave the group (a no-op when already left): on Gloo this closes this rank's connections,
+        so peers blocked on it in a collective fail now instead of at the group's timeout. On NCCL
+        the group is aborted, not destroyed: destroying could wait on this rank's collectives,
+        which wait on peers that may never come (the coordinator aborts theirs: :meth:`abort_group`)."""
+        if self.backend == "nccl":
+            _abort()
+        D.destroy()
+
+    def abort_group(self) -> None:
+        """Abort the group from the coordinator's control thread while this worker's task may be
+        blocked in a collective (``Cluster._abort_peers``, after a peer failed): NCCL's abort makes
+        the blocked collective return an error (``ncclCommAbort``); Gloo's would not wake it (a
+        peer that left does). The group is re-formed before the next call."""
+        _abort()
+
+    def inject_failure(self, message: str) -> None:
+        """Make this worker's next query or stream call raise :class:`InjectedFailure` as it starts,
+        while its peers go on into the call's first collective (``Cluster.inject_failure``: a worker
+        failing alone, for tests and demos)."""
+        self._injected = message
+
+    def _take_injected(self) -> None:
+        message, self._injected = self._injected, None
+        if message is not None:
+            raise InjectedFailure(f"worker {self.index}: {message}")
 
     # -- regions --------------------------------------------------------------------------------
     def load_region(self, meta: dict, data: pa.Table) -> int:
@@ -189,7 +218,11 @@ class Worker:
                   schemas: dict[str, pa.Schema] | None = None) -> dict:
         """This worker's part of a query over the regions it leads (``leaders``: table -> region ids).
         ``schemas``: of the tables scanned (a worker holding no region of one still scans it: no rows).
-        Returns the rows it ends with (all of them on rank 0 when the result is replicated)."""
+        Returns the rows it ends with (all of them on rank 0 when the result is replicated). Any
+        error, its setup's included, leaves the group first (``_leaving_on_error``)."""
+        return self._leaving_on_error(self._run_query, plan, leaders, options, layouts, schemas)
+
+    def _run_query(self, plan, leaders, options, layouts, schemas) -> dict:
         self.schemas.update(schemas or {})
         from opforge.cluster.dist_executor import REPLICATED, DistributedExecutor
         from opforge.sql.physical.context import ExecContext
@@ -208,14 +241,7 @@ class Worker:
                 acc[0], acc[1], acc[2] = acc[0] + size, acc[1] + rows, acc[2] + 1
         self._flow["queries"] += 1
         ex = DistributedExecutor(tables, self.device, ExecContext(**options), D.world_size(), layouts=layouts)
-        try:
-            batch, spread = ex.run_distributed(plan)
-        except BaseException:
-            # Leave the group: peers waiting on this rank fail now, not at the group's timeout (a
-            # rank blocked on a survivor of a dead peer would otherwise wait it out). The
-            # coordinator re-forms the group before the next call.
-            D.destroy()
-            raise
+        batch, spread = ex.run_distributed(plan)
         rank = D.rank()
         result = None
         if spread != REPLICATED or rank == 0:
@@ -234,26 +260,44 @@ class Worker:
 
     def stream_call(self, method: str, *args):
         """``round``, ``finish``, ``snapshot`` or ``commit`` of the open stream job (collectives)."""
+        return self._leaving_on_error(self._stream_call, method, *args)
+
+    def _stream_call(self, method: str, *args):
         task = getattr(self, "_stream", None)
         if task is None:  # e.g. a process Ray restarted: the coordinator restores the job
             raise RuntimeError(f"worker {self.index}: no stream job is open here")
         if method not in ("round", "finish", "snapshot", "commit"):
             raise ValueError(f"worker {self.index}: unknown stream call {method!r}")
-        return self._leaving_on_error(getattr(task, method), *args)
+        return getattr(task, method)(*args)
 
     def stream_close(self) -> None:
         task, self._stream = getattr(self, "_stream", None), None
         if task is not None:
             task.close()
 
-    @staticmethod
-    def _leaving_on_error(fn, *args):
-        """Leave the group when a call fails, so peers blocked on this rank fail now (``run_query``)."""
+    def _leaving_on_error(self, fn, *args):
+        """Leave the group when a call fails: peers waiting on this rank fail now, not at the group's
+        timeout (a rank blocked on a survivor of a failed peer fails in turn, and leaves too). The
+        coordinator re-forms the group before the next call."""
         try:
+            self._take_injected()
             return fn(*args)
         except BaseException:
-            D.destroy()
+            self.leave_group()
             raise
+
+
+def _abort() -> None:
+    """Abort the default group, if any (``ncclCommAbort``: never waits on peers)."""
+    try:
+        if dist.is_initialized():
+            distributed_c10d._abort_process_group()
+    except (ValueError, AssertionError):  # the other thread (task or control) aborted it meanwhile
+        pass
+
+
+class InjectedFailure(RuntimeError):
+    """The failure :meth:`Worker.inject_failure` set up."""
 
 
 def _node_ip() -> str:
