@@ -102,7 +102,9 @@ class Column:
             vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(torch.empty(0, dtype=typ.torch_dtype).numpy().dtype)
         return Column(torch.from_numpy(np.array(vals, copy=True)).to(device), valid, typ)
 
-    def to_arrow(self) -> pa.Array:
+    def to_arrow(self, dictionary: bool = False) -> pa.Array:
+        """The column as Arrow; ``dictionary``: strings as a dictionary array over the column's
+        dictionary (no per-row gather of words: what a writer decodes in parallel, ``parquet_write``)."""
         if self.type.kind in T.NESTED:
             from opforge.sql import nested
             return nested.to_arrow(self)
@@ -115,6 +117,8 @@ class Column:
             # Gather only the rows' words from the (cached) Arrow dictionary: a 20-row result over
             # a dictionary of 1.5M comments must not rebuild the dictionary.
             codes = pa.array(vals.astype(np.int32), mask=mask)
+            if dictionary:
+                return pa.DictionaryArray.from_arrays(codes, arrow_dictionary(self.dictionary))
             return arrow_dictionary(self.dictionary).take(codes).cast(pa.string())
         if self.type.wide:
             return decimal128_to_arrow(vals, mask, self.type)
@@ -182,16 +186,18 @@ def decimal128_to_arrow(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
     if mask is not None and mask.any():
         validity = pa.array(~mask, pa.bool_()).buffers()[1]
     return pa.Array.from_buffers(pa.decimal128(typ.precision, typ.scale), len(words),
-                                 [validity, pa.py_buffer(words.tobytes())],
+                                 [validity, pa.py_buffer(words)],  # a view: the buffer keeps ``words``
                                  null_count=int(mask.sum()) if validity is not None else 0)
 
 
 def _scaled_to_decimal(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
-    # int64 -> decimal128(38, 0) is exact; reinterpreting the scale divides by 10^s exactly.
-    ints = pa.array(vals.astype(np.int64), mask=mask).cast(pa.decimal128(38, 0))
-    buf = ints.buffers()
-    rescaled = pa.Array.from_buffers(pa.decimal128(38, typ.scale), len(ints), buf, null_count=ints.null_count)
-    return rescaled.cast(pa.decimal128(max(typ.precision, typ.scale, 1), typ.scale), safe=False)
+    """The unscaled int64 values as decimal128 words built by numpy (low word, sign-extended high
+    word): exact, and no Arrow cast per value. The precision is the declared one, unchecked, as the
+    unsafe cast this replaces left it."""
+    words = np.empty((len(vals), 2), dtype=np.int64)
+    words[:, 0] = vals
+    np.right_shift(words[:, 0], 63, out=words[:, 1])
+    return decimal128_to_arrow(words, mask, T.SqlType("DECIMAL", max(typ.precision, typ.scale, 1), typ.scale))
 
 
 def merge_dictionaries(*dicts: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
