@@ -4,6 +4,7 @@ thread pool and written as Parquet; every answer is checked against DuckDB or pl
 import decimal
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -89,3 +90,19 @@ def test_copy_query_to_file_matches_duckdb(tmp_path, fmt):
         schema = pq.read_schema(mine)
         assert schema.field("s").type == pa.string() and schema.field("d").type == pa.decimal128(9, 2)
         assert pq.ParquetFile(mine).metadata.row_group(0).column(0).compression == "SNAPPY"
+
+
+def test_only_columns_with_small_dictionaries_are_dictionary_encoded(tmp_path):
+    n = 200_000  # a row group whose dictionaries of distinct values pass the 1 MiB page limit
+    rng = np.random.default_rng(7)
+    data = pa.table({"few": pa.array(rng.integers(0, 5, n)), "unique": pa.array(rng.permutation(n)),
+                     "word": pa.array([f"w{i % 3}" for i in range(n)]),
+                     "comment": pa.array([f"comment number {i}" for i in range(n)]),
+                     "money": pa.array([decimal.Decimal(i) / 100 for i in range(n)], pa.decimal128(12, 2))})
+    assert parquet_write.dictionary_columns(data) == ["few", "word"]
+    path = tmp_path / "x.parquet"
+    parquet_write.write(data, str(path))
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encoded = {meta.column(i).path_in_schema: "RLE_DICTIONARY" in meta.column(i).encodings for i in range(5)}
+    assert encoded == {"few": True, "unique": False, "word": True, "comment": False, "money": False}
+    assert pq.read_table(path).equals(data)

@@ -116,7 +116,7 @@ class Column:
                 return pa.nulls(len(vals), pa.string()) if len(vals) else pa.array([], pa.string())
             # Gather only the rows' words from the (cached) Arrow dictionary: a 20-row result over
             # a dictionary of 1.5M comments must not rebuild the dictionary.
-            codes = pa.array(vals.astype(np.int32), mask=mask)
+            codes = pa.array(vals.astype(np.int32, copy=False), mask=mask)
             if dictionary:
                 return pa.DictionaryArray.from_arrays(codes, arrow_dictionary(self.dictionary))
             return arrow_dictionary(self.dictionary).take(codes).cast(pa.string())
