@@ -125,7 +125,7 @@ class Column:
         if kind == "DECIMAL":
             return _scaled_to_decimal(vals, mask, self.type)
         if kind == "DATE":
-            return pa.array(vals.astype(np.int32), mask=mask).cast(pa.date32())
+            return pa.array(vals.astype(np.int32, copy=False), mask=mask).cast(pa.date32())
         if kind == "TIMESTAMP":
             return pa.array(vals.astype(np.int64), mask=mask).cast(T.to_arrow(self.type))
         return pa.array(vals, type=T.to_arrow(self.type), mask=mask)
@@ -181,12 +181,17 @@ def decimal128_from_arrow(arr: pa.Array, typ: T.SqlType, device) -> torch.Tensor
 
 
 def decimal128_to_arrow(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
-    words = np.ascontiguousarray(vals.astype(np.int64).reshape(-1, 2))
+    words = np.ascontiguousarray(vals.astype(np.int64).reshape(-1, 2))  # a copy: ``vals`` may be the tensor's
+    return _decimal_array(words, mask, pa.decimal128(typ.precision, typ.scale))
+
+
+def _decimal_array(words: np.ndarray, mask, arrow_type: pa.DataType) -> pa.Array:
+    """Contiguous [n, 2] int64 (low, high) words, owned by the caller, as a decimal128 array over
+    their memory (the buffer keeps ``words`` alive)."""
     validity = None
     if mask is not None and mask.any():
         validity = pa.array(~mask, pa.bool_()).buffers()[1]
-    return pa.Array.from_buffers(pa.decimal128(typ.precision, typ.scale), len(words),
-                                 [validity, pa.py_buffer(words)],  # a view: the buffer keeps ``words``
+    return pa.Array.from_buffers(arrow_type, len(words), [validity, pa.py_buffer(words)],
                                  null_count=int(mask.sum()) if validity is not None else 0)
 
 
@@ -197,7 +202,7 @@ def _scaled_to_decimal(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
     words = np.empty((len(vals), 2), dtype=np.int64)
     words[:, 0] = vals
     np.right_shift(words[:, 0], 63, out=words[:, 1])
-    return decimal128_to_arrow(words, mask, T.SqlType("DECIMAL", max(typ.precision, typ.scale, 1), typ.scale))
+    return _decimal_array(words, mask, pa.decimal128(max(typ.precision, typ.scale, 1), typ.scale))
 
 
 def merge_dictionaries(*dicts: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:
