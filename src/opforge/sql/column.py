@@ -102,7 +102,9 @@ class Column:
             vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(torch.empty(0, dtype=typ.torch_dtype).numpy().dtype)
         return Column(torch.from_numpy(np.array(vals, copy=True)).to(device), valid, typ)
 
-    def to_arrow(self) -> pa.Array:
+    def to_arrow(self, dictionary: bool = False) -> pa.Array:
+        """The column as Arrow; ``dictionary``: strings as a dictionary array over the column's
+        dictionary (no per-row gather of words: what a writer decodes in parallel, ``parquet_write``)."""
         if self.type.kind in T.NESTED:
             from opforge.sql import nested
             return nested.to_arrow(self)
@@ -114,14 +116,16 @@ class Column:
                 return pa.nulls(len(vals), pa.string()) if len(vals) else pa.array([], pa.string())
             # Gather only the rows' words from the (cached) Arrow dictionary: a 20-row result over
             # a dictionary of 1.5M comments must not rebuild the dictionary.
-            codes = pa.array(vals.astype(np.int32), mask=mask)
+            codes = pa.array(vals.astype(np.int32, copy=False), mask=mask)
+            if dictionary:
+                return pa.DictionaryArray.from_arrays(codes, arrow_dictionary(self.dictionary))
             return arrow_dictionary(self.dictionary).take(codes).cast(pa.string())
         if self.type.wide:
             return decimal128_to_arrow(vals, mask, self.type)
         if kind == "DECIMAL":
             return _scaled_to_decimal(vals, mask, self.type)
         if kind == "DATE":
-            return pa.array(vals.astype(np.int32), mask=mask).cast(pa.date32())
+            return pa.array(vals.astype(np.int32, copy=False), mask=mask).cast(pa.date32())
         if kind == "TIMESTAMP":
             return pa.array(vals.astype(np.int64), mask=mask).cast(T.to_arrow(self.type))
         return pa.array(vals, type=T.to_arrow(self.type), mask=mask)
@@ -177,21 +181,28 @@ def decimal128_from_arrow(arr: pa.Array, typ: T.SqlType, device) -> torch.Tensor
 
 
 def decimal128_to_arrow(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
-    words = np.ascontiguousarray(vals.astype(np.int64).reshape(-1, 2))
+    words = np.ascontiguousarray(vals.astype(np.int64).reshape(-1, 2))  # a copy: ``vals`` may be the tensor's
+    return _decimal_array(words, mask, pa.decimal128(typ.precision, typ.scale))
+
+
+def _decimal_array(words: np.ndarray, mask, arrow_type: pa.DataType) -> pa.Array:
+    """Contiguous [n, 2] int64 (low, high) words, owned by the caller, as a decimal128 array over
+    their memory (the buffer keeps ``words`` alive)."""
     validity = None
     if mask is not None and mask.any():
         validity = pa.array(~mask, pa.bool_()).buffers()[1]
-    return pa.Array.from_buffers(pa.decimal128(typ.precision, typ.scale), len(words),
-                                 [validity, pa.py_buffer(words.tobytes())],
+    return pa.Array.from_buffers(arrow_type, len(words), [validity, pa.py_buffer(words)],
                                  null_count=int(mask.sum()) if validity is not None else 0)
 
 
 def _scaled_to_decimal(vals: np.ndarray, mask, typ: T.SqlType) -> pa.Array:
-    # int64 -> decimal128(38, 0) is exact; reinterpreting the scale divides by 10^s exactly.
-    ints = pa.array(vals.astype(np.int64), mask=mask).cast(pa.decimal128(38, 0))
-    buf = ints.buffers()
-    rescaled = pa.Array.from_buffers(pa.decimal128(38, typ.scale), len(ints), buf, null_count=ints.null_count)
-    return rescaled.cast(pa.decimal128(max(typ.precision, typ.scale, 1), typ.scale), safe=False)
+    """The unscaled int64 values as decimal128 words built by numpy (low word, sign-extended high
+    word): exact, and no Arrow cast per value. The precision is the declared one, unchecked, as the
+    unsafe cast this replaces left it."""
+    words = np.empty((len(vals), 2), dtype=np.int64)
+    words[:, 0] = vals
+    np.right_shift(words[:, 0], 63, out=words[:, 1])
+    return _decimal_array(words, mask, pa.decimal128(max(typ.precision, typ.scale, 1), typ.scale))
 
 
 def merge_dictionaries(*dicts: tuple[str, ...]) -> tuple[tuple[str, ...], list[np.ndarray]]:

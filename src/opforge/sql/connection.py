@@ -91,7 +91,9 @@ class Relation:
 
         return Executor(self._con._tables, self._con.device, self._con._context(), profiler)
 
-    def to_arrow(self) -> pa.Table:
+    def to_arrow(self, *, dictionary: bool = False) -> pa.Table:
+        """The result; ``dictionary``: string columns may come as Arrow dictionary arrays (what the
+        writers take: no per-row gather of words here, ``parquet_write.decoded`` does it in parallel)."""
         if self._result is not None:
             return self._result
         if self._node is None:
@@ -104,7 +106,7 @@ class Relation:
             return self.analyze().to_arrow()
         if self._con.cluster is not None:  # every worker runs it over the regions it leads
             return self._con.cluster.execute(self._node, self._con._cluster_options())
-        return self._executor().to_arrow(self._node)
+        return self._executor().to_arrow(self._node, dictionary=dictionary)
 
     def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()

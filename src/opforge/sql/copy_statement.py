@@ -6,7 +6,6 @@ table made by CREATE TABLE, through the same path as ``INSERT INTO t SELECT * FR
 the row count, as DuckDB does."""
 from __future__ import annotations
 
-import pyarrow as pa
 from sqlglot import exp
 
 from opforge.sql import data_files
@@ -43,8 +42,8 @@ def run(con, tree: exp.Copy) -> int:
         query = exp.select(*[exp.column(c.name, quoted=True) for c in source.expressions]).from_(source.this.copy())
     else:
         raise NotSupportedError(f"COPY {source.sql(dialect='duckdb')} TO")
-    data = con.sql(query.sql(dialect="duckdb")).to_arrow()
-    data_files.write(_plain(data), path, fmt, options)
+    data = con.sql(query.sql(dialect="duckdb")).to_arrow(dictionary=True)
+    data_files.write(data, path, fmt, options)
     return data.num_rows
 
 
@@ -69,8 +68,3 @@ def _option_literal(value) -> exp.Expression:
         return exp.Literal.number(value)
     return exp.Literal.string(str(value))
 
-
-def _plain(data: pa.Table) -> pa.Table:
-    """Dictionary-encoded strings of a query result decoded (the CSV writer takes plain strings)."""
-    cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in data.columns]
-    return pa.Table.from_arrays(cols, names=data.column_names)

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from sqlglot import exp
 
 from opforge.runtime import durable_files
+from opforge.sql import parquet_write
 from opforge.sql.errors import NotSupportedError, SqlError
 
 FORMATS = ("parquet", "csv")
@@ -96,15 +97,18 @@ def read_parquet(path: str) -> pa.Table:
 
 
 def write(data: pa.Table, path: str, fmt: str, options: dict[str, object]) -> None:
-    """Writes ``data`` to ``path`` atomically: a reader sees the old file or the whole new one."""
+    """Writes ``data`` to ``path`` atomically: a reader sees the old file or the whole new one.
+    Dictionary-encoded columns are written as plain columns of their values."""
     if fmt == "parquet":
         unknown = set(options) - {"compression"}
         if unknown:
             raise NotSupportedError(f"COPY ... TO parquet option(s) {sorted(unknown)} (only compression)")
         compression = str(options.get("compression", "snappy")).lower()
-        durable_files.write_aside(path, lambda tmp: pq.write_table(data, tmp, compression=compression))
+        data = parquet_write.decoded(data)
+        durable_files.write_aside(path, lambda tmp: parquet_write.write(data, tmp, compression))
         return
     csv = CsvOptions(options)
+    data = parquet_write.decoded(data)
     opts = pacsv.WriteOptions(include_header=csv.header, delimiter=csv.delimiter, quoting_style="needed")
     durable_files.write_aside(path, lambda tmp: pacsv.write_csv(data, tmp, write_options=opts))
 

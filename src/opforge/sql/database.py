@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from opforge.runtime import durable_files
+from opforge.sql import parquet_write
 from opforge.sql.errors import SqlError
 
 FORMAT = "opforge-db"
@@ -166,14 +167,15 @@ class Database:
     def _write_files(self, data: pa.Table) -> list[str]:
         """Writes ``data`` as new data files (fsynced, not yet named by the catalog); their names.
         A large table is cut into several files written side by side (Parquet encoding releases
-        the GIL)."""
+        the GIL); dictionary-encoded columns are stored as plain columns of their values."""
+        data = parquet_write.decoded(data)
         pieces = max(1, -(-data.num_rows // ROWS_PER_FILE))
         names = [f"{uuid.uuid4().hex}.parquet" for _ in range(pieces)]
         step = -(-data.num_rows // pieces)
 
         def write(i: int) -> None:
             part = data.slice(i * step, step) if pieces > 1 else data
-            durable_files.write_aside(self._file(names[i]), lambda tmp: pq.write_table(part, tmp),
+            durable_files.write_aside(self._file(names[i]), lambda tmp: parquet_write.write(part, tmp),
                                       sync_dir=False)
 
         try:

@@ -21,8 +21,9 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from opforge.sql.database import Change, Database
+from opforge.sql.database import Change, Database, TableEntry
 
+from opforge.sql import parquet_write
 from opforge.sql import types as T
 from opforge.sql.schemas import check_schema, qualified_name
 from opforge.sql.errors import ConversionError, NotSupportedError, SqlError
@@ -342,8 +343,9 @@ class MemoryCatalog:
         if query is not None:
             if isinstance(tree.this, exp.Schema):
                 raise NotSupportedError("CREATE TABLE with a column list AS SELECT")
-            data = self.con.sql(query.sql(dialect="duckdb")).to_arrow()
-            table = MemoryTable(_plain(data))
+            data = self.con.sql(query.sql(dialect="duckdb")).to_arrow(dictionary=True)
+            # a database's files take the dictionary arrays (decoded as written); memory keeps plain strings
+            table = MemoryTable(data if self.database is not None else parquet_write.decoded(data))
         else:
             if not isinstance(tree.this, exp.Schema):
                 raise SqlError("CREATE TABLE: expected a column list or AS SELECT")
@@ -351,8 +353,11 @@ class MemoryCatalog:
             table.data = schema.empty_table()
         self._persist({name: table})  # OR REPLACE: the old table goes in the same commit
         self.drop_name(name)
-        self.tables[name] = table
-        self.con._put_table(name, table.data)
+        if self.database is not None and query is not None:  # served from the files just written
+            self._serve(name, self.database.tables[name])
+        else:
+            self.tables[name] = table
+            self.con._put_table(name, table.data)
         return f"created table {name}"
 
     def drop(self, tree: exp.Drop) -> str:
@@ -389,16 +394,21 @@ class MemoryCatalog:
         for name, entry in db.tables.items():
             if self._files.get(name) == entry.files and name in self.tables:
                 continue
-            defaults = {c: sqlglot.parse_one(text, read="duckdb") for c, text in entry.defaults.items()}
             self.drop_name(name)
-            table = StoredTable(lambda n=name: db.load(n), set(entry.not_null), [list(u) for u in entry.unique],
-                                defaults)
-            self.tables[name] = table
-            self._files[name] = list(entry.files)
-            if entry.files and self.con.cluster is None:  # queries read the files (chunk by chunk under a limit)
-                self.con._put_stored(name, db.parquet_files(name))
-            else:
-                self.con._put_table(name, table.data)
+            self._serve(name, entry)
+
+    def _serve(self, name: str, entry: TableEntry) -> None:
+        """Registers the database's table ``name`` as read from its files (rows on the host only when
+        a write needs them: ``StoredTable``)."""
+        db = self.database
+        defaults = {c: sqlglot.parse_one(text, read="duckdb") for c, text in entry.defaults.items()}
+        table = StoredTable(lambda: db.load(name), set(entry.not_null), [list(u) for u in entry.unique], defaults)
+        self.tables[name] = table
+        self._files[name] = list(entry.files)
+        if entry.files and self.con.cluster is None:  # queries read the files (chunk by chunk under a limit)
+            self.con._put_stored(name, db.parquet_files(name))
+        else:
+            self.con._put_table(name, table.data)
 
     def _persist(self, tables: dict[str, MemoryTable | None], appended: pa.Table | None = None) -> None:
         """Commits the tables' new contents (None: dropped) to the database, when there is one;
@@ -515,7 +525,7 @@ class MemoryCatalog:
     def _typed(table: MemoryTable, data: pa.Table) -> pa.Table:
         schema = table.data.schema
         arrays = [c if c.type == f.type else convert(c.to_pylist(), f.type, f.name)
-                  for c, f in zip(_plain(data).columns, schema)]
+                  for c, f in zip(parquet_write.decoded(data).columns, schema)]
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def insert(self, tree: exp.Insert) -> int:
@@ -569,13 +579,3 @@ class MemoryCatalog:
             raise SqlError(f"INSERT INTO {name}: expected {width} columns, the query gives {data.num_columns}")
         return [c.to_pylist() for c in data.columns]
 
-
-def _plain(data: pa.Table) -> pa.Table:
-    """Query results as stored columns: dictionary-encoded strings decoded (decimals of any width
-    are kept: above 18 digits a column is stored in 128 bits)."""
-    cols = []
-    for c in data.columns:
-        if pa.types.is_dictionary(c.type):
-            c = c.cast(c.type.value_type)
-        cols.append(c)
-    return pa.Table.from_arrays(cols, names=data.column_names)

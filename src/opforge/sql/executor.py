@@ -144,11 +144,12 @@ class Executor:
             return run_union(node, inputs, [[o.cid for o in c.outputs] for c in node.children])
         raise SqlError(f"internal: no operator for {type(node).__name__}")
 
-    def to_arrow(self, node: P.Node) -> pa.Table:
+    def to_arrow(self, node: P.Node, *, dictionary: bool = False) -> pa.Table:
+        """The result as Arrow; ``dictionary``: strings as dictionary arrays (``Column.to_arrow``)."""
         batch = self.run(node)
         arrays, names = [], []
         for o in node.outputs:
             col: Column = batch.cols[o.cid]
-            arrays.append(col.to_arrow())
+            arrays.append(col.to_arrow(dictionary))
             names.append(o.name)
         return pa.Table.from_arrays(arrays, names=names)
