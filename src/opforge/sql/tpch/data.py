@@ -227,7 +227,8 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise RuntimeError(f"tpch: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-            jobs += [pool.submit(conform, name, time.time() - t0) for name in todo]
+            generate_s = time.time() - t0
+            jobs += [pool.submit(conform, name, generate_s) for name in todo]
         for job in jobs:
             job.result()
     version = subprocess.run([base[0], "--version"], capture_output=True, text=True).stdout.strip()
