@@ -37,6 +37,12 @@ Built for device calls too short for all of SF100 at once, each resumable:
 * ``--summary``: no runs; the rows appended so far to ``--out`` merged per query (the latest
   opforge row and the latest DuckDB row of each) with the totals of both engines.
 
+SF100 on a device machine whose calls last 10 minutes (the data under an ignored ``out/``, kept while
+the machine stays warm; ``B="python3 benchmarks/sql_out_of_core.py --sf 100 --budget 24GiB --device cuda
+--root out/tpch --out out/ooc-sf100.jsonl --time-budget 540"``): ``$B --duckdb-only --query-limit 200``
+(generation, then DuckDB; repeated until it skips all 22), then ``$B --skip-duckdb --query-limit 240``
+until it skips all 22, each call copying ``--out`` under ``$OUT``; ``$B --summary`` anywhere.
+
 Exit status 1 when an answer differs, a query fails or times out."""
 from __future__ import annotations
 
