@@ -94,3 +94,30 @@ def test_bad_scale_factor_names_the_argument(sf):
 
 def test_scale_factor_folder_names():
     assert data.sf_label(0.01) == "sf0.01" and data.sf_label(10) == "sf10" and data.sf_label(1.0) == "sf1"
+
+
+def test_interrupted_generation_resumes_with_the_finished_tables(tmp_path, monkeypatch):
+    """A run killed mid-way (here: lineitem's conform fails) leaves its finished tables and complete
+    raw files in ``.sf<sf>-partial``; the next run conforms only what is left, without generating."""
+    conform = data._conform
+
+    def failing(src, dst, schema):
+        if src.name == "lineitem.parquet":
+            raise RuntimeError("killed")
+        return conform(src, dst, schema)
+
+    monkeypatch.setattr(data, "_conform", failing)
+    with pytest.raises(RuntimeError, match="killed"):
+        data.generate(0.01, tmp_path)
+    partial = tmp_path / ".sf0.01-partial"
+    finished = {p.name: p.stat().st_mtime_ns for p in partial.glob("*.parquet")}
+    assert "nation.parquet" in finished and "lineitem.parquet" not in finished
+    monkeypatch.setattr(data, "_conform", conform)
+    calls = []
+    run = data.subprocess.run
+    monkeypatch.setattr(data.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or run(cmd, **kw))
+    paths = data.generate(0.01, tmp_path)
+    assert [c for c in calls if "parquet" in c] == []  # lineitem's raw file was complete: not made again
+    assert {n: paths[n.removesuffix(".parquet")].stat().st_mtime_ns for n in finished} == finished
+    assert pq.ParquetFile(paths["lineitem"]).metadata.num_rows == ROWS_SF001["lineitem"]
+    assert not partial.exists() and not list(paths["region"].parent.glob("*.done.json"))

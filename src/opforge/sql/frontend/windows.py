@@ -5,7 +5,7 @@ They are bound after GROUP BY / HAVING (their arguments may be aggregates: ``ran
 BY sum(x))``) and run before QUALIFY, DISTINCT, ORDER BY and LIMIT, as in DuckDB. The default frame
 is DuckDB's: RANGE UNBOUNDED PRECEDING to CURRENT ROW with an ORDER BY, else the whole partition.
 What is refused (EXCLUDE, count(DISTINCT) over a frame bounded on both sides, RANGE offsets on
-non-numeric keys, DuckDB's ORDER BY inside a function's arguments, other functions) raises
+non-numeric keys other than an INTERVAL of days or less over a DATE / TIMESTAMP key, DuckDB's ORDER BY inside a function's arguments, other functions) raises
 ``NotSupportedError`` naming the construct; what DuckDB rejects raises ``SqlError``."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from opforge.sql import types as T
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.expr import Func, Lit, Ref
 from opforge.sql.frontend.expressions import AGG_FUNCS, ExprBinder, _common
+from opforge.sql.frontend.intervals import MICROS, interval_parts
 from opforge.sql.physical.aggregate import SPREAD_FUNCS
 
 RANKING = {exp.RowNumber: "row_number", exp.Rank: "rank", exp.DenseRank: "dense_rank",
@@ -24,6 +25,7 @@ VALUES = {exp.Lag: "lag", exp.Lead: "lead", exp.FirstValue: "first_value", exp.L
           exp.NthValue: "nth_value"}
 WHOLE = P.Frame("rows", P.FrameBound("unbounded_preceding"), P.FrameBound("unbounded_following"))
 RUNNING = P.Frame("range", P.FrameBound("unbounded_preceding"), P.FrameBound("current"))
+DAY_MICROS = 86400 * MICROS
 
 
 def is_window_function(node: exp.Expression) -> bool:
@@ -213,6 +215,8 @@ class WindowCollector:
             if value.upper() == "UNBOUNDED":
                 return P.FrameBound(f"unbounded_{(side or 'preceding').lower()}")
             raise NotSupportedError(f"window frame bound {value}")
+        if unit == "range" and isinstance(value, exp.Interval):
+            return P.FrameBound(str(side).lower(), _interval_offset(value, keys, binder))
         offset = binder.bind(value)  # per row: it may read the row's columns
         if unit in ("rows", "groups") and not offset.type.is_integer:
             raise SqlError(f"{unit.upper()} frame offset must be an integer, got {offset.type}")
@@ -224,6 +228,31 @@ class WindowCollector:
                 raise NotSupportedError(f"RANGE frame offset over an ORDER BY key of type {key_type} "
                                         "(numeric keys only)")
         return P.FrameBound(str(side).lower(), offset)
+
+
+def _interval_offset(node: exp.Interval, keys, binder: ExprBinder) -> Lit:
+    """``RANGE BETWEEN INTERVAL 3 DAY PRECEDING ...`` over a DATE / TIMESTAMP key: the interval as a
+    constant offset in the key's storage units (days; 10^-digits s), so its frames are searched as
+    over numbers. Months and years (their length varies from row to row) and amounts read from the
+    row are refused; so is part of a day over a DATE key (DuckDB compares those as timestamps)."""
+    if len(keys) != 1:
+        raise SqlError("RANGE with an offset PRECEDING / FOLLOWING needs exactly one ORDER BY column")
+    key_type, text = keys[0][0].type, node.sql(dialect="duckdb")
+    if key_type.kind not in ("DATE", "TIMESTAMP"):
+        raise SqlError(f"RANGE frame offset {text}: an INTERVAL needs a DATE or TIMESTAMP ORDER BY key, "
+                       f"not {key_type}")
+    parts = interval_parts(node, binder.bind)
+    terms = parts["months"] + parts["days"] + parts["micros"]
+    if parts["months"] or not all(isinstance(t, int) and not isinstance(t, bool) for t in terms):
+        raise NotSupportedError(f"RANGE frame offset {text}: only a constant interval of weeks, days or "
+                                "less (no months or years, no amount read from the row)")
+    micros = sum(parts["days"]) * DAY_MICROS + sum(parts["micros"])
+    if key_type.kind == "DATE":
+        if micros % DAY_MICROS:
+            raise NotSupportedError(f"RANGE frame offset {text} over a DATE key: whole days only")
+        return Lit(micros // DAY_MICROS, T.INT64)
+    units, rest = divmod(micros * 10 ** key_type.scale, MICROS)
+    return Lit(units, T.INT64) if rest == 0 else Lit(micros * 10 ** key_type.scale / MICROS, T.FLOAT64)
 
 
 def _fill_call(fn: exp.Anonymous, binder: ExprBinder, keys) -> P.WindowCall:

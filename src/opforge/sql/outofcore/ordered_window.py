@@ -11,9 +11,15 @@ so ties never straddle two segments. What a segment needs from outside itself is
   RANGE): computed on the segment, then combined with the previous segments' total;
 * lag / lead with a constant offset and ROWS frames with constant bounds (any function of the
   frame): computed on the segment with the last ``preceding`` rows before it and the next
-  ``following`` rows after it around it, only the segment's own rows kept.
+  ``following`` rows after it around it, only the segment's own rows kept;
+* RANGE frames with constant offsets (``RANGE BETWEEN 5 PRECEDING AND 2.5 FOLLOWING`` over the one
+  numeric ORDER BY key): the same, the rows around the segment chosen by key instead of by count:
+  before it those within the largest PRECEDING offset of its last key, after it those within the
+  largest FOLLOWING offset of its last key; a segment ends only where the rows read so far reach
+  past that key (NULL keys are one peer group: their frame is themselves).
 
-Anything else (RANGE / GROUPS frames with offsets, UNBOUNDED FOLLOWING, IGNORE NULLS, an aggregate over the whole input) needs rows without a bound:
+Anything else (GROUPS frames with offsets, offsets read from the row, UNBOUNDED FOLLOWING, IGNORE
+NULLS, an aggregate over the whole input) needs rows without a bound:
 ``unstreamable`` names why, and the executor then takes the input whole (EXPLAIN ANALYZE says so)."""
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from opforge.sql import decimal128
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.errors import SqlError
-from opforge.sql.expr import Batch, Lit, evaluate
+from opforge.sql.expr import Batch, Lit, cast_values, evaluate
 from opforge.sql.outofcore.grace import concat
 from opforge.sql.profile import batch_bytes
 from opforge.sql.physical.window_functions import _narrowed, _starts, ntile, run_window_functions
@@ -50,6 +56,8 @@ class Shape:
     relative: list = dataclasses.field(default_factory=list)  # (output, call) of RELATIVE functions
     preceding: int = 0
     following: int = 0
+    range_preceding: list = dataclasses.field(default_factory=list)  # RANGE offsets (constant Lits)
+    range_following: list = dataclasses.field(default_factory=list)
 
 
 def _constant(e) -> int | None:
@@ -95,11 +103,23 @@ def shape(node) -> Shape | str:
                     s.preceding = max(s.preceding, _constant(b.offset))
                 elif b.kind == "following":
                     s.following = max(s.following, _constant(b.offset))
+        elif f is not None and f.unit == "range" and not call.ignore_nulls and call.func not in ("fill",) \
+                and f.start.kind in BOUNDS and f.end.kind in BOUNDS \
+                and all(b.kind == "current" or _constant_offset(b.offset) for b in (f.start, f.end)):
+            s.framed.append((o, call))
+            for b in (f.start, f.end):
+                if b.kind != "current":
+                    (s.range_preceding if b.kind == "preceding" else s.range_following).append(b.offset)
         else:
             frame = f" {f}" if f is not None else ""
             nulls = " IGNORE NULLS" if call.ignore_nulls else ""
             return f"{call.func}{nulls}{frame} reads rows without a bound"
     return s
+
+
+def _constant_offset(e) -> bool:
+    """A RANGE offset the same for every row (a number: its sign is checked where it is used)."""
+    return isinstance(e, Lit) and e.value is not None and e.type.is_numeric and e.type.kind != "BOOL"
 
 
 def unstreamable(node) -> str | None:
@@ -115,6 +135,7 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
     carried = dataclasses.replace(node, calls=s.carried)
     framed = dataclasses.replace(node, calls=s.framed)
     carry = _Carry()
+    by_key = _KeyReach(node, s) if s.range_preceding or s.range_following else None
     before: Batch | None = None  # the last ``preceding`` rows before the pending ones
     pending: Batch | None = None
     it = iter(ordered)
@@ -131,18 +152,23 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
         if pending is None or (not done and batch_bytes(pending) < segment_bytes):
             continue
         starts = _starts([_narrowed(evaluate(e, pending)) for e, _, _ in node.order], pending.n, pending.device)
+        key = by_key.key(pending) if by_key is not None and pending.n else None
         if done:
             cut = pending.n
         else:
             # the segment ends where a peer group starts (the last group may go on) with at least
-            # ``following`` rows after it
-            groups = torch.nonzero(starts[: max(0, pending.n - s.following + 1)]).flatten()
+            # ``following`` rows after it (and the rows read reaching past its RANGE frames)
+            can_end = starts[: max(0, pending.n - s.following + 1)].clone()
+            if key is not None:
+                can_end &= by_key.read_past(key, can_end.numel())
+            groups = torch.nonzero(can_end).flatten()
             cut = int(groups[-1]) if len(groups) else 0
             if cut == 0:
                 continue
         idx = torch.arange(pending.n, device=pending.device)
         seg = pending.take(idx[:cut])
-        after = pending.take(idx[cut:cut + s.following])
+        following = s.following if key is None else max(s.following, by_key.after(key, cut))
+        after = pending.take(idx[cut:cut + following])
         out = dict(seg.cols)
         if s.carried:
             got = run_window_functions(carried, seg)
@@ -159,13 +185,66 @@ def stream(node: P.WindowFunctions, ordered: Iterable[Batch], segment_bytes: int
                 out[o.cid] = got.cols[o.cid].take(keep)
         carry.rows += seg.n
         carry.groups += int(starts[:cut].sum())
-        if s.preceding:
+        if s.preceding or key is not None:
             seen = seg if before is None else concat([before, seg])
-            before = seen.take(torch.arange(max(0, seen.n - s.preceding), seen.n, device=seen.device))
+            keep = s.preceding if key is None else max(s.preceding, by_key.before(seen))
+            before = seen.take(torch.arange(max(0, seen.n - keep), seen.n, device=seen.device))
         counts["segments"] = counts.get("segments", 0) + 1
         pending = pending.take(idx[cut:])
         if seg.n or counts["segments"] == 1:
             yield Batch(out, seg.n, seg.device)
+
+
+class _KeyReach:
+    """Which rows RANGE frames with offsets reach, by the one ORDER BY key: as ``window_functions``
+    searches them, the key as float64, negated when DESC (so frames always look up the values),
+    a frame's bounds the key minus the PRECEDING offset and plus the FOLLOWING one. The offsets are
+    constants, read at the first batch; a negative one is refused when the frames are computed."""
+
+    def __init__(self, node: P.WindowFunctions, s: Shape):
+        self.expr, self.desc, self.nulls_first = node.order[0]
+        self.offsets = (s.range_preceding, s.range_following)
+        self.reach: tuple[float, float] | None = None  # the largest PRECEDING, FOLLOWING offsets
+
+    def key(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's keys (ascending among the non-NULL ones) and which are not NULL."""
+        col = evaluate(self.expr, b)
+        w = cast_values(col, T.FLOAT64).double()
+        if self.reach is None:
+            self.reach = tuple(max([0.0] + [float(cast_values(evaluate(e, b), T.FLOAT64).double().reshape(-1)[0])
+                                            for e in offs]) for offs in self.offsets)
+        return (-w if self.desc else w), col.valid_mask()
+
+    def read_past(self, key, n: int) -> torch.Tensor:
+        """Per candidate end ``c`` < n: whether the rows read include every row the frames of rows
+        before ``c`` reach: a row past the FOLLOWING bound of row c - 1, or NULL keys after the
+        non-NULL ones (NULLS LAST: no key comes after them). Row c - 1 with a NULL key reaches its
+        peers only."""
+        w, valid = key
+        ok = torch.zeros(n, dtype=torch.bool, device=w.device)
+        if n <= 1:
+            return ok
+        keyed = torch.nonzero(valid).flatten()
+        if not len(keyed) or (not self.nulls_first and not bool(valid[-1])):  # every key read
+            ok[1:] = True
+            return ok
+        ok[1:] = ~valid[: n - 1] | (w[: n - 1] + self.reach[1] < w[int(keyed[-1])])
+        return ok
+
+    def after(self, key, cut: int) -> int:
+        """How many rows from ``cut`` on the frames of the segment's rows reach."""
+        w, valid = key
+        if cut == 0 or not bool(valid[cut - 1]):
+            return 0
+        return int((valid[cut:] & (w[cut:] <= w[cut - 1] + self.reach[1])).sum())
+
+    def before(self, seen: Batch) -> int:
+        """How many of the last rows of ``seen`` the frames of later rows reach (their keys are at
+        least its last one's)."""
+        w, valid = self.key(seen)
+        if not seen.n or not bool(valid[-1]):
+            return 0
+        return int((valid & (w >= w[-1] - self.reach[0])).sum())
 
 
 def _relative(call: P.WindowCall, at: torch.Tensor, total: int, seg: Batch) -> Column:

@@ -9,6 +9,7 @@ The files are rewritten once with the column types of DuckDB's tpch extension
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -139,30 +140,49 @@ def generate(sf: float = 0.01, root: str | os.PathLike | None = None, *, threads
     workers) never see a half-written data set.
     """
     target = data_dir(sf, root)
-    build_once(target, read_manifest, lambda work: _generate_into(sf, work, threads))
+    build_once(target, read_manifest, lambda work: _generate_into(sf, work, threads), resumable=True)
     manifest = read_manifest(target)
     return {name: target / manifest["tables"][name]["file"] for name in TABLES}
 
 
-def build_once(target: Path, manifest: Callable[[Path], dict | None], build: Callable[[Path], None]) -> None:
+def build_once(target: Path, manifest: Callable[[Path], dict | None], build: Callable[[Path], None],
+               *, resumable: bool = False) -> None:
     """Make the data set ``target`` unless ``manifest(target)`` finds it complete: ``build`` fills a
-    private folder beside it, which is then renamed into place (also used by TPC-DS)."""
+    private folder beside it, which is then renamed into place (also used by TPC-DS).
+
+    ``resumable``: the folder is ``.<name>-partial`` instead, kept when ``build`` is interrupted (a
+    killed device call), so the next call's ``build`` goes on from what it finished; a lock file
+    beside it lets one process build at a time (the others wait, then find it complete)."""
     if manifest(target) is not None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
+    if resumable:
+        with open(target.parent / f".{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if manifest(target) is not None:  # built while this process waited
+                return
+            work = target.parent / f".{target.name}-partial"
+            work.mkdir(exist_ok=True)
+            build(work)
+            _install(work, target, manifest)
+        return
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         build(work)
-        if target.exists() and manifest(target) is None:
-            shutil.rmtree(target)  # an interrupted or outdated data set
-        try:
-            os.rename(work, target)
-        except OSError:
-            if manifest(target) is None:  # lost a race only if the winner finished
-                raise
+        _install(work, target, manifest)
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _install(work: Path, target: Path, manifest: Callable[[Path], dict | None]) -> None:
+    if target.exists() and manifest(target) is None:
+        shutil.rmtree(target)  # an interrupted or outdated data set
+    try:
+        os.rename(work, target)
+    except OSError:
+        if manifest(target) is None:  # lost a race only if the winner finished
+            raise
 
 
 SPLIT_SF = 30  # from this scale factor on, the largest tables are generated on their own
@@ -174,43 +194,72 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
     then orders, then the rest are generated in turn: the disk then holds at most about one raw
     table beside the finished ones (SF100's Parquet is ~30 GB; raw and conformed copies of
     everything at once would not fit a 64 GB disk). Below it one call makes all (each call costs
-    about a CPU second to start)."""
+    about a CPU second to start). A table is finished when its ``<table>.done.json`` (rows, seconds)
+    is written: ``work`` may hold the finished tables (and complete raw files) of an interrupted run,
+    which are kept."""
     raw = work / "raw"
     base = [tpchgen_executable(), "parquet", "-s", f"{float(sf):g}", "-o", str(raw), "--quiet", "--no-progress"]
     if threads:
         base += ["-n", str(int(threads))]
     started = time.time()
 
-    def conform(name: str) -> int:
-        src = raw / f"{name}.parquet"
-        rows = _conform(src, work / f"{name}.parquet", SCHEMAS[name])
+    def conform(name: str, generate_s: float) -> None:
+        t0 = time.time()
+        src, dst = raw / f"{name}.parquet", work / f"{name}.parquet"
+        tmp = dst.with_name(f".{dst.name}")
+        rows = _conform(src, tmp, SCHEMAS[name])
+        os.replace(tmp, dst)
         src.unlink()
-        return rows
+        done = {"rows": rows, "generate_s": round(generate_s, 3), "conform_s": round(time.time() - t0, 3)}
+        _done_path(work, name).write_text(json.dumps(done) + "\n")
 
-    jobs = {}
+    jobs = []
     with ThreadPoolExecutor(len(TABLES)) as pool:  # Arrow releases the GIL: conforming overlaps generation
         rest = tuple(t for t in TABLES if t not in ("lineitem", "orders"))
         for group in ((TABLES,) if sf < SPLIT_SF else (("lineitem",), ("orders",), rest)):
-            cmd = base + ([] if group == TABLES else ["--tables", ",".join(group)])
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"tpch: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-            for name in group:
-                jobs[name] = pool.submit(conform, name)
-        rows = {name: job.result() for name, job in jobs.items()}
+            todo = [name for name in group if not _done_path(work, name).is_file()]
+            missing = [name for name in todo if not _complete(raw / f"{name}.parquet")]
+            t0 = time.time()
+            if missing:
+                for name in missing:  # a raw file cut short by a killed run is made again
+                    (raw / f"{name}.parquet").unlink(missing_ok=True)
+                cmd = base + ([] if len(missing) == len(TABLES) else ["--tables", ",".join(missing)])
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"tpch: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()}")
+            generate_s = time.time() - t0
+            jobs += [pool.submit(conform, name, generate_s) for name in todo]
+        for job in jobs:
+            job.result()
     version = subprocess.run([base[0], "--version"], capture_output=True, text=True).stdout.strip()
-    tables = {name: {"file": f"{name}.parquet", "rows": rows[name], "bytes": (work / f"{name}.parquet").stat().st_size}
-              for name in TABLES}
-    shutil.rmtree(raw)
+    tables = {}
+    for name in TABLES:
+        done = json.loads(_done_path(work, name).read_text())
+        tables[name] = {"file": f"{name}.parquet", "bytes": (work / f"{name}.parquet").stat().st_size, **done}
+        _done_path(work, name).unlink()
+    shutil.rmtree(raw, ignore_errors=True)
     manifest = {
         "version": MANIFEST_VERSION,
         "scale_factor": float(sf),
         "generator": version or "tpchgen-cli",
         "command": " ".join(Path(c).name if i == 0 else c for i, c in enumerate(base[:4])),
-        "seconds": round(time.time() - started, 3),
+        "seconds": round(time.time() - started, 3),  # this run's: an interrupted run's tables not counted
         "tables": tables,
     }
     (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _done_path(work: Path, name: str) -> Path:
+    return work / f"{name}.done.json"
+
+
+def _complete(path: Path) -> bool:
+    """A generator's file with its footer written (a run killed while conforming it leaves one)."""
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
 
 
 def load(
