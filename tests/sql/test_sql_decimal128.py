@@ -83,6 +83,19 @@ def test_ranks_floats_and_group_sums_match_python(ints):
     assert D.to_ints(half_even) == [2, 4, -4, -2 ** 126]
 
 
+def test_exceeds_and_scaled_doubles_match_python(ints):
+    a, _ = ints
+    x = D.from_ints(a, "cpu")
+    for bound in (1, 10 ** 18, 2 ** 63, 2 ** 64, 10 ** 37 + 3, 10 ** 38):
+        assert D.exceeds(x, bound).tolist() == [abs(v) >= bound for v in a]
+    in_38 = [v for v in a if abs(v) < 10 ** 38]
+    y = D.from_ints(in_38, "cpu")
+    for s in (1, 4, 9, 10, 20):  # the integer and fractional parts apart, each rounded once (the docstring)
+        exp = [(-1 if v < 0 else 1) * (float(abs(v) // 10 ** s) + float(abs(v) % 10 ** s) / 10.0 ** s) for v in in_38]
+        got = D.to_float64_scaled(y, s).tolist()
+        assert all(g == e or abs(g - e) <= abs(e) * 2 ** -51 for g, e in zip(got, exp)), s
+
+
 # -- queries against DuckDB -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def check():
