@@ -142,6 +142,38 @@ def test_queries_match_duckdb(check, query):
     check(query)
 
 
+@pytest.fixture(scope="module")
+def edge():
+    """SUMs whose values fit int64 by a little or not at all: the int64 paths of 128-bit products,
+    comparisons and casts to DOUBLE (decimal_wide._narrow) against the 128-bit ones."""
+    big = [2 ** 62, 2 ** 62 - 1, -(2 ** 62), 3, None, 2 ** 31, -7]
+    return SqlCheck({"w": pa.table({
+        "g": pa.array([1, 1, 2, 2, 3, 3, 4], pa.int32()),
+        "b": pa.array(big, pa.int64()),
+        "p": pa.array([decimal.Decimal(x) for x in ("9223372036.85477580", "0.00000001", "-1.5", "2.5", "0", "1", "-3")],
+                      pa.decimal128(18, 8)),
+        "q": pa.array([decimal.Decimal(x) for x in ("1.25", "-2.50", "3037000499.97", "3037000500.00", "0.01", "7", "-7")],
+                      pa.decimal128(15, 2)),
+    })})
+
+
+@pytest.mark.parametrize("query", [
+    # |sum| * |factor| around 2^63: int64 below, exact 128 bits above (never a wrapped product)
+    "SELECT g, sum(b) * 2, sum(b) * 3, sum(b) * sum(b), 100.00 * sum(q), sum(q) * sum(q), sum(p) * sum(q) FROM w GROUP BY g",
+    "SELECT g, sum(q) * sum(q) * sum(q) FROM w GROUP BY g",
+    "SELECT g, sum(b) * 2, sum(b) * sum(b), sum(p) * sum(q), sum(p) * 1000000 FROM w WHERE g > 1 GROUP BY g",
+    # comparisons at different scales, int64 while both sides scaled fit, 128 bits past it
+    "SELECT g, sum(p) > sum(q), sum(q) = sum(q), sum(b) < sum(q), sum(b) >= sum(p), sum(p) <> 0.5 * sum(q) "
+    "FROM w GROUP BY g",
+    "SELECT g FROM w GROUP BY g HAVING sum(q) > (SELECT 0.0001 * sum(q) FROM w)",
+    "SELECT g, sum(b) < sum(q), sum(b) >= sum(p), sum(p) > sum(q) FROM w WHERE g > 1 GROUP BY g",
+    # casts to DOUBLE: the same doubles from the int64 parts as from the 128-bit long division
+    "SELECT g, sum(p) / sum(q), CAST(sum(p) AS DOUBLE), CAST(sum(q) AS REAL), 100.00 * sum(q) / sum(p) FROM w GROUP BY g",
+])
+def test_int64_paths_of_128_bit_values_match_duckdb(edge, query):
+    edge(query)
+
+
 def test_order_by_and_top_n_match_duckdb(check):
     check("SELECT k, d FROM t ORDER BY d DESC NULLS LAST, k", ordered=True)
     check("SELECT d FROM t ORDER BY d LIMIT 3", ordered=True)
