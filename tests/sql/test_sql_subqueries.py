@@ -110,3 +110,14 @@ def test_nested_in_subqueries_are_bound_once_past_their_probe(check, monkeypatch
     # IN's subquery probed (the inner IN probed and reused, the correlated scalar a placeholder) and
     # bound again for real (the same inside): 11 calls (22 when each IN was bound past its probe)
     assert len(calls) <= 11, [c.sql()[:60] for c in calls]
+
+
+@pytest.mark.parametrize("query", [
+    # subqueries a correlation probe leaves as placeholders (an ARRAY(subquery), a row compared with
+    # ANY / ALL (subquery)) inside an uncorrelated IN: the IN's plan is bound again for real
+    "SELECT k, i FROM t WHERE i IN (SELECT i FROM u WHERE len(ARRAY(SELECT k FROM u WHERE k > 1)) > 0)",
+    "SELECT k, i FROM t WHERE i IN (SELECT i FROM u WHERE (1, 2) = ANY (SELECT 1, 2))",
+    "SELECT k, i FROM t WHERE i NOT IN (SELECT i FROM u WHERE i IS NOT NULL AND (1, 2) <> ALL (SELECT 3, 4))",
+])
+def test_in_subquery_holding_probe_placeholders(check, query):
+    check(query)

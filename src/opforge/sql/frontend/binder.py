@@ -42,7 +42,9 @@ class Binder:
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
         self.probing = 0  # > 0 while a subquery is bound only to learn its outer references (``probe``)
-        self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
+        # subqueries a probe left as placeholders (correlated ones, ARRAY(subquery), row ANY / ALL):
+        # a probe that left any binds again for real, and only then may its plan be used
+        self.placeholders = 0
         self.single_row_check = True  # SET scalar_subquery_error_on_multiple_rows (false: any one row)
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
         self._scalar_values: dict[tuple, tuple] = {}  # uncorrelated scalar subqueries run once (``_subquery_key``)
