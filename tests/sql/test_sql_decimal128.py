@@ -83,6 +83,19 @@ def test_ranks_floats_and_group_sums_match_python(ints):
     assert D.to_ints(half_even) == [2, 4, -4, -2 ** 126]
 
 
+def test_exceeds_and_scaled_doubles_match_python(ints):
+    a, _ = ints
+    x = D.from_ints(a, "cpu")
+    for bound in (1, 10 ** 18, 2 ** 63, 2 ** 64, 10 ** 37 + 3, 10 ** 38):
+        assert D.exceeds(x, bound).tolist() == [abs(v) >= bound for v in a]
+    in_38 = [v for v in a if abs(v) < 10 ** 38]
+    y = D.from_ints(in_38, "cpu")
+    for s in (1, 4, 9, 10, 20):  # the integer and fractional parts apart, each rounded once (the docstring)
+        exp = [(-1 if v < 0 else 1) * (float(abs(v) // 10 ** s) + float(abs(v) % 10 ** s) / 10.0 ** s) for v in in_38]
+        got = D.to_float64_scaled(y, s).tolist()
+        assert all(g == e or abs(g - e) <= abs(e) * 2 ** -51 for g, e in zip(got, exp)), s
+
+
 # -- queries against DuckDB -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def check():
@@ -127,6 +140,38 @@ def check():
 ])
 def test_queries_match_duckdb(check, query):
     check(query)
+
+
+@pytest.fixture(scope="module")
+def edge():
+    """SUMs whose values fit int64 by a little or not at all: the int64 paths of 128-bit products,
+    comparisons and casts to DOUBLE (decimal_wide._narrow) against the 128-bit ones."""
+    big = [2 ** 62, 2 ** 62 - 1, -(2 ** 62), 3, None, 2 ** 31, -7]
+    return SqlCheck({"w": pa.table({
+        "g": pa.array([1, 1, 2, 2, 3, 3, 4], pa.int32()),
+        "b": pa.array(big, pa.int64()),
+        "p": pa.array([decimal.Decimal(x) for x in ("9223372036.85477580", "0.00000001", "-1.5", "2.5", "0", "1", "-3")],
+                      pa.decimal128(18, 8)),
+        "q": pa.array([decimal.Decimal(x) for x in ("1.25", "-2.50", "3037000499.97", "3037000500.00", "0.01", "7", "-7")],
+                      pa.decimal128(15, 2)),
+    })})
+
+
+@pytest.mark.parametrize("query", [
+    # |sum| * |factor| around 2^63: int64 below, exact 128 bits above (never a wrapped product)
+    "SELECT g, sum(b) * 2, sum(b) * 3, sum(b) * sum(b), 100.00 * sum(q), sum(q) * sum(q), sum(p) * sum(q) FROM w GROUP BY g",
+    "SELECT g, sum(q) * sum(q) * sum(q) FROM w GROUP BY g",
+    "SELECT g, sum(b) * 2, sum(b) * sum(b), sum(p) * sum(q), sum(p) * 1000000 FROM w WHERE g > 1 GROUP BY g",
+    # comparisons at different scales, int64 while both sides scaled fit, 128 bits past it
+    "SELECT g, sum(p) > sum(q), sum(q) = sum(q), sum(b) < sum(q), sum(b) >= sum(p), sum(p) <> 0.5 * sum(q) "
+    "FROM w GROUP BY g",
+    "SELECT g FROM w GROUP BY g HAVING sum(q) > (SELECT 0.0001 * sum(q) FROM w)",
+    "SELECT g, sum(b) < sum(q), sum(b) >= sum(p), sum(p) > sum(q) FROM w WHERE g > 1 GROUP BY g",
+    # casts to DOUBLE: the same doubles from the int64 parts as from the 128-bit long division
+    "SELECT g, sum(p) / sum(q), CAST(sum(p) AS DOUBLE), CAST(sum(q) AS REAL), 100.00 * sum(q) / sum(p) FROM w GROUP BY g",
+])
+def test_int64_paths_of_128_bit_values_match_duckdb(edge, query):
+    edge(query)
 
 
 def test_order_by_and_top_n_match_duckdb(check):

@@ -106,37 +106,34 @@ def sub(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return from_limbs32([p - q for p, q in zip(limbs32(a), limbs32(b))])
 
 
-def _limbs16(m: torch.Tensor) -> list[torch.Tensor]:
-    """Eight 16-bit limbs of a non-negative value."""
-    out = []
-    for word in (lo(m), hi(m)):
-        for k in range(4):
-            out.append((word >> (16 * k)) & 0xFFFF)
-    return out
+def _limbs16(m: torch.Tensor) -> torch.Tensor:
+    """[n, 8] 16-bit limbs of a magnitude (read as unsigned 128 bits), least significant first."""
+    shifts = torch.arange(0, 64, 16, device=m.device)
+    return ((m[:, :, None] >> shifts) & 0xFFFF).reshape(len(m), 8)
 
 
 def mul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(a * b, overflow: the product's magnitude reaches 2^127). Schoolbook over 16-bit limbs of the
-    magnitudes (each partial product < 2^32, each column sum < 2^36), then the sign."""
+    magnitudes as whole-tensor ops (a few dozen launches, not one per limb pair: a one-row product,
+    TPC-H q14's ``100.00 * SUM(...)``, costs launches, not bytes): the 64 limb products (< 2^32) in
+    one outer product, summed along their anti-diagonals (< 2^35 a column) by the skew of a padded
+    view, paired into 32-bit columns and their carries propagated; then the sign."""
     negative = is_negative(a) ^ is_negative(b)
-    x, y = _limbs16(abs_(a)), _limbs16(abs_(b))
-    cols = [torch.zeros_like(x[0]) for _ in range(16)]
-    for i in range(8):
-        for j in range(8):
-            cols[i + j] = cols[i + j] + x[i] * y[j]
-    carry = torch.zeros_like(x[0])
-    digits = []
-    for c in cols:
-        t = c + carry
-        digits.append(t & 0xFFFF)
-        carry = t >> 16
-    overflow = carry != 0
-    for d in digits[8:]:
-        overflow = overflow | (d != 0)
-    overflow = overflow | (digits[7] >= 0x8000)  # magnitude >= 2^127
-    low = digits[0] | (digits[1] << 16) | (digits[2] << 32) | (digits[3] << 48)
-    high = digits[4] | (digits[5] << 16) | (digits[6] << 32) | (digits[7] << 48)
-    m = torch.stack([low, high], dim=1)
+    n = len(a)
+    prods = _limbs16(abs_(a))[:, :, None] * _limbs16(abs_(b))[:, None, :]  # [n, 8, 8]
+    # row i shifted right by i: pad rows to 17, flatten, refold as 16 wide; column k sums i + j = k
+    skewed = torch.nn.functional.pad(prods, (0, 9)).reshape(n, 8 * 17)[:, :8 * 16].reshape(n, 8, 16)
+    cols = skewed.sum(dim=1)  # [n, 16] columns of 16-bit weight, the last always 0
+    pairs = cols[:, 0::2] + (cols[:, 1::2] << 16)  # [n, 8] columns of 32-bit weight, each < 2^52
+    limbs, carry = [], torch.zeros(n, dtype=torch.int64, device=a.device)
+    for k in range(8):
+        t = pairs[:, k] + carry
+        limbs.append(t & MASK32)
+        carry = t >> 32
+    overflow = (carry != 0) | (limbs[3] >= 1 << 31)  # magnitude >= 2^127
+    for limb in limbs[4:]:
+        overflow = overflow | (limb != 0)
+    m = torch.stack([limbs[0] | (limbs[1] << 32), limbs[2] | (limbs[3] << 32)], dim=1)
     return torch.where(negative[:, None], neg(m), m), overflow
 
 
@@ -222,8 +219,12 @@ def compare(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def exceeds(x: torch.Tensor, bound: int) -> torch.Tensor:
-    """True where |x| >= bound (0 < bound <= 2^127)."""
-    return compare(">=", abs_(x), full(bound, len(x), x.device))
+    """True where |x| >= bound (0 < bound < 2^127), as ``compare(">=", abs_(x), bound)`` with the
+    bound's words as Python scalars (no tensor of copies of it, no host-to-device copy)."""
+    m = abs_(x)
+    high, low = bound >> 64, _signed64(bound & (2 ** 64 - 1)) ^ SIGN
+    mh, ml = hi(m), lo(m) ^ SIGN
+    return ~((mh < high) | ((mh == high) & (ml < low)))
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
@@ -263,6 +264,10 @@ def to_float64_scaled(x: torch.Tensor, scale: int) -> torch.Tensor:
     value's digits are not rounded twice in one big number."""
     if scale == 0:
         return to_float64(x)
+    if 10 ** scale < 2 ** 31:  # one long division gives both parts: |x| = q * 10^s + r, r exact as a double
+        q, r = divmod_small(abs_(x), 10 ** scale)
+        f = to_float64(q) + r.double() / 10.0 ** scale
+        return torch.where(is_negative(x), -f, f)
     whole = div_pow10(x, scale, "trunc")
     frac = sub(x, scale_up(whole, scale))[0]
     return to_float64(whole) + to_float64(frac) / 10.0 ** scale

@@ -42,7 +42,9 @@ class Binder:
         self.cids = cid_counter or itertools.count()
         self.ctes: list[dict[str, exp.Expression]] = []
         self.probing = 0  # > 0 while a subquery is bound only to learn its outer references (``probe``)
-        self.placeholders = 0  # correlated subqueries left undecorrelated by a probe
+        # subqueries a probe left as placeholders (correlated ones, ARRAY(subquery), row ANY / ALL):
+        # a probe that left any binds again for real, and only then may its plan be used
+        self.placeholders = 0
         self.single_row_check = True  # SET scalar_subquery_error_on_multiple_rows (false: any one row)
         self._texts: dict[int, tuple[exp.Expression, str]] = {}
         self._scalar_values: dict[tuple, tuple] = {}  # uncorrelated scalar subqueries run once (``_subquery_key``)
@@ -408,9 +410,13 @@ class Binder:
             inner = inner.this
         if isinstance(inner, exp.Exists):
             return self._exists(node, inner.this, scope, "anti" if negate else "semi")
-        if isinstance(inner, exp.In) and inner.args.get("query") is not None and not self._correlated(inner, scope):
+        # an uncorrelated IN (subquery): the probe's plan is the subquery bound (``probe`` binds it again
+        # for real when it left placeholders), not bound a third time (TPC-H q20's nested IN: 22 binds a plan)
+        probed = self.probe(inner.args["query"], scope) if isinstance(inner, exp.In) \
+            and inner.args.get("query") is not None else None
+        if probed is not None and not probed[1].outer_refs:
             x = ExprBinder(self, scope).bind(inner.this)
-            sub, sscope = self.bind_query(inner.args["query"], scope)
+            sub, sscope = probed
             if len(sub.outputs) != 1:
                 raise SqlError(f"IN (subquery): the subquery returns {len(sub.outputs)} columns, expected 1")
             o = sub.outputs[0]
@@ -429,10 +435,6 @@ class Binder:
         e = ExprBinder(self, scope, correlated_hook=hook, exists_hook=joiner.exists,
                                 quantified_hook=joiner.quantified).bind(w)
         return P.Filter(joiner.node, e)
-
-    def _correlated(self, e: exp.In, scope: Scope) -> bool:
-        """Whether IN's subquery reads outer columns (then it is joined over its domain)."""
-        return bool(self.probe(e.args["query"], scope)[1].outer_refs)
 
     def _exists(self, node, q, scope, kind):
         if not isinstance(q, exp.Select) or q.args.get("group") or q.args.get("limit"):

@@ -247,7 +247,8 @@ def array_subquery(binder, q: exp.Expression) -> Expr:
     out = T.list_of(sub.outputs[0].type)
     if sscope.outer_refs:
         raise NotSupportedError("a correlated ARRAY(subquery)")
-    if qb.probing:  # inside a probe only the references count: its plan is discarded
+    if qb.probing:  # inside a probe only the references count: counted, so the probe binds again for real
+        qb.placeholders += 1
         return Lit([], out)
     return Lit(qb.catalog.run_table(sub).column(0).to_pylist(), out)
 

@@ -60,7 +60,8 @@ def _quantified(binder, a: list[Expr], node: exp.Expression, op: str) -> Expr:
     for x, o in zip(a, sub.outputs):
         if x.value is not None:
             binder._compare(op, x, Lit(None, o.type))  # the types must be comparable
-    if binder.qb.probing:
+    if binder.qb.probing:  # a placeholder, counted: the probe binds again for real
+        binder.qb.placeholders += 1
         return Lit(None, T.BOOL)
     rows = binder.qb.catalog.run_table(sub).to_pylist()
     left = [x.value for x in a]

@@ -161,8 +161,8 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
         if n and groups:
             # int64 cannot overflow unless max|v| * (largest group) reaches 2^63 (exact Python ints:
             # abs() of the int64 minimum is negative); only then sum exactly in two halves
-            lo, hi = (int(x) for x in torch.stack([v.min(), v.max()]).tolist())
-            if max(-lo, hi) * int(cnt.max()) >= 2 ** 63:
+            lo, hi, most = torch.stack([v.min(), v.max(), cnt.max().long()]).tolist()  # one host read
+            if max(-lo, hi) * most >= 2 ** 63:
                 if out_type.wide:  # exact in 128 bits, by 32-bit limbs
                     return _reduce_wide("sum", Column(decimal128.from_int64(v), col.valid, out_type), gid, groups,
                                         cnt, valid, out_type)
