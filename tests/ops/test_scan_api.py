@@ -86,6 +86,9 @@ def test_dispatch_decisions(gen):
     assert picks("cummin", rand((4, 30), gen), -1) == "triton_row"
     d = dispatch.explain("cumsum", rand((4, 100), gen), -1, False, False)
     assert "rows of 100" in d.rejected["triton_lookback"] and "cpu" in d.rejected["torch_eager"]
+    # one long row never goes to the one-program row kernel, whatever entry stands in (issue 24)
+    d = dispatch.explain("cumsum", rand((4 * K.TILE_MIN_COLS + 1,), gen), 0, True, False)
+    assert d.variant.name == "triton_lookback" and "serially" in d.rejected["triton_row"]
 
 
 def test_memo_key_separates_flags_and_dtype(gen):
@@ -385,3 +388,20 @@ def test_segmented_offsets_are_checked():
         S.segmented_cumsum(x, offsets=torch.tensor([0, 4, 2, 6]))
     with pytest.raises(ValueError, match=r"opforge.segmented_cumsum: offsets must be non-decreasing"):
         S.segmented_cumsum(x, offsets=torch.tensor([-1, 2, 6], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16])
+def test_long_integer_row_in_tiles(name, dtype, gen, monkeypatch):
+    """A few long integer rows take the two-level scan (tiles, then the tiles' carries): values and
+    indices as torch's, ties to the later index, the dtype's extremes included (sizes shrunk so the
+    interpreter runs it in seconds)."""
+    monkeypatch.setattr(S, "ROW_KERNEL_MAX_COLS", 1000)
+    monkeypatch.setattr(S, "MINMAX_TILE", 256)
+    x = torch.randint(-20, 20, (2, 3001), generator=gen).to(dtype)
+    x[0, 5], x[1, -3] = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    got = getattr(S, name)(x, 1)
+    want = getattr(torch, name)(x, 1)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+    flat = getattr(S, name)(x[0], 0)
+    assert torch.equal(flat[1], getattr(torch, name)(x[0], 0).indices)

@@ -422,6 +422,20 @@ def tile_check(g: Geometry) -> str | None:
     return None
 
 
+# one program walks each row serially: past this many elements with fewer rows than ``ROW_KERNEL_MIN_ROWS``
+# the tile scans (all SMs) take the row, whatever a nearest-bucket entry of the row kernel says (issue 24:
+# the 1x16384 int64 entry stood in for 60M-element offsets in TPC-H q21's join, 4.5 -> 160 ms)
+ROW_KERNEL_MAX_COLS = 4 * K.TILE_MIN_COLS
+ROW_KERNEL_MIN_ROWS = 32
+
+
+def row_check(g: Geometry) -> str | None:
+    if tile_check(g) is None and g.cols > ROW_KERNEL_MAX_COLS and g.rows < ROW_KERNEL_MIN_ROWS:
+        return (f"{g.rows} row(s) of {g.cols} elements: one program a row would walk it serially "
+                "(the tile scans take it)")
+    return None
+
+
 def scan_columns_check(g: Geometry) -> str | None:
     if g.innermost:
         return "dim is the unit-stride dim (the row kernels take it)"
@@ -457,7 +471,7 @@ def scan_specs(name: str) -> list[Spec]:
              check=scan_columns_check, configs=col_configs, default_config=col_default, bucket=bucket,
              description="scan down a non-innermost dim of a contiguous tensor, column tiles per program"),
         Spec("triton_row", Scan(row_scan_rows), version=K.ROW_VERSION, dtypes=SCAN_DTYPES,
-             configs=row_configs, default_config=row_default, bucket=bucket,
+             check=row_check, configs=row_configs, default_config=row_default, bucket=bucket,
              description="one program walks a row in blocks with a carried prefix; any row length"),
         Spec("torch_eager", scan_eager_run, kind="vendor", devices=("cuda",), dtypes=SCAN_DTYPES, bucket=bucket,
              description=f"torch.{name}"),
@@ -470,9 +484,48 @@ def scan_specs(name: str) -> list[Spec]:
 # Variants: cummax / cummin
 # ---------------------------------------------------------------------------
 def minmax_row_run(g: Geometry, cfg, x, dim):
-    y, i = _via_rows(x, dim, (x.dtype, torch.int64),
-                     lambda xv, yv, iv: K.launch_row_scan(xv, yv, iv, g.kop, False, False, cfg))
-    return y, i
+    def launch(xv, yv, iv):
+        if x.dtype in INTS and g.rows < ROW_KERNEL_MIN_ROWS and g.cols > ROW_KERNEL_MAX_COLS:
+            _tiled_minmax(xv, yv, iv, g.kop)
+        else:
+            K.launch_row_scan(xv, yv, iv, g.kop, False, False, cfg)
+    return _via_rows(x, dim, (x.dtype, torch.int64), launch)
+
+
+MINMAX_TILE = 4096
+
+
+def _tiled_minmax(x, y, idx, kop: int) -> None:
+    """A few long integer rows in two levels, so all SMs share them (one program a row took
+    2.8 ms for 2^20 int64 on the H200, as torch.cummax did): each tile of ``MINMAX_TILE`` scanned
+    alone, the tiles' last pairs scanned across tiles, and each tile raised by the carry of the
+    tiles before it. Ties keep the later index (torch's rule): a tile's own pair wins a tie with
+    the carry. Integers only: no NaN to order."""
+    rows, cols = x.shape
+    c = MINMAX_TILE
+    t = -(-cols // c)
+    info = torch.iinfo(x.dtype)
+    fill = info.min if kop == K.MAX else info.max
+    xp = torch.full((rows, t * c), fill, dtype=x.dtype, device=x.device)
+    xp[:, :cols] = x
+    tv = torch.empty_like(xp)
+    ti = torch.empty(xp.shape, dtype=torch.int64, device=x.device)
+    tiles = (rows * t, c)
+    K.launch_row_scan(xp.view(tiles), tv.view(tiles), ti.view(tiles), kop, False, False,
+                      K.row_default_config(*tiles))
+    tv, ti = tv.view(rows, t, c), ti.view(rows, t, c)
+    ti += torch.arange(0, t * c, c, device=x.device).view(1, t, 1)
+    cv, ci = torch.empty((rows, t), dtype=x.dtype, device=x.device), torch.empty((rows, t), dtype=torch.int64,
+                                                                                   device=x.device)
+    last_v, last_i = tv[:, :, -1].contiguous(), ti[:, :, -1].contiguous()
+    K.launch_row_scan(last_v, cv, ci, kop, False, False, K.row_default_config(rows, t))
+    ci = last_i.gather(1, ci)  # the winning tile's element index
+    # the carry into tile k: the scan over tiles 0..k-1 (none before the first tile)
+    carry_v = torch.cat([cv.new_full((rows, 1), fill), cv[:, :-1]], 1).unsqueeze(2)
+    carry_i = torch.cat([ci.new_full((rows, 1), 0), ci[:, :-1]], 1).unsqueeze(2)
+    take = tv < carry_v if kop == K.MAX else tv > carry_v
+    y.copy_(torch.where(take, carry_v, tv).view(rows, t * c)[:, :cols])
+    idx.copy_(torch.where(take, carry_i, ti).view(rows, t * c)[:, :cols])
 
 
 def minmax_columns_run(g: Geometry, cfg, x, dim):
