@@ -368,8 +368,24 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         stay = [p for p in preds if p not in down]
         return _wrap(dataclasses.replace(node, child=_push(node.child, down)), stay)
     if isinstance(node, P.Union):
-        return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
+        return _push_union(node, preds)
     return _wrap(node, preds)
+
+
+def _push_union(node: P.Union, preds: list[Expr]) -> P.Node:
+    """A predicate over a UNION [ALL]'s columns keeps or drops each row by its values, so it filters
+    every input, read from the input's column at the same position (a UNION dedupes whole rows:
+    the rows it keeps are the same). Only over columns whose type each input shares: a comparison
+    was bound for its operands' types (TPC-DS q75: each year's copy of the all_sales CTE reads
+    that year's sales only)."""
+    at = {o.cid: i for i, o in enumerate(node.outputs)}
+    same = {o.cid for i, o in enumerate(node.outputs) if all(c.outputs[i].type == o.type for c in node.children)}
+    down = [p for p in preds if p.cids() <= same]
+    children = []
+    for c in node.children:
+        refs = {cid: Ref(c.outputs[i].cid, c.outputs[i].type, c.outputs[i].name) for cid, i in at.items()}
+        children.append(_push(c, [substitute(p, refs) for p in down]))
+    return _wrap(P.Union(children, node.outputs, node.all), [p for p in preds if p not in down])
 
 
 # ------------------------------------------------------------------------------------------ pruning

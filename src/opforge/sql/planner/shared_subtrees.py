@@ -8,9 +8,11 @@ Two subtrees are the same when they are equal up to a renaming of column ids: ea
 names its inputs' columns by position (input number, output position), never by id, and the
 shapes are interned into small ints bottom up, so a plan of n nodes is keyed in O(n).
 
-A subtree is reused only when it does work (a join, aggregate, union, distinct or window below
-its root: a scan is cheaper to read again with its own runtime filters than to share), holds no
-volatile function and no column of an outer query, and is computed at least twice. ``plan_reuse``
+A subtree is reused only when it holds an aggregate, union, distinct or window (what a CTE or a
+grouping set's block computes), no volatile function and no column of an outer query, and is
+computed at least twice. Scans and joins alone are left to run per copy: a shared result is
+computed without the runtime filters pushed into it (it must serve every copy), and each copy's
+own filters (TPC-DS q75: one year of sales from each copy's date join) cut it more than sharing saves. ``plan_reuse``
 counts each shape's uses the way the executor meets them (a subtree inside a reused one is not
 run again), so the executor can drop a result after its last use."""
 from __future__ import annotations
@@ -21,7 +23,7 @@ from opforge.sql import plan as P
 from opforge.sql.expr import Expr, Func, Lit, Ref
 
 VOLATILE = {"random", "rand", "uuid", "gen_random_uuid", "nextval"}  # another value at every call
-_WORK = (P.Join, P.Aggregate, P.Union, P.Distinct, P.Window, P.WindowFunctions)
+_WORK = (P.Aggregate, P.Union, P.Distinct, P.Window, P.WindowFunctions)
 
 
 class _Unshareable(Exception):
