@@ -92,3 +92,19 @@ def test_correlated_copies_are_not_shared(check):
          "(SELECT count(*) FROM sales s JOIN days ON s_day = d_day WHERE s.s_item = i.i_item AND d_month = 1) AS b "
          "FROM item i ORDER BY i_item")
     check(q, ordered=True)
+
+
+def test_join_tree_under_each_grouping_set_runs_once(check):
+    # TPC-DS q18's shape: the grouping sets' blocks are join trees no runtime filter reaches
+    q = ("SELECT i_brand, i_class, sum(s_qty * i_class) AS q, count(*) AS n FROM sales JOIN item ON s_item = i_item "
+         "JOIN days ON s_day = d_day WHERE i_brand < 10 AND i_class < 4 AND d_month = 1 "
+         "GROUP BY ROLLUP (i_brand, i_class) ORDER BY 1 NULLS FIRST, 2 NULLS FIRST")
+    check(q, ordered=True)
+    assert _reused(check.con, q) == 2
+
+
+def test_join_tree_copies_under_a_join_keep_their_runtime_filters(check):
+    q = ("WITH t AS (SELECT s_item, s_qty FROM sales JOIN days ON s_day = d_day WHERE d_month = 1) "
+         "SELECT count(*) AS n, sum(a.s_qty) AS q FROM t a JOIN t b ON a.s_item = b.s_item + 1")
+    check(q)
+    assert _reused(check.con, q) == 0

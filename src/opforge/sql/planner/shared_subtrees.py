@@ -8,11 +8,13 @@ Two subtrees are the same when they are equal up to a renaming of column ids: ea
 names its inputs' columns by position (input number, output position), never by id, and the
 shapes are interned into small ints bottom up, so a plan of n nodes is keyed in O(n).
 
-A subtree is reused only when it holds an aggregate, union, distinct or window (what a CTE or a
-grouping set's block computes), no volatile function and no column of an outer query, and is
-computed at least twice. Scans and joins alone are left to run per copy: a shared result is
-computed without the runtime filters pushed into it (it must serve every copy), and each copy's
-own filters (TPC-DS q75: one year of sales from each copy's date join) cut it more than sharing saves. ``plan_reuse``
+A subtree is reused when it is computed at least twice, holds no volatile function and no column
+of an outer query, and either holds an aggregate, union, distinct or window (what a CTE computes)
+or holds a join and no copy of it can receive a runtime filter (no join above it before a
+top-k, limit or window: TPC-DS q18's 7-way join under each of its ROLLUP's 5 grouping sets). A
+shared result is computed without the runtime filters pushed into it (it must serve every copy),
+and a join tree's own copies' filters (q75: one year of sales from each copy's date join) cut it
+more than sharing saves. ``plan_reuse``
 counts each shape's uses the way the executor meets them (a subtree inside a reused one is not
 run again), so the executor can drop a result after its last use."""
 from __future__ import annotations
@@ -24,6 +26,8 @@ from opforge.sql.expr import Expr, Func, Lit, Ref
 
 VOLATILE = {"random", "rand", "uuid", "gen_random_uuid", "nextval"}  # another value at every call
 _WORK = (P.Aggregate, P.Union, P.Distinct, P.Window, P.WindowFunctions)
+_PASSES = (P.Filter, P.Project, P.Aggregate, P.Sort, P.Distinct, P.Union)  # may pass a runtime filter down
+
 
 
 class _Unshareable(Exception):
@@ -44,7 +48,7 @@ def plan_reuse(root: P.Node) -> Reuse:
     """The shared subtrees of ``root`` (see the module docstring)."""
     shapes = _Shapes()
     shape_of: dict[int, int | None] = {}
-    worthy: dict[int, bool] = {}
+    holds: dict[int, str] = {}  # "work" (an aggregate ... below), "join" or ""
 
     def visit(node: P.Node) -> int | None:
         if id(node) in shape_of:
@@ -52,10 +56,22 @@ def plan_reuse(root: P.Node) -> Reuse:
         kids = [visit(c) for c in node.inputs()]
         s = None if any(k is None for k in kids) else shapes.of(node, kids)
         shape_of[id(node)] = s
-        worthy[id(node)] = isinstance(node, _WORK) or any(worthy[id(c)] for c in node.inputs())
+        below = {holds[id(c)] for c in node.inputs()}
+        holds[id(node)] = "work" if isinstance(node, _WORK) or "work" in below else \
+            "join" if isinstance(node, P.Join) or "join" in below else ""
         return s
 
     visit(root)
+    filtered: set[int] = set()  # shapes with a copy that a runtime filter may reach
+
+    def reach(node: P.Node, may: bool) -> None:
+        if may and shape_of[id(node)] is not None:
+            filtered.add(shape_of[id(node)])
+        for c in node.inputs():
+            reach(c, isinstance(node, P.Join) or (may and isinstance(node, _PASSES)))
+
+    reach(root, False)
+    worthy = {k: holds[k] == "work" or (holds[k] == "join" and shape_of[k] not in filtered) for k in holds}
     runs: dict[int, int] = {}  # shape -> times the executor meets it, one copy of each shape expanded
     nodes: dict[int, list[P.Node]] = {}
 
