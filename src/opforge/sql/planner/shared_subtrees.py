@@ -44,22 +44,35 @@ class Reuse:
         return self.shape.get(id(node))
 
 
-def plan_reuse(root: P.Node) -> Reuse:
-    """The shared subtrees of ``root`` (see the module docstring)."""
-    shapes = _Shapes()
+def shapes(root: P.Node) -> dict[int, int | None]:
+    """``id(node) -> shape`` for every node of ``root``: equal for subtrees equal up to column ids,
+    None for one that is never shared."""
+    interned = _Shapes()
     shape_of: dict[int, int | None] = {}
-    holds: dict[int, str] = {}  # "work" (an aggregate ... below), "join" or ""
 
     def visit(node: P.Node) -> int | None:
-        if id(node) in shape_of:
-            return shape_of[id(node)]
-        kids = [visit(c) for c in node.inputs()]
-        s = None if any(k is None for k in kids) else shapes.of(node, kids)
-        shape_of[id(node)] = s
+        if id(node) not in shape_of:
+            kids = [visit(c) for c in node.inputs()]
+            shape_of[id(node)] = None if any(k is None for k in kids) else interned.of(node, kids)
+        return shape_of[id(node)]
+
+    visit(root)
+    return shape_of
+
+
+def plan_reuse(root: P.Node) -> Reuse:
+    """The shared subtrees of ``root`` (see the module docstring)."""
+    shape_of = shapes(root)
+    holds: dict[int, str] = {}  # "work" (an aggregate ... below), "join" or ""
+
+    def visit(node: P.Node) -> None:
+        if id(node) in holds:
+            return
+        for c in node.inputs():
+            visit(c)
         below = {holds[id(c)] for c in node.inputs()}
         holds[id(node)] = "work" if isinstance(node, _WORK) or "work" in below else \
             "join" if isinstance(node, P.Join) or "join" in below else ""
-        return s
 
     visit(root)
     filtered: set[int] = set()  # shapes with a copy that a runtime filter may reach
