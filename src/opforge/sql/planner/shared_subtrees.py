@@ -14,9 +14,9 @@ or holds a join and no copy of it can receive a runtime filter (no join above it
 top-k, limit or window: TPC-DS q18's 7-way join under each of its ROLLUP's 5 grouping sets). A
 shared result is computed without the runtime filters pushed into it (it must serve every copy),
 and a join tree's own copies' filters (q75: one year of sales from each copy's date join) cut it
-more than sharing saves. ``plan_reuse``
-counts each shape's uses the way the executor meets them (a subtree inside a reused one is not
-run again), so the executor can drop a result after its last use."""
+more than sharing saves. ``plan_reuse`` counts each shape's uses the way the executor meets them
+(a subtree inside a reused one is not run again), so the executor can drop a result after its
+last use. The optimizer's pruning keeps copies alike (``shapes``; ``optimizer._prune_plan``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,7 +27,6 @@ from opforge.sql.expr import Expr, Func, Lit, Ref
 VOLATILE = {"random", "rand", "uuid", "gen_random_uuid", "nextval"}  # another value at every call
 _WORK = (P.Aggregate, P.Union, P.Distinct, P.Window, P.WindowFunctions)
 _PASSES = (P.Filter, P.Project, P.Aggregate, P.Sort, P.Distinct, P.Union)  # may pass a runtime filter down
-
 
 
 class _Unshareable(Exception):
