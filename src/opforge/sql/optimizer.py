@@ -438,8 +438,8 @@ def _prune(node: P.Node, need: set[int], copies: tuple[dict, dict]) -> P.Node:
         return dataclasses.replace(node, child=_prune(node.child, child_need, copies), calls=calls)
     if isinstance(node, P.Join):
         n = need | _refs(node.left_keys) | _refs(node.right_keys) | _refs([node.residual])
-        return P.Join(_prune(node.left, n & _cids(node.left), copies), _prune(node.right, n & _cids(node.right), copies),
-                      node.kind, node.left_keys, node.right_keys, node.residual, node.null_aware)
+        left, right = _prune(node.left, n & _cids(node.left), copies), _prune(node.right, n & _cids(node.right), copies)
+        return P.Join(left, right, node.kind, node.left_keys, node.right_keys, node.residual, node.null_aware)
     if isinstance(node, P.Sort):
         return P.Sort(_prune(node.child, need | _refs(e for e, _, _ in node.keys), copies), node.keys)
     if isinstance(node, P.Limit):
