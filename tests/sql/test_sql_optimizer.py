@@ -60,3 +60,21 @@ def test_outer_join_filter_stays_above(check):
     lines = _lines(check, q)
     assert lines[1].strip().startswith("Filter") or lines[0].strip().startswith("Filter")
     check(q)
+
+
+@pytest.mark.parametrize("q, into_scans", [
+    # TPC-DS q75's shape: a year filter over a CTE's UNION reaches each input's scan
+    ("WITH u AS (SELECT fk AS k, fv AS v, 'f' AS src FROM f UNION ALL SELECT dk AS k, 1 AS v, 'd' AS src FROM d) "
+     "SELECT k, sum(v) AS s FROM u WHERE k < 4 GROUP BY k", 2),
+    # UNION (distinct): the same rows are kept
+    ("SELECT * FROM (SELECT fk AS k, fv AS v FROM f UNION SELECT dk, 3 FROM d) u WHERE k >= 7 AND v < 5", 2),
+    # a filter on the constant that names each input (q04's sale_type), and one on a key of each
+    ("SELECT k, n FROM (SELECT 'f' AS src, fk AS k, count(*) AS n FROM f GROUP BY fk UNION ALL "
+     "SELECT 'd' AS src, dk AS k, count(*) AS n FROM d GROUP BY dk) u WHERE src = 'd' AND k > 2", 2),
+    # INT32 and INT64 inputs: the union's column is BIGINT; the predicate stays above it
+    ("SELECT * FROM (SELECT fv AS x FROM f UNION ALL SELECT dk AS x FROM d) u WHERE x = 3", 0),
+])
+def test_filter_over_a_union_filters_each_input(check, q, into_scans):
+    lines = _lines(check, q)
+    assert sum("Scan " in x and "filter=" in x for x in lines) == into_scans, "\n".join(lines)
+    check(q)

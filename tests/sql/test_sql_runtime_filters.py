@@ -142,6 +142,24 @@ def test_left_and_anti_joins_filter_their_right_side(check, q):
     assert s.actual_rows * 10 <= s.metrics["rows_read"]  # p_cat picks 1 in 50 products
 
 
+@pytest.mark.parametrize("q", [
+    # UNION ALL of a table and itself, as TPC-DS q05 unions each channel's sales and returns
+    "SELECT d_year, count(*) AS n, sum(a) AS s FROM (SELECT f_date AS k, f_amount AS a FROM fact UNION ALL "
+    "SELECT f_date AS k, -f_amount AS a FROM fact WHERE f_prod < 100) u JOIN date ON u.k = d_datekey "
+    "WHERE d_year = 2004 GROUP BY d_year",
+    # UNION (distinct), the key at another position of each input
+    "SELECT count(*) AS n, sum(a) AS s FROM (SELECT f_amount AS a, f_date AS k FROM fact UNION "
+    "SELECT f_prod AS a, f_date AS k FROM fact) u JOIN date ON u.k = d_datekey WHERE d_year = 2004",
+])
+def test_filters_reach_each_input_of_a_union(check, q):
+    check(q)
+    scans = [s for s in check.con.sql(q).analyze().stats if s.describe.startswith("Scan fact")]
+    assert len(scans) == 2
+    for s in scans:
+        assert "from join on" in " ".join(s.notes), s.notes
+        assert s.actual_rows * 10 <= ROWS  # one year of 20
+
+
 def test_not_in_leaves_its_right_side_whole(check):
     """NOT IN is null-aware: a NULL on the right empties the answer, so no filter may drop right rows."""
     q = "SELECT count(*) AS n FROM prod WHERE p_cat = 3 AND p_key NOT IN (SELECT f_prod FROM fact)"

@@ -9,7 +9,12 @@ left one of a left / anti join), builds the filter from its keys, and runs the o
 filter travelling down to the scans that may apply it.
 
 Out of core (``connect(memory_limit=...)``): ``sql/outofcore/streaming.py`` runs the subtrees whose
-data exceed the limit chunk by chunk and the joins / aggregations over them partitioned, spilling."""
+data exceed the limit chunk by chunk and the joins / aggregations over them partitioned, spilling.
+
+Shared subtrees (``planner/shared_subtrees.py``): a subtree the plan holds several times under other
+column ids (a CTE read twice, the block under a ROLLUP) runs once, without the runtime filters
+pushed into it (its result must serve every use), and its result is read again under each copy's
+ids, then dropped after its last use. Not out of core: there a subtree's result may not fit."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -34,6 +39,7 @@ from opforge.sql.physical.sort import run_sort
 from opforge.sql.physical.topk import run_topk
 from opforge.sql.physical.union import run_union
 from opforge.sql.physical.window_functions import run_window_functions
+from opforge.sql.planner.shared_subtrees import Reuse, plan_reuse
 from opforge.sql.profile import Profiler, batch_bytes
 
 
@@ -43,6 +49,8 @@ class Executor:
         self.ctx = ctx or ExecContext()
         self.profiler = profiler
         self.ooc = None
+        self.reuse: Reuse | None = None  # planned at the first run(), over its node: the plan's root
+        self._results: dict[int, tuple[P.Node, Batch]] = {}  # shape -> (node it ran as, its result)
         if self.ctx.memory_limit is not None:
             from opforge.sql.outofcore.streaming import OutOfCore
 
@@ -53,6 +61,33 @@ class Executor:
         if isinstance(node, P.Scan) and node.table not in self.tables:
             raise SqlError(f"table {node.table!r} is no longer registered")
         pushed = pushed or []
+        if self.reuse is None:
+            self.reuse = plan_reuse(node) if self.ooc is None else Reuse()
+        shape = self.reuse.key(node)
+        if shape is not None:
+            return self._shared(node, shape)
+        return self._run(node, pushed)
+
+    def _shared(self, node: P.Node, shape: int) -> Batch:
+        """A shared subtree's result: computed at its first use, renamed to ``node``'s columns after."""
+        if shape not in self._results:
+            self._results[shape] = (node, self._run(node, []))
+            return self._results[shape][1]
+        first, batch = self._results[shape]
+        self.reuse.uses[shape] -= 1
+        if self.reuse.uses[shape] == 0:
+            del self._results[shape]
+        rename = {a.cid: b.cid for a, b in zip(first.outputs, node.outputs)}
+        out = Batch({rename[a.cid]: batch.cols[a.cid] for a in first.outputs}, batch.n, batch.device)
+        out.hash_keys = frozenset(rename[c] for c in batch.hash_keys if c in rename)
+        if self.profiler is not None:
+            def reused() -> Batch:
+                self.ctx.note("result of an identical subtree, computed once, reused")
+                return out
+            self.profiler.measure(node, reused, 0, self.ctx)
+        return out
+
+    def _run(self, node: P.Node, pushed: list) -> Batch:
         if self.ooc is not None:
             out = self.ooc.run(node, pushed)
             if out is not None:

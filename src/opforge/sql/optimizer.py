@@ -23,6 +23,7 @@ from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, fold_constan
 from opforge.sql.planner.dependencies import group_on_determinants
 from opforge.sql.planner.eager_aggregation import eager_aggregate
 from opforge.sql.planner.join_order import _with_inputs, replace_subtree
+from opforge.sql.planner.shared_subtrees import shapes
 from opforge.sql.planner.subquery_windows import windowed_subqueries
 
 
@@ -36,7 +37,7 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
     """``join_order``: a ``planner.join_order.JoinOrderOptimizer`` (None: keep the binder's order)."""
     node = _fold(node, device)
     node = _push(node, [])
-    node = _prune(node, {o.cid for o in node.outputs})
+    node = _prune_plan(node, {o.cid for o in node.outputs})
     node = _topk(node)
     if join_order is None or getattr(join_order, "mode", "auto") == "none":
         return node if join_order is None else join_order.optimize(node)
@@ -368,49 +369,83 @@ def _push(node: P.Node, preds: list[Expr]) -> P.Node:
         stay = [p for p in preds if p not in down]
         return _wrap(dataclasses.replace(node, child=_push(node.child, down)), stay)
     if isinstance(node, P.Union):
-        return _wrap(P.Union([_push(c, []) for c in node.children], node.outputs, node.all), preds)
+        return _push_union(node, preds)
     return _wrap(node, preds)
 
 
+def _push_union(node: P.Union, preds: list[Expr]) -> P.Node:
+    """A predicate over a UNION [ALL]'s columns keeps or drops each row by its values, so it filters
+    every input, read from the input's column at the same position (a UNION dedupes whole rows:
+    the rows it keeps are the same). Only over columns whose type each input shares: a comparison
+    was bound for its operands' types (TPC-DS q75: each year's copy of the all_sales CTE reads
+    that year's sales only)."""
+    at = {o.cid: i for i, o in enumerate(node.outputs)}
+    same = {o.cid for i, o in enumerate(node.outputs) if all(c.outputs[i].type == o.type for c in node.children)}
+    down = [p for p in preds if p.cids() <= same]
+    children = []
+    for c in node.children:
+        refs = {cid: Ref(c.outputs[i].cid, c.outputs[i].type, c.outputs[i].name) for cid, i in at.items()}
+        children.append(_push(c, [substitute(p, refs) for p in down]))
+    return _wrap(P.Union(children, node.outputs, node.all), [p for p in preds if p not in down])
+
+
 # ------------------------------------------------------------------------------------------ pruning
-def _prune(node: P.Node, need: set[int]) -> P.Node:
+def _prune_plan(node: P.Node, need: set[int]) -> P.Node:
+    """Projection pruning, twice: copies of one subtree (equal up to column ids: the block the
+    binder binds once per grouping set of a ROLLUP, a CTE read twice) keep the columns any copy
+    needs, so they stay alike and the executor computes them once (``planner/shared_subtrees.py``;
+    TPC-DS q27: the grand total needs no ``i_item_id``, the other grouping sets do). The first pass
+    learns which output positions each shape is asked for; the second prunes to their union."""
+    asked: dict[int, set[int]] = {}
+    shape_of = shapes(node)
+    _prune(node, need, (shape_of, asked))
+    return _prune(node, need, (shape_of, asked))
+
+
+def _prune(node: P.Node, need: set[int], copies: tuple[dict, dict]) -> P.Node:
+    shape_of, asked = copies
+    shape = shape_of.get(id(node))
+    if shape is not None:
+        positions = asked.setdefault(shape, set())
+        positions |= {i for i, o in enumerate(node.outputs) if o.cid in need}
+        need = need | {node.outputs[i].cid for i in positions}
     if isinstance(node, P.Scan):
         keep = need | _refs(node.filters)
         outs = [o for o in node.outputs if o.cid in keep] or node.outputs[:1]
         return P.Scan(node.table, outs, node.filters)
     if isinstance(node, P.Filter):
-        return P.Filter(_prune(node.child, need | node.predicate.cids()), node.predicate)
+        return P.Filter(_prune(node.child, need | node.predicate.cids(), copies), node.predicate)
     if isinstance(node, P.Project):
         exprs = [(o, e) for o, e in node.exprs if o.cid in need]
-        return P.Project(_prune(node.child, _refs(e for _, e in exprs)), exprs)
+        return P.Project(_prune(node.child, _refs(e for _, e in exprs), copies), exprs)
     if isinstance(node, P.Aggregate):
         aggs = [(o, c) for o, c in node.aggs if o.cid in need]
         child_need = _refs(e for _, e in node.keys) | _refs(c.arg for _, c in aggs)
-        return P.Aggregate(_prune(node.child, child_need), node.keys, aggs)
+        return P.Aggregate(_prune(node.child, child_need, copies), node.keys, aggs)
     if isinstance(node, P.Window):
         aggs = [(o, c) for o, c in node.aggs if o.cid in need]
         child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(c.arg for _, c in aggs)
-        return P.Window(_prune(node.child, child_need), node.partition, aggs)
+        return P.Window(_prune(node.child, child_need, copies), node.partition, aggs)
     if isinstance(node, P.Unnest):  # every list stays: it decides the rows even when its column is unused
         child_need = (need & _cids(node.child)) | _refs(e for _, e in node.lists)
-        return dataclasses.replace(node, child=_prune(node.child, child_need))
+        return dataclasses.replace(node, child=_prune(node.child, child_need, copies))
     if isinstance(node, P.WindowFunctions):
         calls = [(o, c) for o, c in node.calls if o.cid in need]
         if not calls:
-            return _prune(node.child, need & _cids(node.child))
+            return _prune(node.child, need & _cids(node.child), copies)
         child_need = (need & _cids(node.child)) | _refs(node.partition) | _refs(e for e, _, _ in node.order) \
             | _refs(a for _, c in calls for a in c.exprs())
-        return dataclasses.replace(node, child=_prune(node.child, child_need), calls=calls)
+        return dataclasses.replace(node, child=_prune(node.child, child_need, copies), calls=calls)
     if isinstance(node, P.Join):
         n = need | _refs(node.left_keys) | _refs(node.right_keys) | _refs([node.residual])
-        return P.Join(_prune(node.left, n & _cids(node.left)), _prune(node.right, n & _cids(node.right)),
-                      node.kind, node.left_keys, node.right_keys, node.residual, node.null_aware)
+        left, right = _prune(node.left, n & _cids(node.left), copies), _prune(node.right, n & _cids(node.right), copies)
+        return P.Join(left, right, node.kind, node.left_keys, node.right_keys, node.residual, node.null_aware)
     if isinstance(node, P.Sort):
-        return P.Sort(_prune(node.child, need | _refs(e for e, _, _ in node.keys)), node.keys)
+        return P.Sort(_prune(node.child, need | _refs(e for e, _, _ in node.keys), copies), node.keys)
     if isinstance(node, P.Limit):
-        return P.Limit(_prune(node.child, need), node.limit, node.offset)
+        return P.Limit(_prune(node.child, need, copies), node.limit, node.offset)
     if isinstance(node, P.Distinct):
-        return P.Distinct(_prune(node.child, _cids(node.child)))
+        return P.Distinct(_prune(node.child, _cids(node.child), copies))
     if isinstance(node, P.Union):
-        return P.Union([_prune(c, _cids(c)) for c in node.children], node.outputs, node.all)
+        return P.Union([_prune(c, _cids(c), copies) for c in node.children], node.outputs, node.all)
     return node

@@ -16,8 +16,10 @@ Where a filter may go (``route``): a filter on column c
 drops, below an operator, only rows that the join above would drop anyway; so it passes through
 Filter, Sort, Distinct, a Project that passes c on unchanged, an Aggregate grouping by c, both sides
 of an inner join, the left (preserved) side of a left / semi / anti join and the right side of a
-right join; across an inner (or semi) join's key equality it is copied to the other side's key.
-Never below a Limit / TopK or into a UNION or a join's NULL-padded side."""
+right join; across an inner (or semi) join's key equality it is copied to the other side's key;
+into each input of a UNION [ALL] as that input's column at c's position (a row it drops would
+give a union row the join drops: TPC-DS q05's 15 days reach the three channels' sales and returns
+scans below the union of each channel). Never below a Limit / TopK or into a join's NULL-padded side."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -119,4 +121,8 @@ def route(node: P.Node, pushed: list[Pushed]) -> list[list[Pushed]]:
                         elif b.cid == p.cid and p.cid in rc and node.kind == "inner":
                             left.append(p.on(a.cid))
         return [left, right]
+    if isinstance(node, P.Union):
+        at = {o.cid: i for i, o in enumerate(node.outputs)}
+        return [[p.on(c.outputs[at[p.cid]].cid) for p in pushed
+                 if p.cid in at and _same_kind(c.outputs[at[p.cid]], node.outputs[at[p.cid]])] for c in ins]
     return [[] for _ in ins]

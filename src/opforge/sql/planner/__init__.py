@@ -15,6 +15,8 @@
   pruning (applied by ``sql/physical/runtime_filter.py`` and ``sql/physical/scan.py``);
 * ``distribution``: broadcast vs partitioned joins over several GPUs (run, simulated, by
   ``sql/physical/simulated_workers.py``).
+* ``shared_subtrees``: the subtrees a plan holds several times under other column ids (a CTE
+  read twice, the block under a ROLLUP), which the executor runs once (``sql/executor.py``).
 
 The executor follows the plan: the physical join and build side (``sql/physical/join.py``), skew
 handling from the statistics' heavy hitters (``sql/physical/skew.py``).
