@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -43,6 +42,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from bench_rows import RowLog  # noqa: E402
 
 from opforge.cluster.stream_job import ClusterStreamJob  # noqa: E402
 from opforge.stream import StreamExecutionEnvironment  # noqa: E402
@@ -101,13 +102,12 @@ def main(argv=None) -> int:
     if device == "cuda" and backend == "gloo":  # workers share the GPUs Ray would hide from CPU actors
         env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
         os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # and the raylet this starts
-    begin = time.perf_counter()
-
-    def say(text: str) -> None:
-        print(f"{text}  [{time.perf_counter() - begin:.0f} s]", flush=True)
-
+    day = dt.date.today().isoformat()
+    out = Path(args.out) if args.out else HERE / "results" / f"cluster-nexmark-{device}-w{args.workers}-{day}.json"
+    log = RowLog(out, args.budget_s)
+    say = log.say
     cluster = C.start(workers=args.workers, backend=backend, env=env_vars)
-    started_s = time.perf_counter() - begin
+    started_s = time.perf_counter() - log.begin
     parallelism = cluster.regions_per_table
     why = " (more workers than GPUs: Gloo, records through host memory)" if device == "cuda" and backend == "gloo" \
         else ""
@@ -116,18 +116,10 @@ def main(argv=None) -> int:
     config = NexmarkConfig(events=args.events, events_per_second=max(args.events // 100, 1000))
     warm_events = args.events if args.warmup_events is None else args.warmup_events
     warm = NexmarkConfig(events=warm_events, events_per_second=max(warm_events // 100, 1000))
-    day = dt.date.today().isoformat()
-    out = Path(args.out) if args.out else HERE / "results" / f"cluster-nexmark-{device}-w{cluster.size}-{day}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial.jsonl")
-    partial.unlink(missing_ok=True)
-    entries, skipped, last_s = [], [], 0.0
     try:
         for q in names:
-            if time.perf_counter() - begin + last_s > args.budget_s:
-                skipped.append(q)
+            if not log.start(q):
                 continue
-            q0 = time.perf_counter()
             if warm_events:
                 for cl in (None, cluster):  # the same untimed run on each side: compiles, tunes, imports
                     _run(q, warm, args, device, parallelism, 0, cl)
@@ -144,10 +136,7 @@ def main(argv=None) -> int:
                      "checkpoints": len(dist_res.checkpoints),
                      "bytes_exchanged": job.exchanged["bytes"], "records_exchanged": job.exchanged["records"],
                      "output_records": len(ours), "equal": ours == ref and dist_res.source_records == events}
-            entries.append(entry)
-            with partial.open("a") as f:
-                f.write(json.dumps(entry) + "\n")
-            last_s = time.perf_counter() - q0
+            log.add(entry)
             say(f"{q}  single {entry['single_events_per_s'] / 1e6:.2f} M ev/s  cluster "
                 f"{entry['cluster_events_per_s'] / 1e6:.2f} M ev/s  overhead x{entry['overhead']:.2f}  "
                 f"({cluster.size} workers, {cluster.backend}, {device}; {parallelism} subtasks; "
@@ -155,18 +144,12 @@ def main(argv=None) -> int:
                 f"{'equal' if entry['equal'] else 'DIFFERS'}")
     finally:
         cluster.stop()
-    if skipped:
-        say(f"budget of {args.budget_s:g} s reached: skipped {', '.join(skipped)}")
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
-    result = {"schema_version": 1, "date": day, "gpu": gpu, "device": device,
-              "torch": torch.__version__, "workers": cluster.size, "backend": cluster.backend,
-              "parallelism": parallelism, "batch_size": args.batch_size, "watermark_granularity": args.watermarks,
-              "checkpoint_ms": args.checkpoint_ms, "warmup_events": warm_events, "repeats": args.repeats,
-              "start_s": started_s, "skipped": skipped, "entries": entries}
-    out.write_text(json.dumps(result, indent=1))
-    partial.unlink(missing_ok=True)
-    say(f"wrote {out}")
-    return 0 if all(e["equal"] for e in entries) else 1
+    return log.finish({"schema_version": 1, "date": day, "gpu": gpu, "device": device,
+                       "torch": torch.__version__, "workers": cluster.size, "backend": cluster.backend,
+                       "parallelism": parallelism, "batch_size": args.batch_size,
+                       "watermark_granularity": args.watermarks, "checkpoint_ms": args.checkpoint_ms,
+                       "warmup_events": warm_events, "repeats": args.repeats, "start_s": started_s})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import platform
 import statistics
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from bench_rows import RowLog  # noqa: E402
 
 from opforge import sql  # noqa: E402
 from opforge.sql.tpch import compare, data, queries  # noqa: E402
@@ -86,12 +87,11 @@ def main(argv=None) -> int:
 
     import opforge.cluster as C
 
-    begin = time.perf_counter()
-
-    def say(text: str) -> None:
-        print(f"{text}  [{time.perf_counter() - begin:.0f} s]", flush=True)
-
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    day = dt.date.today().isoformat()
+    out = Path(args.out) if args.out else HERE / "results" / f"cluster-tpch-{device}-sf{args.sf:g}-w{args.workers or 'auto'}-{day}.json"
+    log = RowLog(out, args.budget_s)
+    say = log.say
     paths = data.generate(args.sf, args.root)
     say(f"TPC-H SF{args.sf:g} data ready")
     t0 = time.perf_counter()
@@ -110,19 +110,10 @@ def main(argv=None) -> int:
     load_s = time.perf_counter() - t0
     say(f"tables registered: single process {single_load_s:.1f} s, cluster {load_s:.1f} s "
         f"({len(cluster.regions)} regions)")
-    day = dt.date.today().isoformat()
-    out = Path(args.out) if args.out else HERE / "results" / (
-        f"cluster-tpch-{device}-sf{args.sf:g}-w{cluster.size}-{day}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial.jsonl")
-    partial.unlink(missing_ok=True)
-    entries, skipped, last_s = [], [], 0.0
     try:
         for n in numbers:
-            if time.perf_counter() - begin + last_s > args.budget_s:
-                skipped.append(queries.name(n))
+            if not log.start(queries.name(n)):
                 continue
-            q0 = time.perf_counter()
             text = queries.query(n)
             single_ms, ref = _timed(lambda: single.sql(text).to_arrow(), args.warmup, args.repeats)
             dist_ms, ours = _timed(lambda: dist.sql(text).to_arrow(), args.warmup, args.repeats)
@@ -134,26 +125,17 @@ def main(argv=None) -> int:
                      "overhead": dist_ms / single_ms, "rows": ours.num_rows, "exchanges": len(ex),
                      "bytes_exchanged": moved, "equal": not diffs,
                      "per_worker_ms": [w["ms"] for w in cluster.last_query["workers"]]}
-            entries.append(entry)
-            with partial.open("a") as f:
-                f.write(json.dumps(entry) + "\n")
-            last_s = time.perf_counter() - q0
+            log.add(entry)
             say(f"{queries.name(n)}  single {single_ms:.1f} ms  cluster {dist_ms:.1f} ms  overhead x"
                 f"{dist_ms / single_ms:.2f}  rows {ours.num_rows}  exchanges {len(ex)} ({moved / 1e6:.1f} MB)  "
                 f"{'equal' if not diffs else 'DIFFERS: ' + diffs[0]}")
     finally:
         cluster.stop()
-    if skipped:
-        say(f"budget of {args.budget_s:g} s reached: skipped {', '.join(skipped)}")
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu"
-    result = {"schema_version": 1, "date": day, "gpu": gpu, "device": device,
-              "torch": torch.__version__, "sf": args.sf, "workers": cluster.size, "backend": cluster.backend,
-              "warmup": args.warmup, "repeats": args.repeats, "start_s": started_s, "load_s": load_s,
-              "single_load_s": single_load_s, "skipped": skipped, "entries": entries}
-    out.write_text(json.dumps(result, indent=1))
-    partial.unlink(missing_ok=True)
-    say(f"wrote {out}")
-    return 0 if all(e["equal"] for e in entries) else 1
+    return log.finish({"schema_version": 1, "date": day, "gpu": gpu, "device": device,
+                       "torch": torch.__version__, "sf": args.sf, "workers": cluster.size, "backend": cluster.backend,
+                       "warmup": args.warmup, "repeats": args.repeats, "start_s": started_s, "load_s": load_s,
+                       "single_load_s": single_load_s})
 
 
 if __name__ == "__main__":
