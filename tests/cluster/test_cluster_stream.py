@@ -8,7 +8,10 @@ the process group. Its output equals the
 single-process engine's on the same input (that engine is checked against PyFlink elsewhere),
 without failures and with a worker SIGKILLed mid-job: the job then restores from the last
 completed checkpoint on the new leaders and the sinks see every record exactly once. String keys
-too: their ids hash the value, so every worker puts a key in the same key group.
+too: their ids hash the value, so every worker puts a key in the same key group. A second job of
+two sources checks the operators of two inputs (a union, a keyed co-process function with state
+and timers, interval and window joins, record path and columnar) the same way, with and without a
+worker killed.
 """
 import random
 import time

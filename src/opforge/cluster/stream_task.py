@@ -13,7 +13,10 @@ subtask: it posts the batch, watermark or idleness change, keyed by its place in
 engine's depth-first order (``post``). After the round's polls the workers exchange what they
 posted over the process group (``stream_wire.exchange_bytes``) and each delivers, in key order, what
 its subtasks received, until nothing is in flight on any worker. So every subtask sees its input in
-the order the single-process engine gives it.
+the order the single-process engine gives it. A job with operators of two or more inputs (unions,
+connected streams, joins) steps through its source subtasks one poll at a time instead, each poll
+delivered and then the merging operators flushed (``StreamTask._poll_one_by_one``), as that engine
+does after every poll.
 
 A checkpoint is taken between rounds, when nothing is in flight (aligned barriers, as in
 ``stream/checkpoint.py``): each worker snapshots the subtasks of the regions it leads, one blob per
