@@ -8,15 +8,19 @@ the process group. Its output equals the
 single-process engine's on the same input (that engine is checked against PyFlink elsewhere),
 without failures and with a worker SIGKILLed mid-job: the job then restores from the last
 completed checkpoint on the new leaders and the sinks see every record exactly once. String keys
-too: their ids hash the value, so every worker puts a key in the same key group.
+too: their ids hash the value, so every worker puts a key in the same key group. A second job of
+two sources checks the operators of two inputs (a union, a keyed co-process function with state
+and timers, interval and window joins, record path and columnar) the same way, with and without a
+worker killed.
 """
 import random
 import time
 
 import pytest
 
-from opforge.stream import (Aggregations, CollectionSource, FileSink, SimulatedClock, StreamExecutionEnvironment,
-                            TumblingEventTimeWindows, WatermarkStrategy)
+from opforge.stream import (Aggregations, BroadcastProcessFunction, CollectionSource, FileSink, KeyedCoProcessFunction,
+                            MapStateDescriptor, SimulatedClock, StreamExecutionEnvironment, TumblingEventTimeWindows,
+                            Types, ValueStateDescriptor, WatermarkStrategy, vectorized)
 
 BOUND = 30
 
@@ -137,15 +141,123 @@ def test_a_job_on_three_workers_equals_the_single_process_engine(cluster, expect
     assert job.table not in cluster.tables  # the job's regions go with it
 
 
+def _race():
+    """A keyed co-process function (defined here: the workers cannot import this module, so Ray
+    ships it by value)."""
+
+    class Race(KeyedCoProcessFunction):
+        """Counts each input per key in shared keyed state; an event-time timer after each record of the
+        second input reports both counts (state and timers of two inputs, on the key's worker)."""
+
+        def open(self, ctx):
+            self.left = ctx.get_state(ValueStateDescriptor("left"))
+            self.right = ctx.get_state(ValueStateDescriptor("right"))
+
+        def process_element1(self, value, ctx):
+            self.left.update((self.left.value() or 0) + 1)
+            return ()
+
+        def process_element2(self, value, ctx):
+            self.right.update((self.right.value() or 0) + 1)
+            ctx.timer_service().register_event_time_timer(ctx.timestamp() + 25)
+            yield {"side": "right", "key": ctx.get_current_key(), "n": self.right.value()}
+
+        def on_timer(self, ts, ctx):
+            yield {"side": "timer", "key": ctx.get_current_key(), "ts": ts, "left": self.left.value() or 0,
+                   "right": self.right.value()}
+
+    return Race()
+
+
+BIDS = _events(300, 8)
+
+
+def _build_merging(env):
+    """Two sources into a union (then a keyed reduce: each key's order counts), a keyed connect
+    with a co-process function, an interval join and a window join."""
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(BOUND).with_timestamp_assigner("ts")
+    a = env.from_source(CollectionSource(EVENTS), strategy, "events").uid("events")
+    b = env.from_source(CollectionSource(BIDS), strategy, "bids").uid("bids")
+    union = a.union(b).uid("union")
+    running = union.key_by("key").reduce(lambda x, y: {**y, "value": x["value"] + y["value"]}).uid("totals").collect()
+    race = a.connect(b).key_by("key", "key").process(_race()).uid("race").collect()
+    pairs = a.key_by("key").interval_join(b.key_by("key")).between(-8, 5) \
+        .process(lambda x, y, ctx: {"key": x["key"], "a": x["value"], "b": y["value"], "ts": y["ts"]}).uid("ij").collect()
+    windowed = a.join(b).where("key").equal_to("key").window(TumblingEventTimeWindows.of(40)) \
+        .apply(lambda x, y: {"key": x["key"], "sum": x["value"] + y["value"]}).uid("wj").collect()
+    # the same joins with vectorized functions: the columnar interval join and window join operators
+    columns = vectorized(lambda x, y: {"key": x["key"], "a": x["value"], "b": y["value"]})
+    pairs_c = a.key_by("key").interval_join(b.key_by("key")).between(-8, 5).process(columns).uid("ij columns").collect()
+    windowed_c = a.join(b).where("key").equal_to("key").window(TumblingEventTimeWindows.of(40)) \
+        .apply(columns).uid("wj columns").collect()
+    return union.collect(), running, race, pairs, windowed, pairs_c, windowed_c
+
+
+def _merging_outputs(union, running, race, *joins):
+    """Multisets, and each key's running totals and co-process output in the order emitted."""
+    return (sorted(map(repr, union.records())), _per_key(running, "key"), _per_key(race, "key"),
+            *(sorted(map(repr, j.records())) for j in joins))
+
+
+@pytest.fixture(scope="module")
+def merging_expected(tmp_path_factory):
+    env = _env(tmp_path_factory.mktemp("checkpoints"), parallelism=6)
+    sinks = _build_merging(env)
+    res = env.execute("single process")
+    return _merging_outputs(*sinks), _counts(res)
+
+
+def _run_merging(cluster, tmp_path, after_round=None):
+    from opforge.cluster.stream_job import ClusterStreamJob
+
+    env = _env(tmp_path, cluster=cluster)
+    sinks = _build_merging(env)
+    job = ClusterStreamJob(env, env._take_graph("merging"), "merging")
+    return job, job.run(after_round), _merging_outputs(*sinks)
+
+
+def test_unions_connects_and_joins_on_three_workers_equal_the_single_process_engine(cluster, merging_expected,
+                                                                                    tmp_path):
+    job, res, got = _run_merging(cluster, tmp_path)
+    union, running, race, *joins = got
+    assert len(union) == len(EVENTS) + len(BIDS) and all(joins) and any("timer" in r for v in race.values() for r in v)
+    assert got == merging_expected[0] and _counts(res) == merging_expected[1]
+    assert res.restarts == 0 and len(res.checkpoints) >= 3
+    assert res.source_records == len(EVENTS) + len(BIDS) and job.exchanged["records"] > 0
+
+
+def test_a_worker_killed_under_joins_gives_exactly_the_failure_free_output(cluster, merging_expected, tmp_path):
+    killed = []
+
+    def kill(job, n):
+        if n == 3 and not killed:
+            assert job.completed >= 1  # a checkpoint holding both inputs' state to restore from
+            killed.append(cluster.store_of[0])
+            cluster.kill_worker(0)
+
+    job, res, got = _run_merging(cluster, tmp_path, kill)
+    assert killed and res.restarts == 1
+    assert got == merging_expected[0] and _counts(res) == merging_expected[1]  # nothing lost, nothing twice
+    assert res.source_records == len(EVENTS) + len(BIDS)
+
+
+class _Rules(BroadcastProcessFunction):
+    def process_element(self, value, ctx):
+        yield value
+
+    def process_broadcast_element(self, value, ctx):
+        return ()
+
+
 def test_what_a_cluster_cannot_run_is_refused(cluster, tmp_path):
     env = _env(tmp_path, cluster=cluster)
     env.from_collection([("a", 1), ("b", 2)]).key_by(lambda r: frozenset(r[0])).reduce(lambda a, b: a).collect()
     with pytest.raises(TypeError, match="key frozenset.* is a frozenset"):  # its id is by first sight: per worker
         env.execute("frozenset keys")
-    one, two = env.from_collection([1, 2]), env.from_collection([3])
-    one.union(two).collect()
-    with pytest.raises(NotImplementedError, match="'Union' has 2 inputs"):
-        env.execute("union")
+    rules = MapStateDescriptor("rules", Types.INT(), Types.INT())
+    env.from_collection([1, 2]).connect(env.from_collection([3]).broadcast(rules)).process(_Rules()).collect()
+    with pytest.raises(NotImplementedError, match="'BroadcastProcess' uses broadcast state"):
+        env.execute("broadcast state")
 
 
 def test_an_operators_error_is_the_jobs_own_not_a_lost_worker(cluster, tmp_path):

@@ -55,11 +55,11 @@ class ClusterStreamJob:
         if len(keyed) > 1:
             raise ValueError(f"execute({job_name!r}) on a cluster: the keyed operators have parallelisms "
                              f"{sorted(keyed)}; they share one set of key-group regions, so give them one parallelism")
-        merging = next((t for t in transformations if len(t.inputs) > 1), None)
-        if merging is not None:
-            raise NotImplementedError(f"execute({job_name!r}) on a cluster: operator {merging.name!r} has "
-                                      f"{len(merging.inputs)} inputs; joins, unions and connected streams run in one "
-                                      "process only for now")
+        broadcast = next((t for t in transformations if t.kind == "broadcast_process"), None)
+        if broadcast is not None:
+            raise NotImplementedError(f"execute({job_name!r}) on a cluster: operator {broadcast.name!r} uses broadcast "
+                                      "state, which runs in one process only for now (unions, connected streams and "
+                                      "joins run on the cluster)")
         aligned = [t.name for t in transformations
                    if t.kind == "source" and t.params["watermark_strategy"].alignment_group is not None]
         if aligned:

@@ -13,7 +13,10 @@ subtask: it posts the batch, watermark or idleness change, keyed by its place in
 engine's depth-first order (``post``). After the round's polls the workers exchange what they
 posted over the process group (``stream_wire.exchange_bytes``) and each delivers, in key order, what
 its subtasks received, until nothing is in flight on any worker. So every subtask sees its input in
-the order the single-process engine gives it.
+the order the single-process engine gives it. A job with operators of two or more inputs (unions,
+connected streams, joins) steps through its source subtasks one poll at a time instead, each poll
+delivered and then the merging operators flushed (``StreamTask._poll_one_by_one``), as that engine
+does after every poll.
 
 A checkpoint is taken between rounds, when nothing is in flight (aligned barriers, as in
 ``stream/checkpoint.py``): each worker snapshots the subtasks of the regions it leads, one blob per
@@ -94,7 +97,7 @@ class _Posted:
 
     def __init__(self, task: "StreamTask", node: _Node, index: int, host: int, local):
         self.task, self.node_id, self.index, self.host, self.local = task, node.t.id, index, host, local
-        self.key = next((inp.key for inp in node.t.inputs if inp.key is not None), None)
+        self.keys = [inp.key for inp in node.t.inputs]  # per input: a join's inputs have one selector each
         self.out = local.out if local is not None else SimpleNamespace(edges=[])
 
     def add_channel(self, ch) -> None:
@@ -105,7 +108,8 @@ class _Posted:
         self.task.post(self.host, {"n": self.node_id, "s": self.index, **header}, batch)
 
     def receive(self, batch, ch, input_index: int = 0) -> None:
-        local = self.key.codec.local if self.key is not None else None
+        key = self.keys[input_index]
+        local = key.codec.local if key is not None else None
         if local is not None:
             raise TypeError(f"key_by on a cluster: key {local!r} is a {type(local).__name__}; keys that cross "
                             "workers are ints, floats, strings, bytes, bools, None or tuples of those (their ids "
@@ -158,6 +162,9 @@ class StreamTask:
         nodes = {t.id: _Node(t) for t in self.transformations}
         self.inputs_of = {t.id: t.inputs for t in self.transformations}
         self.nodes, self.local, self.sources = nodes, {}, []
+        self.all_sources = [(order, i) for order, t in enumerate(self.transformations) if t.kind == "source"
+                            for i in range(t.parallelism)]
+        self.merging = [(order, t) for order, t in enumerate(self.transformations) if len(t.inputs) > 1]
         for order, t in enumerate(self.transformations):
             node = nodes[t.id]
             mine = [i for i in range(t.parallelism) if self.host(i) == self.rank]
@@ -168,7 +175,7 @@ class StreamTask:
                 self.sources += [(order, i, r) for i, r in real.items()]
                 self.local[t.id] = real
                 continue
-            key = t.inputs[0].key
+            key = next((inp.key for inp in t.inputs if inp.key is not None), None)
             real = {}
             for i in mine:
                 op = build_operator(t, key)
@@ -179,7 +186,7 @@ class StreamTask:
                 real[i] = _Runner(node, i, op, node.metrics[i])
                 op.out = real[i].out
             self.local[t.id] = real
-            if _forward(t.inputs[0], t):
+            if all(_forward(inp, t) for inp in t.inputs):
                 node.runners = [real.get(i) or _Elsewhere() for i in range(t.parallelism)]
             else:
                 node.runners = [_Posted(self, node, i, self.host(i), real.get(i)) for i in range(t.parallelism)]
@@ -208,12 +215,42 @@ class StreamTask:
                 with _attributed(r.op):
                     r.op.on_processing_time(now)
         before = self._emitted()
-        for order, i, s in self.sources:
-            if not s.finished:
+        if self.merging:
+            self._poll_one_by_one(now)
+        else:
+            for order, i, s in self.sources:
+                if not s.finished:
+                    self.cause, self.counter = (1, order, i), 0
+                    s.poll(now)
+            self.drain()
+        return {"finished": all(s.finished for _, _, s in self.sources), "records": self._emitted() - before}
+
+    def _poll_one_by_one(self, now: int) -> None:
+        """A job with operators of two or more inputs (union, connect, joins): as in the
+        single-process engine, each source subtask's poll goes all the way through the graph (every
+        worker delivers it) and then the merging operators run what they held (``_Runner.flush``:
+        their inputs' records in watermark order), before the next subtask polls. Collective: every
+        worker steps through the job's unfinished source subtasks in graph order."""
+        mine = {(order, i): s for order, i, s in self.sources}
+        finished = wire.any_of([at in mine and mine[at].finished for at in self.all_sources])
+        for (order, i), done in zip(self.all_sources, finished):
+            if done:
+                continue
+            s = mine.get((order, i))
+            if s is not None:
                 self.cause, self.counter = (1, order, i), 0
                 s.poll(now)
-        self.drain()
-        return {"finished": all(s.finished for _, _, s in self.sources), "records": self._emitted() - before}
+            self.drain()
+            self.flush()
+
+    def flush(self) -> None:
+        """Run what the merging operators held, in graph order (what one emits may reach a later
+        one), delivering each one's output before the next flushes. Collective."""
+        for order, t in self.merging:
+            for i, r in sorted(self.local[t.id].items()):
+                self.cause, self.counter = (2, order, i), 0
+                r.flush()
+            self.drain()
 
     def _emitted(self) -> int:
         return sum(s.metrics.records_out for _, _, s in self.sources)

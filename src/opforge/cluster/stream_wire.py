@@ -111,4 +111,11 @@ def any_pending(count: int) -> bool:
     return int(t.item()) > 0
 
 
-__all__ = ["encode_batch", "decode_batch", "pack", "unpack", "exchange_bytes", "any_pending"]
+def any_of(flags: list[bool]) -> list[bool]:
+    """Per position, whether any worker's flag is set (each worker sets those it knows). Collective."""
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=D.device())
+    torch.distributed.all_reduce(t)
+    return (t > 0).tolist()
+
+
+__all__ = ["encode_batch", "decode_batch", "pack", "unpack", "exchange_bytes", "any_pending", "any_of"]
