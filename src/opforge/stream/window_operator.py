@@ -187,7 +187,7 @@ class WindowOperator(Operator):
         try:
             for i, rec in enumerate(recs):
                 if wms is not None and wms[i] > self.watermark:
-                    self._advance(wms[i])  # windows and timers due at this record's watermark fire first
+                    self._move_time(wms[i])  # windows and timers due at this record's watermark fire first
                 ts = times[i]
                 if not self._element(keys[i], rec, ts, ts if event_time else now) and event_time \
                         and ts + self.lateness <= self.watermark:
@@ -284,15 +284,20 @@ class WindowOperator(Operator):
             self.out_recs, self.out_ts = [], []
 
     def _advance(self, watermark):
+        self._move_time(watermark)
+        self._flush()
+
+    def _move_time(self, watermark):
         """Event time moves to ``watermark``: due trigger timers fire, windows
-        past their cleanup time go."""
+        past their cleanup time go. Their results wait in ``out_recs``: inside a
+        batch (record watermarks) they leave with the batch's, as one batch, not
+        one small batch per firing (issue 26: q7's window fired ~10 times a batch)."""
         self.watermark = watermark
         for t, key, w in self.event_timers.pop_due(watermark):
             self._act(key, w, self.trigger.on_event_time(t, w, self.ctx.at(key, w)))
         if self.assigner.event_time:
             for _, key, w in self.cleanup_timers.pop_due(watermark):
                 self._clear(key, w)
-        self._flush()
 
     def on_watermark(self, watermark):
         self._advance(watermark)
