@@ -84,6 +84,13 @@ class _TriggerContext:
 _EMPTY = object()
 
 
+def _host_lists(*columns):
+    """The columns (None stays None) as lists, the int64 ones in one read-back."""
+    same = [c for c in columns if c is not None and c.dtype == torch.int64]
+    host = iter(torch.stack(same).tolist() if len(same) > 1 else [c.tolist() for c in same])
+    return [None if c is None else next(host) if c.dtype == torch.int64 else c.tolist() for c in columns]
+
+
 class WindowOperator(Operator):
     """Record-at-a-time windows; ``function``: ("aggregate", AggregateFunction),
     ("reduce", fn) or ("process", ProcessWindowFunction); ``evictor``: an
@@ -177,9 +184,8 @@ class WindowOperator(Operator):
         event_time = self.assigner.event_time
         if event_time:
             require_timestamps(batch, self.name)
-        keys = batch.keys.tolist()
-        times = batch.timestamps.tolist()
-        wms = None if batch.watermarks is None or not event_time else batch.watermarks.tolist()
+        wms = batch.watermarks if event_time else None
+        keys, times, wms = _host_lists(batch.keys, batch.timestamps, wms)
         recs = batch.records()
         late_rows = []
         now = self.clock.now()
