@@ -169,7 +169,7 @@ class _HottestAuctions(ProcessWindowFunction):
                        "window_end": e["window_end"]}
 
 
-def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def _top_rows(group: torch.Tensor, value: torch.Tensor, bounds: tuple | None = None) -> torch.Tensor:
     """Rows whose ``value`` is the highest of their ``group`` in this batch
     (all of them on a tie), in row order. The groups are window numbers or
     bounds, a narrow range within a batch, so a group's offset from the
@@ -178,11 +178,13 @@ def _top_rows(group: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     registers: one atomic per block, not one per row on a few addresses), one
     compaction, no sort, and the batch may be in any order (bids arrive out of
     order across window bounds). Groups spread wider than the batch has rows
-    are numbered by ``torch.unique``."""
+    are numbered by ``torch.unique``. ``bounds``: ``group``'s (min, max) when
+    the caller read them back already (with its own checks, one sync)."""
     if group.numel() == 0:
         return torch.zeros(0, dtype=torch.int64, device=group.device)
-    slot = group - group.min()
-    span = int(slot.max()) + 1
+    lo, hi = torch.stack([group.min(), group.max()]).tolist() if bounds is None else bounds
+    slot = group - lo
+    span = hi - lo + 1
     if span > group.numel():
         _, slot = torch.unique(group, return_inverse=True)
         span = int(slot.max()) + 1
@@ -739,12 +741,16 @@ def _batch_top(size_ms: int):
         allowed lateness (the window sees no later watermark than it saw here)."""
         ts, price = batch.timestamps, batch["price"]
         group = torch.div(ts, size_ms, rounding_mode="floor")
-        if batch.watermarks is not None:
+        bounds = None
+        if batch.watermarks is not None and len(batch):
             past_end = batch.watermarks >= (group + 1) * size_ms - 1
-            if bool(past_end.any()):  # rare: bids behind the watermark
+            lo, hi, n_past = torch.stack([group.min(), group.max(), past_end.sum()]).tolist()  # one sync
+            bounds = (lo, hi)
+            if n_past:  # rare: bids behind the watermark
                 wm = torch.where(past_end, batch.watermarks, torch.full_like(group, MIN_WATERMARK))
                 group = torch.unique(torch.stack([group, wm], 1), dim=0, return_inverse=True)[1]
-        rows = _top_rows(group, price)
+                bounds = None
+        rows = _top_rows(group, price, bounds)
         return {"auction": batch["auction"][rows], "price": price[rows], "bidder": batch["bidder"][rows],
                 "date_time": batch["date_time"][rows], "__row__": rows}
 
