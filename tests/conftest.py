@@ -2,6 +2,8 @@
 and the autotune cache in a throw-away folder."""
 
 import os
+import subprocess
+import sys
 import tempfile
 
 os.environ.setdefault("OPFORGE_INTERPRET", "1")
@@ -11,6 +13,28 @@ os.environ.setdefault("OPFORGE_CACHE_DIR", tempfile.mkdtemp(prefix="opforge-test
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+FRESH_PROCESS = "OPFORGE_TEST_FRESH_PROCESS"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fresh_process: the test body runs in a new Python process (Gluon "
+                            "compiles in the suite's process failed after some other tests had run there)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A ``fresh_process`` test runs as ``pytest <its id>`` in a child, whose result is the test's."""
+    if pyfuncitem.get_closest_marker("fresh_process") is None or os.environ.get(FRESH_PROCESS) == "1":
+        return None
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+                         cwd=pyfuncitem.config.rootpath, env=dict(os.environ, **{FRESH_PROCESS: "1"}),
+                         capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        pytest.fail(f"in a fresh process (exit {run.returncode}):\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}",
+                    pytrace=False)
+    return True
 
 
 @pytest.fixture(autouse=True)

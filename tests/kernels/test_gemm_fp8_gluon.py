@@ -99,6 +99,7 @@ def _cuobjdump() -> str:
     return str(tool)
 
 
+@pytest.mark.fresh_process
 def test_ws_kernel_compiles_for_sm90_with_hopper_instructions():
     """Block scales on both sides: the promotion path, the scale loads in the loop and the epilogue."""
     tool = _cuobjdump()

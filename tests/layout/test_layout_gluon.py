@@ -48,6 +48,7 @@ def _count(ptx: str, pattern: str) -> int:
     return len(re.findall(pattern, ptx))
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("kind", ["naive", "unpadded", "padded", "swizzled"])
 def test_transpose_steps_compile_for_sm90_to_the_modelled_instructions(transpose_gluon, kind):
     kernel, kw = transpose_gluon.launch_args(kind)
@@ -75,6 +76,7 @@ def _conflict_probe(x_ptr, VEC: gl.constexpr, PER_PHASE: gl.constexpr, MAX_PHASE
     gl.static_assert(gl.bank_conflicts(tile.type, smem.permute([1, 0]).type) == LOAD)
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("swizzle, load_conflicts", [
     (Swizzle(5, 0, 5), 0), (Swizzle(0, 0, 5), 31), (Swizzle(3, 0, 5), 3), (Swizzle(2, 1, 5), 7)])
 def test_analyzer_agrees_with_tritons_bank_conflict_model(swizzle, load_conflicts):
