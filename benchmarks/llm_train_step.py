@@ -3,7 +3,7 @@
     python benchmarks/llm_train_step.py                      # the issue's shape on the GPU, every mode
     python benchmarks/llm_train_step.py --layers 2 --seq 512 --modes eager,opforge
     python benchmarks/llm_train_step.py --out json           # also write benchmarks/results/<gpu>-<date>-llm-train-step.json
-    python benchmarks/llm_train_step.py --profile opforge    # one mode's per-kernel CUDA time table (top 25)
+    python benchmarks/llm_train_step.py --profile opforge    # one mode's per-kernel CUDA time table (top 45)
 
 The model is built from a config with random weights (no downloads): by
 default Llama-3.2-1B's shape, 16 layers, hidden 2048, intermediate 8192, 32 /
@@ -35,8 +35,8 @@ same weights and tokens, so they must agree (to bf16 rounding), which is the
 run's correctness check. Prints one line per mode and the ratios to Liger.
 
 ``--profile MODE`` runs that one mode's warmup, then profiles ``--steps``
-steps with ``torch.profiler`` and prints the top 25 kernels by CUDA time
-(total and per step), the 15 ops that allocate most and the steps' memory
+steps with ``torch.profiler`` and prints the top 45 kernels by CUDA time
+(total and per step), the kernel time against the wall time of a step, the 15 ops that allocate most and the steps' memory
 peak: where a gap to Liger is.
 """
 from __future__ import annotations
@@ -160,19 +160,24 @@ def profile_child(args) -> str:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    import time
+
     with profile(activities=activities, profile_memory=True) as prof:
+        start = time.perf_counter()
         for _ in range(args.steps):
             step()
         if cuda:
             torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     averages = prof.key_averages()
-    table = averages.table(sort_by=key, row_limit=25, max_name_column_width=70)
+    table = averages.table(sort_by=key, row_limit=45, max_name_column_width=90)
+    device_ms = sum(getattr(e, key) for e in averages) / 1e3 / args.steps
     memory_key = "self_cuda_memory_usage" if cuda else "self_cpu_memory_usage"
     memory = averages.table(sort_by=memory_key, row_limit=15, max_name_column_width=70)
     peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if cuda else "n/a"
     return f"mode {args.mode}: {args.steps} steps profiled (divide totals by {args.steps} for one step), " \
-           f"peak {peak}\n{table}\nthe ops that allocate most (self memory, all steps):\n{memory}"
+           f"peak {peak}; per step: {wall_ms:.1f} ms wall (profiled), {device_ms:.1f} ms of kernel time\n{table}\nthe ops that allocate most (self memory, all steps):\n{memory}"
 
 
 def versions() -> dict:
@@ -217,7 +222,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--out", choices=("json",), default=None, help="also write the JSON under benchmarks/results/")
     p.add_argument("--profile", metavar="MODE", choices=MODES, default=None,
-                   help="profile this one mode and print its top 25 kernels by CUDA time")
+                   help="profile this one mode and print its top 45 kernels by CUDA time")
     p.add_argument("--mode", help=argparse.SUPPRESS)  # a child process: run this one mode, print its JSON
     args = p.parse_args()
     if args.device is None:
