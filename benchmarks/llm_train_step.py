@@ -172,7 +172,7 @@ def profile_child(args) -> str:
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     averages = prof.key_averages()
     table = averages.table(sort_by=key, row_limit=45, max_name_column_width=90)
-    device_ms = sum(getattr(e, key) for e in averages) / 1e3 / args.steps
+    device_ms = sum(getattr(e, "self_device_time_total" if cuda else key) for e in averages) / 1e3 / args.steps
     memory_key = "self_cuda_memory_usage" if cuda else "self_cpu_memory_usage"
     memory = averages.table(sort_by=memory_key, row_limit=15, max_name_column_width=70)
     peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if cuda else "n/a"
