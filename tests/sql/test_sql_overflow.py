@@ -154,6 +154,36 @@ def test_sum_overflow_is_exact():
         (1, decimal.Decimal(I64_MIN + 5)), (2, decimal.Decimal(I64_MIN))]
 
 
+def test_sums_of_one_operator_share_one_bounds_read_and_stay_exact(monkeypatch):
+    """An aggregate operator sums every integer / DECIMAL column in int64 at once and reads all their
+    overflow bounds back together; the sums whose bound fails (here x, z and the 128-bit w) are
+    summed again exactly, the others are kept. Answers equal DuckDB's."""
+    import torch
+
+    big = decimal.Decimal(10) ** 20
+    t = pa.table({"x": pa.array([I64_MIN, I64_MIN, 5, 7], pa.int64()), "y": pa.array([3, 0, -4, 9], pa.int64()),
+                  "z": pa.array([I64_MAX, 1, -2, None], pa.int64()),
+                  "w": pa.array([big, big, decimal.Decimal(1), None], pa.decimal128(38, 0)),
+                  "v": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-2.25"), decimal.Decimal("4.00")],
+                                pa.decimal128(30, 2)),
+                  "k": pa.array([1, 2, 1, 2], pa.int32())})
+    con, duck = sql.connect("cpu"), duckdb.connect()
+    con.register("t", t)
+    duck.register("t", t)
+    q = ("SELECT k, sum(x), sum(y), sum(z), sum(w), sum(v), avg(w), avg(v), count(z), sum(y * 2) FROM t "
+         "GROUP BY k ORDER BY k")
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or tolist(self))
+    got = con.sql(q).fetchall()
+    monkeypatch.undo()
+    assert got == duck.sql(q).fetchall()
+    # the bounds of the six SUMs and two 128-bit AVGs: 8 x 3 scalars and the largest group, one read
+    assert torch.Size([25]) in reads
+    assert con.sql("SELECT sum(x), sum(y), sum(w) FROM t").fetchall() == \
+        duck.sql("SELECT sum(x), sum(y), sum(w) FROM t").fetchall()
+
+
 def test_range_checks_are_read_back_once_per_evaluation(monkeypatch):
     """Every check of one expression evaluation is one host read (``evaluation.raise_failed``), not
     one per operation; checks that the operand types make impossible are not even recorded."""
