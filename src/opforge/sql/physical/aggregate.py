@@ -110,11 +110,12 @@ def _aggregate(node: Aggregate, batch: Batch, key_cols: list[Column], ctx: ExecC
 
 
 def _reduce_all(aggs, batch: Batch, gid: torch.Tensor, groups: int) -> list[Column]:
-    """Every aggregate of one operator over the same group ids. An integer or DECIMAL SUM is summed
-    in int64 at once, its overflow bounds kept on the device; the bounds of all of them come back in
-    one host read at the end, and only a SUM whose bound fails is summed again exactly. Each SUM
-    used to read its own bounds before summing (TPC-DS q66's 96 sums: 240 host reads a run, each a
-    sync on the GPU). One argument column is alive at a time, as before."""
+    """Every aggregate of one operator over the same group ids, with one host read for all of them
+    where each used to read its own (TPC-DS q66's 96 SUMs: 240 reads a run, each a sync on the GPU):
+    - an integer or DECIMAL SUM is summed in int64 at once, its overflow bounds kept on the device;
+      only a SUM whose bound fails is summed again exactly, after the read;
+    - a result's NULL mask is kept, and dropped after the read when every group has a value.
+    One argument column is alive at a time, as before."""
     n, dev = batch.n, batch.device
     rows_per_group = []  # count(*) per group, computed once and shared by aggregates over non-NULL columns
     out, pending = [], []
@@ -124,17 +125,26 @@ def _reduce_all(aggs, batch: Batch, gid: torch.Tensor, groups: int) -> list[Colu
         if bounds is not None:
             pending.append((i, bounds))
         out.append(_reduce(call.func, col, gid, groups, n, dev, o.type, rows_per_group,
-                           None if bounds is None else True))
+                           None if bounds is None else True, read_valid=False))
+    stats = [b for _, bounds in pending for b in bounds]
     if pending:
-        largest = (rows_per_group[0][0] if rows_per_group
-                   else hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")).max().long()
-        host = torch.stack([b for _, bounds in pending for b in bounds] + [largest]).tolist()
-        for k, (i, _) in enumerate(pending):
-            fits, lo, hi = host[3 * k: 3 * k + 3]
-            if not (fits and max(-lo, hi) * host[-1] < 2 ** 63):  # exact Python ints
-                o, call = aggs[i]
-                out[i] = _reduce(call.func, evaluate(call.arg, batch), gid, groups, n, dev, o.type, rows_per_group,
-                                 False)
+        counts = (rows_per_group[0][0] if rows_per_group
+                  else hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count"))
+        stats.append(counts.max().long())
+    masked = [i for i, c in enumerate(out) if c.valid is not None]
+    stats += [out[i].valid.all().long() for i in masked]
+    if not stats:
+        return out
+    host = torch.stack(stats).tolist()
+    for i, full in zip(masked, host[len(host) - len(masked):]):
+        if full:
+            out[i] = Column(out[i].values, None, out[i].type, out[i].dictionary)
+    for k, (i, _) in enumerate(pending):
+        fits, lo, hi = host[3 * k: 3 * k + 3]
+        if not (fits and max(-lo, hi) * host[3 * len(pending)] < 2 ** 63):  # exact Python ints
+            o, call = aggs[i]
+            out[i] = _reduce(call.func, evaluate(call.arg, batch), gid, groups, n, dev, o.type, rows_per_group,
+                             False)
     return out
 
 
@@ -153,7 +163,10 @@ def _int64_bounds(func: str, col: Column | None, out_type: T.SqlType, n: int, gr
 
 
 def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: int, dev, out_type: T.SqlType,
-            rows_per_group: list, int64_safe: bool | None = None) -> Column:
+            rows_per_group: list, int64_safe: bool | None = None, read_valid: bool = True) -> Column:
+    """One aggregate per group. ``int64_safe``: whether an integer / DECIMAL SUM may run in int64
+    (None: read its bounds here). ``read_valid``: whether to drop an all-true NULL mask here (one
+    host read each) or leave that to the caller (``_reduce_all``: one read for all)."""
     if func == "list":
         from opforge.sql.nested import group_lists
         return group_lists(col, gid, groups, out_type)
@@ -165,14 +178,17 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
     if func == "count_star" or col.valid is None:
         if not rows_per_group:
             c = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count")
-            rows_per_group.append((c, None if n and bool((c > 0).all()) or not groups else c > 0))
+            if read_valid:
+                rows_per_group.append((c, None if n and bool((c > 0).all()) or not groups else c > 0))
+            else:
+                rows_per_group.append((c, c > 0))
         cnt, valid = rows_per_group[0]
         if func == "count_star":
             return Column(cnt, None, T.INT64)
     else:
         cnt = hashing.segment_reduce_dense(gid.new_ones(n), gid, groups, "count", valid=col.valid)
         has = cnt > 0
-        valid = None if bool(has.all()) else has
+        valid = None if read_valid and bool(has.all()) else has
     if func == "count":
         return Column(cnt, None, T.INT64)
     if func == "count_distinct":
