@@ -3,17 +3,20 @@ row groups encoded as separate in-memory files become one file.
 
 Why: pyarrow encodes one file's row groups on one thread. ``parquet_write`` encodes each row
 group as a small file of its own on a thread pool and concatenates their bodies; the offsets that
-the footer holds (row group, column chunk, data / dictionary / index page) are then shifted by
-where each body landed, and the row groups are listed under one footer, as parquet-mr's
-``appendRowGroups`` does. Pages hold no absolute offsets, so the bodies are copied unchanged. The
-merge refuses what it does not shift: page indexes, bloom filters, encryption, external chunks.
+the footer holds (row group, column chunk, data / dictionary / index page, bloom filter) are then
+shifted by where each body landed, and the row groups are listed under one footer, as parquet-mr's
+``appendRowGroups`` does. Pages and bloom filters hold no absolute offsets, so the bodies are
+copied unchanged. The merge refuses what it cannot move: page indexes (their page locations are
+file offsets), encryption, chunks in other files.
 
 The codec is generic (Thrift's compact protocol, any struct): a struct is a ``dict`` of field id ->
 ``(type, value)`` kept in the order read, lists and sets ``TList``, maps ``TMap``."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from opforge.sql.errors import SqlError
 
@@ -27,8 +30,7 @@ FILE_NUM_ROWS, FILE_SCHEMA, FILE_ROW_GROUPS = 3, 2, 4
 GROUP_COLUMNS, GROUP_FILE_OFFSET, GROUP_ORDINAL = 1, 5, 7
 CHUNK_FILE_PATH, CHUNK_FILE_OFFSET, CHUNK_META = 1, 2, 3
 CHUNK_UNSHIFTED = {4: "offset index", 6: "column index", 8: "encryption", 9: "encrypted metadata"}
-META_OFFSETS = (9, 10, 11)  # data, index and dictionary page offsets
-META_UNSHIFTED = {14: "bloom filter"}
+META_OFFSETS = (9, 10, 11, 14)  # data, index and dictionary page offsets, bloom filter (no offsets inside)
 
 
 @dataclass
@@ -199,7 +201,9 @@ def split(file: memoryview) -> tuple[memoryview, bytes]:
 
 
 def _shift(fields: dict, fid: int, by: int) -> None:
-    if fid in fields:
+    """Moves the offset ``fid`` by ``by``; 0 (no offset can be: the magic is there) means unset, as
+    pyarrow leaves the deprecated column chunk ``file_offset``, and stays."""
+    if fid in fields and fields[fid][1]:
         t, v = fields[fid]
         fields[fid] = (t, v + by)
 
@@ -228,7 +232,6 @@ def merge(footers: list[tuple[bytes, int]]) -> bytes:
                 _refuse(chunk, CHUNK_UNSHIFTED | {CHUNK_FILE_PATH: "path to another file"})
                 _shift(chunk, CHUNK_FILE_OFFSET, by)
                 meta = chunk[CHUNK_META][1]
-                _refuse(meta, META_UNSHIFTED)
                 for fid in META_OFFSETS:
                     _shift(meta, fid, by)
             groups.append(group)
@@ -236,3 +239,21 @@ def merge(footers: list[tuple[bytes, int]]) -> bytes:
     out[FILE_NUM_ROWS] = (I64, rows)
     out[FILE_ROW_GROUPS] = (LIST, TList(STRUCT, groups))
     return encode(dict(sorted(out.items())))
+
+
+def concatenate(parts: Iterable, out: BinaryIO) -> None:
+    """Writes the whole Parquet files ``parts`` (bytes-like, one schema), in order, to ``out`` as
+    one file: their bodies unchanged, one after another, under their merged footer."""
+    out.write(MAGIC)
+    footers, at = [], len(MAGIC)
+    for part in parts:
+        body, footer = split(memoryview(part))
+        out.write(body)
+        footers.append((footer, at - len(MAGIC)))
+        at += len(body)
+    if not footers:
+        raise SqlError("Parquet merge: no parts")
+    footer = merge(footers)
+    out.write(footer)
+    out.write(len(footer).to_bytes(4, "little"))
+    out.write(MAGIC)

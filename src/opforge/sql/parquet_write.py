@@ -131,14 +131,4 @@ def write(data: pa.Table, path: str, compression: str = "snappy") -> None:
 
     threads = _threads(len(starts))
     with open(path, "wb") as f, ThreadPoolExecutor(threads, thread_name_prefix="parquet-encode") as pool:
-        f.write(parquet_footer.MAGIC)
-        footers, at = [], len(parquet_footer.MAGIC)
-        for part in _in_order(pool, encode, starts, 2 * threads):
-            body, footer = parquet_footer.split(memoryview(part))
-            f.write(body)
-            footers.append((footer, at - len(parquet_footer.MAGIC)))
-            at += len(body)
-        footer = parquet_footer.merge(footers)
-        f.write(footer)
-        f.write(len(footer).to_bytes(4, "little"))
-        f.write(parquet_footer.MAGIC)
+        parquet_footer.concatenate(_in_order(pool, encode, starts, 2 * threads), f)
