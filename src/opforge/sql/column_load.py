@@ -41,7 +41,7 @@ from opforge.sql import types as T
 from opforge.sql.column import Column, arrow_dictionary
 from opforge.sql.errors import SqlError
 from opforge.sql.parquet_read import RowGroups
-from opforge.sql.string_sort import sorted_ranks
+from opforge.sql.string_sort import gathered_words, sorted_ranks
 from opforge.runtime import host_staging
 from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype, values_view
 
@@ -239,32 +239,55 @@ def sorts_strings_on(device: torch.device) -> bool:
 
 
 def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
-    """A column of mostly distinct strings: its bytes go to the device and are ranked there by a
-    radix sort (``string_sort``), instead of hashing and sorting millions of words on one host
-    thread; only the distinct words, in order, come back for the host dictionary."""
-    strings = pa.chunked_array(chunks, None if chunks else pa.large_string()).cast(pa.large_string())
-    strings = strings.combine_chunks() if strings.num_chunks != 1 else strings.chunk(0)
-    if strings.null_count == len(strings):  # no words (or no rows): the general conversion
-        return Column.from_arrow(strings, device, name)
+    """A column of mostly distinct strings: its bytes go to the device chunk by chunk (no host
+    copy of the column) and are ranked there by a radix sort (``string_sort``), instead of hashing
+    and sorting millions of words on one host thread; only the distinct words, in order, come
+    back for the host dictionary, gathered on the device (``string_sort.gathered_words``)."""
+    strings = [c if pa.types.is_string(c.type) or pa.types.is_large_string(c.type) else c.cast(pa.large_string())
+               for c in chunks]
+    nulls = sum(c.null_count for c in strings)
+    if nulls == n:  # no words (or no rows): the general conversion
+        return Column.from_arrow(pa.chunked_array(strings, pa.large_string() if not strings else None), device, name)
     valid = None
-    if strings.null_count:
-        valid = to_device([strings.is_valid().to_numpy(zero_copy_only=False)], n, torch.bool, device)
-        strings = strings.drop_null()
-    m = len(strings)
-    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64, count=strings.offset + m + 1)[strings.offset:]
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    data = np.frombuffer(strings.buffers()[2], dtype=np.uint8, count=hi)[lo:] if hi > lo else np.zeros(0, np.uint8)
-    ranks, firsts = sorted_ranks(to_device([offsets - lo], m + 1, torch.int64, device),
-                                 to_device([data], hi - lo, torch.uint8, device))
+    if nulls:
+        valid = to_device((c.is_valid().to_numpy(zero_copy_only=False) for c in strings), n, torch.bool, device)
+        strings = [c.drop_null() if c.null_count else c for c in strings]
+    m = n - nulls
+    spans = [_string_span(c) for c in strings]
+    size = sum(hi - lo for _, lo, hi, _ in spans)
+
+    def offset_pieces():
+        base = 0
+        for offsets, lo, hi, _ in spans:
+            yield offsets[:-1].astype(np.int64) + (base - lo)
+            base += hi - lo
+        yield np.array([base], dtype=np.int64)
+
+    offsets = to_device(offset_pieces(), m + 1, torch.int64, device)
+    data = to_device((bytes_ for _, lo, hi, bytes_ in spans if hi > lo), size, torch.uint8, device)
+    ranks, firsts = sorted_ranks(offsets, data)
     if valid is None:
         codes = ranks
     else:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
         codes = ranks[:1].expand(n).clone()
         codes[valid] = ranks
-    ordered = strings.take(pa.array(firsts.cpu().numpy())).cast(pa.string())
+    word_offsets, word_bytes = gathered_words(offsets, data, firsts)
+    ordered = pa.Array.from_buffers(pa.large_string(), len(word_offsets) - 1,
+                                    [None, pa.py_buffer(word_offsets), pa.py_buffer(word_bytes)]).cast(pa.string())
     words = tuple(ordered.to_pylist())
     arrow_dictionary(words, ordered)
     return Column(codes, valid, typ, words)
+
+
+def _string_span(chunk: pa.Array) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """A string chunk's offsets (a view), the range of its data they cover and those bytes."""
+    wide = pa.types.is_large_string(chunk.type)
+    buffers = chunk.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if wide else np.int32,
+                            count=chunk.offset + len(chunk) + 1)[chunk.offset:]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(buffers[2], dtype=np.uint8, count=hi)[lo:] if hi > lo else np.zeros(0, np.uint8)
+    return offsets, lo, hi, data
 
 
 def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
