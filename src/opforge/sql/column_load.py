@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import torch
 
 from opforge.sql import types as T
-from opforge.sql.column import Column, arrow_dictionary
+from opforge.sql.column import ArrowWords, Column, arrow_dictionary
 from opforge.sql.errors import SqlError
 from opforge.sql.parquet_read import RowGroups
 from opforge.sql.string_sort import gathered_words, sorted_ranks
@@ -49,6 +49,9 @@ from opforge.runtime.host_staging import fill_to_device, to_device, torch_dtype,
 _FIXED = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
           pa.uint8(): np.uint8, pa.float16(): np.float16, pa.float32(): np.float32, pa.float64(): np.float64,
           pa.date32(): np.int32}
+
+
+LAZY_WORDS = 1 << 16  # a dictionary of this many words keeps no Python strings until read (ArrowWords)
 
 
 def _wire_dtype(t: pa.DataType):
@@ -274,9 +277,7 @@ def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, na
     word_offsets, word_bytes = gathered_words(offsets, data, firsts)
     ordered = pa.Array.from_buffers(pa.large_string(), len(word_offsets) - 1,
                                     [None, pa.py_buffer(word_offsets), pa.py_buffer(word_bytes)]).cast(pa.string())
-    words = tuple(ordered.to_pylist())
-    arrow_dictionary(words, ordered)
-    return Column(codes, valid, typ, words)
+    return Column(codes, valid, typ, _words(ordered))
 
 
 def _string_span(chunk: pa.Array) -> tuple[np.ndarray, int, int, np.ndarray]:
@@ -317,6 +318,16 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
     return _ranked(idx, valid, dictionary, n, typ, device)
 
 
+def _words(ordered: pa.Array):
+    """A loaded column's sorted dictionary: past ``LAZY_WORDS`` words kept as Arrow, its Python
+    strings made only if a query reads them (``ArrowWords``)."""
+    if len(ordered) >= LAZY_WORDS:
+        return ArrowWords(ordered)
+    words = tuple(ordered.to_pylist())
+    arrow_dictionary(words, ordered)
+    return words
+
+
 def _ranked(idx: torch.Tensor, valid: torch.Tensor | None, dictionary: pa.Array, n: int, typ: T.SqlType,
             device) -> Column:
     """The column whose rows hold ``dictionary[idx]`` (int64 on the device; 0 under NULLs): the
@@ -337,6 +348,4 @@ def _ranked(idx: torch.Tensor, valid: torch.Tensor | None, dictionary: pa.Array,
     if valid is not None:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
         codes = torch.where(valid, codes, codes[valid.to(torch.uint8).argmax()])
     ordered = used.take(pa.array(order))
-    words = tuple(ordered.to_pylist())
-    arrow_dictionary(words, ordered)
-    return Column(codes, valid, typ, words)
+    return Column(codes, valid, typ, _words(ordered))
