@@ -12,7 +12,7 @@ import pytest
 
 import opforge.sql as sql
 from opforge.sql import parquet_footer as F
-from opforge.sql import parquet_write
+from opforge.sql import data_files, parquet_write
 from opforge.sql.errors import SqlError
 
 ROWS, GROUP = 237, 50  # five row groups, the last one partial
@@ -139,3 +139,20 @@ def test_files_duckdb_wrote_concatenate_into_one_that_reads_back_whole(tmp_path)
     assert pq.read_table(whole).equals(pa.concat_tables([pq.read_table(p) for p in parts]))
     q = "SELECT * FROM read_parquet({}) WHERE i > 1050 ORDER BY i"
     assert duck.sql(q.format(f"'{whole}'")).fetchall() == duck.sql(q.format([str(p) for p in parts])).fetchall()
+
+
+def test_a_part_that_fails_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_write, "ROW_GROUP_ROWS", GROUP)
+    real, calls = pq.write_table, []
+
+    def failing(table, where, **options):
+        calls.append(table.num_rows)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        real(table, where, **options)
+
+    monkeypatch.setattr(parquet_write.pq, "write_table", failing)
+    target = tmp_path / "out.parquet"
+    with pytest.raises(OSError, match="disk full"):
+        data_files.write(_table(), str(target), "parquet", {})
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
