@@ -97,7 +97,8 @@ def test_merged_file_equals_the_file_written_in_one_go(tmp_path, monkeypatch, co
     duck = duckdb.connect()
     for q in ("SELECT * FROM read_parquet('{}') ORDER BY i",
               "SELECT i, word, money FROM read_parquet('{}') WHERE i BETWEEN 120 AND 130 ORDER BY i",  # pruned
-              "SELECT word, count(*), sum(money), min(day), max(stamp) FROM read_parquet('{}') GROUP BY word ORDER BY 1"):
+              "SELECT word, count(*), sum(money), min(day), max(stamp) FROM read_parquet('{}') "
+              "GROUP BY word ORDER BY 1"):
         assert duck.sql(q.format(mine)).fetchall() == duck.sql(q.format(theirs)).fetchall()
     con = sql.connect("cpu")
     q = "SELECT i, maybe, word, note, money, day, flag FROM read_parquet('{}') WHERE maybe > 0 ORDER BY i"

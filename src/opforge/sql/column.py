@@ -21,7 +21,7 @@ class Column:
     values: torch.Tensor
     valid: torch.Tensor | None
     type: T.SqlType
-    dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only
+    dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only (large ones: ArrowWords)
     sorted: bool = False  # values ascending and no NULLs (lets a join merge instead of hash)
 
     def __len__(self) -> int:

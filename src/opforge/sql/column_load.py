@@ -21,8 +21,9 @@ ever materialized whole on the host.
   the codes are numbered across the row groups' dictionaries while staged
   (``_dictionary_row_groups``); a column of mostly distinct strings (past the writer's fallback to
   plain pages) is read plain and ranked on a GPU by a radix sort of its bytes (``string_sort``),
-  which also gathers its distinct words there; on a CPU by one Arrow sort of its rows. A dictionary of ``LAZY_WORDS`` words or more stays
-  an Arrow array (``ArrowWords``): no Python string per word unless a query reads the words.
+  which also gathers its distinct words there; on a CPU by one Arrow sort of its rows. A
+  dictionary of ``LAZY_WORDS`` words or more stays an Arrow array (``ArrowWords``): no Python
+  string per word unless a query reads the words.
 
 Types without such a path (BOOL from Arrow's bit-packing is one here; other Arrow types that
 ``types.from_arrow`` maps) go through ``Column.from_arrow``, unchanged. Results equal the general
