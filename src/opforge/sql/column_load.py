@@ -268,7 +268,7 @@ def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, na
     def offset_pieces():
         base = 0
         for offsets, lo, hi, _ in spans:
-            yield offsets[:-1].astype(np.int64) + (base - lo)
+            yield np.add(offsets[:-1], base - lo, dtype=np.int64)  # one pass: widened and moved
             base += hi - lo
         yield np.array([base], dtype=np.int64)
 
