@@ -1,7 +1,7 @@
 """Write throughput of SQL as a database (issue 28's goal): ``CREATE TABLE AS SELECT`` of TPC-H
 lineitem into a database folder and ``COPY ... TO`` Parquet, opforge against DuckDB on one host.
 
-    python benchmarks/sql_writes.py [--sf 10] [--device cuda] [--reps 3] [--budget 40] [--root DIR] [--out PATH]
+    python benchmarks/sql_writes.py [--sf 10] [--device cuda] [--reps 3] [--budget 40] [--phases] [--root DIR] [--out PATH]
 
 For each operation, the best of ``--reps`` runs (fewer when a side's runs pass ``--budget`` seconds;
 each run is printed as it ends), each on a fresh connection and a fresh target:
@@ -20,7 +20,8 @@ over DuckDB's (goal >= 1). TPC-H data: ``sql/tpch/data.py`` (tpchgen-cli), cache
 JSON to ``--out`` (default ``benchmarks/results/sql-writes-<device>-sf<sf>-<date>.json``):
 ``{schema_version, benchmark, date, device, gpu, torch, duckdb, pyarrow, cpu_count, scale_factor, rows,
 parquet_bytes, entries: [{op, seconds, duckdb_seconds, reps, duckdb_reps, rows_per_s, duckdb_rows_per_s,
-ratio}]}``.
+ratio}]}``; with ``--phases`` also ``phases: {first_touch_s, to_arrow_s, encode_s, fsync_rename_s,
+first_touch_by_column_s}``: one opforge COPY's steps timed apart (where the host time goes).
 """
 from __future__ import annotations
 
@@ -77,6 +78,40 @@ def _opforge_copy(path: str, device: str, work: Path) -> float:
     return seconds
 
 
+def _opforge_phases(path: str, device: str, work: Path) -> dict:
+    """The steps of one opforge COPY timed apart, run one by one as the statement runs them: each
+    column's first touch (read, to the device, back as Arrow: ``SELECT col``), the whole result as
+    Arrow again (columns cached), the Parquet encode (``parquet_write.write``), the fsync and rename."""
+    import pyarrow.parquet as pq
+
+    import opforge.sql as sql
+    from opforge.runtime import durable_files
+    from opforge.sql import parquet_write
+
+    con = sql.connect(device=device)
+    con.register("lineitem", path)
+    first_touch = {}
+    for name in pq.read_schema(path).names:
+        t0 = time.perf_counter()
+        con.sql(f'SELECT "{name}" FROM lineitem').to_arrow(dictionary=True)
+        first_touch[name] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    data = con.sql("SELECT * FROM lineitem").to_arrow(dictionary=True)
+    t1 = time.perf_counter()
+    target = str(work / "op-phases.parquet")
+    tmp = durable_files.temp_name(target)
+    parquet_write.write(data, tmp)
+    t2 = time.perf_counter()
+    durable_files.fsync_file(tmp)
+    os.replace(tmp, target)
+    durable_files.fsync_dir(str(work))
+    t3 = time.perf_counter()
+    os.unlink(target)
+    con.close()
+    return {"first_touch_s": sum(first_touch.values()), "to_arrow_s": t1 - t0, "encode_s": t2 - t1,
+            "fsync_rename_s": t3 - t2, "first_touch_by_column_s": first_touch}
+
+
 def _duckdb_ctas(path: str, work: Path) -> float:
     import duckdb
     db = work / "duck.db"
@@ -111,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="seconds after which no further rep of one side starts (default 40)")
     ap.add_argument("--root", default=None, help="TPC-H data cache folder (sql/tpch/data.py's default)")
     ap.add_argument("--work", default=None, help="folder for the written data (default: a temporary one)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time one opforge COPY's steps apart (an extra run): the 'phases' entry")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -145,6 +182,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{op}: opforge {seconds:.2f} s, DuckDB {duck_seconds:.2f} s, ratio {duck_seconds / seconds:.2f}",
                   flush=True)
             out.write_text(json.dumps(result, indent=1) + "\n")  # each part kept as it ends
+        if args.phases:
+            result["phases"] = _opforge_phases(path, args.device, work)
+            print("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["phases"].items()
+                                          if isinstance(v, float)), flush=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -22,6 +22,7 @@ import sys
 
 STEPS = 3000
 ROWS = 3
+ROW_GROUP_ROWS = 8
 
 
 def step(seed: int, k: int) -> tuple[str, object]:
@@ -120,6 +121,10 @@ def storage_workload(folder: str, seed: int, start: int = 0, steps: int = STEPS)
 def main() -> None:
     import tempfile
 
+    from opforge.sql import parquet_write
+
+    # files of several row groups: the kills also land while parts are encoded and assembled
+    parquet_write.ROW_GROUP_ROWS = ROW_GROUP_ROWS
     workload = sql_workload if sys.argv[1] == "sql" else storage_workload
     if sys.argv[1] == "sql":
         import torch

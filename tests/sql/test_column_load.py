@@ -11,7 +11,7 @@ import torch
 
 import opforge.sql as sql
 from opforge.runtime import host_staging
-from opforge.sql import column_load, parquet_read
+from opforge.sql import column_load, parquet_read, string_sort
 from opforge.sql.column import Column
 from opforge.sql.table import Table
 
@@ -249,3 +249,19 @@ def tpch_paths():
     from opforge.sql.tpch import data
 
     return data.generate(0.01)
+
+
+@pytest.mark.parametrize("batch_bytes", [1 << 27, 5])  # 5 bytes: many batches, words split across none
+def test_gathered_words_are_the_rows_strings(batch_bytes, monkeypatch):
+    monkeypatch.setattr(string_sort, "GATHER_BYTES", batch_bytes)
+    rng = np.random.default_rng(5)
+    words = ["".join(rng.choice(list("ab\x00é😀"), rng.integers(0, 6))) for _ in range(300)]
+    encoded = [w.encode() for w in words]
+    offsets = torch.tensor(np.cumsum([0] + [len(b) for b in encoded]), dtype=torch.int64)
+    data = torch.tensor(list(b"".join(encoded)) or [0], dtype=torch.uint8)[:int(offsets[-1])]
+    rows = torch.tensor(rng.permutation(300)[:200].tolist() + [3, 3, 0], dtype=torch.int64)
+    ends, raw = string_sort.gathered_words(offsets, data, rows)
+    got = pa.Array.from_buffers(pa.large_string(), len(rows), [None, pa.py_buffer(ends), pa.py_buffer(raw)])
+    assert got.to_pylist() == [words[r] for r in rows.tolist()]
+    none = string_sort.gathered_words(offsets, data, rows[:0])
+    assert none[0].tolist() == [0] and len(none[1]) == 0

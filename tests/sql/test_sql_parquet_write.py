@@ -1,7 +1,9 @@
 """The write path of CREATE TABLE AS SELECT and COPY ... TO (issue 28's throughput work): results
 leave the engine with dictionary strings and numpy-built decimals, are decoded in slices on a
 thread pool and written as Parquet; every answer is checked against DuckDB or plain Python."""
+import bisect
 import decimal
+import pickle
 
 import duckdb
 import numpy as np
@@ -11,9 +13,9 @@ import pytest
 import torch
 
 import opforge.sql as sql
-from opforge.sql import database, parquet_write
+from opforge.sql import column_load, database, parquet_write
 from opforge.sql import types as T
-from opforge.sql.column import Column
+from opforge.sql.column import ArrowWords, Column, arrow_dictionary
 
 ROWS = 300
 SOURCE = (f"SELECT i, CASE WHEN i % 7 = 0 THEN NULL ELSE 'w' || (i % 13) END AS s, "
@@ -55,15 +57,16 @@ def test_columns_leave_as_dictionaries_and_decimals_built_from_their_words():
 
 
 def test_ctas_into_files_then_insert_matches_duckdb(tmp_path, monkeypatch):
-    monkeypatch.setattr(database, "ROWS_PER_FILE", 128)  # tables of several data files, written side by side
+    monkeypatch.setattr(parquet_write, "ROW_GROUP_ROWS", 64)  # files of several row groups, encoded side by side
     con = sql.connect("cpu", database=str(tmp_path / "op"))
     duck = duckdb.connect()
     for c in (con, duck):
         c.execute(f"CREATE TABLE src AS {SOURCE}")
         c.execute("CREATE TABLE t AS SELECT * FROM src WHERE i % 3 <> 1")  # dictionaries with unused words
-    assert len(con.database.tables["t"].files) == 2
-    for f in con.database.tables["t"].files:  # stored as plain strings, the exact types
-        assert pq.read_schema(tmp_path / "op" / database.DATA / f).field("s").type == pa.string()
+    [name] = con.database.tables["t"].files
+    stored = pq.ParquetFile(tmp_path / "op" / database.DATA / name)
+    assert stored.metadata.num_row_groups == 4  # 200 rows
+    assert stored.schema_arrow.field("s").type == pa.string()  # stored as plain strings, the exact types
     q = "SELECT * FROM t ORDER BY i"
     assert _rows(con.sql(q)) == duck.sql(q).fetchall()
     for c in (con, duck):  # the table served from its files takes later writes
@@ -106,3 +109,46 @@ def test_only_columns_with_small_dictionaries_are_dictionary_encoded(tmp_path):
     encoded = {meta.column(i).path_in_schema: "RLE_DICTIONARY" in meta.column(i).encodings for i in range(5)}
     assert encoded == {"few": True, "unique": False, "word": True, "comment": False, "money": False}
     assert pq.read_table(path).equals(data)
+
+
+def test_arrow_words_answer_as_the_tuple_they_stand_for():
+    words = ("", "a", "b\x00", "fig", "é", "😀")
+    lazy = ArrowWords(pa.array(words))
+    assert len(lazy) == 6 and lazy and not ArrowWords(pa.array([], pa.string()))
+    assert arrow_dictionary(lazy) is lazy.arrow and lazy._words is None  # no Python strings yet
+    assert (lazy[0], lazy[-1], lazy[1:3]) == (words[0], words[-1], words[1:3])
+    assert list(lazy) == list(words) and list(reversed(lazy)) == list(reversed(words))
+    assert "fig" in lazy and "figs" not in lazy and lazy.index("é") == 4 and lazy.count("a") == 1
+    assert lazy == words and words == lazy and lazy == ArrowWords(pa.array(words)) and lazy != words[:-1]
+    assert lazy < words + ("z",) and (lazy <= words, lazy > words[:2], lazy >= words) == (True, True, True)
+    assert hash(lazy) == hash(words) and {words: 1}[lazy] == 1
+    assert lazy + ("x",) == words + ("x",) and ("x",) + lazy == ("x",) + words and lazy * 2 == words * 2
+    assert np.array_equal(np.asarray(lazy, dtype=object), np.asarray(words, dtype=object))
+    assert pickle.loads(pickle.dumps(lazy)) == words and type(pickle.loads(pickle.dumps(lazy))) is tuple
+    assert [bisect.bisect_left(lazy, w) for w in ("", "b", "zz")] == [bisect.bisect_left(words, w)
+                                                                      for w in ("", "b", "zz")]
+    assert repr(lazy) == repr(words)
+    with pytest.raises(TypeError, match="string array"):
+        ArrowWords(pa.array([1, 2]))
+
+
+def test_a_large_dictionary_goes_to_files_without_python_strings(tmp_path, monkeypatch):
+    monkeypatch.setattr(column_load, "LAZY_WORDS", 16)  # a dictionary this large stays Arrow
+    source = tmp_path / "src.parquet"
+    pq.write_table(pa.table({"i": pa.array(range(ROWS)), "s": pa.array([f"w{i * 7 % 101:03}" if i % 9 else None
+                                                                         for i in range(ROWS)])}), source)
+    con = sql.connect("cpu", database=str(tmp_path / "op"))
+    con.register("src", str(source))
+    copied = tmp_path / "copy.parquet"
+    con.sql(f"COPY (SELECT * FROM src) TO '{copied}' (FORMAT parquet)").fetchall()
+    con.sql("CREATE TABLE t AS SELECT * FROM src").fetchall()
+    assert con._registered["src"].columns.loaded() == ["i", "s"]
+    words = con._registered["src"].column("s").dictionary
+    assert isinstance(words, ArrowWords) and words._words is None  # passed through as Arrow
+    duck = duckdb.connect()
+    q = "SELECT * FROM read_parquet('{}') ORDER BY i"
+    assert duck.sql(q.format(copied)).fetchall() == duck.sql(q.format(source)).fetchall()
+    assert _rows(con.sql("SELECT * FROM t ORDER BY i")) == duck.sql(q.format(source)).fetchall()
+    # a query that reads the words gets them (the tuple is built then)
+    q = "SELECT s, count(*) FROM src WHERE s > 'w050' GROUP BY s ORDER BY s"
+    assert _rows(con.sql(q)) == duck.sql(q.replace("src", f"read_parquet('{source}')")).fetchall()

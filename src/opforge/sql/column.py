@@ -21,7 +21,7 @@ class Column:
     values: torch.Tensor
     valid: torch.Tensor | None
     type: T.SqlType
-    dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only
+    dictionary: tuple[str, ...] | None = None  # sorted, unique; STRING only (large ones: ArrowWords)
     sorted: bool = False  # values ascending and no NULLs (lets a join merge instead of hash)
 
     def __len__(self) -> int:
@@ -238,6 +238,98 @@ def unify_strings(cols: list[Column]) -> list[Column]:
     return [recode(c, merged, m) for c, m in zip(cols, maps)]
 
 
+class ArrowWords:
+    """A column's sorted dictionary kept as its Arrow string array, its Python strings made on
+    first use (then a tuple, which every tuple operation reads).
+
+    Why: a column of tens of millions of distinct words (TPC-H's l_comment at SF10) that a query
+    passes through to a writer (CREATE TABLE AS, COPY) needs only the Arrow array
+    (``arrow_dictionary``); one Python string per word costs seconds and gigabytes. Length and
+    truth need no strings either; anything else (indexing, iteration, comparison, hashing, numpy)
+    reads the tuple, so a reader sees a tuple's answers."""
+    __slots__ = ("arrow", "_words")
+
+    def __init__(self, arrow: pa.Array):
+        if arrow.type != pa.string():
+            raise TypeError(f"ArrowWords: expected a string array, got {arrow.type}")
+        self.arrow, self._words = arrow, None
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        if self._words is None:
+            self._words = tuple(self.arrow.to_pylist())
+        return self._words
+
+    def __len__(self) -> int:
+        return len(self.arrow)
+
+    def __bool__(self) -> bool:
+        return len(self.arrow) > 0
+
+    def __getitem__(self, i):
+        return self.words[i]
+
+    def __iter__(self):
+        return iter(self.words)
+
+    def __reversed__(self):
+        return reversed(self.words)
+
+    def __contains__(self, word) -> bool:
+        return word in self.words
+
+    def index(self, *args) -> int:
+        return self.words.index(*args)
+
+    def count(self, word) -> int:
+        return self.words.count(word)
+
+    @staticmethod
+    def _other(other):
+        return other.words if isinstance(other, ArrowWords) else other
+
+    def __eq__(self, other):
+        return other is self or self.words == self._other(other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __lt__(self, other):
+        return self.words < self._other(other)
+
+    def __le__(self, other):
+        return self.words <= self._other(other)
+
+    def __gt__(self, other):
+        return self.words > self._other(other)
+
+    def __ge__(self, other):
+        return self.words >= self._other(other)
+
+    def __hash__(self) -> int:
+        return hash(self.words)
+
+    def __add__(self, other):
+        return self.words + self._other(other)
+
+    def __radd__(self, other):
+        return other + self.words
+
+    def __mul__(self, n):
+        return self.words * n
+
+    __rmul__ = __mul__
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.words, dtype=dtype)
+
+    def __reduce__(self):  # sent or copied as the tuple it stands for
+        return tuple, (self.words,)
+
+    def __repr__(self) -> str:
+        return repr(self.words)
+
+
 # Arrow copies of string dictionaries, by identity: a table's columns and every column derived from
 # them (take, filter, join) share one dictionary tuple, so Arrow's vectorized string kernels can run
 # over it without rebuilding the array from Python strings each time.
@@ -248,6 +340,8 @@ ARROW_MIN_WORDS = 4096  # below this the per-word Python loop costs less than th
 
 def arrow_dictionary(words: tuple[str, ...], known: pa.Array | None = None) -> pa.Array:
     """``words`` as an Arrow string array (``known``: one already built, remembered for later)."""
+    if isinstance(words, ArrowWords):
+        return words.arrow
     hit = _ARROW_DICTIONARIES.get(id(words))
     if hit is not None and hit[0] is words:
         _ARROW_DICTIONARIES.move_to_end(id(words))

@@ -93,7 +93,7 @@ class Relation:
 
     def to_arrow(self, *, dictionary: bool = False) -> pa.Table:
         """The result; ``dictionary``: string columns may come as Arrow dictionary arrays (what the
-        writers take: no per-row gather of words here, ``parquet_write.decoded`` does it in parallel)."""
+        writers take: no per-row gather of words here, ``parquet_write`` decodes them in parallel)."""
         if self._result is not None:
             return self._result
         if self._node is None:

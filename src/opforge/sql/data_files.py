@@ -104,7 +104,6 @@ def write(data: pa.Table, path: str, fmt: str, options: dict[str, object]) -> No
         if unknown:
             raise NotSupportedError(f"COPY ... TO parquet option(s) {sorted(unknown)} (only compression)")
         compression = str(options.get("compression", "snappy")).lower()
-        data = parquet_write.decoded(data)
         durable_files.write_aside(path, lambda tmp: parquet_write.write(data, tmp, compression))
         return
     csv = CsvOptions(options)

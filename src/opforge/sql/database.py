@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -36,7 +35,6 @@ FORMAT_VERSION = 1
 CATALOG = "catalog.json"
 DATA = "data"
 MAX_FILES = 64  # an appended table with more files than this is rewritten as one set
-ROWS_PER_FILE = 4 << 20  # larger tables are written as several files, in parallel
 
 
 class StaleCatalogError(SqlError):
@@ -165,29 +163,12 @@ class Database:
 
     # ------------------------------------------------------------------------------ writing
     def _write_files(self, data: pa.Table) -> list[str]:
-        """Writes ``data`` as new data files (fsynced, not yet named by the catalog); their names.
-        A large table is cut into several files written side by side (Parquet encoding releases
-        the GIL); dictionary-encoded columns are stored as plain columns of their values."""
-        data = parquet_write.decoded(data)
-        pieces = max(1, -(-data.num_rows // ROWS_PER_FILE))
-        names = [f"{uuid.uuid4().hex}.parquet" for _ in range(pieces)]
-        step = -(-data.num_rows // pieces)
-
-        def write(i: int) -> None:
-            part = data.slice(i * step, step) if pieces > 1 else data
-            durable_files.write_aside(self._file(names[i]), lambda tmp: parquet_write.write(part, tmp),
-                                      sync_dir=False)
-
-        try:
-            if pieces == 1:
-                write(0)
-            else:
-                with ThreadPoolExecutor(min(pieces, os.cpu_count() or 1)) as pool:
-                    list(pool.map(write, range(pieces)))
-        except BaseException:
-            self._discard(names)
-            raise
-        return names
+        """Writes ``data`` as a new data file (fsynced, not yet named by the catalog); its name in a
+        list. Its row groups are encoded side by side (``parquet_write.write``); dictionary-encoded
+        columns are stored as plain columns of their values."""
+        name = f"{uuid.uuid4().hex}.parquet"  # write_aside leaves nothing under it when it fails
+        durable_files.write_aside(self._file(name), lambda tmp: parquet_write.write(data, tmp), sync_dir=False)
+        return [name]
 
     def commit(self, changes: dict[str, Change | None]) -> None:
         """Makes ``changes`` (table -> its new content, or None: dropped) the database's state in
