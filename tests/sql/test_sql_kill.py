@@ -67,7 +67,7 @@ def _log(folder) -> list[str]:
 def _kill_trials(mode: str, folder, trials: int) -> list[int]:
     """Runs ``trials`` kills of the ``mode`` writer on one database; the step each left it at.
     The first trial lets the writer finish 10 steps to time it: the kills then fall uniformly
-    between half its time to open the database and commit a step, and that time plus two steps
+    between half its time to open the database and commit a step, and that time plus three steps
     (so on a loaded machine as on an idle one); the upper end grows while no commit lands
     (reopening a grown database takes longer than the first open) and returns after one does."""
     model = kill_writer.expected_states(SEED, kill_writer.STEPS)
@@ -91,7 +91,7 @@ def _kill_trials(mode: str, folder, trials: int) -> list[int]:
                 while len(_log(folder)) < 10:
                     time.sleep(0.002)
                 step = (time.perf_counter() - t0 - first) / 9
-                delays = [first / 2, first + 2 * step]
+                delays = [first / 2, first + 3 * step]
                 upper = delays[1]
             else:
                 time.sleep(rng.uniform(*delays))
