@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from opforge.sql import schemas, table_source
+from opforge.sql import gc_freeze, schemas, table_source
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.outofcore.sizes import env_limit, parse_size
 
@@ -106,7 +106,9 @@ class Relation:
             return self.analyze().to_arrow()
         if self._con.cluster is not None:  # every worker runs it over the regions it leads
             return self._con.cluster.execute(self._node, self._con._cluster_options())
-        return self._executor().to_arrow(self._node, dictionary=dictionary)
+        result = self._executor().to_arrow(self._node, dictionary=dictionary)
+        gc_freeze.after_first_query()  # the engine is imported now: full GC passes skip it from here on
+        return result
 
     def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()
