@@ -4,7 +4,9 @@
 at the first statement, which also reads the sources register() kept (``table_source``).
 A registered table's columns reach the device when a query first reads them (``table.LazyColumns``)
 and each column's statistics (``planner/statistics.py``) are gathered once, when the join planner or
-EXPLAIN's estimates first look the column up.
+EXPLAIN's estimates first look the column up. The process's first query run collects and freezes
+the objects alive then (``gc_freeze.py``): the collector's full passes stop rescanning the imports
+inside later queries.
 
 ``EXPLAIN <query>`` gives the plan with estimated rows, ``EXPLAIN ANALYZE <query>`` runs it with
 per-operator measurement (``sql/profile.py``); both as a relation with one row per operator, and
