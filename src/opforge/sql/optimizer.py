@@ -44,14 +44,17 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
     from opforge.sql.planner.cardinality import Estimator
 
     node = windowed_subqueries(node, join_order.stats)
-    node = _key_sets(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
-    node = join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
+    est = Estimator(node, join_order.stats)  # each pass's estimator shares the last one's estimates
+    node = _key_sets(node, est, itertools.count(_max_cid(node) + 1))
+    est = Estimator(node, join_order.stats, est)
+    node = join_order.optimize(_sink_semi(node, est), est)
     for _ in range(SEMI_SETTLE_ROUNDS):  # a move can make another one pay: again until none does
         moves: list = []
-        node = _settle_semi(node, Estimator(node, join_order.stats), moves)
+        est = Estimator(node, join_order.stats, est)
+        node = _settle_semi(node, est, moves)
         if not moves:
             break
-    node = eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
+    node = eager_aggregate(node, Estimator(node, join_order.stats, est), itertools.count(_max_cid(node) + 1))
     return group_on_determinants(node, join_order.stats)
 
 

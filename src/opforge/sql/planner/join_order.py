@@ -88,10 +88,11 @@ class JoinOrderOptimizer:
         # cross_sales), each refused after some 10,000 steps
         self._refused: dict[tuple[int, ...], str] = {}
 
-    def optimize(self, root: P.Node) -> P.Node:
+    def optimize(self, root: P.Node, earlier: Estimator | None = None) -> P.Node:
+        """``earlier``: the estimator of the plan ``root`` was rewritten from (its estimates shared)."""
         if self.mode == "none":
             return root
-        self.estimator = Estimator(root, self.stats)
+        self.estimator = Estimator(root, self.stats, earlier)
         return self._walk(root, keep_order=True)
 
     # ----------------------------------------------------------------------------------- walk
