@@ -4,7 +4,9 @@
 at the first statement, which also reads the sources register() kept (``table_source``).
 A registered table's columns reach the device when a query first reads them (``table.LazyColumns``)
 and each column's statistics (``planner/statistics.py``) are gathered once, when the join planner or
-EXPLAIN's estimates first look the column up.
+EXPLAIN's estimates first look the column up. The process's first query run collects and freezes
+the objects alive then (``gc_freeze.py``): the collector's full passes stop rescanning the imports
+inside later queries.
 
 ``EXPLAIN <query>`` gives the plan with estimated rows, ``EXPLAIN ANALYZE <query>`` runs it with
 per-operator measurement (``sql/profile.py``); both as a relation with one row per operator, and
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from opforge.sql import schemas, table_source
+from opforge.sql import gc_freeze, schemas, table_source
 from opforge.sql.errors import NotSupportedError, SqlError
 from opforge.sql.outofcore.sizes import env_limit, parse_size
 
@@ -106,7 +108,9 @@ class Relation:
             return self.analyze().to_arrow()
         if self._con.cluster is not None:  # every worker runs it over the regions it leads
             return self._con.cluster.execute(self._node, self._con._cluster_options())
-        return self._executor().to_arrow(self._node, dictionary=dictionary)
+        result = self._executor().to_arrow(self._node, dictionary=dictionary)
+        gc_freeze.after_first_query()  # the engine is imported now: full GC passes skip it from here on
+        return result
 
     def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()

@@ -23,7 +23,7 @@ from opforge.sql.expr import Expr, Func, Lit, Ref, and_, conjuncts, fold_constan
 from opforge.sql.planner.dependencies import group_on_determinants
 from opforge.sql.planner.eager_aggregation import eager_aggregate
 from opforge.sql.planner.join_order import _with_inputs, replace_subtree
-from opforge.sql.planner.shared_subtrees import shapes
+from opforge.sql.planner.shared_subtrees import SHARE_MARKS, shapes
 from opforge.sql.planner.subquery_windows import windowed_subqueries
 
 
@@ -44,14 +44,17 @@ def optimize(node: P.Node, device, join_order=None) -> P.Node:
     from opforge.sql.planner.cardinality import Estimator
 
     node = windowed_subqueries(node, join_order.stats)
-    node = _key_sets(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
-    node = join_order.optimize(_sink_semi(node, Estimator(node, join_order.stats)))
+    est = Estimator(node, join_order.stats)  # each pass's estimator shares the last one's estimates
+    node = _key_sets(node, est, itertools.count(_max_cid(node) + 1))
+    est = Estimator(node, join_order.stats, est)
+    node = join_order.optimize(_sink_semi(node, est), est)
     for _ in range(SEMI_SETTLE_ROUNDS):  # a move can make another one pay: again until none does
         moves: list = []
-        node = _settle_semi(node, Estimator(node, join_order.stats), moves)
+        est = Estimator(node, join_order.stats, est)
+        node = _settle_semi(node, est, moves)
         if not moves:
             break
-    node = eager_aggregate(node, Estimator(node, join_order.stats), itertools.count(_max_cid(node) + 1))
+    node = eager_aggregate(node, Estimator(node, join_order.stats, est), itertools.count(_max_cid(node) + 1))
     return group_on_determinants(node, join_order.stats)
 
 
@@ -395,17 +398,22 @@ def _prune_plan(node: P.Node, need: set[int]) -> P.Node:
     binder binds once per grouping set of a ROLLUP, a CTE read twice) keep the columns any copy
     needs, so they stay alike and the executor computes them once (``planner/shared_subtrees.py``;
     TPC-DS q27: the grand total needs no ``i_item_id``, the other grouping sets do). The first pass
-    learns which output positions each shape is asked for; the second prunes to their union."""
+    learns which output positions each shape is asked for; the second prunes to their union. Where
+    the first pass met no join, aggregate, union, distinct or window shape twice, no subtree is
+    shared (``SHARE_MARKS``): the first pass's plan is the answer (88 of TPC-DS's 123 plans)."""
     asked: dict[int, set[int]] = {}
+    met_twice: list[int] = []
     shape_of = shapes(node)
-    _prune(node, need, (shape_of, asked))
-    return _prune(node, need, (shape_of, asked))
+    pruned = _prune(node, need, (shape_of, asked, met_twice))
+    return _prune(node, need, (shape_of, asked, met_twice)) if met_twice else pruned
 
 
-def _prune(node: P.Node, need: set[int], copies: tuple[dict, dict]) -> P.Node:
-    shape_of, asked = copies
+def _prune(node: P.Node, need: set[int], copies: tuple[dict, dict, list]) -> P.Node:
+    shape_of, asked, met_twice = copies
     shape = shape_of.get(id(node))
     if shape is not None:
+        if shape in asked and not met_twice and isinstance(node, SHARE_MARKS):
+            met_twice.append(shape)
         positions = asked.setdefault(shape, set())
         positions |= {i for i, o in enumerate(node.outputs) if o.cid in need}
         need = need | {node.outputs[i].cid for i in positions}

@@ -18,9 +18,16 @@ from sqlglot.tokens import TokenType
 from opforge.sql.errors import SqlError
 
 
+PLACEHOLDER_STARTS = "?$@"  # DuckDB's tokenizer: ? a PLACEHOLDER, $ and @ a PARAMETER
+
+
 def number_placeholders(text: str) -> tuple[str, int]:
     """``text`` with its ``?`` placeholders numbered ``$1, $2, ...`` in order, and how many
-    parameters the statement takes (the count of ``?``, or the highest ``$n``)."""
+    parameters the statement takes (the count of ``?``, or the highest ``$n``). A text without
+    ``?``, ``$`` or ``@`` (the tokens a placeholder starts with) has none: it is not tokenized
+    here, only once by the parser."""
+    if not any(c in text for c in PLACEHOLDER_STARTS):
+        return text, 0
     try:
         tokens = DuckDB().tokenize(text)
     except Exception as e:  # the parser reports the syntax error with its position

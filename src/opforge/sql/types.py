@@ -21,6 +21,15 @@ class SqlType:
     # LIST: (("", element type),); STRUCT: ((field name, type), ...) -- see sql/nested.py
     fields: tuple = ()
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: types key the planner's dicts (``shared_subtrees``'
+        shapes hash some 130 K of them over TPC-DS's 99 plans)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.precision, self.scale, self.tz, self.wide, self.fields))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def __str__(self) -> str:
         if self.kind == "LIST":
             return f"{self.fields[0][1]}[]"

@@ -6,12 +6,15 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from planner_graphs import random_query
 
 from opforge import sql
 from opforge.sql import plan as P
+from opforge.sql.expr import Lit, Ref, cmp
 from opforge.sql.frontend.parser import parse
 from opforge.sql.planner import join_graph as G
 from opforge.sql.planner.cardinality import Estimator, q_error
+from opforge.sql.planner.join_order import replace_subtree
 from opforge.sql.planner.statistics import table_stats
 
 
@@ -152,3 +155,20 @@ def test_an_or_across_relations_implies_filters_on_each(db):
     assert "region#" in local["dim"] and " OR " in local["dim"]
     est, actual = _estimate(db, where, "fact, dim")
     assert q_error(est, actual) <= 1.5, (est, actual)
+
+
+def test_an_estimator_shares_an_earlier_ones_estimates_of_kept_subtrees():
+    """The optimizer's passes hand each estimator the last one's (``Estimator(..., earlier)``): every
+    node of a rewritten plan, kept or new, is estimated as a fresh estimator would."""
+    root, stats = random_query("snowflake", 6, seed=7)
+    first = Estimator(root, stats)
+    nodes = lambda n: [n] + [d for c in n.inputs() for d in nodes(c)]  # noqa: E731
+    before = {id(n): first.rows(n) for n in nodes(root)}
+    scan = next(n for n in nodes(root) if isinstance(n, P.Scan) and n.table == "t0")
+    key = scan.outputs[0]
+    narrowed = P.Filter(scan, cmp("<", Ref(key.cid, key.type, key.name), Lit(5, key.type)))
+    rewritten = P.Aggregate(replace_subtree(root, scan, narrowed), [], [])
+    shared, fresh = Estimator(rewritten, stats, first), Estimator(rewritten, stats)
+    assert all(shared.rows(n) == fresh.rows(n) for n in nodes(rewritten))
+    assert shared.rows(rewritten.child) < before[id(root)]  # the filter is seen, not the old estimate
+    assert shared.rows(scan) == before[id(scan)]  # a kept node: the earlier estimate

@@ -10,6 +10,9 @@ import pytest
 from planner_graphs import SHAPES, all_trees, brute_force_best, planning_for, random_query
 
 from opforge.sql.planner import dp, greedy
+from opforge.sql.planner import join_graph as G
+from opforge.sql.planner.cardinality import Estimator
+from opforge.sql.planner.join_order import JoinOrderOptimizer
 from opforge.sql.planner.physical_choice import COut, PhysicalCost
 
 MODELS = {"gpu": PhysicalCost(), "c_out": COut()}
@@ -166,3 +169,21 @@ def test_random_graph_shapes_are_what_they_say():
     for shape in ("chain", "star", "snowflake"):
         es = edges(shape, 8, rng)
         assert len(es) == 7 and set(itertools.chain(*es)) == set(range(8))  # trees
+
+
+def test_a_graph_refused_once_is_not_enumerated_again(monkeypatch):
+    """One optimizer pass meets the same graph in each copy of a CTE (TPC-DS q64): DPccp's refusal
+    depends only on the graph's edges, so a second copy goes to greedy without enumerating."""
+    root, stats = random_query("star", 13, seed=13)
+    optimizer = JoinOrderOptimizer(stats)
+    optimizer.estimator = Estimator(root, stats)
+    calls, enumerate_pairs = [], dp.csg_cmp_pairs
+    monkeypatch.setattr(dp, "csg_cmp_pairs", lambda *a, **k: calls.append(1) or enumerate_pairs(*a, **k))
+    first, rule = optimizer.choose(G.extract(root))
+    again, rule_again = optimizer.choose(G.extract(root))
+    assert calls == [1] and rule.startswith("greedy (GOO) over 13 relations: DPccp more than")
+    assert rule_again == rule and again.cost == first.cost == greedy.best_plan(optimizer.planning(G.extract(root))).cost
+    chain, chain_stats = random_query("chain", 13, seed=13)  # another graph of as many relations: enumerated
+    optimizer.estimator = Estimator(chain, chain_stats)
+    optimizer.stats = chain_stats
+    assert optimizer.choose(G.extract(chain))[1].startswith("DPccp over 13 relations") and calls == [1, 1]

@@ -284,11 +284,16 @@ class Estimator:
     """Estimated rows of any logical operator, from statistics; inner-join trees through their
     query graph (so EXPLAIN shows what the join enumerator saw)."""
 
-    def __init__(self, root: P.Node, tables: dict[str, TableStats]):
+    def __init__(self, root: P.Node, tables: dict[str, TableStats], earlier: "Estimator | None" = None):
+        """``earlier``: an estimator of a plan this one was rewritten from, whose estimates it
+        shares: a subtree the rewrite kept (the same node) has the same rows, since an estimate
+        reads only the subtree and the statistics of the columns made in it (the optimizer's
+        passes each estimate the plan the last one left, mostly unchanged)."""
         self.tables = tables
         self.stats = column_index(root, tables)
         self.filters = FilterSelectivity(self.stats)
-        self._memo: dict[int, tuple[P.Node, float]] = {}
+        self._memo: dict[int, tuple[P.Node, float]] = {} if earlier is None or earlier.tables is not tables \
+            else earlier._memo
 
     def join_cardinality(self, graph: G.JoinGraph) -> JoinCardinality:
         return JoinCardinality(graph, [self.rows(r.node) for r in graph.relations], self.stats, self.filters)

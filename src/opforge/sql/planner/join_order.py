@@ -83,11 +83,16 @@ class JoinOrderOptimizer:
         self.max_pairs, self.time_budget_s = max_pairs, time_budget_s
         self.decisions: list[Decision] = []
         self.estimator: Estimator | None = None
+        # query graphs (by adjacency) DPccp refused: its pair count depends on nothing else, and a
+        # plan often holds one graph several times (TPC-DS q64: the 18 relations of each copy of
+        # cross_sales), each refused after some 10,000 steps
+        self._refused: dict[tuple[int, ...], str] = {}
 
-    def optimize(self, root: P.Node) -> P.Node:
+    def optimize(self, root: P.Node, earlier: Estimator | None = None) -> P.Node:
+        """``earlier``: the estimator of the plan ``root`` was rewritten from (its estimates shared)."""
         if self.mode == "none":
             return root
-        self.estimator = Estimator(root, self.stats)
+        self.estimator = Estimator(root, self.stats, earlier)
         return self._walk(root, keep_order=True)
 
     # ----------------------------------------------------------------------------------- walk
@@ -134,11 +139,15 @@ class JoinOrderOptimizer:
         if self.mode == "greedy":
             return greedy.best_plan(planning), f"greedy (GOO, join_reordering=greedy) over {n} relations"
         deadline = None if self.time_budget_s is None else time.perf_counter() + self.time_budget_s
-        try:
-            plan = dp.best_plan(planning, self.max_pairs, deadline)
-            return plan, f"DPccp over {n} relations ({planning.joins_costed} joins costed)"
-        except dp.BudgetExceeded as e:
-            return greedy.best_plan(planning), f"greedy (GOO) over {n} relations: DPccp {e}"
+        shape = tuple(graph.adjacency)
+        refused = self._refused.get(shape)
+        if refused is None:
+            try:
+                plan = dp.best_plan(planning, self.max_pairs, deadline)
+                return plan, f"DPccp over {n} relations ({planning.joins_costed} joins costed)"
+            except dp.BudgetExceeded as e:
+                refused = self._refused[shape] = str(e)
+        return greedy.best_plan(planning), f"greedy (GOO) over {n} relations: DPccp {refused}"
 
     # -------------------------------------------------------------------------------- rebuild
     def _reorder(self, original: P.Node, graph: G.JoinGraph, keep_order: bool) -> P.Node:

@@ -27,6 +27,9 @@ from opforge.sql.expr import Expr, Func, Lit, Ref
 VOLATILE = {"random", "rand", "uuid", "gen_random_uuid", "nextval"}  # another value at every call
 _WORK = (P.Aggregate, P.Union, P.Distinct, P.Window, P.WindowFunctions)
 _PASSES = (P.Filter, P.Project, P.Aggregate, P.Sort, P.Distinct, P.Union)  # may pass a runtime filter down
+# a shared subtree holds one of these, and its copies hold copies of it: where none is met twice,
+# no subtree is shared
+SHARE_MARKS = (P.Join, *_WORK)
 
 
 class _Unshareable(Exception):
