@@ -51,6 +51,8 @@ def _choose(conds: list[torch.Tensor], vals: list[Column], default: Column, t: T
     for cond, c in reversed(list(zip(conds, cols[:-1]))):
         out_v = torch.where(cond[:, None] if out_v.dim() == 2 else cond, c.values, out_v)  # 2-D: 128-bit rows
         out_ok = torch.where(cond, c.valid_mask(), out_ok)
+    if all(c.valid is None for c in cols):  # no branch holds a NULL: no host read to learn it
+        return Column(out_v, None, t, cols[-1].dictionary)
     return Column(out_v, None if bool(out_ok.all()) else out_ok, t, cols[-1].dictionary)
 
 
