@@ -36,6 +36,7 @@ import time
 import torch
 
 import opforge.distributed as D
+from opforge.distributed.collectives import exchange
 
 from opforge.cluster import exchange as X
 from opforge.cluster import global_filters, skew_shuffle
@@ -90,10 +91,11 @@ class DistributedExecutor(Executor):
             _lay(out, frozenset([keys[0].cid]), f"shuffle/{self.world}")
         return out
 
-    def _global_bytes(self, batch: Batch) -> int:
-        from opforge.distributed import all_gather, device
-        mine = torch.tensor([X.batch_bytes(batch)], dtype=torch.int64, device=device(self.group))
-        return int(all_gather(mine, group=self.group).sum())
+    def _global_bytes(self, *batches: Batch) -> list[int]:
+        """Each batch's bytes over all workers (one collective for all)."""
+        table = exchange("opforge.cluster.join_distribution", "the join sides' bytes",
+                         [X.batch_bytes(b) for b in batches], "", self.group)
+        return table.sum(0).tolist()
 
     # -- the plan -----------------------------------------------------------------------------------
     def run_distributed(self, node: P.Node, pushed: list | None = None) -> tuple[Batch, str]:
@@ -107,7 +109,7 @@ class DistributedExecutor(Executor):
                 self._stat(node, "runtime-filtered", self.tables[node.table].num_rows, out.n, 0, t0)
             key, sig = self.layouts.get(node.table, (None, None))
             _lay(out, frozenset(o.cid for o in node.outputs if o.name == key), sig)
-            return out, PARTITIONED
+            return out, PARTITIONED if self.world > 1 else REPLICATED  # one worker holds every row
         if isinstance(node, P.OneRow):
             return self._operator(node, [], []), REPLICATED
         if aggregates_without_pairs(node):
@@ -173,7 +175,7 @@ class DistributedExecutor(Executor):
     def _filter(self, node: P.Join, plan, built: Batch, local: bool):
         """The runtime filter of the build side: this worker's rows when the join runs co-located
         (every match of a row is on its worker: nothing moves), else every worker's."""
-        if local:
+        if local or self.world == 1:
             return RF.make(node, plan, built)
         t0 = time.perf_counter()
         src_keys, dst_keys = (node.right_keys, node.left_keys) if plan.source == "right" else \
@@ -207,7 +209,7 @@ class DistributedExecutor(Executor):
         if kind == "right":
             return self._operator(node, [self._replicated(node, left), rb]), PARTITIONED
         if kind == "inner":
-            build, probe = self._global_bytes(rb), self._global_bytes(lb)
+            build, probe = self._global_bytes(rb, lb)
             choice = choose_distribution(build, probe, self.world, self.ctx.join_distribution, False)
             if choice.method == "broadcast":
                 return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
