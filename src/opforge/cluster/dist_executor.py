@@ -50,6 +50,10 @@ from opforge.sql.physical.cross_product import aggregate_cross_product, aggregat
 from opforge.sql.planner.distribution import choose_distribution
 
 PARTITIONED, REPLICATED = "partitioned", "replicated"
+# An inner join's build side under this many bytes over all workers is gathered (broadcast) before
+# its runtime filter is made: below it the two methods' byte costs differ by microseconds, less than
+# the latency of the runtime filter's own exchange (and of the probe side's shuffle) that it saves.
+SMALL_BUILD_BYTES = 1 << 20
 GATHER_RIGHT = ("semi", "anti", "left", "cross")
 
 
@@ -153,15 +157,50 @@ class DistributedExecutor(Executor):
         if plan.source == "right":
             right = self.run_distributed(node.right, routes[1])
             local = self._colocated_with(node, node.left, node.left_keys[0], right[0], node.right_keys[0])
-            left = self.run_distributed(node.left, routes[0] + [self._filter(node, plan, right[0], local)])
+            if not local and not self._may_colocate(node, right[0]):
+                right = self._gathered_early(node, right)
+            left = self.run_distributed(node.left, routes[0] + [self._filter(node, plan, right, local)])
         else:
             left = self.run_distributed(node.left, routes[0])
             local = self._colocated_with(node, node.right, node.right_keys[0], left[0], node.left_keys[0])
-            right = self.run_distributed(node.right, routes[1] + [self._filter(node, plan, left[0], local)])
+            right = self.run_distributed(node.right, routes[1] + [self._filter(node, plan, left, local)])
         if local and not _colocated(node, left[0], right[0]):
             raise RuntimeError(f"opforge.cluster: a worker-local runtime filter was made for a join that did not "
                                f"run co-located ({node.describe()[:80]})")  # it would have dropped matches
         return left, right
+
+    def _may_colocate(self, node: P.Join, right: Batch) -> bool:
+        """Whether the join may run co-located once its left side is computed: the right side is
+        laid out by its key, and the left key is a column of a scan laid out alike (rows that stay
+        where they are keep that layout through filters and joins)."""
+        if len(node.left_keys) != 1 or not isinstance(node.left_keys[0], Ref):
+            return False
+        rk, layout = node.right_keys[0], _layout(right)
+        if not isinstance(rk, Ref) or rk.cid not in right.hash_keys or layout is None:
+            return False
+        return any(self.layouts.get(scan.table, (None, None)) == (o.name, layout)
+                   for scan in _scans(node.left) for o in scan.outputs if o.cid == node.left_keys[0].cid)
+
+    def _gathered_early(self, node: P.Join, right: tuple[Batch, str]) -> tuple[Batch, str]:
+        """The build side gathered before its runtime filter is made, where the join gathers it
+        anyway: a semi join always, an inner join when the whole build side is under
+        ``SMALL_BUILD_BYTES`` (broadcast, unless ``join_distribution='partitioned'``). The filter is
+        then made from the gathered rows, with no exchange of its own."""
+        batch, spread = right
+        if spread == REPLICATED or node.kind not in ("semi", "inner"):
+            return right
+        setting = self.ctx.join_distribution
+        if node.kind == "semi" or setting == "broadcast":
+            return self._replicated(node, right), REPLICATED
+        if setting == "partitioned":
+            return right
+        t0 = time.perf_counter()
+        out = X.gather_rows(batch, self.group, limit=SMALL_BUILD_BYTES)
+        if out is None:  # a larger build side: the distribution is chosen once both sides are known
+            self._stat(node, "size (not gathered)", batch.n, batch.n, 0, t0)
+            return right
+        self._stat(node, "gather (small build side)", batch.n, out.n, X.batch_bytes(batch), t0)
+        return out, REPLICATED
 
     def _colocated_with(self, node: P.Join, other: P.Node, other_key, built: Batch, built_key) -> bool:
         """Will the join run co-located (``_colocated``) once ``other`` is computed? Known before it
@@ -172,10 +211,12 @@ class DistributedExecutor(Executor):
         return (laid is not None and other_key.cid in laid[0] and built_key.cid in built.hash_keys
                 and _layout(built) is not None and _layout(built) == laid[1])
 
-    def _filter(self, node: P.Join, plan, built: Batch, local: bool):
+    def _filter(self, node: P.Join, plan, built: tuple[Batch, str], local: bool):
         """The runtime filter of the build side: this worker's rows when the join runs co-located
-        (every match of a row is on its worker: nothing moves), else every worker's."""
-        if local or self.world == 1:
+        (every match of a row is on its worker: nothing moves) or when they are all the rows
+        (replicated), else every worker's."""
+        built, spread = built
+        if local or spread == REPLICATED:
             return RF.make(node, plan, built)
         t0 = time.perf_counter()
         src_keys, dst_keys = (node.right_keys, node.left_keys) if plan.source == "right" else \
@@ -200,19 +241,21 @@ class DistributedExecutor(Executor):
             elif kind in ("left", "semi", "anti"):
                 _lay(out, lb.hash_keys, _layout(lb))
             return out, PARTITIONED
+        # Below, one side's rows stay on their workers and meet the other side whole: the output
+        # keeps the staying side's layout (a later join on its key runs co-located).
         if kind in GATHER_RIGHT or (kind == "inner" and ls == PARTITIONED and rs == REPLICATED):
             if ls == REPLICATED:  # the left side is split so each row is joined once
-                lb = X.slice_rows(lb, self.group)
-            return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
+                return self._operator(node, [X.slice_rows(lb, self.group), rb]), PARTITIONED
+            return _kept(self._operator(node, [lb, self._replicated(node, right)]), lb), PARTITIONED
         if kind in ("right", "inner") and ls == REPLICATED:
-            return self._operator(node, [lb, rb]), PARTITIONED  # right rows stay where they are
+            return _kept(self._operator(node, [lb, rb]), rb), PARTITIONED
         if kind == "right":
-            return self._operator(node, [self._replicated(node, left), rb]), PARTITIONED
+            return _kept(self._operator(node, [self._replicated(node, left), rb]), rb), PARTITIONED
         if kind == "inner":
             build, probe = self._global_bytes(rb, lb)
             choice = choose_distribution(build, probe, self.world, self.ctx.join_distribution, False)
             if choice.method == "broadcast":
-                return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
+                return _kept(self._operator(node, [lb, self._replicated(node, right)]), lb), PARTITIONED
         if kind == "inner" and len(node.left_keys) == 1 and self.ctx.skew_threshold is not None:
             return self._skewed(node, left, right)
         return self._shuffled(node, left, right, lay=kind == "inner")
@@ -267,6 +310,19 @@ def _lay(batch: Batch, keys: frozenset, layout: str | None) -> None:
     """Record that ``batch``'s rows sit on workers by the hash of column(s) ``keys`` under ``layout``."""
     if keys and layout is not None:
         batch.hash_keys, batch.layout = keys, layout
+
+
+def _scans(node: P.Node):
+    if isinstance(node, P.Scan):
+        yield node
+    for child in node.inputs():
+        yield from _scans(child)
+
+
+def _kept(out: Batch, staying: Batch) -> Batch:
+    """``out`` laid out as ``staying``, whose rows it was made from where they were."""
+    _lay(out, staying.hash_keys, _layout(staying))
+    return out
 
 
 def _static_layout(node: P.Node, layouts: dict) -> tuple[frozenset, str] | None:

@@ -225,9 +225,10 @@ def shuffle_rows(batch: Batch, dest: torch.Tensor, group=None) -> Batch:
     return _received(wire, out, recv_rows, recv_sizes, me, batch.device)
 
 
-def gather_rows(batch: Batch, group=None) -> Batch:
+def gather_rows(batch: Batch, group=None, limit: int | None = None) -> Batch | None:
     """Every worker's rows, in worker order, on every worker. Collective: a header all-gather and
-    one all-gather of the payload."""
+    one all-gather of the payload. ``limit``: None instead when the rows of every worker together
+    take more bytes on the wire than this (known from the header: the payload is not sent)."""
     where = "opforge.cluster.gather_rows"
     me = dist.get_rank(group)
     wire = _Wire(batch)
@@ -236,6 +237,8 @@ def gather_rows(batch: Batch, group=None) -> Batch:
     if not batch.cols:
         return Batch({}, sum(per_source), batch.device)
     wire.read(table[:, 1:])
+    if limit is not None and sum(per_source) * wire.row_bytes > limit:
+        return None
     dev = D.device(group)
     flat = torch.cat([wire.rows().reshape(-1).to(dev), wire.dictionaries(dev)])
     sizes = [c * wire.row_bytes + sum(wire.dict_sizes[s]) for s, c in enumerate(per_source)]
