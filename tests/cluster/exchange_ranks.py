@@ -40,7 +40,7 @@ def _values(batch) -> dict:
     return {name: batch.cols[cid].to_arrow().to_pylist() for cid, name in enumerate(ARROW_TYPES)}
 
 
-def _counting(calls: list):
+def count_collectives(calls: list) -> None:
     """Count the collectives ``exchange.py`` can reach (opforge.distributed's and torch's)."""
     import torch.distributed as dist
 
@@ -71,7 +71,7 @@ def run(rank, world, port, out_q):
     try:
         D.init("gloo", timeout=60)
         calls: list = []
-        _counting(calls)
+        count_collectives(calls)
         batch = _batch(rows(rank))
         out, counts = {}, {}
         for name, move in (("gather", lambda: X.gather_rows(batch)),
