@@ -45,6 +45,7 @@ from opforge.sql.expr import Batch, Ref
 from opforge.sql.expr.evaluation import evaluate
 from opforge.sql.executor import Executor
 from opforge.sql.outofcore.grace import concat
+from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.physical import runtime_filter as RF
 from opforge.sql.physical.cross_product import aggregate_cross_product, aggregates_without_pairs
 from opforge.sql.planner.distribution import choose_distribution
@@ -143,10 +144,26 @@ class DistributedExecutor(Executor):
                 out = self._operator(node, [src])
                 _lay(out, frozenset(on), _layout(src))
                 return out, PARTITIONED
+            if decomposable(node):
+                return self._two_step(node, src), PARTITIONED
             part = self._by_keys(node, items[0], [e for _, e in node.keys])
             return self._operator(node, [part]), PARTITIONED
+        if isinstance(node, P.Aggregate) and items[0][1] == PARTITIONED and decomposable(node):
+            return self._two_step(node, items[0][0]), REPLICATED
         inputs = [self._replicated(node, it) for it in items]
         return self._operator(node, inputs), REPLICATED
+
+    def _two_step(self, node: P.Aggregate, src: Batch) -> Batch:
+        """A decomposable aggregation of partitioned rows in two steps (``partial_aggregate``):
+        each worker aggregates its rows, and only the partials move (by the group keys, or to every
+        worker for a global aggregate) to be combined: a worker's groups instead of its rows."""
+        steps = two_step(node)
+        partial = self._operator(steps.partial, [src])
+        if node.keys:
+            moved = self._by_keys(node, (partial, PARTITIONED), [e for _, e in steps.final.keys])
+        else:
+            moved = self._replicated(node, (partial, PARTITIONED))
+        return steps.finish(self._operator(steps.final, [moved]))
 
     def _join_inputs(self, node: P.Join, routes) -> tuple[tuple, tuple]:
         """Both sides; with a runtime filter, the build side first and its filter (of every worker's
