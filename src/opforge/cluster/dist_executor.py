@@ -4,26 +4,34 @@ exchanges between workers inserted where a plan node needs rows from other worke
 Every batch is either *partitioned* (each row on exactly one worker: what a scan of the regions a
 worker leads gives) or *replicated* (every worker holds all rows). Each node keeps or changes that:
 
-* scan: partitioned (the worker's leader regions); filter / project: as their input;
+* scan: partitioned (the worker's leader regions; replicated on a cluster of one worker, which
+  holds every row: nothing is exchanged); filter / project: as their input;
 * co-location: a scan of a table hash-partitioned on a key knows its rows' *layout* (the region
   count and the worker leading each region); a join of two inputs laid out alike on their join
   keys (orders and lineitem on the order key, their regions led by the same workers), or an
   aggregate grouped on the layout's key, runs where the rows are: nothing moves. Rows shuffled
-  by one key are laid out by it too;
+  by one key are laid out by it too, and a join whose one side's rows stay where they are (the
+  other gathered) keeps that side's layout;
 * join: semi / anti / left / cross joins see the whole right side (gathered: a NOT IN must see
   every NULL), right joins the whole left; an inner join gathers a small right side (broadcast,
   ``planner/distribution.py``'s rule over the global bytes), else both sides are shuffled by a hash
   of the keys (partitioned); full joins are always shuffled;
-* aggregate: grouped ones shuffle their input by the group keys and aggregate locally (each group
-  on one worker); global ones gather their input;
+* aggregate: decomposable ones (sum, count, min, max, avg) aggregate each worker's rows first and
+  move only the partials; then, as the others do with their input, grouped ones shuffle by the
+  group keys (each group on one worker), global ones gather;
 * sort, top-k, limit, distinct, window, union: gather, then run the same operator everywhere.
+
+Every exchange is a fixed cost (``exchange.py``: two collectives, a host sync), which on small
+batches is most of a query's time (issue #29), so exchanges are shared where they can be.
 
 Runtime filters (``connect(runtime_filters=True)``): a join that makes one
 (``physical/runtime_filter.filter_plan``) computes its build side first, merges every worker's
 filter of it over the group (``global_filters.py``: one filter of the whole build side) and pushes
 it into the probe side's scans, so rows that cannot match are dropped before they are shuffled.
 A join that will run co-located uses the worker's own filter (every match of a row is on its
-worker): nothing moves for it. Skew (``skew_threshold``): a partitioned inner join finds either
+worker): nothing moves for it. A build side the join gathers anyway (a semi join's, an inner
+join's under ``SMALL_BUILD_BYTES``) is gathered first and the filter made from its rows: no
+exchange of its own. Skew (``skew_threshold``): a partitioned inner join finds either
 side's heavy keys over the group and deals that side's rows of them round-robin, sending the other
 side's rows of them to every worker (``skew_shuffle.py``).
 Per-operator rows and bytes moved (and rows a runtime filter dropped) are kept in ``stats`` for
