@@ -11,7 +11,8 @@ import one_worker_rank as job
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no Gloo")
 
-_SPEC = importlib.util.spec_from_file_location("spawn_ranks", Path(__file__).resolve().parents[1] / "sql" / "spawn_ranks.py")
+_SPEC = importlib.util.spec_from_file_location("spawn_ranks",
+                                               Path(__file__).resolve().parents[1] / "sql" / "spawn_ranks.py")
 spawn_ranks = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(spawn_ranks)
 

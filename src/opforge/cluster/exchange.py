@@ -254,7 +254,8 @@ def _received(wire: _Wire, flat: torch.Tensor, per_source: list[int], sizes: lis
         return wire.unpack(flat.reshape(sum(per_source), rb).to(device), per_source, [None] * len(sizes), device)
     blocks = torch.split(flat, sizes)
     rows = torch.cat([b[: c * rb] for b, c in zip(blocks, per_source)]).reshape(sum(per_source), rb).to(device)
-    dicts = [None if s == me else b[c * rb:].cpu().numpy().tobytes() for s, (b, c) in enumerate(zip(blocks, per_source))]
+    dicts = [None if s == me else b[c * rb:].cpu().numpy().tobytes()
+             for s, (b, c) in enumerate(zip(blocks, per_source))]
     return wire.unpack(rows, per_source, dicts, device)
 
 
