@@ -4,26 +4,34 @@ exchanges between workers inserted where a plan node needs rows from other worke
 Every batch is either *partitioned* (each row on exactly one worker: what a scan of the regions a
 worker leads gives) or *replicated* (every worker holds all rows). Each node keeps or changes that:
 
-* scan: partitioned (the worker's leader regions); filter / project: as their input;
+* scan: partitioned (the worker's leader regions; replicated on a cluster of one worker, which
+  holds every row: nothing is exchanged); filter / project: as their input;
 * co-location: a scan of a table hash-partitioned on a key knows its rows' *layout* (the region
   count and the worker leading each region); a join of two inputs laid out alike on their join
   keys (orders and lineitem on the order key, their regions led by the same workers), or an
   aggregate grouped on the layout's key, runs where the rows are: nothing moves. Rows shuffled
-  by one key are laid out by it too;
+  by one key are laid out by it too, and a join whose one side's rows stay where they are (the
+  other gathered) keeps that side's layout;
 * join: semi / anti / left / cross joins see the whole right side (gathered: a NOT IN must see
   every NULL), right joins the whole left; an inner join gathers a small right side (broadcast,
   ``planner/distribution.py``'s rule over the global bytes), else both sides are shuffled by a hash
   of the keys (partitioned); full joins are always shuffled;
-* aggregate: grouped ones shuffle their input by the group keys and aggregate locally (each group
-  on one worker); global ones gather their input;
+* aggregate: decomposable ones (sum, count, min, max, avg) aggregate each worker's rows first and
+  move only the partials; then, as the others do with their input, grouped ones shuffle by the
+  group keys (each group on one worker), global ones gather;
 * sort, top-k, limit, distinct, window, union: gather, then run the same operator everywhere.
+
+Every exchange is a fixed cost (``exchange.py``: two collectives, a host sync), which on small
+batches is most of a query's time (issue #29), so exchanges are shared where they can be.
 
 Runtime filters (``connect(runtime_filters=True)``): a join that makes one
 (``physical/runtime_filter.filter_plan``) computes its build side first, merges every worker's
 filter of it over the group (``global_filters.py``: one filter of the whole build side) and pushes
 it into the probe side's scans, so rows that cannot match are dropped before they are shuffled.
 A join that will run co-located uses the worker's own filter (every match of a row is on its
-worker): nothing moves for it. Skew (``skew_threshold``): a partitioned inner join finds either
+worker): nothing moves for it. A build side the join gathers anyway (a semi join's, an inner
+join's under ``SMALL_BUILD_BYTES``) is gathered first and the filter made from its rows: no
+exchange of its own. Skew (``skew_threshold``): a partitioned inner join finds either
 side's heavy keys over the group and deals that side's rows of them round-robin, sending the other
 side's rows of them to every worker (``skew_shuffle.py``).
 Per-operator rows and bytes moved (and rows a runtime filter dropped) are kept in ``stats`` for
@@ -36,6 +44,7 @@ import time
 import torch
 
 import opforge.distributed as D
+from opforge.distributed.collectives import exchange
 
 from opforge.cluster import exchange as X
 from opforge.cluster import global_filters, skew_shuffle
@@ -44,11 +53,16 @@ from opforge.sql.expr import Batch, Ref
 from opforge.sql.expr.evaluation import evaluate
 from opforge.sql.executor import Executor
 from opforge.sql.outofcore.grace import concat
+from opforge.sql.outofcore.partial_aggregate import decomposable, two_step
 from opforge.sql.physical import runtime_filter as RF
 from opforge.sql.physical.cross_product import aggregate_cross_product, aggregates_without_pairs
 from opforge.sql.planner.distribution import choose_distribution
 
 PARTITIONED, REPLICATED = "partitioned", "replicated"
+# An inner join's build side under this many bytes over all workers is gathered (broadcast) before
+# its runtime filter is made: below it the two methods' byte costs differ by microseconds, less than
+# the latency of the runtime filter's own exchange (and of the probe side's shuffle) that it saves.
+SMALL_BUILD_BYTES = 1 << 20
 GATHER_RIGHT = ("semi", "anti", "left", "cross")
 
 
@@ -90,10 +104,11 @@ class DistributedExecutor(Executor):
             _lay(out, frozenset([keys[0].cid]), f"shuffle/{self.world}")
         return out
 
-    def _global_bytes(self, batch: Batch) -> int:
-        from opforge.distributed import all_gather, device
-        mine = torch.tensor([X.batch_bytes(batch)], dtype=torch.int64, device=device(self.group))
-        return int(all_gather(mine, group=self.group).sum())
+    def _global_bytes(self, *batches: Batch) -> list[int]:
+        """Each batch's bytes over all workers (one collective for all)."""
+        table = exchange("opforge.cluster.join_distribution", "the join sides' bytes",
+                         [X.batch_bytes(b) for b in batches], "", self.group)
+        return table.sum(0).tolist()
 
     # -- the plan -----------------------------------------------------------------------------------
     def run_distributed(self, node: P.Node, pushed: list | None = None) -> tuple[Batch, str]:
@@ -107,7 +122,7 @@ class DistributedExecutor(Executor):
                 self._stat(node, "runtime-filtered", self.tables[node.table].num_rows, out.n, 0, t0)
             key, sig = self.layouts.get(node.table, (None, None))
             _lay(out, frozenset(o.cid for o in node.outputs if o.name == key), sig)
-            return out, PARTITIONED
+            return out, PARTITIONED if self.world > 1 else REPLICATED  # one worker holds every row
         if isinstance(node, P.OneRow):
             return self._operator(node, [], []), REPLICATED
         if aggregates_without_pairs(node):
@@ -137,10 +152,26 @@ class DistributedExecutor(Executor):
                 out = self._operator(node, [src])
                 _lay(out, frozenset(on), _layout(src))
                 return out, PARTITIONED
+            if decomposable(node):
+                return self._two_step(node, src), PARTITIONED
             part = self._by_keys(node, items[0], [e for _, e in node.keys])
             return self._operator(node, [part]), PARTITIONED
+        if isinstance(node, P.Aggregate) and items[0][1] == PARTITIONED and decomposable(node):
+            return self._two_step(node, items[0][0]), REPLICATED
         inputs = [self._replicated(node, it) for it in items]
         return self._operator(node, inputs), REPLICATED
+
+    def _two_step(self, node: P.Aggregate, src: Batch) -> Batch:
+        """A decomposable aggregation of partitioned rows in two steps (``partial_aggregate``):
+        each worker aggregates its rows, and only the partials move (by the group keys, or to every
+        worker for a global aggregate) to be combined: a worker's groups instead of its rows."""
+        steps = two_step(node)
+        partial = self._operator(steps.partial, [src])
+        if node.keys:
+            moved = self._by_keys(node, (partial, PARTITIONED), [e for _, e in steps.final.keys])
+        else:
+            moved = self._replicated(node, (partial, PARTITIONED))
+        return steps.finish(self._operator(steps.final, [moved]))
 
     def _join_inputs(self, node: P.Join, routes) -> tuple[tuple, tuple]:
         """Both sides; with a runtime filter, the build side first and its filter (of every worker's
@@ -151,15 +182,50 @@ class DistributedExecutor(Executor):
         if plan.source == "right":
             right = self.run_distributed(node.right, routes[1])
             local = self._colocated_with(node, node.left, node.left_keys[0], right[0], node.right_keys[0])
-            left = self.run_distributed(node.left, routes[0] + [self._filter(node, plan, right[0], local)])
+            if not local and not self._may_colocate(node, right[0]):
+                right = self._gathered_early(node, right)
+            left = self.run_distributed(node.left, routes[0] + [self._filter(node, plan, right, local)])
         else:
             left = self.run_distributed(node.left, routes[0])
             local = self._colocated_with(node, node.right, node.right_keys[0], left[0], node.left_keys[0])
-            right = self.run_distributed(node.right, routes[1] + [self._filter(node, plan, left[0], local)])
+            right = self.run_distributed(node.right, routes[1] + [self._filter(node, plan, left, local)])
         if local and not _colocated(node, left[0], right[0]):
             raise RuntimeError(f"opforge.cluster: a worker-local runtime filter was made for a join that did not "
                                f"run co-located ({node.describe()[:80]})")  # it would have dropped matches
         return left, right
+
+    def _may_colocate(self, node: P.Join, right: Batch) -> bool:
+        """Whether the join may run co-located once its left side is computed: the right side is
+        laid out by its key, and the left key is a column of a scan laid out alike (rows that stay
+        where they are keep that layout through filters and joins)."""
+        if len(node.left_keys) != 1 or not isinstance(node.left_keys[0], Ref):
+            return False
+        rk, layout = node.right_keys[0], _layout(right)
+        if not isinstance(rk, Ref) or rk.cid not in right.hash_keys or layout is None:
+            return False
+        return any(self.layouts.get(scan.table, (None, None)) == (o.name, layout)
+                   for scan in _scans(node.left) for o in scan.outputs if o.cid == node.left_keys[0].cid)
+
+    def _gathered_early(self, node: P.Join, right: tuple[Batch, str]) -> tuple[Batch, str]:
+        """The build side gathered before its runtime filter is made, where the join gathers it
+        anyway: a semi join always, an inner join when the whole build side is under
+        ``SMALL_BUILD_BYTES`` (broadcast, unless ``join_distribution='partitioned'``). The filter is
+        then made from the gathered rows, with no exchange of its own."""
+        batch, spread = right
+        if spread == REPLICATED or node.kind not in ("semi", "inner"):
+            return right
+        setting = self.ctx.join_distribution
+        if node.kind == "semi" or setting == "broadcast":
+            return self._replicated(node, right), REPLICATED
+        if setting == "partitioned":
+            return right
+        t0 = time.perf_counter()
+        out = X.gather_rows(batch, self.group, limit=SMALL_BUILD_BYTES)
+        if out is None:  # a larger build side: the distribution is chosen once both sides are known
+            self._stat(node, "size (not gathered)", batch.n, batch.n, 0, t0)
+            return right
+        self._stat(node, "gather (small build side)", batch.n, out.n, X.batch_bytes(batch), t0)
+        return out, REPLICATED
 
     def _colocated_with(self, node: P.Join, other: P.Node, other_key, built: Batch, built_key) -> bool:
         """Will the join run co-located (``_colocated``) once ``other`` is computed? Known before it
@@ -170,10 +236,12 @@ class DistributedExecutor(Executor):
         return (laid is not None and other_key.cid in laid[0] and built_key.cid in built.hash_keys
                 and _layout(built) is not None and _layout(built) == laid[1])
 
-    def _filter(self, node: P.Join, plan, built: Batch, local: bool):
+    def _filter(self, node: P.Join, plan, built: tuple[Batch, str], local: bool):
         """The runtime filter of the build side: this worker's rows when the join runs co-located
-        (every match of a row is on its worker: nothing moves), else every worker's."""
-        if local:
+        (every match of a row is on its worker: nothing moves) or when they are all the rows
+        (replicated), else every worker's."""
+        built, spread = built
+        if local or spread == REPLICATED:
             return RF.make(node, plan, built)
         t0 = time.perf_counter()
         src_keys, dst_keys = (node.right_keys, node.left_keys) if plan.source == "right" else \
@@ -198,19 +266,21 @@ class DistributedExecutor(Executor):
             elif kind in ("left", "semi", "anti"):
                 _lay(out, lb.hash_keys, _layout(lb))
             return out, PARTITIONED
+        # Below, one side's rows stay on their workers and meet the other side whole: the output
+        # keeps the staying side's layout (a later join on its key runs co-located).
         if kind in GATHER_RIGHT or (kind == "inner" and ls == PARTITIONED and rs == REPLICATED):
             if ls == REPLICATED:  # the left side is split so each row is joined once
-                lb = X.slice_rows(lb, self.group)
-            return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
+                return self._operator(node, [X.slice_rows(lb, self.group), rb]), PARTITIONED
+            return _kept(self._operator(node, [lb, self._replicated(node, right)]), lb), PARTITIONED
         if kind in ("right", "inner") and ls == REPLICATED:
-            return self._operator(node, [lb, rb]), PARTITIONED  # right rows stay where they are
+            return _kept(self._operator(node, [lb, rb]), rb), PARTITIONED
         if kind == "right":
-            return self._operator(node, [self._replicated(node, left), rb]), PARTITIONED
+            return _kept(self._operator(node, [self._replicated(node, left), rb]), rb), PARTITIONED
         if kind == "inner":
-            build, probe = self._global_bytes(rb), self._global_bytes(lb)
+            build, probe = self._global_bytes(rb, lb)
             choice = choose_distribution(build, probe, self.world, self.ctx.join_distribution, False)
             if choice.method == "broadcast":
-                return self._operator(node, [lb, self._replicated(node, right)]), PARTITIONED
+                return _kept(self._operator(node, [lb, self._replicated(node, right)]), lb), PARTITIONED
         if kind == "inner" and len(node.left_keys) == 1 and self.ctx.skew_threshold is not None:
             return self._skewed(node, left, right)
         return self._shuffled(node, left, right, lay=kind == "inner")
@@ -265,6 +335,19 @@ def _lay(batch: Batch, keys: frozenset, layout: str | None) -> None:
     """Record that ``batch``'s rows sit on workers by the hash of column(s) ``keys`` under ``layout``."""
     if keys and layout is not None:
         batch.hash_keys, batch.layout = keys, layout
+
+
+def _scans(node: P.Node):
+    if isinstance(node, P.Scan):
+        yield node
+    for child in node.inputs():
+        yield from _scans(child)
+
+
+def _kept(out: Batch, staying: Batch) -> Batch:
+    """``out`` laid out as ``staying``, whose rows it was made from where they were."""
+    _lay(out, staying.hash_keys, _layout(staying))
+    return out
 
 
 def _static_layout(node: P.Node, layouts: dict) -> tuple[frozenset, str] | None:

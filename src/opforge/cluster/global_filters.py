@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 import opforge.distributed as D
+from opforge.distributed.collectives import exchange
 from opforge.ops.bloom import BLOCK_WORDS, build_words
 from opforge.sql.planner.runtime_filters import BLOOM_BITS_PER_KEY, BLOOM_HASHES, IN_LIST_MAX, BlockedBloomFilter, \
     RuntimeFilter
@@ -30,12 +31,14 @@ def _blocks(keys: int) -> int:
 
 def build(keys: torch.Tensor, valid: torch.Tensor | None, group=None) -> tuple[RuntimeFilter, int]:
     """The filter of every worker's build keys (int keys; ``valid`` False where NULL), and the
-    bytes this worker sent to make it. Collective: every worker calls it for the same join."""
+    bytes this worker sent to make it. Collective: every worker calls it for the same join; two
+    collectives (the counts and bounds, then the keys or the Bloom words), one when no key."""
     k = keys.long() if valid is None else keys.long()[valid]
     distinct = torch.unique(k)
     lo, hi = (int(distinct[0]), int(distinct[-1])) if distinct.numel() else (_HI, _LO)
     dev = D.device(group)
-    table = D.all_gather(torch.tensor([[distinct.numel(), lo, hi]], dtype=torch.int64, device=dev), group=group).cpu()
+    table = exchange("opforge.cluster.global_filters", "build keys' counts and bounds", [distinct.numel(), lo, hi],
+                     "", group)
     total = int(table[:, 0].sum())
     sent = 24
     if total == 0:
@@ -45,7 +48,7 @@ def build(keys: torch.Tensor, valid: torch.Tensor | None, group=None) -> tuple[R
         every = D.all_gather(distinct.to(dev), group=group, sizes=table[:, 0].tolist())
         return RuntimeFilter(lo, hi, torch.unique(every).to(keys.device), None), sent + 8 * distinct.numel()
     words = build_words(as_int64(distinct), _blocks(total), BLOOM_HASHES)
-    every = D.all_gather(words.reshape(1, -1).to(dev), group=group).to(keys.device)
+    every = D.all_gather(words.reshape(1, -1).to(dev), group=group, sizes=[1] * len(table)).to(keys.device)
     merged = every[0].clone()
     for row in every[1:]:
         merged |= row

@@ -39,7 +39,9 @@ def heavy_keys(sides: list[torch.Tensor], threshold: float, group=None) -> list[
         mine[i, 0, 0] = bits.numel()
         mine[i, 1: top.values.numel() + 1, 0] = uniq[top.indices].cpu()
         mine[i, 1: top.values.numel() + 1, 1] = top.values.cpu()
-    table = D.all_gather(mine.reshape(-1, 2).to(dev), group=group).cpu().reshape(-1, len(sides), TOP + 1, 2)
+    each = len(sides) * (TOP + 1)  # the same on every worker: no size exchange
+    table = D.all_gather(mine.reshape(-1, 2).to(dev), group=group, sizes=[each] * D.world_size(group)).cpu()
+    table = table.reshape(-1, len(sides), TOP + 1, 2)
     out = []
     for i, bits in enumerate(sides):
         rows = int(table[:, i, 0, 0].sum())
