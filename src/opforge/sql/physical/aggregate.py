@@ -203,7 +203,7 @@ def _reduce(func: str, col: Column | None, gid: torch.Tensor, groups: int, n: in
     if func == "decimal_avg":
         return _decimal_average(col, gid, groups, cnt, valid)
     if col.type.wide and func in ("sum", "avg", "min", "max"):
-        return _reduce_wide(func, col, gid, groups, cnt, valid, out_type, int64_safe)
+        return _reduce_wide(func, col, gid, groups, cnt, valid, out_type, int64_safe, read_valid)
     if func in ("sum", "avg"):
         if func == "avg" or out_type.is_float:
             v = cast_values(col, T.FLOAT64)
@@ -260,7 +260,7 @@ def _exact_float_sum(func: str, col: Column, gid: torch.Tensor, groups: int) -> 
 
 
 def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: torch.Tensor, valid,
-                 out_type: T.SqlType, int64_safe: bool | None = None) -> Column:
+                 out_type: T.SqlType, int64_safe: bool | None = None, read_valid: bool = True) -> Column:
     """sum / avg / min / max of a 128-bit DECIMAL: SUM exact by 32-bit limb columns (int64 segment
     sums, carries folded after), AVG that exact sum as a DOUBLE, MIN / MAX through the values' dense
     ranks."""
@@ -274,7 +274,7 @@ def _reduce_wide(func: str, col: Column, gid: torch.Tensor, groups: int, cnt: to
         if int64_safe:  # int64 values, no int64 overflow
             narrow = T.decimal(col.type.precision, col.type.scale, False)
             out = _reduce(func, Column(low, col.valid, narrow), gid, groups, len(v), v.device,
-                          T.FLOAT64 if func == "avg" else narrow, [(cnt, valid)], True)
+                          T.FLOAT64 if func == "avg" else narrow, [(cnt, valid)], True, read_valid)
             return out if func == "avg" else Column(decimal128.from_int64(out.values), out.valid, out_type)
     if func in ("sum", "avg"):
         s, over = decimal128.segment_sum(
