@@ -60,34 +60,18 @@ def count_collectives(calls: list) -> None:
         wrap(dist, name)
 
 
-def run(rank, world, port, out_q):
+def in_gloo_group(rank, world, port, out_q, body, **env) -> None:
+    """A spawned rank's frame (this file's and ``one_worker_rank.py``'s): the process group's
+    environment (plus ``env``) before anything imports opforge, one thread, a Gloo group; puts
+    ``(rank, *body())`` on the queue, or ``(rank, "error", traceback)``; leaves the group."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env)
     torch.set_num_threads(1)
     import opforge.distributed as D
-    from opforge.cluster import exchange as X
-    from opforge.sql.expr import Batch
 
     try:
         D.init("gloo", timeout=60)
-        calls: list = []
-        count_collectives(calls)
-        batch = _batch(rows(rank))
-        out, counts = {}, {}
-        for name, move in (("gather", lambda: X.gather_rows(batch)),
-                           ("shuffle", lambda: X.shuffle_rows(batch, torch.tensor(dests(rank))))):
-            calls.clear()
-            got = move()
-            counts[name] = len(calls)
-            out[name] = (_values(got), {n: got.cols[c].dictionary for c, n in enumerate(ARROW_TYPES)})
-        empty = batch.take(torch.zeros(0, dtype=torch.int64)) if rank == 1 else batch  # one rank with no rows
-        out["gather_one_empty"] = _values(X.gather_rows(empty))
-        out["shuffle_one_empty"] = _values(X.shuffle_rows(empty, torch.zeros(empty.n, dtype=torch.int64)))
-        ints = Batch({0: empty.cols[0]}, empty.n, empty.device)  # rank 0 sends only to itself, rank 1 nothing
-        out["shuffle_to_itself"] = X.shuffle_rows(ints, torch.zeros(ints.n, dtype=torch.int64)).cols[0].values.tolist()
-        nothing = Batch({}, batch.n, batch.device)  # COUNT(*) over a projection of nothing
-        out["no_columns"] = (X.gather_rows(nothing).n, X.shuffle_rows(nothing, torch.tensor(dests(rank))).n)
-        out_q.put((rank, out, counts))
+        out_q.put((rank, *body()))
     except Exception:  # noqa: BLE001 - the test reports it
         import traceback
 
@@ -97,3 +81,31 @@ def run(rank, world, port, out_q):
             D.destroy()
         except Exception:  # noqa: BLE001
             pass
+
+
+def run(rank, world, port, out_q):
+    in_gloo_group(rank, world, port, out_q, lambda: _exchanges(rank))
+
+
+def _exchanges(rank: int) -> tuple[dict, dict]:
+    from opforge.cluster import exchange as X
+    from opforge.sql.expr import Batch
+
+    calls: list = []
+    count_collectives(calls)
+    batch = _batch(rows(rank))
+    out, counts = {}, {}
+    for name, move in (("gather", lambda: X.gather_rows(batch)),
+                       ("shuffle", lambda: X.shuffle_rows(batch, torch.tensor(dests(rank))))):
+        calls.clear()
+        got = move()
+        counts[name] = len(calls)
+        out[name] = (_values(got), {n: got.cols[c].dictionary for c, n in enumerate(ARROW_TYPES)})
+    empty = batch.take(torch.zeros(0, dtype=torch.int64)) if rank == 1 else batch  # one rank with no rows
+    out["gather_one_empty"] = _values(X.gather_rows(empty))
+    out["shuffle_one_empty"] = _values(X.shuffle_rows(empty, torch.zeros(empty.n, dtype=torch.int64)))
+    ints = Batch({0: empty.cols[0]}, empty.n, empty.device)  # rank 0 sends only to itself, rank 1 nothing
+    out["shuffle_to_itself"] = X.shuffle_rows(ints, torch.zeros(ints.n, dtype=torch.int64)).cols[0].values.tolist()
+    nothing = Batch({}, batch.n, batch.device)  # COUNT(*) over a projection of nothing
+    out["no_columns"] = (X.gather_rows(nothing).n, X.shuffle_rows(nothing, torch.tensor(dests(rank))).n)
+    return out, counts

@@ -2,7 +2,6 @@
 executor over a process group of one, on tables partitioned like the cluster's (a layout for each),
 for queries that would shuffle, gather, broadcast and filter across workers. It puts each query's
 rows, the single-process engine's rows and the collectives the query took on the queue."""
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -28,41 +27,33 @@ def tables() -> dict:
 
 
 def run(rank, world, port, out_q):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPFORGE_INTERPRET="0")
-    torch.set_num_threads(1)
+    import exchange_ranks
+
+    exchange_ranks.in_gloo_group(rank, world, port, out_q, _queries, OPFORGE_INTERPRET="0")
+
+
+def _queries() -> tuple[list]:
     import exchange_ranks
     import opforge.distributed as D
     from opforge import sql
     from opforge.cluster.dist_executor import DistributedExecutor
     from opforge.sql.physical.context import ExecContext
 
-    try:
-        D.init("gloo", timeout=60)
-        calls: list = []
-        exchange_ranks.count_collectives(calls)
-        con = sql.connect(device="cpu")
-        for name, t in tables().items():
-            con.register(name, t)
-        layouts = {"orders": ("o_id", "regions/2/0:0,1:0"), "customer": ("c_id", "regions/2/0:0,1:0")}
-        out = []
-        for text in QUERIES:
-            want = con.sql(text).to_arrow().to_pylist()
-            node = con.sql(text)._node
-            calls.clear()
-            ex = DistributedExecutor(con._tables, torch.device("cpu"), ExecContext(**con._cluster_options()),
-                                     D.world_size(), layouts=layouts)
-            batch, spread = ex.run_distributed(node)
-            got = pa.Table.from_arrays([batch.cols[o.cid].to_arrow() for o in node.outputs],
-                                       names=[o.name for o in node.outputs]).to_pylist()
-            out.append((text, want, got, spread, len(calls)))
-        out_q.put((rank, out))
-    except Exception:  # noqa: BLE001 - the test reports it
-        import traceback
-
-        out_q.put((rank, "error", traceback.format_exc()))
-    finally:
-        try:
-            D.destroy()
-        except Exception:  # noqa: BLE001
-            pass
+    calls: list = []
+    exchange_ranks.count_collectives(calls)
+    con = sql.connect(device="cpu")
+    for name, t in tables().items():
+        con.register(name, t)
+    layouts = {"orders": ("o_id", "regions/2/0:0,1:0"), "customer": ("c_id", "regions/2/0:0,1:0")}
+    out = []
+    for text in QUERIES:
+        want = con.sql(text).to_arrow().to_pylist()
+        node = con.sql(text)._node
+        calls.clear()
+        ex = DistributedExecutor(con._tables, torch.device("cpu"), ExecContext(**con._cluster_options()),
+                                 D.world_size(), layouts=layouts)
+        batch, spread = ex.run_distributed(node)
+        got = pa.Table.from_arrays([batch.cols[o.cid].to_arrow() for o in node.outputs],
+                                   names=[o.name for o in node.outputs]).to_pylist()
+        out.append((text, want, got, spread, len(calls)))
+    return (out,)
