@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import platform
 import statistics
 import sys
@@ -96,20 +95,16 @@ def main(argv=None) -> int:
     import opforge.cluster as C
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    gpus = torch.cuda.device_count() if device == "cuda" else 0
-    backend = "nccl" if device == "cuda" and gpus >= args.workers else "gloo"
     env_vars = {"OPFORGE_INTERPRET": "0"}
-    if device == "cuda" and backend == "gloo":  # workers share the GPUs Ray would hide from CPU actors
-        env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
-        os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # and the raylet this starts
     day = dt.date.today().isoformat()
     out = Path(args.out) if args.out else HERE / "results" / f"cluster-nexmark-{device}-w{args.workers}-{day}.json"
     log = RowLog(out, args.budget_s)
     say = log.say
-    cluster = C.start(workers=args.workers, backend=backend, env=env_vars)
+    # on CUDA the cluster picks the group: more workers than GPUs share them over Gloo (cluster.start)
+    cluster = C.start(workers=args.workers, backend=None if device == "cuda" else "gloo", env=env_vars)
     started_s = time.perf_counter() - log.begin
     parallelism = cluster.regions_per_table
-    why = " (more workers than GPUs: Gloo, records through host memory)" if device == "cuda" and backend == "gloo" \
+    why = " (more workers than GPUs: Gloo, records through host memory)" if device == "cuda" and cluster.backend == "gloo" \
         else ""
     say(f"cluster: {cluster.size} workers, group {cluster.backend}{why}, job device {device}, started in "
         f"{started_s:.1f} s; jobs at parallelism {parallelism}, {args.watermarks} watermarks")

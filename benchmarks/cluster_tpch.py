@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     cluster = C.start(workers=args.workers, backend=None if device == "cuda" else "gloo")
     started_s = time.perf_counter() - t0
-    say(f"cluster: {cluster.size} workers ({cluster.backend}), started in {started_s:.1f} s")
+    say(f"cluster: {cluster.size} workers ({cluster.backend}; computing on {', '.join(cluster.devices)}), "
+        f"started in {started_s:.1f} s")
     single = sql.connect(device=device)
     dist = sql.connect(device=device, cluster=cluster)
     t0 = time.perf_counter()

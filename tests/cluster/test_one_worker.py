@@ -24,3 +24,18 @@ def test_one_worker_answers_like_one_process_without_collectives():
     for text, want, got, spread, collectives in result[0]:
         assert got == want, text
         assert spread == "replicated" and collectives == 0, (text, spread, collectives)
+
+
+def test_workers_compute_on_a_gpu_they_see_whatever_the_group(monkeypatch):
+    """NCCL: the worker's own GPU; Gloo with GPUs visible (more workers than GPUs): the GPUs in turn;
+    no GPU: the CPU."""
+    import torch
+
+    from opforge.cluster.worker import compute_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compute_device("gloo", 3) == torch.device("cpu")
+    assert compute_device("nccl", 3) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [compute_device("gloo", i) for i in range(3)] == [torch.device("cuda", i) for i in (0, 1, 0)]

@@ -74,6 +74,7 @@ class Cluster:
         self._worker_names = itertools.count(workers)  # a worker's name (its store's label) is never reused
         self.store_of: list[int] = [0] * workers  # worker index -> its current store id
         self.pids: list[int] = [0] * workers
+        self.devices: list[str] = [""] * workers  # where each worker computes ("cuda:0", "cpu")
         self.dead_stores: set[int] = set()
         self.draining: set[int] = set()  # stores marked offline by remove_worker, their regions moving away
         self._store_ids = itertools.count(1)
@@ -116,6 +117,7 @@ class Cluster:
         self.workers.append(self._new_worker(next(self._worker_names)))
         self.store_of.append(0)
         self.pids.append(0)
+        self.devices.append("")
         self._make_store(i, _ray().get(self.workers[i].info.remote()))
         self._form_group()
         return i
@@ -172,7 +174,7 @@ class Cluster:
                 _ray().kill(self.workers[i], no_restart=True)
             except Exception:  # already gone
                 pass
-            del self.workers[i], self.store_of[i], self.pids[i]
+            del self.workers[i], self.store_of[i], self.pids[i], self.devices[i]
             self.draining.discard(sid)
         if done:
             self._form_group()
@@ -190,7 +192,7 @@ class Cluster:
         if self.backend == "nccl":  # the GPUs of one host share its NVLink domain (HGX)
             labels["nvlink"] = info["host"]
         _ray().get(self.workers[i].join.remote(sid, labels))
-        self.store_of[i], self.pids[i] = sid, info["pid"]
+        self.store_of[i], self.pids[i], self.devices[i] = sid, info["pid"], info["device"]
 
     def _form_group(self) -> None:
         ray = _ray()
@@ -665,18 +667,35 @@ def _lost_worker(error: BaseException) -> bool:
     return not isinstance(error, (ValueError, TypeError, NotImplementedError, StreamOperatorError))
 
 
+# Ray hides the GPUs from an actor that asked for none, unless this is set (in the raylet's
+# environment and the actors').
+SHARE_GPUS = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def start(address: str | None = None, workers: int | None = None, *, replicas: int = 2,
           regions_per_table: int | None = None, backend: str | None = None, num_cpus: int | None = None,
           env: dict | None = None, temp_dir: str | None = None, **options) -> Cluster:
     """Start a cluster: embed a local Ray instance (``address=None``) or attach to one, then one
     worker per GPU (``workers`` defaults to the GPUs Ray sees, else 2 CPU workers). ``env``:
     environment variables of the worker processes (a local Ray only). ``replicas``: copies of each
-    region, on distinct workers."""
+    region, on distinct workers. ``backend``: the workers' group, None to choose: NCCL with a GPU per
+    worker; with more local workers than GPUs, Gloo (NCCL takes one rank per GPU), the workers still
+    sharing the GPUs to compute (Ray is told not to hide them from these CPU actors) and moving data
+    through host memory. An explicit ``"gloo"`` keeps the workers on the CPU."""
     ray = _ray()
     owns = False
     if not ray.is_initialized():
         if address is None:
             n = workers or 2
+            if backend is None and 0 < _local_gpus() < n:
+                env = {SHARE_GPUS: "1", **(env or {})}
+                os.environ[SHARE_GPUS] = "1"  # read by the raylet ray.init starts next
             tmp = temp_dir or tempfile.mkdtemp(prefix="opf_ray_", dir="/tmp")
             for attempt in (1, 2):  # Ray gives its raylet 30 s to start: a loaded host can miss that once
                 try:

@@ -25,6 +25,19 @@ from opforge.cluster import regions as R
 from opforge.placement.client import HeartbeatLoop, PDClient
 
 
+def compute_device(backend: str, index: int) -> torch.device:
+    """Where a worker's queries run: its GPU whenever it sees one. Under NCCL, Ray gives each worker
+    its own GPU (device 0 of what it sees); under Gloo with GPUs visible (more workers than GPUs,
+    ``cluster.start`` shares them) workers take the GPUs in turn and the group's collectives move
+    data through host memory (``opforge.distributed.device``). A worker that sees no GPU runs on
+    the CPU."""
+    if backend == "nccl":
+        return torch.device("cuda", 0)
+    if torch.cuda.is_available():
+        return torch.device("cuda", index % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def _capacity(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -37,7 +50,9 @@ class Worker:
         self.index = index
         self.client = PDClient(pd_url, token, timeout=30)
         self.backend = backend or D.group.default_backend()
-        self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
+        self.device = compute_device(self.backend, index)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # Triton launches on the current device
         self.host = socket.gethostname()
         self.store_id: int | None = None  # None until the coordinator makes this process a store
         self.meta: dict[int, R.RegionMeta] = {}
@@ -53,7 +68,8 @@ class Worker:
     # -- membership -----------------------------------------------------------------------------
     def info(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "host": self.host, "store_id": self.store_id,
-                "ip": _node_ip(), "backend": self.backend}
+                "ip": _node_ip(), "backend": self.backend,
+                "device": str(self.device)}
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -126,15 +142,17 @@ class Worker:
 
     def send_region(self, region_id: int, dst: int) -> int:
         """Send one region's snapshot to rank ``dst`` (which is in :meth:`recv_region`)."""
-        payload = torch.frombuffer(bytearray(R.to_ipc(self.data[region_id])), dtype=torch.uint8).to(self.device)
-        dist.send(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), dst)
+        wire = D.device()
+        payload = torch.frombuffer(bytearray(R.to_ipc(self.data[region_id])), dtype=torch.uint8).to(wire)
+        dist.send(torch.tensor([payload.numel()], dtype=torch.int64, device=wire), dst)
         dist.send(payload, dst)
         return int(payload.numel())
 
     def recv_region(self, meta: dict, src: int) -> int:
-        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        wire = D.device()
+        size = torch.zeros(1, dtype=torch.int64, device=wire)
         dist.recv(size, src)
-        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
         dist.recv(payload, src)
         self._hold(R.RegionMeta.from_json(meta), R.from_ipc(payload.cpu().numpy().tobytes()))
         return int(size.item())
