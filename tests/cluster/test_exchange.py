@@ -79,3 +79,28 @@ def test_a_rank_without_rows_and_a_batch_without_columns(results):
 def test_an_exchange_is_two_collectives(results):
     for rank, _, counts in results:
         assert counts["gather"] <= 2 and counts["shuffle"] <= 2, (rank, counts)
+
+
+@pytest.mark.parametrize("arrow_type, values", [
+    ("s", [["pear", "apple", None], ["apple", "kiwi", "pear"]]),
+    ("l", [[[1, 2], [3], None, [0.0]], [[3], [-0.0], [1, 2], []]]),
+    ("st", [[{"a": 1, "b": "x"}, {"a": 2, "b": None}], [{"a": 2, "b": None}, {"a": 1, "b": "x"}]]),
+])
+def test_equal_values_hash_alike_whatever_their_codes(arrow_type, values):
+    """Each worker codes its own strings and LIST / STRUCT values: a row's worker must follow the
+    value, not its code (found: LIST keys were hashed by code, so one value's rows could meet on two
+    workers)."""
+    import pyarrow as pa
+
+    from opforge.cluster import exchange as X
+    from opforge.sql.column import Column
+
+    typ = {"s": pa.string(), "l": pa.list_(pa.float64()),
+           "st": pa.struct([("a", pa.int64()), ("b", pa.string())])}[arrow_type]
+    bits = {}
+    for vs in values:  # two columns, two dictionaries
+        col = Column.from_arrow(pa.array(vs, typ), "cpu")
+        for v, b in zip(vs, X.key_bits(col).tolist()):
+            bits.setdefault(repr(v).replace("-0.0", "0.0"), set()).add(b)
+    assert all(len(b) == 1 for b in bits.values()), bits
+    assert len(set().union(*bits.values())) == len(bits)  # distinct values, distinct bits here

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -39,19 +38,17 @@ from opforge.distributed.collectives import exchange, guard
 from opforge.sql import types as T
 from opforge.sql.column import Column, merge_dictionaries
 from opforge.sql.expr import Batch
+from opforge.sql.outofcore.partition import dictionary_hashes
 
 _NULL_KEY = -0x5EED  # the hash input of a NULL key: every NULL lands on one worker
 
 
-def _word_hashes(words: tuple[str, ...]) -> torch.Tensor:
-    return torch.tensor([zlib.crc32(w.encode()) for w in words] or [0], dtype=torch.int64)
-
-
 def key_bits(col: Column) -> torch.Tensor:
-    """An int64 per row, equal for equal SQL values (strings by content, integral floats as ints)."""
+    """An int64 per row, equal for equal SQL values (strings and LIST / STRUCT values by content:
+    each worker codes its own; integral floats as ints)."""
     v = col.values
-    if col.type.kind == "STRING":
-        bits = _word_hashes(col.dictionary or ()).to(v.device)[v.long()] if len(v) else v.long()
+    if T.is_coded(col.type):
+        bits = dictionary_hashes(col.dictionary or ()).to(v.device)[v.long()] if len(v) and col.dictionary else v.long()
     elif v.dtype.is_floating_point:
         x = v.double()
         integral = x == torch.round(x)

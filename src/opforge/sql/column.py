@@ -230,7 +230,8 @@ def recode(col: Column, merged: tuple[str, ...], code_map: np.ndarray) -> Column
 
 
 def unify_strings(cols: list[Column]) -> list[Column]:
-    """Columns of strings re-coded against one shared dictionary (needed before comparing codes)."""
+    """Coded columns (strings, LIST / STRUCT values) re-coded against one shared dictionary (needed
+    before comparing codes)."""
     dicts = [c.dictionary or () for c in cols]
     if all(d == dicts[0] for d in dicts):
         return cols

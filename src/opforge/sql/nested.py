@@ -39,6 +39,21 @@ def sort_key(v):
     return (0, v)
 
 
+def stable_bytes(v) -> bytes:
+    """The value's bytes for a hash that must agree across chunks and processes: equal for equal
+    values (a float's -0.0 as 0.0, as ``sort_key`` compares them), never Python's salted ``hash``."""
+    def canon(x):
+        if isinstance(x, float):
+            return x + 0.0
+        if isinstance(x, dict):
+            return tuple((k, canon(y)) for k, y in x.items())
+        if isinstance(x, (list, tuple)):
+            return tuple(canon(y) for y in x)
+        return x
+
+    return repr(canon(v)).encode()
+
+
 @functools.total_ordering
 class NestedValue:
     """One distinct value of a LIST / STRUCT column (a Python list / dict), hashable and ordered."""

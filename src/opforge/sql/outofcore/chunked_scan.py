@@ -161,6 +161,17 @@ def _arrow_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
         yield n_rows, cols
 
 
+def _decoded_width(t: pa.DataType) -> int:
+    """Bytes per row of a column once decoded: one code for strings and LIST / STRUCT values
+    (dictionary-coded), the width of a fixed-width type, 8 for anything else."""
+    if column_load.is_string(t) or pa.types.is_nested(t):
+        return 4
+    try:
+        return max(1, t.byte_width)
+    except ValueError:  # a variable-width type (binary)
+        return 8
+
+
 class HostCache:
     """Decoded Parquet columns in host memory, least recently used evicted first. A string column
     is kept as int32 codes into its file-wide dictionary (``_dictionary``)."""
@@ -178,9 +189,7 @@ class HostCache:
         need = 0
         schema = meta.schema.to_arrow_schema()
         for n in names:
-            t = schema.field(n).type
-            width = 4 if column_load.is_string(t) else max(1, getattr(t, "byte_width", 8))
-            need += meta.num_rows * (width + 1)
+            need += meta.num_rows * (_decoded_width(schema.field(n).type) + 1)
         return need <= self.limit()
 
     def column(self, path: str, meta: pq.FileMetaData, name: str, words=None) -> pa.ChunkedArray:

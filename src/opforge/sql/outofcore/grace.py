@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from opforge.sql import types as T
 from opforge.sql.column import Column, unify_strings
 from opforge.sql.errors import SqlError
 from opforge.sql.expr import Batch
@@ -77,15 +78,15 @@ def quiet(ctx: ExecContext) -> ExecContext:
 
 
 def concat(batches: list[Batch]) -> Batch:
-    """One batch from several with the same columns (string columns re-coded to one dictionary
-    when their pieces' dictionaries differ)."""
+    """One batch from several with the same columns (coded columns, strings and LIST / STRUCT
+    values, re-coded to one dictionary when their pieces' dictionaries differ)."""
     if len(batches) == 1:
         return batches[0]
     first = batches[0]
     cols = {}
     for cid, c0 in first.cols.items():
         parts = [b.cols[cid] for b in batches]
-        if c0.type.kind == "STRING" and any(p.dictionary is not c0.dictionary for p in parts):
+        if T.is_coded(c0.type) and any(p.dictionary is not c0.dictionary for p in parts):
             parts = unify_strings(parts)
         valid = None
         if any(p.valid is not None for p in parts):

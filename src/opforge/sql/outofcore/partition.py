@@ -3,7 +3,8 @@
 Why not ``keys.join_keys`` / dictionary codes: those are only comparable inside one batch pair (a
 string's code depends on its chunk's dictionary, a decimal's storage on its scale, packed keys on
 the batch's bounds). Here each key is first brought to a canonical int64 per value: strings by a
-hash of the word (one per dictionary entry, cached by dictionary), decimals / timestamps rescaled
+hash of the word (one per dictionary entry, cached by dictionary; LIST / STRUCT values alike),
+decimals / timestamps rescaled
 to the scale both sides share, numbers cast to the pair's common type. ``seed`` changes the hash
 so that a partition split again spreads its rows over new partitions."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from opforge.sql import nested
 from opforge.sql import types as T
 from opforge.sql.column import Column
 from opforge.sql.expr import Batch, cast_values, evaluate
@@ -35,6 +37,10 @@ def key_types(left_types: list[T.SqlType], right_types: list[T.SqlType] | None =
             if a.kind != b.kind:
                 return None
             out.append(T.STRING)
+        elif a.kind in T.NESTED or b.kind in T.NESTED:
+            if a != b:
+                return None
+            out.append(a)
         elif a.kind in ("DATE", "TIMESTAMP") or b.kind in ("DATE", "TIMESTAMP"):
             if a.kind != b.kind:
                 return None
@@ -48,13 +54,17 @@ def key_types(left_types: list[T.SqlType], right_types: list[T.SqlType] | None =
     return out
 
 
-def _word_hashes(words: tuple) -> torch.Tensor:
+def dictionary_hashes(words: tuple) -> torch.Tensor:
+    """An int64 per entry of a coded column's dictionary (strings, or LIST / STRUCT values), equal
+    for equal values whatever dictionary holds them: codes are not (each chunk, each worker codes
+    its own values). Cached by dictionary."""
     key = id(words)
     hit = _WORD_HASHES.get(key)
     if hit is not None and hit[0] is words:
         return hit[1]
     # crc32 under two seeds: deterministic across processes (str's hash is salted per process)
-    h = torch.from_numpy(np.fromiter((_word_hash(w.encode()) for w in words), dtype=np.uint64,
+    data = (w.encode() if isinstance(w, str) else nested.stable_bytes(w.value) for w in words)
+    h = torch.from_numpy(np.fromiter((_word_hash(b) for b in data), dtype=np.uint64,
                                      count=len(words)).view(np.int64))
     _WORD_HASHES[key] = (words, h)
     while len(_WORD_HASHES) > 32:
@@ -68,8 +78,8 @@ def _word_hash(b: bytes) -> int:
 
 def canonical(col: Column, typ: T.SqlType) -> torch.Tensor:
     """int64 per row, equal exactly when the SQL values are equal (NULL slots arbitrary)."""
-    if typ.kind == "STRING":
-        h = _word_hashes(col.dictionary or ()).to(col.device)
+    if T.is_coded(typ):
+        h = dictionary_hashes(col.dictionary or ()).to(col.device)
         return h[col.values.long()] if len(h) else torch.zeros(len(col), dtype=torch.int64, device=col.device)
     if typ.kind in ("DATE", "TIMESTAMP"):
         return col.values.long() * 10 ** (typ.scale - col.type.scale) if typ.kind == "TIMESTAMP" else col.values.long()
