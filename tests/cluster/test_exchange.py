@@ -104,3 +104,25 @@ def test_equal_values_hash_alike_whatever_their_codes(arrow_type, values):
             bits.setdefault(repr(v).replace("-0.0", "0.0"), set()).add(b)
     assert all(len(b) == 1 for b in bits.values()), bits
     assert len(set().union(*bits.values())) == len(bits)  # distinct values, distinct bits here
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_compacted_dictionaries_keep_only_the_words_the_rows_use(lazy, monkeypatch):
+    import pyarrow as pa
+    import torch
+
+    from opforge.cluster import exchange as X
+    from opforge.sql.column import ArrowWords, Column
+
+    monkeypatch.setattr(X, "COMPACT_WORDS", 8)
+    words = tuple(f"w{i:03d}" for i in range(40))
+    codes = torch.tensor([7, 3, 3, 39, 0, 12], dtype=torch.int32)
+    valid = torch.tensor([True, True, False, True, True, True])
+    col = Column(codes, valid, Column.from_arrow(pa.array(["x"]), "cpu").type,
+                 ArrowWords(pa.array(words)) if lazy else words)
+    small = X.compacted(col)
+    assert tuple(small.dictionary) == ("w000", "w003", "w007", "w012", "w039")
+    assert small.to_arrow().to_pylist() == col.to_arrow().to_pylist() == ["w007", "w003", None, "w039", "w000", "w012"]
+    assert X.compacted(Column(codes[:1].repeat(30), None, col.type, words[:30])).dictionary == ("w007",)
+    most = Column(torch.arange(30, dtype=torch.int32), None, col.type, words)
+    assert X.compacted(most) is most  # uses most of its words: sent as it is

@@ -78,6 +78,22 @@ def test_tpch_on_three_workers_equals_duckdb(con, tpch, cluster):
     assert "gather (small build side)" in text and "none (co-located)" in text
 
 
+def test_top_k_and_limit_gather_only_each_workers_first_rows(con, cluster, tpch):
+    """ORDER BY ... LIMIT over partitioned rows: each worker sends its first limit + offset rows,
+    and the answer is DuckDB's (a total order: ties broken by the key)."""
+    import duckdb
+
+    paths, _ = tpch
+    text = ("SELECT o_orderpriority, o_orderkey, o_totalprice FROM orders "
+            "ORDER BY o_orderpriority DESC, o_totalprice, o_orderkey LIMIT 25 OFFSET 40")
+    got = con.sql(text).fetchall()
+    want = duckdb.sql(text.replace("FROM orders", f"FROM '{paths['orders']}'")).fetchall()
+    assert got == want
+    gathers = [e for w in cluster.last_query["workers"] for e in w["exchanges"] if e["exchange"] == "gather"]
+    assert gathers and all(e["rows_in"] <= 65 for e in gathers), gathers
+    assert len(con.sql("SELECT o_orderkey FROM orders LIMIT 7 OFFSET 3").fetchall()) == 7
+
+
 def test_workers_are_the_drivers_stores(con, cluster):
     st = cluster.status()
     stores = [s for s in st["stores"] if s["state"] == "up"]

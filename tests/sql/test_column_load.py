@@ -265,3 +265,23 @@ def test_gathered_words_are_the_rows_strings(batch_bytes, monkeypatch):
     assert got.to_pylist() == [words[r] for r in rows.tolist()]
     none = string_sort.gathered_words(offsets, data, rows[:0])
     assert none[0].tolist() == [0] and len(none[1]) == 0
+
+
+@pytest.mark.parametrize("radix_sort", [False, True])  # merged on the device, as on a GPU
+def test_merged_dictionaries_are_the_sorted_union_and_its_code_maps(radix_sort, monkeypatch):
+    from opforge.sql import column as C
+
+    monkeypatch.setattr(column_load, "sorts_strings_on", lambda device: radix_sort)
+    monkeypatch.setattr(C, "DEVICE_MERGE_WORDS", 2)
+    rng = np.random.default_rng(5)
+    pool = ["", "a", "ab", "b", "é", "z" * 30, "Customer#1", "Customer#10", "Customer#2"] + \
+        [f"w{int(x)}" for x in rng.integers(0, 10 ** 6, 400)]
+    dicts = [tuple(sorted(set(rng.choice(pool, size=k).tolist()))) for k in (300, 0, 5, 250)]
+    dicts[3] = C.ArrowWords(pa.array(dicts[3]))  # a loaded column's lazy dictionary
+    merged, maps = C.merge_dictionaries(*dicts, device="cpu")
+    want = sorted(set().union(*map(tuple, dicts)))
+    assert tuple(merged) == tuple(want)
+    for d, m in zip(dicts, maps):
+        assert [merged[i] for i in m.tolist()] == list(d)
+    nested = C.merge_dictionaries((1, 3), (2, 3), device="cpu")  # no strings: the host path
+    assert nested[0] == (1, 2, 3) and [m.tolist() for m in nested[1]] == [[0, 2], [1, 2]]

@@ -39,6 +39,7 @@ the driver's EXPLAIN ANALYZE-style report.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -158,8 +159,19 @@ class DistributedExecutor(Executor):
             return self._operator(node, [part]), PARTITIONED
         if isinstance(node, P.Aggregate) and items[0][1] == PARTITIONED and decomposable(node):
             return self._two_step(node, items[0][0]), REPLICATED
+        if isinstance(node, (P.TopK, P.Limit)) and node.limit is not None and items[0][1] == PARTITIONED:
+            return self._operator(node, [self._replicated(node, (self._first_rows(node, items[0][0]), PARTITIONED))]), \
+                REPLICATED
         inputs = [self._replicated(node, it) for it in items]
         return self._operator(node, inputs), REPLICATED
+
+    def _first_rows(self, node: P.TopK | P.Limit, src: Batch) -> Batch:
+        """A worker's first ``limit + offset`` rows of an ORDER BY ... LIMIT (or a LIMIT): only
+        they can reach the answer, so only they are gathered (Spark's TakeOrderedAndProject). The
+        same rows as the whole gather's: a row among the first ``k`` of the rows gathered in worker
+        order (the sort is stable) is among the first ``k`` of its own worker's."""
+        keep = dataclasses.replace(node, limit=node.limit + node.offset, offset=0)
+        return self._operator(keep, [src])
 
     def _two_step(self, node: P.Aggregate, src: Batch) -> Batch:
         """A decomposable aggregation of partitioned rows in two steps (``partial_aggregate``):

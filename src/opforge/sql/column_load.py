@@ -112,7 +112,7 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
                 return _strings(list(chunks), n, typ, device, name)
             # plain pages: no dictionary rebuilt past the writer's fallback
             if sorts_strings_on(torch.device(device)):
-                return _distinct_strings(list(chunks.plain()), n, typ, device, name)
+                return distinct_strings(list(chunks.plain()), n, typ, device, name)
             return _sorted_strings(list(chunks.plain()), n, typ, device, name)
         return _strings(list(chunks), n, typ, device, name)
     wire = _wire_dtype(arrow_type)
@@ -247,7 +247,7 @@ def sorts_strings_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
+def distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
     """A column of mostly distinct strings: its bytes go to the device chunk by chunk (no host
     copy of the column) and are ranked there by a radix sort (``string_sort``), instead of hashing
     and sorting millions of words on one host thread; only the distinct words, in order, come
