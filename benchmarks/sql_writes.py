@@ -7,8 +7,10 @@ For each operation, the best of ``--reps`` runs (fewer when a side's runs pass `
 each run is printed as it ends), each on a fresh connection and a fresh target:
 
 * ``ctas``: opforge ``CREATE TABLE li AS SELECT * FROM lineitem`` (lineitem registered from the
-  Parquet file, its columns first read in the run) into ``opforge.connect(database=...)``: the query,
-  the Parquet data files written and fsynced, the catalog committed. DuckDB: the same statement
+  Parquet file) into ``opforge.connect(database=...)``: the query, the Parquet data files written and
+  fsynced, the catalog committed. The query only reads columns, so it is answered from the file by
+  Arrow's reader without the device (``sql/host_scan.py``); ``--phases`` times the device path's
+  steps, which a write of a computed result takes. DuckDB: the same statement
   over ``read_parquet`` into a database file, then ``CHECKPOINT`` (its data durable in the file, as
   opforge's commit makes it).
 * ``copy``: ``COPY (SELECT * FROM lineitem) TO 'x.parquet' (FORMAT parquet)`` on both (opforge:
