@@ -37,7 +37,7 @@ import torch.distributed as dist
 import opforge.distributed as D
 from opforge.distributed.collectives import exchange, guard
 from opforge.sql import types as T
-from opforge.sql.column import ArrowWords, Column, merge_dictionaries
+from opforge.sql.column import ArrowWords, Column, arrow_dictionary, merge_dictionaries
 from opforge.sql.expr import Batch
 from opforge.sql.outofcore.partition import dictionary_hashes
 
@@ -71,16 +71,25 @@ def key_dest(cols: list[Column], world: int) -> torch.Tensor:
 # The tuple is kept with them (its id is not reused while it is here); at most _WIRE_CACHE_BYTES.
 _WIRE_DICTIONARIES: OrderedDict[int, tuple[tuple, bytes, int]] = OrderedDict()
 _WIRE_CACHE_BYTES = 256 << 20
+_ARROW, _PICKLE = b"A", b"P"  # a dictionary's first byte on the wire: how the rest is encoded
 
 
 def _dictionary_wire(words: tuple) -> tuple[bytes, int]:
-    """A dictionary pickled (it only travels between this group's workers, never to disk) and a
-    64-bit fingerprint of it."""
+    """A dictionary's bytes and a 64-bit fingerprint of them. Strings travel as an Arrow array
+    (IPC; no Python string made on either side), LIST / STRUCT values pickled (they only travel
+    between this group's workers, never to disk)."""
     hit = _WIRE_DICTIONARIES.get(id(words))
     if hit is not None and hit[0] is words:
         _WIRE_DICTIONARIES.move_to_end(id(words))
         return hit[1], hit[2]
-    data = pickle.dumps(words, protocol=pickle.HIGHEST_PROTOCOL)
+    if isinstance(words, ArrowWords) or (words and isinstance(words[0], str)):
+        sink = pa.BufferOutputStream()
+        batch = pa.record_batch([arrow_dictionary(words)], names=["w"])
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        data = _ARROW + sink.getvalue().to_pybytes()
+    else:
+        data = _PICKLE + pickle.dumps(words, protocol=pickle.HIGHEST_PROTOCOL)
     fingerprint = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
     if len(data) <= _WIRE_CACHE_BYTES:
         _WIRE_DICTIONARIES[id(words)] = (words, data, fingerprint)
@@ -114,6 +123,12 @@ def compacted(col: Column) -> Column:
     # a NULL row's code can be anything: clamped to a word
     new = torch.searchsorted(used, codes).clamp_(max=max(len(used) - 1, 0))
     return Column(new.to(col.values.dtype), col.valid, col.type, kept)
+
+
+def _dictionary_from_wire(data: bytes):
+    if data[:1] == _ARROW:
+        return ArrowWords(pa.ipc.open_stream(data[1:]).read_all().column(0).combine_chunks())
+    return pickle.loads(data[1:])
 
 
 class _Wire:
@@ -203,7 +218,7 @@ class _Wire:
         for r, data in enumerate(dicts):
             ends = np.cumsum([0] + self.dict_sizes[r])
             words.append([self.words[i] for i in self.differ] if data is None else
-                         [pickle.loads(data[a:b]) for a, b in zip(ends[:-1], ends[1:])])
+                         [_dictionary_from_wire(data[a:b]) for a, b in zip(ends[:-1], ends[1:])])
         rows_from = torch.tensor(per_source, dtype=torch.int64)
         for j, i in enumerate(self.differ):
             cid, col = self.cids[i], cols[self.cids[i]]
