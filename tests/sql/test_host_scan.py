@@ -79,3 +79,11 @@ def test_ctas_and_copy_of_a_file_write_what_duckdb_reads_back(con, tmp_path, mon
     want = duckdb.sql(f"SELECT i, n, f, s, d, dt, ts, b FROM '{path}'").fetchall()
     assert db.sql("SELECT * FROM t").fetchall() == want
     assert duckdb.sql(f"SELECT * FROM '{out}'").fetchall() == duckdb.sql(f"SELECT s, d, i FROM '{path}'").fetchall()
+
+
+def test_a_column_stored_as_a_dictionary_takes_the_device_path(tmp_path):
+    path = str(tmp_path / "cat.parquet")
+    pq.write_table(pa.table({"s": pa.array(["b", "a", "b"]).dictionary_encode()}), path)  # stored as dictionary
+    con = sql.connect("cpu").register("c", path)
+    got = con.sql("SELECT s FROM c").to_arrow()
+    assert got.column(0).type == pa.string() and got.column(0).to_pylist() == ["b", "a", "b"]

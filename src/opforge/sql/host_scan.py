@@ -61,4 +61,6 @@ def read(node: P.Node, tables: dict) -> pa.Table | None:
         data = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
     else:
         return None
+    if any(data.schema.field(src).type != lazy.arrow_types[index[src]] for src in wanted):
+        return None  # the reader's types are not the ones registered (a file's stored Arrow schema)
     return pa.Table.from_arrays([data.column(src) for src, _ in pairs], names=[name for _, name in pairs])
