@@ -94,6 +94,22 @@ def test_top_k_and_limit_gather_only_each_workers_first_rows(con, cluster, tpch)
     assert len(con.sql("SELECT o_orderkey FROM orders LIMIT 7 OFFSET 3").fetchall()) == 7
 
 
+def test_a_file_registered_on_the_cluster_goes_to_the_workers_from_the_host(cluster, tpch):
+    """The rows placed on the workers are read from the file; the driver's device holds none."""
+    paths, root = tpch
+    c = sql.connect(device="cpu", cluster=cluster)
+    c.register("nation_h", str(paths["nation"]), partition_by="n_nationkey")
+    try:
+        assert c._registered["nation_h"].columns.loaded() == []
+        got = c.sql("SELECT n_regionkey, count(*) AS n, min(n_name) AS m FROM nation_h GROUP BY 1 ORDER BY 1").fetchall()
+        import duckdb
+
+        assert got == duckdb.sql(f"SELECT n_regionkey, count(*) AS n, min(n_name) AS m FROM '{paths['nation']}' "
+                                 "GROUP BY 1 ORDER BY 1").fetchall()
+    finally:
+        cluster.drop_table("nation_h")
+
+
 def test_workers_are_the_drivers_stores(con, cluster):
     st = cluster.status()
     stores = [s for s in st["stores"] if s["state"] == "up"]

@@ -294,7 +294,8 @@ class Cluster:
                                 peers[0]["id"], rows=part.num_rows, bytes=R.table_bytes(part), table_id=tid)
             self.regions[rid] = meta
             ids.append(rid)
-            loads += [self.workers[w].load_region.remote(meta.to_json(), part) for w in holders]
+            rows = _ray().put(part)  # serialized once for all its replicas
+            loads += [self.workers[w].load_region.remote(meta.to_json(), rows) for w in holders]
         _ray().get(loads)
         self.tables[name] = {"id": tid, "regions": ids, "partition_by": partition_by, "schema": data.schema,
                              "buckets": len(parts)}

@@ -326,7 +326,10 @@ class Connection:
         self._registered[name] = table
         self._table_stats.pop(name, None)
         if self.cluster is not None:
-            self.cluster.place_table(name, table.to_arrow(), partition_key)
+            from opforge.sql import host_scan
+
+            data = host_scan.table(table)  # a file's or a frame's rows, not a trip through this device
+            self.cluster.place_table(name, table.to_arrow() if data is None else data, partition_key)
         return self
 
     def _put_table(self, name: str, data: pa.Table) -> None:

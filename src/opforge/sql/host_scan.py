@@ -7,6 +7,7 @@ way) only adds time to the decode and the encode, most of a write (TPC-H SF10 li
 not) reads the table's Parquet files with Arrow's multi-threaded reader, or slices its Arrow
 table in memory. Only columns whose Arrow type is the engine's own for them are passed through
 (the answer then has the types the device path would give); anything else takes the device path.
+A table registered on a cluster reaches the workers the same way (``table``).
 """
 from __future__ import annotations
 
@@ -44,12 +45,28 @@ def read(node: P.Node, tables: dict) -> pa.Table | None:
     if found is None:
         return None
     scan, pairs = found
-    table = tables.get(scan.table)
-    lazy = getattr(table, "columns", None)
-    if not hasattr(lazy, "arrow_types"):  # columns made on the device (a query's result kept)
+    lazy = getattr(tables.get(scan.table), "columns", None)
+    index = {n: i for i, n in enumerate(getattr(lazy, "names", ()))}
+    data = _host_columns(lazy, sorted({src for src, _ in pairs}, key=lambda n: index.get(n, -1)))
+    if data is None:
+        return None
+    return pa.Table.from_arrays([data.column(src) for src, _ in pairs], names=[name for _, name in pairs])
+
+
+def table(t) -> pa.Table | None:
+    """Every column of the table ``t`` from its host data (a cluster places it from this, with no
+    trip through the driver's device); None as for :func:`read`."""
+    lazy = getattr(t, "columns", None)
+    return _host_columns(lazy, list(getattr(lazy, "names", ())))
+
+
+def _host_columns(lazy, wanted: list[str]) -> pa.Table | None:
+    """Columns ``wanted`` (in table order) of a table's ``LazyColumns`` read on the host: its Arrow
+    table in memory, or its Parquet files by Arrow's multi-threaded reader. None when the table has
+    no host data (columns made on the device) or a column's Arrow type is not the engine's own."""
+    if not hasattr(lazy, "arrow_types"):
         return None
     index = {n: i for i, n in enumerate(lazy.names)}
-    wanted = sorted({src for src, _ in pairs}, key=index.__getitem__)
     for src in wanted:
         t = lazy.arrow_types[index[src]]
         if pa.types.is_dictionary(t) or T.to_arrow(T.from_arrow(t, src)) != t:
@@ -63,4 +80,4 @@ def read(node: P.Node, tables: dict) -> pa.Table | None:
         return None
     if any(data.schema.field(src).type != lazy.arrow_types[index[src]] for src in wanted):
         return None  # the reader's types are not the ones registered (a file's stored Arrow schema)
-    return pa.Table.from_arrays([data.column(src) for src, _ in pairs], names=[name for _, name in pairs])
+    return data
