@@ -120,3 +120,22 @@ def test_substring_queries_through_the_device_path_match_duckdb(monkeypatch):
         assert [r[:2] for r in got] == [r[:2] for r in want], q
         assert all(abs(a[-1] - b[-1]) < 1e-6 * max(1.0, abs(b[-1])) for a, b in zip(got, want)), q
     assert len(calls) >= 3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_like_over_a_dictionary_in_slices_equals_one_pass(monkeypatch, seed):
+    """A dictionary past ``PIECE_BYTES`` is matched slice by slice (TPC-H o_comment at SF100: 7 GB
+    of words): the slices' answers, put end to end, are the whole dictionary's."""
+    rng = random.Random(seed)
+    words = random_words(rng, 3000, alphabet="abc é%_")
+    arrow = pa.array(words, pa.string()).slice(5)  # an offset into the buffers too
+    words = tuple(words[5:])
+    patterns = ["%ab%", "a%", "%c", "%a%b%c%", "é%", "%", "abc", "%b_%", "%__"]
+    whole = {p: strings.like_words(words, arrow, p, "cpu") for p in patterns}
+    monkeypatch.setattr(strings, "PIECE_BYTES", 40)
+    for p in patterns:
+        sliced = strings.like_words(tuple(words), arrow, p, "cpu")
+        if whole[p] is None:  # '_' over non-ASCII words: the host's way, sliced or not
+            assert sliced is None, p
+            continue
+        assert sliced is not None and sliced.tolist() == whole[p].tolist() == [regex_like(w, p) for w in words], p

@@ -270,11 +270,12 @@ class ArrowWords:
     passes through to a writer (CREATE TABLE AS, COPY) needs only the Arrow array
     (``arrow_dictionary``); one Python string per word costs seconds and gigabytes. Length and
     truth need no strings either; anything else (indexing, iteration, comparison, hashing, numpy)
-    reads the tuple, so a reader sees a tuple's answers."""
+    reads the tuple, so a reader sees a tuple's answers. The array is ``large_string`` only when the
+    words pass 2 GiB of bytes (TPC-H's o_comment at SF100), which ``string`` cannot offset."""
     __slots__ = ("arrow", "_words")
 
     def __init__(self, arrow: pa.Array):
-        if arrow.type != pa.string():
+        if arrow.type != pa.string() and arrow.type != pa.large_string():
             raise TypeError(f"ArrowWords: expected a string array, got {arrow.type}")
         self.arrow, self._words = arrow, None
 

@@ -282,8 +282,8 @@ def distinct_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, nam
         codes[valid] = ranks
     word_offsets, word_bytes = gathered_words(offsets, data, firsts)
     ordered = pa.Array.from_buffers(pa.large_string(), len(word_offsets) - 1,
-                                    [None, pa.py_buffer(word_offsets), pa.py_buffer(word_bytes)]).cast(pa.string())
-    return Column(codes, valid, typ, _words(ordered))
+                                    [None, pa.py_buffer(word_offsets), pa.py_buffer(word_bytes)])
+    return Column(codes, valid, typ, words_of(narrowed(ordered)))
 
 
 def _sorted_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) -> Column:
@@ -292,6 +292,8 @@ def _sorted_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name
     groups' dictionaries into one and then sorting the distinct words costs twice as much (TPC-H
     SF1 l_comment: 8.6 s against 6 s)."""
     strings = pa.chunked_array(chunks, None if chunks else pa.string())
+    if strings.nbytes > STRING_BYTES_MAX:  # the sorted copy is one array: 64-bit offsets
+        strings = strings.cast(pa.large_string())
     nulls = strings.null_count
     if nulls == n:  # no words (or no rows): the general conversion
         return Column.from_arrow(strings, device, name)
@@ -310,7 +312,7 @@ def _sorted_strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name
         codes[~mask] = codes[int(np.argmax(mask))]
         valid = torch.from_numpy(mask).to(device)
     words = ordered.filter(pa.array(new))
-    return Column(torch.from_numpy(codes).to(device), valid, typ, _words(words.cast(pa.string())))
+    return Column(torch.from_numpy(codes).to(device), valid, typ, words_of(narrowed(words)))
 
 
 def _string_span(chunk: pa.Array) -> tuple[np.ndarray, int, int, np.ndarray]:
@@ -351,10 +353,25 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
     return _ranked(idx, valid, dictionary, n, typ, device)
 
 
-def _words(ordered: pa.Array):
-    """A loaded column's sorted dictionary: past ``LAZY_WORDS`` words kept as Arrow, its Python
+STRING_BYTES_MAX = (1 << 31) - 1  # what a ``string`` array's 32-bit offsets can address
+
+
+def narrowed(words: pa.Array) -> pa.Array:
+    """Words as ``string``, or as ``large_string`` when their bytes pass what 32-bit offsets address."""
+    if pa.types.is_string(words.type):
+        return words
+    wide = words.cast(pa.large_string())
+    if len(wide) == 0:
+        return wide.cast(pa.string())
+    offsets = np.frombuffer(wide.buffers()[1], dtype=np.int64, count=wide.offset + len(wide) + 1)
+    fits = int(offsets[-1]) - int(offsets[wide.offset]) <= STRING_BYTES_MAX
+    return wide.cast(pa.string()) if fits else wide
+
+
+def words_of(ordered: pa.Array):
+    """A column's sorted dictionary: past ``LAZY_WORDS`` words kept as Arrow, its Python
     strings made only if a query reads them (``ArrowWords``)."""
-    if len(ordered) >= LAZY_WORDS:
+    if len(ordered) >= LAZY_WORDS or pa.types.is_large_string(ordered.type):
         return ArrowWords(ordered)
     words = tuple(ordered.to_pylist())
     arrow_dictionary(words, ordered)
@@ -381,4 +398,4 @@ def _ranked(idx: torch.Tensor, valid: torch.Tensor | None, dictionary: pa.Array,
     if valid is not None:  # a NULL holds the first non-NULL row's code, as the general conversion leaves it
         codes = torch.where(valid, codes, codes[valid.to(torch.uint8).argmax()])
     ordered = used.take(pa.array(order))
-    return Column(codes, valid, typ, _words(ordered))
+    return Column(codes, valid, typ, words_of(ordered))

@@ -32,9 +32,9 @@ def _like(e, args, batch):
     pattern = e.extra[0]
     large = len(a.dictionary or ()) >= ARROW_MIN_WORDS
     if large and device_like(a):
-        dw = strings.device_words(a.dictionary, arrow_dictionary(a.dictionary), a.device)
-        if strings.supports(dw, pattern):
-            m = strings.like(dw, pattern)[a.values.long()]
+        m = strings.like_words(a.dictionary, arrow_dictionary(a.dictionary), pattern, a.device)
+        if m is not None:
+            m = m[a.values.long()]
             return Column(~m if e.extra[1] else m, a.valid, T.BOOL)
     if large and "\\" not in pattern:  # Arrow's LIKE escapes with \
         m = map_dictionary_arrow(a, lambda words: pc.match_like(words, pattern), T.BOOL)

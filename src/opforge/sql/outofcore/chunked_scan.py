@@ -15,9 +15,14 @@ later queries cost a slice and a copy over the link, not a Parquet decode. A sca
 would not fit the cache reads the file batch by batch instead (``iter_batches``).
 
 String columns: every chunk must code a word the same way (a join or GROUP BY downstream compares
-codes), so each string column gets one dictionary for the whole file (Arrow table), built once on
-the host from the column's Parquet (Arrow) dictionaries (the distinct words, sorted: code order is string order) and
-cached per file and column; a chunk's words are mapped onto it with ``pc.index_in``."""
+codes), so each string column gets one dictionary for the whole file (Arrow table): the distinct
+words, sorted (code order is string order), cached per file and column. A column the host cache
+takes is coded in one pass over all its rows, as the in-memory load codes it
+(``column_load.load_column``: mostly distinct words ranked by a radix sort on the device when
+their bytes and the sort's work fit the memory limit, else sorted on the host); only the codes stay
+in the cache. Why: mapping each row group's words onto a dictionary of 150 M comments
+(``pc.index_in``) rebuilds a hash table of those 150 M words per row group. The other readers map
+a chunk's words onto the dictionary with ``pc.index_in``."""
 from __future__ import annotations
 
 import os
@@ -56,26 +61,29 @@ def chunk_rows(table: Table, node: Scan, limit: int) -> int:
     return max(1024, limit // 4 // row_bytes(table, [o.name for o in node.outputs]))
 
 
-def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict) -> Iterator[Batch]:
+def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict, limit: int | None = None
+           ) -> Iterator[Batch]:
     """The scan's output, chunk by chunk; ``counts`` gets rows_read / chunks."""
     names = [o.name for o in node.outputs]
-    for n, cols in column_chunks(table, names, device, rows):
+    for n, cols in column_chunks(table, names, device, rows, limit):
         counts["chunks"] = counts.get("chunks", 0) + 1
         counts["rows_read"] = counts.get("rows_read", 0) + n
         piece = Table(names, [cols[o.name] for o in node.outputs])
         yield run_scan(node, piece, device, pushed, None)
 
 
-def column_chunks(table: Table, names: list[str], device, rows: int) -> Iterator[tuple[int, dict[str, Column]]]:
+def column_chunks(table: Table, names: list[str], device, rows: int, limit: int | None = None
+                  ) -> Iterator[tuple[int, dict[str, Column]]]:
     """(rows, name -> device Column) for consecutive row ranges of at most ``rows`` rows of these
     columns, read from the host (a Parquet file: the host cache or its batches; an Arrow table:
     its slices) so that no whole column reaches the device. Every chunk codes a string column
-    with one table-wide dictionary. A table without host data (built from device columns) is cut
-    from its device columns."""
+    with one table-wide dictionary (``limit``: the device memory limit, which says whether a
+    string column may be ranked on the device). A table without host data (built from device
+    columns) is cut from its device columns."""
     lazy = table.columns if isinstance(table.columns, LazyColumns) else None
     names = list(dict.fromkeys(names))
     if lazy is not None and lazy.parquet is not None and names:
-        yield from _parquet_chunks(lazy, names, device, rows)
+        yield from _parquet_chunks(lazy, names, device, rows, limit)
     elif lazy is not None and lazy.files and names:
         yield from _files_chunks(lazy, names, device, rows)
     elif lazy is not None and lazy.arrow is not None and names:
@@ -86,14 +94,18 @@ def column_chunks(table: Table, names: list[str], device, rows: int) -> Iterator
             yield len(idx), {n: table.column(n).take(idx) for n in names}
 
 
-def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
+def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int, limit: int | None):
     path, meta = lazy.parquet
     types = dict(zip(lazy.names, lazy.arrow_types))
     sql_types = dict(zip(lazy.names, lazy.types))
     strings = [n for n in names if column_load.is_string(types[n])]
-    words = {n: _dictionary(path, meta, n) for n in strings}
     if HOST_CACHE.fits(path, meta, names):
-        host = {n: HOST_CACHE.column(path, meta, n, words.get(n)) for n in names}
+        host, words = {}, {}
+        for n in names:
+            if n in strings:
+                host[n], words[n] = HOST_CACHE.strings(path, meta, n, types[n], _sort_device(meta, n, device, limit))
+            else:
+                host[n] = HOST_CACHE.column(path, meta, n)
         for start in range(0, lazy.num_rows, rows):
             n_rows = min(rows, lazy.num_rows - start)
             cols = {}
@@ -105,6 +117,7 @@ def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
                     cols[n] = column_load.load_column(piece.chunks, n_rows, types[n], device, n)
             yield n_rows, cols
         return
+    words = {n: _dictionary(path, meta, n) for n in strings}
     yield from _batches(path, meta, names, words, lazy, device, rows)
 
 
@@ -192,18 +205,35 @@ class HostCache:
             need += meta.num_rows * (_decoded_width(schema.field(n).type) + 1)
         return need <= self.limit()
 
-    def column(self, path: str, meta: pq.FileMetaData, name: str, words=None) -> pa.ChunkedArray:
+    def column(self, path: str, meta: pq.FileMetaData, name: str) -> pa.ChunkedArray:
+        """A fixed-width column, decoded."""
         key = (path, id(meta), name)
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
             return hit
-        chunks = list(parquet_read.column_row_groups(path, meta, name, as_dictionary=words is not None))
-        if words is not None:
-            chunks = [_codes(c, words[1]) for c in chunks]
-            data = pa.chunked_array(chunks, pa.int32())
-        else:
-            data = pa.chunked_array(chunks, meta.schema.to_arrow_schema().field(name).type)
+        chunks = list(parquet_read.column_row_groups(path, meta, name, as_dictionary=False))
+        return self._keep(key, pa.chunked_array(chunks, meta.schema.to_arrow_schema().field(name).type))
+
+    def strings(self, path: str, meta: pq.FileMetaData, name: str, arrow_type: pa.DataType, sort_device
+                ) -> tuple[pa.ChunkedArray, tuple[tuple, pa.Array]]:
+        """A string column's int32 codes into its file-wide dictionary, and that dictionary
+        (``_dictionary``'s pair), coded in one pass over the column on ``sort_device``."""
+        key = (path, id(meta), name)
+        hit, known = self._entries.get(key), _DICTIONARIES.get(key)
+        if hit is not None and known is not None:
+            self._entries.move_to_end(key)
+            return hit, known
+        col = column_load.load_column(parquet_read.column_row_groups(path, meta, name, as_dictionary=True),
+                                      meta.num_rows, arrow_type, sort_device, name)
+        words = col.dictionary or ()
+        if known is None or len(known[0]) != len(words):  # the same file's sorted words: the same list
+            known = _DICTIONARIES[key] = (words, arrow_dictionary(words))
+        codes = col.values.to(torch.int32).cpu().numpy()
+        mask = None if col.valid is None else ~col.valid.cpu().numpy()
+        return self._keep(key, pa.chunked_array([pa.array(codes, pa.int32(), mask=mask)])), known
+
+    def _keep(self, key: tuple, data: pa.ChunkedArray) -> pa.ChunkedArray:
         self._entries[key] = data
         self.bytes += data.nbytes
         limit = self.limit()
@@ -220,8 +250,24 @@ HOST_CACHE = HostCache()
 def _codes(arr: pa.Array, ordered: pa.Array) -> pa.Array:
     """A chunk of strings as int32 codes into ``ordered`` (NULL stays NULL)."""
     if pa.types.is_dictionary(arr.type):
-        return pc.index_in(arr.dictionary.cast(pa.string()), value_set=ordered).take(arr.indices)
-    return pc.index_in(arr.cast(pa.string()), value_set=ordered)
+        return pc.index_in(arr.dictionary.cast(ordered.type), value_set=ordered).take(arr.indices)
+    return pc.index_in(arr.cast(ordered.type), value_set=ordered)
+
+
+DEVICE_SORT_ROW_BYTES = 80  # device bytes a row's ranking takes beside its words (string_sort's int64 passes)
+DEVICE_SORT_SHARE = 0.9  # of the memory limit, at most, for ranking one string column on the device
+
+
+def _sort_device(meta: pq.FileMetaData, name: str, device, limit: int | None):
+    """Where a string column is coded: ``device``, unless ranking its words there (their bytes plus
+    ``DEVICE_SORT_ROW_BYTES`` a row) would pass ``DEVICE_SORT_SHARE`` of the memory limit; then
+    the host."""
+    if limit is None or torch.device(device).type == "cpu":
+        return device
+    col = meta.schema.to_arrow_schema().get_field_index(name)
+    words = sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
+    fits = words + DEVICE_SORT_ROW_BYTES * meta.num_rows <= DEVICE_SORT_SHARE * limit
+    return device if fits else torch.device("cpu")
 
 
 def _codes_column(piece: pa.ChunkedArray, words: tuple, typ, device) -> Column:
@@ -259,13 +305,14 @@ def _sorted_words(chunks) -> tuple[tuple, pa.Array]:
             seen.append(chunk.dictionary.take(used).cast(pa.string()))
         else:
             seen.append(pc.unique(chunk).drop_null().cast(pa.string()))
-    distinct = pc.unique(pa.chunked_array(seen, pa.string())) if seen else pa.array([], pa.string())
+    # 64-bit offsets while hashing and sorting: the distinct words may pass 2 GiB
+    seen = [c.cast(pa.large_string()) for c in seen]
+    distinct = pc.unique(pa.chunked_array(seen, pa.large_string())) if seen else pa.array([], pa.large_string())
     ordered = distinct.take(pc.sort_indices(distinct))
     if isinstance(ordered, pa.ChunkedArray):
         ordered = ordered.combine_chunks()
-    words = tuple(ordered.to_pylist())
-    arrow_dictionary(words, ordered)
-    return words, ordered
+    words = column_load.words_of(column_load.narrowed(ordered))
+    return words, arrow_dictionary(words)
 
 
 def _string_column(arr: pa.Array, dictionary: tuple[tuple, pa.Array], typ, device) -> Column:

@@ -309,7 +309,7 @@ class OutOfCore:
         mine = [p for p in pushed if p.cid in {o.cid for o in node.outputs}]
         counts: dict = {}
         rows = chunked_scan.chunk_rows(table, node, self.limit)
-        for b in chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts):
+        for b in chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts, self.limit):
             yield b
         if not counts:  # an empty table: one empty batch
             yield run_scan(node, table, self.ex.device, mine, None)

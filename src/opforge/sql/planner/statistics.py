@@ -393,7 +393,7 @@ def table_stats(table, memory_limit: Callable[[], int | None] | None = None) -> 
             from opforge.sql.outofcore.chunked_scan import column_chunks, row_bytes
 
             rows = max(1024, limit // 4 // row_bytes(table, [name]))
-            chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows))
+            chunks = (cols[name] for _, cols in column_chunks(table, [name], table.columns.device, rows, limit))
             return chunked_column_stats(chunks, table.num_rows)
         return column_stats(table.column(name))
     return TableStats(table.num_rows, LazyColumnStats(table.names, compute))
