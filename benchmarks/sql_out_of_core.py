@@ -38,10 +38,13 @@ Built for device calls too short for all of SF100 at once, each resumable:
   opforge row and the latest DuckDB row of each) with the totals of both engines.
 
 SF100 on a device machine whose calls last 10 minutes (the data under an ignored ``out/``, kept while
-the machine stays warm; ``B="python3 benchmarks/sql_out_of_core.py --sf 100 --budget 24GiB --device cuda
---root out/tpch --out out/ooc-sf100.jsonl --time-budget 540"``): ``$B --duckdb-only --query-limit 200``
-(generation, then DuckDB; repeated until it skips all 22), then ``$B --skip-duckdb --query-limit 240``
-until it skips all 22, each call copying ``--out`` under ``$OUT``; ``$B --summary`` anywhere.
+the machine stays warm: the next call must follow within its idle release, 30 s, so run them from
+the main session, not a helper; ``B="python3 benchmarks/sql_out_of_core.py --sf 100 --budget 24GiB
+--device cuda --duckdb views --root out/tpch --out out/ooc-sf100.jsonl --time-budget 540"``):
+``$B --duckdb-only --query-limit 200`` (generation, then DuckDB; repeated until it skips all 22), then
+``$B --skip-duckdb --query-limit 240`` until it skips all 22, each call copying ``--out`` under
+``$OUT``; ``$B --summary`` anywhere. DuckDB reads the files (``views``): its tables loaded into memory
+made q09 and q10 spill more than the 30 GB the disk had left beside the data (2026-12-03).
 
 Exit status 1 when an answer differs, a query fails or times out."""
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_string_columns_coded_once_match_duckdb(tmp_path, monkeypatch, wide):
     for q in QUERIES:
         assert con.sql(q).fetchall() == ref.sql(q).fetchall(), q
     assert not index_in  # every column was coded in one pass, no row group mapped word by word
-    words = chunked_scan._DICTIONARIES[(paths["t"], next(k[1] for k in chunked_scan._DICTIONARIES), "c")][0]
+    words = next(w for k, (w, _) in chunked_scan._DICTIONARIES.items() if k[0][0] == paths["t"] and k[-1] == "c")
     assert isinstance(words, ArrowWords) == (len(words) >= column_load.LAZY_WORDS) or wide
     if wide:
         assert isinstance(words, ArrowWords) and words.arrow.type == pa.large_string()
@@ -79,10 +79,11 @@ def test_narrowed_keeps_wide_words_only_past_the_offsets(monkeypatch):
 def test_words_ranked_on_the_device_only_when_the_sort_fits_the_limit(tmp_path):
     path = _files(tmp_path)["t"]
     meta = pq.ParquetFile(path).metadata
+    files = [(path, meta)]
     col = meta.schema.to_arrow_schema().get_field_index("c")
     words = sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
     need = (words + chunked_scan.DEVICE_SORT_ROW_BYTES * meta.num_rows) / chunked_scan.DEVICE_SORT_SHARE
-    assert chunked_scan._sort_device(meta, "c", "cuda", None) == "cuda"  # no limit
-    assert chunked_scan._sort_device(meta, "c", "cuda", int(need) + 1) == "cuda"
-    assert chunked_scan._sort_device(meta, "c", "cuda", int(need) - 1).type == "cpu"
-    assert chunked_scan._sort_device(meta, "c", "cpu", 1) == "cpu"
+    assert chunked_scan._sort_device(files, "c", "cuda", None) == "cuda"  # no limit
+    assert chunked_scan._sort_device(files, "c", "cuda", int(need) + 1) == "cuda"
+    assert chunked_scan._sort_device(files, "c", "cuda", int(need) - 1).type == "cpu"
+    assert chunked_scan._sort_device(files, "c", "cpu", 1) == "cpu"

@@ -35,43 +35,53 @@ def decode_threads(row_groups: int) -> int:
 
 
 class RowGroups:
-    """The column ``name`` of a Parquet file, row group by row group (iterable: the chunks in order)."""
+    """The column ``name`` of Parquet files (one, or several of one schema: a folder's, a database
+    table's), row group by row group in file order (iterable: the chunks in order)."""
 
-    def __init__(self, path: str, meta: pq.FileMetaData, name: str, as_dictionary: bool):
-        self.path, self.meta, self.name = path, meta, name
+    def __init__(self, files: list[tuple[str, pq.FileMetaData]], name: str, as_dictionary: bool):
+        self.files, self.name = list(files), name
+        self.path = self.files[0][0] if len(self.files) == 1 else os.path.dirname(self.files[0][0]) or "."
         self.read_dictionary = [name] if as_dictionary else None
-        self.threads = decode_threads(meta.num_row_groups)
+        self.groups = [(f, g) for f, (_, meta) in enumerate(self.files) for g in range(meta.num_row_groups)]
+        self.threads = decode_threads(len(self.groups))
 
-    def _file(self) -> pq.ParquetFile:
+    def _file(self, f: int) -> pq.ParquetFile:
         # a file handle per task: one reader is not shared across threads
-        return pq.ParquetFile(self.path, metadata=self.meta, read_dictionary=self.read_dictionary)
+        path, meta = self.files[f]
+        return pq.ParquetFile(path, metadata=meta, read_dictionary=self.read_dictionary)
 
-    def _error(self, e: Exception) -> SqlError:
-        return SqlError(f"reading column {self.name!r} of {self.path!r}: {e}")
+    def _error(self, f: int, e: Exception) -> SqlError:
+        return SqlError(f"reading column {self.name!r} of {self.files[f][0]!r}: {e}")
 
     def read(self, i: int) -> pa.ChunkedArray:
-        """Row group ``i``'s column, whole."""
+        """Row group ``i``'s column (counted over all the files), whole."""
+        f, g = self.groups[i]
         try:
-            return self._file().read_row_group(i, columns=[self.name], use_threads=False).column(0)
+            return self._file(f).read_row_group(g, columns=[self.name], use_threads=False).column(0)
         except (pa.ArrowInvalid, OSError) as e:
-            raise self._error(e) from None
+            raise self._error(f, e) from None
 
     def batches(self, i: int) -> Iterator[pa.Array]:
         """Row group ``i``'s column in batches of at most ``BATCH_ROWS`` rows."""
+        f, g = self.groups[i]
         try:
-            for batch in self._file().iter_batches(BATCH_ROWS, row_groups=[i], columns=[self.name],
-                                                   use_threads=False):
+            for batch in self._file(f).iter_batches(BATCH_ROWS, row_groups=[g], columns=[self.name],
+                                                    use_threads=False):
                 yield batch.column(0)
         except (pa.ArrowInvalid, OSError) as e:
-            raise self._error(e) from None
+            raise self._error(f, e) from None
+
+    def rows(self, i: int) -> int:
+        f, g = self.groups[i]
+        return self.files[f][1].row_group(g).num_rows
 
     def mostly_distinct(self) -> bool:
         """Whether a string column's first batch holds more than one distinct word in ``DISTINCT_SHARE``
         rows, read with its dictionary (Parquet's dictionary page or, past its fallback to plain
         pages, the words Arrow hashed): such a column is ranked by sorting (``string_sort``)."""
-        if self.meta.num_row_groups == 0:
+        if not self.groups:
             return False
-        groups = RowGroups(self.path, self.meta, self.name, as_dictionary=True)
+        groups = RowGroups(self.files, self.name, as_dictionary=True)
         first = next(groups.batches(0), None)
         if first is None or not pa.types.is_dictionary(first.type):
             return False
@@ -79,19 +89,18 @@ class RowGroups:
 
     def plain(self) -> "RowGroups":
         """The same column read without dictionaries (a string per row)."""
-        return RowGroups(self.path, self.meta, self.name, as_dictionary=False)
+        return RowGroups(self.files, self.name, as_dictionary=False)
 
     def largest(self) -> int:
         """Rows of the largest row group."""
-        return max((self.meta.row_group(i).num_rows for i in range(self.meta.num_row_groups)), default=0)
+        return max((self.rows(i) for i in range(len(self.groups))), default=0)
 
     def parts(self) -> list[tuple[int, Callable[[], Iterator[pa.Array]]]]:
         """``(rows, batches)`` per row group, in file order: ``batches()`` decodes the row group."""
-        return [(self.meta.row_group(i).num_rows, lambda i=i: self.batches(i))
-                for i in range(self.meta.num_row_groups)]
+        return [(self.rows(i), lambda i=i: self.batches(i)) for i in range(len(self.groups))]
 
     def __iter__(self) -> Iterator[pa.Array]:
-        groups = self.meta.num_row_groups
+        groups = len(self.groups)
         if groups <= 1:
             for i in range(groups):
                 yield from self.read(i).chunks
@@ -104,4 +113,4 @@ class RowGroups:
 def column_row_groups(path: str, meta: pq.FileMetaData, name: str, as_dictionary: bool) -> RowGroups:
     """The column ``name`` of each row group, in order (a row group's column may hold several chunks:
     each is yielded)."""
-    return RowGroups(path, meta, name, as_dictionary)
+    return RowGroups([(path, meta)], name, as_dictionary)

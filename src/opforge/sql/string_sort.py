@@ -56,7 +56,7 @@ def sorted_ranks(offsets: torch.Tensor, data: torch.Tensor) -> tuple[torch.Tenso
     return ranks, order[new]
 
 
-GATHER_BYTES = 1 << 27  # bytes gathered at a time: each batch makes a few int64 tensors of this length
+GATHER_BYTES = 1 << 24  # bytes gathered at a time: each batch makes a few int64 tensors of this length (256 MiB)
 
 
 def gathered_words(offsets: torch.Tensor, data: torch.Tensor, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

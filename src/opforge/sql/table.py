@@ -12,6 +12,7 @@ Arrow data on the host and a column reaches the device the first time something 
 types and the row count come from the Arrow schema without loading anything."""
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -124,11 +125,12 @@ def _parquet_reader(files: list[tuple[str, pq.FileMetaData]], schema: pa.Schema)
     def read(i):
         field = schema.field(i)
         as_dictionary = column_load.is_string(field.type) and not pa.types.is_dictionary(field.type)
-        if len(files) == 1:
-            return parquet_read.column_row_groups(*files[0], field.name, as_dictionary)
-        return [c for path, meta in files
-                for c in parquet_read.column_row_groups(path, meta, field.name, as_dictionary)]
+        return parquet_read.RowGroups(files, field.name, as_dictionary)
     return read
+
+
+def _described(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
 def _column_bytes(c: Column) -> int:
@@ -242,12 +244,40 @@ class Table:
             columns = LazyColumns.of_parquet(path, meta, device)
         except (pa.ArrowInvalid, OSError) as e:
             raise SqlError(f"register: {path!r} is not a readable Parquet file: {e}") from None
+        return Table._of_row_groups(columns, [meta])
+
+    @staticmethod
+    def from_parquet_folder(path: str, device) -> "Table":
+        """The Parquet files of a folder (``*.parquet``, in name order; names starting with ``.`` or
+        ``_`` skipped, as Arrow's datasets skip them) as one lazy table, the files' rows one after
+        the other: what a partitioned data set or a parallel writer leaves. Every file must have
+        the first one's columns and types."""
+        names = sorted(f for f in os.listdir(path) if f.endswith(".parquet") and f[0] not in "._")
+        if not names:
+            raise SqlError(f"register: folder {path!r} holds no .parquet file")
+        files = []
+        for name in names:
+            file = os.path.join(path, name)
+            try:
+                files.append((file, pq.ParquetFile(file).metadata))
+            except (pa.ArrowInvalid, OSError) as e:
+                raise SqlError(f"register: {file!r} is not a readable Parquet file: {e}") from None
+        schema = files[0][1].schema.to_arrow_schema()
+        for file, meta in files[1:]:
+            other = meta.schema.to_arrow_schema()
+            if not other.equals(schema):
+                raise SqlError(f"register: the files of folder {path!r} differ: {file!r} has columns "
+                               f"{_described(other)}, {files[0][0]!r} has {_described(schema)}")
+        return Table._of_row_groups(LazyColumns.of_parquet_files(files, device), [meta for _, meta in files])
+
+    @staticmethod
+    def _of_row_groups(columns: "LazyColumns", metas: list) -> "Table":
+        """A lazy Parquet table; several row groups make it a partitioned table (a row group is a
+        partition)."""
         table = Table(list(columns.names), columns)
-        if meta.num_row_groups > 1:
-            bounds = [0]
-            for i in range(meta.num_row_groups):
-                bounds.append(bounds[-1] + meta.row_group(i).num_rows)
-            table.bounds = bounds
+        sizes = [meta.row_group(i).num_rows for meta in metas for i in range(meta.num_row_groups)]
+        if len(sizes) > 1:
+            table.bounds = [0, *itertools.accumulate(sizes)]
         return table
 
     @staticmethod
@@ -264,10 +294,10 @@ class Table:
             path = os.fspath(obj)
             if not os.path.exists(path):
                 raise SqlError(f"register: file {path!r} does not exist")
-            if path.endswith(".parquet") and not os.path.isdir(path):
+            if os.path.isdir(path):
+                return Table.from_parquet_folder(path, device)
+            if path.endswith(".parquet"):
                 return Table.from_parquet(path, device)
-            if path.endswith(".parquet") or os.path.isdir(path):
-                return Table.from_arrow(pq.read_table(path), device)
             if path.endswith(".csv"):
                 # empty fields are NULL, as DuckDB reads them
                 opts = pacsv.ConvertOptions(strings_can_be_null=True)

@@ -96,17 +96,22 @@ def test_scale_factor_folder_names():
     assert data.sf_label(0.01) == "sf0.01" and data.sf_label(10) == "sf10" and data.sf_label(1.0) == "sf1"
 
 
+def _killed_at(raw_name: str):
+    """``data._conform`` as a run killed when it reaches the generator's file ``raw_name``."""
+    conform = data._conform
+
+    def failing(src, dst, schema):
+        if src.name == raw_name:
+            raise RuntimeError("killed")
+        return conform(src, dst, schema)
+    return failing
+
+
 def test_interrupted_generation_resumes_with_the_finished_tables(tmp_path, monkeypatch):
     """A run killed mid-way (here: lineitem's conform fails) leaves its finished tables and complete
     raw files in ``.sf<sf>-partial``; the next run conforms only what is left, without generating."""
     conform = data._conform
-
-    def failing(src, dst, schema):
-        if src.name == "lineitem.parquet":
-            raise RuntimeError("killed")
-        return conform(src, dst, schema)
-
-    monkeypatch.setattr(data, "_conform", failing)
+    monkeypatch.setattr(data, "_conform", _killed_at("lineitem.parquet"))
     with pytest.raises(RuntimeError, match="killed"):
         data.generate(0.01, tmp_path)
     partial = tmp_path / ".sf0.01-partial"
@@ -121,3 +126,36 @@ def test_interrupted_generation_resumes_with_the_finished_tables(tmp_path, monke
     assert {n: paths[n.removesuffix(".parquet")].stat().st_mtime_ns for n in finished} == finished
     assert pq.ParquetFile(paths["lineitem"]).metadata.num_rows == ROWS_SF001["lineitem"]
     assert not partial.exists() and not list(paths["region"].parent.glob("*.done.json"))
+
+
+def test_large_tables_in_parts_equal_the_single_files(tmp_path, monkeypatch, tpch_paths):
+    """From ``SPLIT_SF`` on (lowered here) lineitem, orders and partsupp are generated in parts and
+    conformed side by side into a folder each: the folder's files, in name order, hold the single
+    file's rows in its order, and the engine and DuckDB read the folder as the table. A run killed
+    while conforming a part makes that table again."""
+    monkeypatch.setattr(data, "SPLIT_SF", 0.005)
+    conform = data._conform
+    monkeypatch.setattr(data, "_conform", _killed_at("orders.2.parquet"))
+    with pytest.raises(RuntimeError, match="killed"):
+        data.generate(0.01, tmp_path, threads=3)
+    monkeypatch.setattr(data, "_conform", conform)
+    paths = data.generate(0.01, tmp_path, threads=3)
+    manifest = data.read_manifest(paths["region"].parent)
+    for name in data.TABLES:
+        parted = name in data.PARTED
+        assert paths[name].is_dir() == parted and manifest["tables"][name]["rows"] == ROWS_SF001[name]
+        if parted:
+            assert [p.name for p in sorted(paths[name].glob("*.parquet"))] == [f"part-000{i}.parquet" for i in (1, 2, 3)]
+        assert pq.read_table(paths[name]).equals(pq.read_table(tpch_paths[name])), name
+    from opforge import sql
+    from opforge.sql.tpch import compare, queries, reference
+
+    con = sql.connect("cpu")
+    for name, path in paths.items():
+        con.register(name, str(path))
+    duck, _ = reference.connect(paths, materialize=False)
+    for n in (1, 3, 18):
+        text = queries.query(n)
+        keys = compare.order_keys(text)
+        assert not compare.compare(con.sql(text).to_arrow(), reference.run(duck, text), ordered=keys is not None,
+                                   order_by=keys), n

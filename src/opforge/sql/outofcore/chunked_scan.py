@@ -1,10 +1,11 @@
 """A scan read in chunks: the table's selected columns never sit on the device all at once.
 
-A Parquet-backed table is read with ``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time,
-only the selected columns) or from the host cache; a persistent database's table (several Parquet
-files) file after file with ``iter_batches``, so it need not fit in host memory; an Arrow table
-(registered Arrow or pandas data) is sliced on the host; each chunk then moves to the device. Only
-a table built from device columns is cut into row ranges of those. Each
+A table of Parquet files (a file; a folder's or a persistent database table's several) is read
+from the host cache, or, when its columns would not fit that, file after file with
+``ParquetFile.iter_batches`` (``chunk_rows`` rows at a time, only the selected columns), so it need
+not fit in host memory; an Arrow table (registered Arrow or pandas data) is sliced on the host;
+each chunk then moves to the device. Only a table built from device columns is cut into row
+ranges of those. Each
 chunk gets the scan's filters and the runtime filters pushed to it (``physical/scan.run_scan`` on
 the chunk), so what leaves a chunk is only the rows that survive.
 
@@ -12,11 +13,11 @@ Host cache: a Parquet column a chunked scan reads is decoded once (all row group
 and kept in host memory (``HOST_CACHE``, least recently used first out, up to
 ``$OPFORGE_SQL_HOST_CACHE``, default a quarter of the machine's memory), so later chunks and
 later queries cost a slice and a copy over the link, not a Parquet decode. A scan whose columns
-would not fit the cache reads the file batch by batch instead (``iter_batches``).
+would not fit the cache reads the files batch by batch instead (``iter_batches``).
 
 String columns: every chunk must code a word the same way (a join or GROUP BY downstream compares
-codes), so each string column gets one dictionary for the whole file (Arrow table): the distinct
-words, sorted (code order is string order), cached per file and column. A column the host cache
+codes), so each string column gets one dictionary for the whole table: the distinct words, sorted
+(code order is string order), cached per table and column. A column the host cache
 takes is coded in one pass over all its rows, as the in-memory load codes it
 (``column_load.load_column``: mostly distinct words ranked by a radix sort on the device when
 their bytes and the sort's work fit the memory limit, else sorted on the host); only the codes stay
@@ -82,10 +83,8 @@ def column_chunks(table: Table, names: list[str], device, rows: int, limit: int 
     columns) is cut from its device columns."""
     lazy = table.columns if isinstance(table.columns, LazyColumns) else None
     names = list(dict.fromkeys(names))
-    if lazy is not None and lazy.parquet is not None and names:
+    if lazy is not None and lazy.files and names:
         yield from _parquet_chunks(lazy, names, device, rows, limit)
-    elif lazy is not None and lazy.files and names:
-        yield from _files_chunks(lazy, names, device, rows)
     elif lazy is not None and lazy.arrow is not None and names:
         yield from _arrow_chunks(lazy, names, device, rows)
     else:
@@ -94,18 +93,23 @@ def column_chunks(table: Table, names: list[str], device, rows: int, limit: int 
             yield len(idx), {n: table.column(n).take(idx) for n in names}
 
 
+Files = list[tuple[str, pq.FileMetaData]]  # a table's Parquet files, their rows one after the other
+
+
 def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int, limit: int | None):
-    path, meta = lazy.parquet
+    """A table of Parquet files (one; a folder's or a database table's several): from the host
+    cache when the columns fit it, else each file batch by batch (never whole in host memory)."""
+    files = lazy.files
     types = dict(zip(lazy.names, lazy.arrow_types))
     sql_types = dict(zip(lazy.names, lazy.types))
     strings = [n for n in names if column_load.is_string(types[n])]
-    if HOST_CACHE.fits(path, meta, names):
+    if HOST_CACHE.fits(files, names):
         host, words = {}, {}
         for n in names:
             if n in strings:
-                host[n], words[n] = HOST_CACHE.strings(path, meta, n, types[n], _sort_device(meta, n, device, limit))
+                host[n], words[n] = HOST_CACHE.strings(files, n, types[n], _sort_device(files, n, device, limit))
             else:
-                host[n] = HOST_CACHE.column(path, meta, n)
+                host[n] = HOST_CACHE.column(files, n)
         for start in range(0, lazy.num_rows, rows):
             n_rows = min(rows, lazy.num_rows - start)
             cols = {}
@@ -117,25 +121,8 @@ def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int, limi
                     cols[n] = column_load.load_column(piece.chunks, n_rows, types[n], device, n)
             yield n_rows, cols
         return
-    words = {n: _dictionary(path, meta, n) for n in strings}
-    yield from _batches(path, meta, names, words, lazy, device, rows)
-
-
-def _files_chunks(lazy: LazyColumns, names: list[str], device, rows: int):
-    """Several Parquet files (a database's table), each read batch by batch (never whole, nor
-    kept in the host cache); a string column coded with one dictionary over all the files."""
-    types = dict(zip(lazy.names, lazy.arrow_types))
-    key = tuple(path for path, _ in lazy.files)  # a database's data files never change
-    words = {}
-    for n in names:
-        if column_load.is_string(types[n]):
-            hit = _DICTIONARIES.get((key, n))
-            if hit is None:
-                hit = _DICTIONARIES[(key, n)] = _sorted_words(
-                    c for path, meta in lazy.files
-                    for c in parquet_read.column_row_groups(path, meta, n, as_dictionary=True))
-            words[n] = hit
-    for path, meta in lazy.files:
+    words = {n: _dictionary(files, n) for n in strings}
+    for path, meta in files:
         yield from _batches(path, meta, names, words, lazy, device, rows)
 
 
@@ -197,37 +184,35 @@ class HostCache:
     def limit() -> int:
         return parse_size(os.environ.get(HOST_CACHE_ENV) or None, HOST_CACHE_ENV) or default_host_limit()
 
-    def fits(self, path: str, meta: pq.FileMetaData, names: list[str]) -> bool:
-        """Whether these columns (their decoded size, estimated from the file) fit the cache."""
-        need = 0
-        schema = meta.schema.to_arrow_schema()
-        for n in names:
-            need += meta.num_rows * (_decoded_width(schema.field(n).type) + 1)
-        return need <= self.limit()
+    def fits(self, files: Files, names: list[str]) -> bool:
+        """Whether these columns (their decoded size, estimated from the files) fit the cache."""
+        schema = files[0][1].schema.to_arrow_schema()
+        rows = sum(meta.num_rows for _, meta in files)
+        return sum(rows * (_decoded_width(schema.field(n).type) + 1) for n in names) <= self.limit()
 
-    def column(self, path: str, meta: pq.FileMetaData, name: str) -> pa.ChunkedArray:
+    def column(self, files: Files, name: str) -> pa.ChunkedArray:
         """A fixed-width column, decoded."""
-        key = (path, id(meta), name)
+        key = _key(files, name)
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
             return hit
-        chunks = list(parquet_read.column_row_groups(path, meta, name, as_dictionary=False))
-        return self._keep(key, pa.chunked_array(chunks, meta.schema.to_arrow_schema().field(name).type))
+        chunks = list(parquet_read.RowGroups(files, name, as_dictionary=False))
+        return self._keep(key, pa.chunked_array(chunks, files[0][1].schema.to_arrow_schema().field(name).type))
 
-    def strings(self, path: str, meta: pq.FileMetaData, name: str, arrow_type: pa.DataType, sort_device
+    def strings(self, files: Files, name: str, arrow_type: pa.DataType, sort_device
                 ) -> tuple[pa.ChunkedArray, tuple[tuple, pa.Array]]:
-        """A string column's int32 codes into its file-wide dictionary, and that dictionary
+        """A string column's int32 codes into its table-wide dictionary, and that dictionary
         (``_dictionary``'s pair), coded in one pass over the column on ``sort_device``."""
-        key = (path, id(meta), name)
+        key = _key(files, name)
         hit, known = self._entries.get(key), _DICTIONARIES.get(key)
         if hit is not None and known is not None:
             self._entries.move_to_end(key)
             return hit, known
-        col = column_load.load_column(parquet_read.column_row_groups(path, meta, name, as_dictionary=True),
-                                      meta.num_rows, arrow_type, sort_device, name)
+        col = column_load.load_column(parquet_read.RowGroups(files, name, as_dictionary=True),
+                                      sum(meta.num_rows for _, meta in files), arrow_type, sort_device, name)
         words = col.dictionary or ()
-        if known is None or len(known[0]) != len(words):  # the same file's sorted words: the same list
+        if known is None or len(known[0]) != len(words):  # the same files' sorted words: the same list
             known = _DICTIONARIES[key] = (words, arrow_dictionary(words))
         codes = col.values.to(torch.int32).cpu().numpy()
         mask = None if col.valid is None else ~col.valid.cpu().numpy()
@@ -258,15 +243,17 @@ DEVICE_SORT_ROW_BYTES = 80  # device bytes a row's ranking takes beside its word
 DEVICE_SORT_SHARE = 0.9  # of the memory limit, at most, for ranking one string column on the device
 
 
-def _sort_device(meta: pq.FileMetaData, name: str, device, limit: int | None):
+def _sort_device(files: Files, name: str, device, limit: int | None):
     """Where a string column is coded: ``device``, unless ranking its words there (their bytes plus
     ``DEVICE_SORT_ROW_BYTES`` a row) would pass ``DEVICE_SORT_SHARE`` of the memory limit; then
     the host."""
     if limit is None or torch.device(device).type == "cpu":
         return device
-    col = meta.schema.to_arrow_schema().get_field_index(name)
-    words = sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
-    fits = words + DEVICE_SORT_ROW_BYTES * meta.num_rows <= DEVICE_SORT_SHARE * limit
+    col = files[0][1].schema.to_arrow_schema().get_field_index(name)
+    words = sum(meta.row_group(g).column(col).total_uncompressed_size
+                for _, meta in files for g in range(meta.num_row_groups))
+    rows = sum(meta.num_rows for _, meta in files)
+    fits = words + DEVICE_SORT_ROW_BYTES * rows <= DEVICE_SORT_SHARE * limit
     return device if fits else torch.device("cpu")
 
 
@@ -279,13 +266,16 @@ def _codes_column(piece: pa.ChunkedArray, words: tuple, typ, device) -> Column:
     return Column(torch.from_numpy(values).to(device), valid, typ, words)
 
 
-def _dictionary(path: str, meta: pq.FileMetaData, name: str) -> tuple[tuple, pa.Array]:
-    """The column's distinct words, sorted, for the whole file (cached)."""
-    key = (path, id(meta), name)
+def _key(files: Files, name: str) -> tuple:
+    return (*((path, id(meta)) for path, meta in files), name)
+
+
+def _dictionary(files: Files, name: str) -> tuple[tuple, pa.Array]:
+    """The column's distinct words, sorted, over all the files (cached)."""
+    key = _key(files, name)
     hit = _DICTIONARIES.get(key)
     if hit is None:
-        hit = _DICTIONARIES[key] = _sorted_words(
-            parquet_read.column_row_groups(path, meta, name, as_dictionary=True))
+        hit = _DICTIONARIES[key] = _sorted_words(parquet_read.RowGroups(files, name, as_dictionary=True))
     return hit
 
 

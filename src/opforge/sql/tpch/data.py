@@ -107,10 +107,18 @@ def read_manifest(directory: str | os.PathLike) -> dict | None:
     if manifest.get("version") != MANIFEST_VERSION or set(manifest.get("tables", {})) != set(TABLES):
         return None
     for name, entry in manifest["tables"].items():
-        file = Path(directory) / entry["file"]
-        if not file.is_file() or file.stat().st_size != entry["bytes"]:
+        if _size(Path(directory) / entry["file"]) != entry["bytes"]:
             return None
     return manifest
+
+
+def _size(path: Path) -> int | None:
+    """Bytes of a table's file, or of the Parquet files of its folder (``PARTED``); None when absent."""
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.glob("*.parquet"))
+    return None
 
 
 def _conform(src: Path, dst: Path, schema: pa.Schema) -> int:
@@ -185,23 +193,37 @@ def _install(work: Path, target: Path, manifest: Callable[[Path], dict | None]) 
             raise
 
 
-SPLIT_SF = 30  # from this scale factor on, the largest tables are generated on their own
+SPLIT_SF = 30  # from this scale factor on, the largest tables are generated on their own, in parts
+PARTED = ("lineitem", "orders", "partsupp")  # from SPLIT_SF on: a folder of part files each
+
+
+def _parts_of(raw: Path, name: str) -> list[Path]:
+    """The generator's part files of a table (``<name>/<name>.<i>.parquet``), in part order."""
+    return sorted((raw / name).glob(f"{name}.*.parquet"), key=lambda p: int(p.name.split(".")[1]))
 
 
 def _generate_into(sf: float, work: Path, threads: int | None) -> None:
     """The tables generated (tpchgen-cli, all its threads), then conformed in the background while
     the next ones generate, each raw file deleted once conformed. From ``SPLIT_SF`` on, lineitem,
-    then orders, then the rest are generated in turn: the disk then holds at most about one raw
-    table beside the finished ones (SF100's Parquet is ~30 GB; raw and conformed copies of
-    everything at once would not fit a 64 GB disk). Below it one call makes all (each call costs
-    about a CPU second to start). A table is finished when its ``<table>.done.json`` (rows, seconds)
-    is written: ``work`` may hold the finished tables (and complete raw files) of an interrupted run,
-    which are kept."""
+    then orders, then partsupp, then the rest are generated in turn: the disk then holds at most
+    about one raw table beside the finished ones (SF100's Parquet is ~30 GB; raw and conformed
+    copies of everything at once would not fit a 64 GB disk). Those three are generated in as many
+    parts as threads and each part conformed on its own thread into the table's folder
+    (``<table>/part-0001.parquet``...): one Parquet writer encodes on one thread, and SF100's
+    lineitem took 400 s through it. Below ``SPLIT_SF`` one call makes all (each call costs about a
+    CPU second to start). A table is finished when its ``<table>.done.json`` (rows, seconds) is
+    written: ``work`` may hold the finished tables (and complete raw files) of an interrupted run,
+    which are kept; a parted table cut short is made again."""
     raw = work / "raw"
     base = [tpchgen_executable(), "parquet", "-s", f"{float(sf):g}", "-o", str(raw), "--quiet", "--no-progress"]
-    if threads:
-        base += ["-n", str(int(threads))]
+    threads = int(threads or os.cpu_count() or 1)
+    base += ["-n", str(threads)]
     started = time.time()
+    parted = PARTED if sf >= SPLIT_SF else ()
+
+    def finish(name: str, rows: int, generate_s: float, t0: float) -> None:
+        done = {"rows": rows, "generate_s": round(generate_s, 3), "conform_s": round(time.time() - t0, 3)}
+        _done_path(work, name).write_text(json.dumps(done) + "\n")
 
     def conform(name: str, generate_s: float) -> None:
         t0 = time.time()
@@ -210,32 +232,55 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
         rows = _conform(src, tmp, SCHEMAS[name])
         os.replace(tmp, dst)
         src.unlink()
-        done = {"rows": rows, "generate_s": round(generate_s, 3), "conform_s": round(time.time() - t0, 3)}
-        _done_path(work, name).write_text(json.dumps(done) + "\n")
+        finish(name, rows, generate_s, t0)
+
+    def conform_parts(name: str, generate_s: float, pool: ThreadPoolExecutor) -> None:
+        t0 = time.time()
+        folder = work / name
+        folder.mkdir()
+
+        def one(i: int, src: Path) -> int:
+            tmp, dst = folder / f".part-{i:04d}.parquet", folder / f"part-{i:04d}.parquet"
+            rows = _conform(src, tmp, SCHEMAS[name])
+            os.replace(tmp, dst)
+            src.unlink()
+            return rows
+
+        rows = sum(pool.map(lambda a: one(*a), enumerate(_parts_of(raw, name), 1)))
+        finish(name, rows, generate_s, t0)
 
     jobs = []
-    with ThreadPoolExecutor(len(TABLES)) as pool:  # Arrow releases the GIL: conforming overlaps generation
-        rest = tuple(t for t in TABLES if t not in ("lineitem", "orders"))
-        for group in ((TABLES,) if sf < SPLIT_SF else (("lineitem",), ("orders",), rest)):
+    with ThreadPoolExecutor(len(TABLES)) as pool, ThreadPoolExecutor(threads) as part_pool:
+        # Arrow releases the GIL: conforming overlaps generation
+        rest = tuple(t for t in TABLES if t not in parted)
+        for group in ((TABLES,) if not parted else (*((t,) for t in parted), rest)):
             todo = [name for name in group if not _done_path(work, name).is_file()]
-            missing = [name for name in todo if not _complete(raw / f"{name}.parquet")]
+            for name in todo:
+                if name in parted:  # a parted table cut short is made again
+                    shutil.rmtree(raw / name, ignore_errors=True)
+                    shutil.rmtree(work / name, ignore_errors=True)
+            missing = [name for name in todo if name in parted or not _complete(raw / f"{name}.parquet")]
             t0 = time.time()
             if missing:
                 for name in missing:  # a raw file cut short by a killed run is made again
                     (raw / f"{name}.parquet").unlink(missing_ok=True)
                 cmd = base + ([] if len(missing) == len(TABLES) else ["--tables", ",".join(missing)])
+                if group[0] in parted:
+                    cmd += ["--parts", str(threads)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise RuntimeError(f"tpch: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()}")
             generate_s = time.time() - t0
-            jobs += [pool.submit(conform, name, generate_s) for name in todo]
+            jobs += [pool.submit(conform_parts, name, generate_s, part_pool) if name in parted
+                     else pool.submit(conform, name, generate_s) for name in todo]
         for job in jobs:
             job.result()
     version = subprocess.run([base[0], "--version"], capture_output=True, text=True).stdout.strip()
     tables = {}
     for name in TABLES:
         done = json.loads(_done_path(work, name).read_text())
-        tables[name] = {"file": f"{name}.parquet", "bytes": (work / f"{name}.parquet").stat().st_size, **done}
+        file = name if (work / name).is_dir() else f"{name}.parquet"
+        tables[name] = {"file": file, "bytes": _size(work / file), **done}
         _done_path(work, name).unlink()
     shutil.rmtree(raw, ignore_errors=True)
     manifest = {

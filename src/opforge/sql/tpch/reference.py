@@ -33,7 +33,8 @@ def connect(paths: dict[str, str | os.PathLike], *, threads: int | None = None, 
     started = time.perf_counter()
     for name, path in paths.items():
         kind = "TABLE" if materialize else "VIEW"
-        literal = str(Path(path)).replace("'", "''")
+        files = Path(path) / "*.parquet" if Path(path).is_dir() else Path(path)  # a table in parts: its folder
+        literal = str(files).replace("'", "''")
         con.execute(f'CREATE {kind} "{name}" AS SELECT * FROM read_parquet(\'{literal}\')')
     return con, time.perf_counter() - started
 
