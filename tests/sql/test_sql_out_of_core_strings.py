@@ -87,3 +87,15 @@ def test_words_ranked_on_the_device_only_when_the_sort_fits_the_limit(tmp_path):
     assert chunked_scan._sort_device(files, "c", "cuda", int(need) + 1) == "cuda"
     assert chunked_scan._sort_device(files, "c", "cuda", int(need) - 1).type == "cpu"
     assert chunked_scan._sort_device(files, "c", "cpu", 1) == "cpu"
+
+
+def test_decimals_cached_as_decimal64_keep_their_values():
+    import decimal
+
+    values = [decimal.Decimal("-1.25"), None, decimal.Decimal("9999999999999.99"), decimal.Decimal("-9999999999999.99"),
+              decimal.Decimal("0.01")]
+    arr = pa.array(values * 3, pa.decimal128(15, 2)).slice(2)
+    narrow = chunked_scan._narrowed_decimal(arr.type)
+    assert narrow == pa.decimal64(15, 2) and chunked_scan._narrowed_decimal(pa.decimal128(19, 2)) is None
+    got = chunked_scan._decimal64(arr, narrow)
+    assert got.type == narrow and got.to_pylist() == arr.to_pylist() and got.null_count == arr.null_count
