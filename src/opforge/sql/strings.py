@@ -73,12 +73,13 @@ def like_words(words: tuple[str, ...], arrow: pa.Array, pattern: str, device) ->
     ``device``; None when the pattern needs the host path. A dictionary of up to ``PIECE_BYTES``
     stays on the device (``device_words``); a larger one is matched slice by slice and not kept:
     matching takes a few times its bytes, and TPC-H's o_comment at SF100 holds 7 GB of words."""
-    arrow = arrow.cast(pa.large_string())
-    offsets = np.frombuffer(arrow.buffers()[1], dtype=np.int64)[arrow.offset:arrow.offset + len(arrow) + 1] \
-        if len(arrow) else np.zeros(1, dtype=np.int64)
-    if offsets[-1] - offsets[0] <= PIECE_BYTES:
+    wide = pa.types.is_large_string(arrow.type)
+    offsets = np.frombuffer(arrow.buffers()[1], dtype=np.int64 if wide else np.int32)[
+        arrow.offset:arrow.offset + len(arrow) + 1] if len(arrow) else np.zeros(1, dtype=np.int64)
+    if int(offsets[-1]) - int(offsets[0]) <= PIECE_BYTES:
         dw = device_words(words, arrow, device)
         return like(dw, pattern) if supports(dw, pattern) else None
+    offsets = offsets.astype(np.int64)
     cuts = np.searchsorted(offsets, np.arange(offsets[0] + PIECE_BYTES, offsets[-1], PIECE_BYTES), side="right") - 1
     bounds = np.unique(np.concatenate([[0], cuts, [len(arrow)]]))
     out = []
