@@ -150,12 +150,17 @@ def test_large_tables_in_parts_equal_the_single_files(tmp_path, monkeypatch, tpc
     from opforge import sql
     from opforge.sql.tpch import compare, queries, reference
 
-    con = sql.connect("cpu")
-    for name, path in paths.items():
-        con.register(name, str(path))
     duck, _ = reference.connect(paths, materialize=False)
-    for n in (1, 3, 18):
-        text = queries.query(n)
-        keys = compare.order_keys(text)
-        assert not compare.compare(con.sql(text).to_arrow(), reference.run(duck, text), ordered=keys is not None,
-                                   order_by=keys), n
+    for limit in (None, "256KiB"):  # in memory; out of core, the folders read in chunks
+        con = sql.connect("cpu", memory_limit=limit)
+        for name, path in paths.items():
+            con.register(name, str(path))
+        for n in (1, 3, 13, 18):
+            text = queries.query(n)
+            keys = compare.order_keys(text)
+            assert not compare.compare(con.sql(text).to_arrow(), reference.run(duck, text), ordered=keys is not None,
+                                       order_by=keys), (n, limit)
+        if limit is not None:
+            for n in (1, 13):  # lineitem's folder; orders' with its comments coded once over the files
+                chunks = sum(s.metrics.get("scan_chunks", 0) for s in con.sql(queries.query(n)).analyze().stats)
+                assert chunks > 1, (n, chunks)
