@@ -89,3 +89,19 @@ def test_folders_that_are_not_one_table(tmp_path):
     (broken / "b.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(SqlError, match=r"b\.parquet' is not a readable Parquet file"):
         sql.connect("cpu").register("t", str(broken)).sql("select count(*) from t").fetchall()
+
+
+def test_read_parquet_of_a_glob_or_a_list_is_one_lazy_table(folder, tmp_path):
+    path, whole = folder
+    con, ref = sql.connect("cpu", memory_limit="64KiB"), _duck(path)
+    files = sorted(str(p) for p in path.glob("part-*.parquet"))
+    for source in (f"'{path}/part-*.parquet'", "[" + ", ".join(f"'{f}'" for f in files) + "]"):
+        for q in QUERIES:
+            q = f"with t as (select * from read_parquet({source})) {q}"
+            assert con.sql(q).fetchall() == ref.sql(q).fetchall(), q
+    hidden = next(iter(con._registered.values()))  # the glob's hidden table: lazy, over the four files
+    assert len(hidden.columns.files) == 4
+    pq.write_table(pa.table({"a": pa.array([1, 2], pa.int32())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"a": pa.array([3], pa.int64())}), tmp_path / "b.parquet")
+    with pytest.raises(SqlError, match=r"files of the list differ: .*b\.parquet' has columns a int64"):
+        con.sql(f"select sum(a) from read_parquet('{tmp_path}/*.parquet')").fetchall()

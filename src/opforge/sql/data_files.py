@@ -11,7 +11,6 @@ import os
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from sqlglot import exp
 
 from opforge.runtime import durable_files
@@ -87,13 +86,6 @@ def read_csv(path: str, options: CsvOptions) -> pa.Table:
     if not options.header:  # DuckDB's names for headerless columns
         t = t.rename_columns([f"column{i}" for i in range(t.num_columns)])
     return t
-
-
-def read_parquet(path: str) -> pa.Table:
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise SqlError(f"reading {path!r}: {e}") from None
 
 
 def write(data: pa.Table, path: str, fmt: str, options: dict[str, object]) -> None:

@@ -249,15 +249,19 @@ class Table:
     @staticmethod
     def from_parquet_folder(path: str, device) -> "Table":
         """The Parquet files of a folder (``*.parquet``, in name order; names starting with ``.`` or
-        ``_`` skipped, as Arrow's datasets skip them) as one lazy table, the files' rows one after
-        the other: what a partitioned data set or a parallel writer leaves. Every file must have
-        the first one's columns and types."""
+        ``_`` skipped, as Arrow's datasets skip them) as one table (``from_parquet_files``): what a
+        partitioned data set or a parallel writer leaves."""
         names = sorted(f for f in os.listdir(path) if f.endswith(".parquet") and f[0] not in "._")
         if not names:
             raise SqlError(f"register: folder {path!r} holds no .parquet file")
+        return Table.from_parquet_files([os.path.join(path, n) for n in names], device, f"folder {path!r}")
+
+    @staticmethod
+    def from_parquet_files(paths: list[str], device, what: str = "the list") -> "Table":
+        """Parquet files as one lazy table, their rows one after the other (each column read on first
+        use, out of core in chunks); every file must have the first one's columns and types."""
         files = []
-        for name in names:
-            file = os.path.join(path, name)
+        for file in paths:
             try:
                 files.append((file, pq.ParquetFile(file).metadata))
             except (pa.ArrowInvalid, OSError) as e:
@@ -266,7 +270,7 @@ class Table:
         for file, meta in files[1:]:
             other = meta.schema.to_arrow_schema()
             if not other.equals(schema):
-                raise SqlError(f"register: the files of folder {path!r} differ: {file!r} has columns "
+                raise SqlError(f"register: the files of {what} differ: {file!r} has columns "
                                f"{_described(other)}, {files[0][0]!r} has {_described(schema)}")
         return Table._of_row_groups(LazyColumns.of_parquet_files(files, device), [meta for _, meta in files])
 
@@ -287,6 +291,8 @@ class Table:
         if isinstance(obj, pa.Table):
             return Table.from_arrow(obj, device)
         if isinstance(obj, (list, tuple)):
+            if obj and all(isinstance(o, (str, os.PathLike)) for o in obj):
+                return Table.from_parquet_files([os.fspath(o) for o in obj], device)
             return Table.from_partitions(list(obj), device)
         if isinstance(obj, pd.DataFrame):
             return Table.from_pandas(obj, device)

@@ -5,8 +5,8 @@ their data with them (``CREATE TABLE t AS SELECT ... FROM range(1000)``); a bind
 the faster path for huge series, but constant bounds are all those statements use.
 
 ``read_parquet('f')`` / ``read_csv('f', header=..., delim=...)`` / ``FROM 'f.parquet'``: the file (or
-the files a glob or a list names) registered as a table (``data_files``); a single Parquet file
-stays lazy, each column read on first use. The hidden table is kept for the file as long as its
+the files a glob or a list names) registered as a table (``data_files``); Parquet stays lazy,
+each column read on first use (several files must share their columns and types). The hidden table is kept for the file as long as its
 size and modification time stay the same, so repeated queries reuse the columns already loaded."""
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def _read_file(con, table: exp.Table) -> None:
     name = con._file_tables.get(key)
     if name is None:
         name = f"__file_{next(_NAMES)}"
-        if fmt == "parquet":
-            source = paths[0] if len(paths) == 1 else [data_files.read_parquet(p) for p in paths]
+        if fmt == "parquet":  # several files: one lazy table over them (``Table.from_parquet_files``)
+            source = paths[0] if len(paths) == 1 else paths
         else:
             csv = data_files.CsvOptions(options)
             parts = [data_files.read_csv(p, csv) for p in paths]
