@@ -14,8 +14,8 @@ does; ``views``: views over the files), runs each query ``--repeats`` times on b
 answer against DuckDB's and prints one row per query: opforge's first (cold: Parquet decode into the
 host cache, small tables to the device) and best later run in ms, DuckDB's best, DuckDB / opforge
 (best runs), bytes spilled to host and to disk (one run), the device's peak allocated bytes during
-the query's runs against the limit (cuda: cached columns and planner statistics included), and
-whether the answers agree.
+the query's runs against the limit (cuda: cached columns and planner statistics included; the row's
+``device_base_bytes`` is what was allocated when the query started), and whether the answers agree.
 
 Built for device calls too short for all of SF100 at once, each resumable:
 
@@ -80,11 +80,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _peak_reset(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
+def _peak_reset(device: str) -> int | None:
+    """Resets the device's peak; returns the bytes allocated now (what earlier queries left there:
+    cached columns, dictionaries), so that a row's peak splits into those and the query's own."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
 
-        torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def _peak(device: str) -> int | None:
@@ -219,7 +223,7 @@ def _opforge_query(con, n: int, args, budget: int) -> dict:
     text = queries.query(n)
     ref = reference.cached_answer(n, args.sf, args.root)
     host0, disk0 = spill.TOTALS.host_bytes, spill.TOTALS.disk_bytes
-    _peak_reset(args.device)
+    base = _peak_reset(args.device)
     ours, error, times = None, None, []
     try:
         times, ours = _timed(lambda: con.sql(text).to_arrow(), args.repeats, args.device)
@@ -230,7 +234,7 @@ def _opforge_query(con, n: int, args, budget: int) -> dict:
     row = dict(opforge_cold_ms=times[0] if times else None, opforge_ms=_best(times), opforge_runs_ms=times,
                spill_host_bytes=(spill.TOTALS.host_bytes - host0) // runs,
                spill_disk_bytes=(spill.TOTALS.disk_bytes - disk0) // runs, device_peak_bytes=peak,
-               peak_over_limit=None if peak is None else peak / budget)
+               device_base_bytes=base, peak_over_limit=None if peak is None else peak / budget)
     if error is not None:
         row["answer"] = "ERROR " + error[:200]
     elif ref is None:
