@@ -139,3 +139,18 @@ def test_like_over_a_dictionary_in_slices_equals_one_pass(monkeypatch, seed):
             assert sliced is None, p
             continue
         assert sliced is not None and sliced.tolist() == whole[p].tolist() == [regex_like(w, p) for w in words], p
+
+
+def test_device_words_cache_keeps_few_bytes(monkeypatch):
+    """Dictionaries kept on the device outlive their query: the cache holds at most ``_CACHE_BYTES``
+    beyond its newest entry, least recently used out first."""
+    monkeypatch.setattr(strings, "_CACHE", type(strings._CACHE)())
+    monkeypatch.setattr(strings, "_CACHE_BYTES", 300)
+    dicts = [tuple(f"{i}-{w:03d}" for w in range(20)) for i in range(4)]  # ~100 + 168 bytes each
+    for d in dicts:
+        strings.device_words(d, pa.array(d, pa.string()), "cpu")
+    kept = [words for words, _ in strings._CACHE.values()]
+    assert kept == dicts[-1:] and strings._cached_bytes() > 0
+    small = tuple("ab")
+    strings.device_words(small, pa.array(small, pa.string()), "cpu")
+    assert [w for w, _ in strings._CACHE.values()] == [dicts[-1], small]

@@ -25,6 +25,9 @@ import torch
 
 _CACHE: OrderedDict[tuple[int, str], tuple[tuple, "DeviceWords"]] = OrderedDict()
 _CACHE_SIZE = 16
+# Device bytes the cache may hold, beyond its newest entry: kept dictionaries outlive their query and
+# count against the next one's memory limit (TPC-H SF100's part and customer names: ~1 GB)
+_CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def device_words(words: tuple[str, ...], arrow: pa.Array, device) -> DeviceWords
         return hit[1]
     dw = from_arrow(arrow, device)
     _CACHE[key] = (words, dw)
-    if len(_CACHE) > _CACHE_SIZE:
+    while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or _cached_bytes() > _CACHE_BYTES):
         _CACHE.popitem(last=False)
     return dw
 
@@ -89,6 +92,10 @@ def like_words(words: tuple[str, ...], arrow: pa.Array, pattern: str, device) ->
             return None
         out.append(like(dw, pattern))
     return torch.cat(out)
+
+
+def _cached_bytes() -> int:
+    return sum(dw.data.numel() + dw.offsets.numel() * 8 for _, dw in _CACHE.values())
 
 
 def supports(dw: DeviceWords, pattern: str) -> bool:
