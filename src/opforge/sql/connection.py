@@ -295,8 +295,9 @@ class Connection:
     def register(self, name: str, obj, partition_key: str | None = None, *,
                  partition_by: str | None = None) -> "Connection":
         """Loads a pyarrow.Table, pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
-        partition each: scans skip partitions by their min / max) or a .parquet (its row groups are
-        partitions) / .csv path under `name`; each column moves to the device when a query first
+        partition each: scans skip partitions by their min / max), a .parquet (its row groups are
+        partitions) / .csv path, a folder of .parquet files or a list of their paths (one table,
+        the files' rows one after the other) under `name`; each column moves to the device when a query first
         reads it. A path or a frame is read (footer, CSV, pandas' conversion) at the first statement,
         so register costs no I/O and loads no engine; what can be checked cheaply fails here (a
         missing file, a name that is neither .parquet nor .csv, a file without Parquet's magic bytes),

@@ -287,7 +287,8 @@ class Table:
     @staticmethod
     def load(obj, device) -> "Table":
         """Accepts a pyarrow.Table, a pandas.DataFrame, a list of pyarrow Tables / RecordBatches (one
-        partition each), or a path to a .parquet (row groups are partitions) / .csv file."""
+        partition each), a path to a .parquet (row groups are partitions) / .csv file, a folder of
+        .parquet files or a list of their paths."""
         if isinstance(obj, pa.Table):
             return Table.from_arrow(obj, device)
         if isinstance(obj, (list, tuple)):
