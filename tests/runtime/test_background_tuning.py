@@ -127,3 +127,29 @@ def test_add_under_the_interpreter_is_tuned_in_the_background(background_mode, g
 def test_background_mode_is_in_the_modes(monkeypatch):
     monkeypatch.setenv("OPFORGE_AUTOTUNE", "background")
     assert autotune.mode() == "background"
+
+
+def test_interpreted_grids_take_turns_across_threads():
+    """The interpreter patches ``triton.language`` while a grid runs: the tuning thread's grids and
+    the caller's must not overlap (they did: "Did you forget to add @triton.jit?", seen in CI).
+    Three threads adding at once, as the caller and the worker would."""
+    import threading
+
+    background._one_grid_at_a_time()
+    errors = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(15):
+            x, y = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
+            try:
+                torch.testing.assert_close(opforge.add(x, y), x + y)
+            except Exception as e:  # noqa: BLE001 - counted, then asserted on
+                errors.append(f"{type(e).__name__}: {str(e)[:120]}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]

@@ -126,8 +126,32 @@ def _skip(key_text: str, why: str) -> str:
 def _start() -> None:
     global _worker
     if _worker is None or not _worker.is_alive():
+        from opforge.runtime.device import interpret_mode
+
+        if interpret_mode():
+            _one_grid_at_a_time()
         _worker = threading.Thread(target=_work, name="opforge-autotune", daemon=True)
         _worker.start()
+
+
+def _one_grid_at_a_time() -> None:
+    """Under the Triton interpreter, grids run one at a time across threads. Why: the interpreter
+    patches ``triton.language`` for the duration of a grid (``_patch_lang``) and restores it after,
+    so a tuning grid ending beside the caller's grid unpatched it mid-run ("Did you forget to add
+    @triton.jit?"). The caller's grids and the worker's then take turns."""
+    from triton.runtime import interpreter
+
+    executor = interpreter.GridExecutor
+    if getattr(executor.__call__, "opforge_serialized", False):
+        return
+    run, lock = executor.__call__, threading.RLock()
+
+    def call(self, *args, **kwargs):
+        with lock:
+            return run(self, *args, **kwargs)
+
+    call.opforge_serialized = True
+    executor.__call__ = call
 
 
 def _work() -> None:
