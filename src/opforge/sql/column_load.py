@@ -74,7 +74,7 @@ def is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
-def _values(chunk: pa.Array, dtype) -> np.ndarray:
+def fixed_values(chunk: pa.Array, dtype) -> np.ndarray:
     """A read-only numpy view of a fixed-width chunk's values (no copy; decimal128: the low words,
     a strided view)."""
     if chunk.type.byte_width == 16:  # decimal128: little-endian (low, high) int64 pairs
@@ -128,7 +128,7 @@ def load_column(chunks: Iterable[pa.Array], n: int, arrow_type: pa.DataType, dev
             if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
                 chunk = chunk.cast(arrow_type)
             validity.note(chunk)
-            yield _values(chunk, wire)
+            yield fixed_values(chunk, wire)
 
     values = to_device(pieces(), n, torch_dtype(wire), device)
     values = values.to(typ.torch_dtype)
@@ -149,7 +149,7 @@ def _fixed_row_groups(groups: RowGroups, n: int, arrow_type: pa.DataType, wire, 
     def values_of(chunk: pa.Array) -> np.ndarray:
         if chunk.type != arrow_type:  # a file whose stored type reads back otherwise
             chunk = chunk.cast(arrow_type)
-        return _values(chunk, wire)
+        return fixed_values(chunk, wire)
 
     values, valid = _stage_row_groups(groups, n, wire, values_of, device)
     values = values.to(typ.torch_dtype)
@@ -344,7 +344,7 @@ def _strings(chunks: list[pa.Array], n: int, typ: T.SqlType, device, name: str) 
     def pieces():
         for chunk in encoded.chunks:
             validity.note(chunk)
-            yield _values(chunk.indices, index_dtype)
+            yield fixed_values(chunk.indices, index_dtype)
 
     idx = to_device(pieces(), n, torch_dtype(index_dtype), device).long()
     valid = validity.to_device(n, device)
