@@ -122,6 +122,9 @@ def _arguments(argv):
     ap.add_argument("--redo", action="store_true", help="run queries already in --out again")
     ap.add_argument("--root", default=None, help="where the TPC-H Parquet files are cached")
     ap.add_argument("--out", default=None, help="JSON lines file the rows are appended to")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="after its runs, profile one more run of each query into DIR/qNN.txt (EXPLAIN ANALYZE, "
+                         "the device's kernels and copies, the host's functions)")
     return ap.parse_args(argv)
 
 
@@ -235,6 +238,8 @@ def _opforge_query(con, n: int, args, budget: int) -> dict:
                spill_host_bytes=(spill.TOTALS.host_bytes - host0) // runs,
                spill_disk_bytes=(spill.TOTALS.disk_bytes - disk0) // runs, device_peak_bytes=peak,
                device_base_bytes=base, peak_over_limit=None if peak is None else peak / budget)
+    if args.profile and error is None:
+        _profile(con, n, text, args.device, Path(args.profile))
     if error is not None:
         row["answer"] = "ERROR " + error[:200]
     elif ref is None:
@@ -244,6 +249,35 @@ def _opforge_query(con, n: int, args, budget: int) -> dict:
         diffs = compare.compare(ours, ref, ordered=keys is not None, order_by=keys)
         row["answer"] = "ok" if not diffs else "DIFFERS: " + diffs[0][:100]
     return row
+
+
+def _profile(con, n: int, text: str, device: str, folder: Path) -> None:
+    """Where one warm run of query ``n`` spends its time, written to ``folder/qNN.txt``: the
+    operators (EXPLAIN ANALYZE), the device's kernels and copies (torch.profiler) and the host's
+    functions (cProfile, by cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = [con.sql(text).explain(analyze=True)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        con.sql(text).to_arrow()
+        _sync(device)
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    parts.append(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
+    host = cProfile.Profile()
+    host.enable()
+    con.sql(text).to_arrow()
+    _sync(device)
+    host.disable()
+    out = io.StringIO()
+    pstats.Stats(host, stream=out).sort_stats("cumulative").print_stats(45)
+    parts.append(out.getvalue())
+    (folder / f"q{n:02d}.txt").write_text("\n\n".join(parts))
 
 
 def _worker(pipe, args, budget: int, paths: dict) -> None:
