@@ -220,3 +220,69 @@ def test_list_and_struct_keys_out_of_core_match_duckdb(tmp_path):
         got = con.sql(q).to_arrow()
         rows = [Counter(map(repr, zip(*[c.to_pylist() for c in t.columns]))) for t in (got, want)]
         assert rows[0] == rows[1], (q, list((rows[1] - rows[0]).items())[:3], list((rows[0] - rows[1]).items())[:3])
+
+
+# each column's values reach exactly one edge of a narrower type (or pass it by one)
+_EDGES = {"i8": (-128, 127), "i16": (-32768, 32767), "i16_over": (-32769, 100), "i32": (-(2 ** 31), 2 ** 31 - 1),
+          "i32_over": (0, 2 ** 31)}
+
+
+def test_host_cache_narrows_integers_exactly_and_matches_duckdb(tmp_path, monkeypatch):
+    """The host cache keeps integers, dates, timestamps and decimals in the narrowest integer that
+    holds them (``chunked_scan.narrowest``); each column here touches a narrower type's edge or
+    passes it by one, with NULLs and row groups of one value each end."""
+    import datetime as dt
+    import decimal
+
+    import pyarrow.parquet as pq
+
+    from opforge.sql.outofcore import chunked_scan
+
+    monkeypatch.setenv("OPFORGE_SQL_HOST_CACHE", "64MiB")
+    rng = np.random.default_rng(11)
+    n = 5000
+    cols = {"id": pa.array(np.arange(n)), "g": pa.array(rng.integers(0, 13, n))}
+    for name, (lo, hi) in _EDGES.items():
+        v = rng.integers(lo, hi, n, endpoint=True)
+        v[7], v[n - 3] = lo, hi
+        cols[name] = pa.array([None if i % 17 == 5 else int(x) for i, x in enumerate(v)], pa.int64())
+    days = rng.integers(8000, 10600, n)
+    cols["d"] = pa.array([dt.date(1970, 1, 1) + dt.timedelta(days=int(x)) for x in days], pa.date32())
+    cols["ts"] = pa.array((days * 86_400_000_000 + rng.integers(0, 86_400_000_000, n)).astype("datetime64[us]"))
+    cents = rng.integers(-999_999, 999_999, n)
+    cols["price"] = pa.array([decimal.Decimal(int(x)).scaleb(-2) for x in cents], pa.decimal128(12, 2))
+    cols["small"] = pa.array([decimal.Decimal(int(x % 11)).scaleb(-2) for x in cents], pa.decimal128(15, 2))
+    cols["s"] = pa.array([None if x % 19 == 0 else f"w{x % 5}" for x in rng.integers(0, 1000, n)])
+    path = str(tmp_path / "edges.parquet")
+    pq.write_table(pa.table(cols), path, row_group_size=700)
+
+    con = sql.connect("cpu", memory_limit="32KiB")
+    con.register("t", path)
+    duck = duckdb.connect()
+    names = [c for c in cols if c not in ("id", "g")]
+    q = ("SELECT g, count(*) AS c, " + ", ".join(f"min({c}) AS lo_{c}, max({c}) AS hi_{c}" for c in names)
+         + ", " + ", ".join(f"sum({c}) AS s_{c}" for c in list(_EDGES) + ["price", "small"])
+         + ", count(d) AS cd FROM t WHERE i8 <> 0 GROUP BY g")
+    assert _metrics(con, q).get("scan_chunks", 0) > 1
+    _same(con.sql(q).to_arrow(), duck.sql(q.replace("FROM t", f"FROM '{path}'")).to_arrow_table())
+    rows = "SELECT * FROM t WHERE i16_over < 0 OR s = 'w3' ORDER BY i32, i8, id"
+    got, want = con.sql(rows).to_arrow(), duck.sql(rows.replace("FROM t", f"FROM '{path}'")).to_arrow_table()
+    assert [c.to_pylist() for c in got.columns] == [c.to_pylist() for c in want.columns]
+
+    kept = {key[-1]: data.type for key, data in chunked_scan.HOST_CACHE._entries.items() if key[0][0] == path}
+    assert kept["i8"] == pa.int8() and kept["i16"] == pa.int16() and kept["i16_over"] == pa.int32()
+    assert kept["i32"] == pa.int32() and kept["i32_over"] == pa.int64()
+    assert kept["d"] == pa.int16() and kept["small"] == pa.int8() and kept["price"] == pa.int32()
+    assert kept["s"] == pa.int8() and kept["id"] == pa.int16()
+
+
+def test_narrowest_keeps_types_it_cannot_narrow_exactly():
+    from opforge.sql.outofcore.chunked_scan import narrowest
+
+    floats = pa.chunked_array([pa.array([1.0, 2.5, None])])
+    assert narrowest(floats) is floats
+    wide = pa.chunked_array([pa.array([0, 1]), pa.array([2 ** 40, None])])
+    assert narrowest(wide).type == pa.int64()
+    sliced = pa.chunked_array([pa.array([None, 5, -6, 300, None], pa.int64()).slice(1, 3)])
+    out = narrowest(sliced)
+    assert out.type == pa.int16() and out.to_pylist() == [5, -6, 300]
