@@ -4,7 +4,7 @@
                                          [--repeats 2] [--duckdb memory|views] [--host-limit 32GiB]
                                          [--query-limit 300] [--time-budget 560] [--redo]
                                          [--skip-duckdb | --duckdb-only | --generate-only | --summary]
-                                         [--root DIR] [--out PATH]
+                                         [--root DIR] [--out PATH] [--profile DIR [--profile-queries 1,13]]
 
 Generates TPC-H at ``--sf`` with tpchgen-cli on all cores (``sql/tpch/data.py``, cached under
 ``--root``), registers the Parquet files in an opforge connection with ``memory_limit=--budget``
@@ -125,6 +125,7 @@ def _arguments(argv):
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="after its runs, profile one more run of each query into DIR/qNN.txt (EXPLAIN ANALYZE, "
                          "the device's kernels and copies, the host's functions)")
+    ap.add_argument("--profile-queries", default="", help="the queries --profile profiles (default: all run)")
     return ap.parse_args(argv)
 
 
@@ -238,7 +239,7 @@ def _opforge_query(con, n: int, args, budget: int) -> dict:
                spill_host_bytes=(spill.TOTALS.host_bytes - host0) // runs,
                spill_disk_bytes=(spill.TOTALS.disk_bytes - disk0) // runs, device_peak_bytes=peak,
                device_base_bytes=base, peak_over_limit=None if peak is None else peak / budget)
-    if args.profile and error is None:
+    if args.profile and error is None and (not args.profile_queries or n in _numbers(args.profile_queries)):
         _profile(con, n, text, args.device, Path(args.profile))
     if error is not None:
         row["answer"] = "ERROR " + error[:200]
