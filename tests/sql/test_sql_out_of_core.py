@@ -286,3 +286,22 @@ def test_narrowest_keeps_types_it_cannot_narrow_exactly():
     sliced = pa.chunked_array([pa.array([None, 5, -6, 300, None], pa.int64()).slice(1, 3)])
     out = narrowest(sliced)
     assert out.type == pa.int16() and out.to_pylist() == [5, -6, 300]
+
+
+EXISTS_QUERIES = (
+    "SELECT pk, pv FROM p WHERE pv < 4 AND EXISTS (SELECT 1 FROM b WHERE bk = pk AND bv <> pv)",
+    "SELECT pk, pv FROM p WHERE pv < 4 AND NOT EXISTS (SELECT 1 FROM b WHERE bk = pk AND bv > pv + 50)",
+    "SELECT pk, pv FROM p WHERE EXISTS (SELECT 1 FROM b WHERE bk = pk AND bv <> pv)",
+    "SELECT pk, pv FROM p WHERE NOT EXISTS (SELECT 1 FROM b WHERE bk = pk AND bv > pv + 50)",
+)
+
+
+@pytest.mark.parametrize("q, path", zip(EXISTS_QUERIES, ["marked_joins", "marked_joins", "spill_partitions",
+                                                        "spill_partitions"]),
+                         ids=["semi-marked", "anti-marked", "semi-grace", "anti-grace"])
+def test_streamed_semi_and_anti_joins_with_a_residual_match_duckdb(tables, q, path):
+    # b streams (16 KiB); p's filtered rows fit, so b's chunks mark them ("marked_joins"); unfiltered,
+    # p does not fit either, and both sides partition ("spill_partitions")
+    con = _con(tables, memory_limit="16KiB")
+    assert _metrics(con, q).get(path, 0) > 0, q
+    _same(con.sql(q).to_arrow(), _duck(tables, q))

@@ -1,16 +1,18 @@
 """Issue 28's out-of-core path on TPC-H SF 0.01: a 1 MiB device limit makes lineitem / orders scans
 read in chunks, joins stream chunks against resident sides or run as grace joins, and
-aggregations run in two steps or partition and spill; the answers equal DuckDB's. Three queries cover the paths (all 22
+aggregations run in two steps or partition and spill; the answers equal DuckDB's. Four queries cover the paths (all 22
 pass at 512 KiB; CI time keeps the list short): q1 (chunked scan, each chunk aggregated, then the partials), q4
-(grace semi join over two chunked scans, spilling), q14 (lineitem chunks probing the resident part
-table)."""
+(a semi join whose lineitem chunks mark the resident orders), q14 (lineitem chunks probing the resident part
+table), q21 (EXISTS and NOT EXISTS with a residual, marked by lineitem chunks; a grace join of
+chunks). The grace semi / anti joins are in ``tests/sql/test_sql_out_of_core.py``."""
 
 import pytest
 
 from opforge import sql
 from opforge.sql.tpch import compare, queries
 
-CASES = {1: ("partial_chunks", "scan_chunks"), 4: ("spill_host_bytes", "spill_partitions"), 14: ("scan_chunks",)}
+CASES = {1: ("partial_chunks", "scan_chunks"), 4: ("marked_joins", "scan_chunks"), 14: ("scan_chunks",),
+         21: ("marked_joins", "scan_chunks")}
 
 
 @pytest.fixture(scope="module")
