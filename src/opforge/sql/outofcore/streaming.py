@@ -62,6 +62,10 @@ from opforge.sql.profile import batch_bytes
 from opforge.sql.table import LazyColumns
 
 _STREAM_KINDS = ("inner", "left", "right", "full", "semi", "anti")
+# device bytes a resident scan takes per byte of its columns: the columns, and a join's hash table or a
+# sort over them (TPC-H q21 at SF100: lineitem's keys, 10.8 GB under a 24 GiB limit, were kept whole
+# and built into a hash table beside the rest: a peak of 75 GB)
+RESIDENT_FACTOR = 2
 _ROW = -1  # the column of left row positions in a marked join's pairs (no plan column has a negative id)
 
 
@@ -89,8 +93,9 @@ class OutOfCore:
 
     def plan(self, root: P.Node) -> None:
         """Before the query runs: which scans read in chunks, and room on the device for the rest.
-        The largest scans are chunked until the others' columns take at most half the limit (the
-        other half is for intermediates), a scan of less than ``limit / 16`` never (chunks cost a
+        The largest scans are chunked until the others take at most half the limit (the other half
+        is for intermediates), each counted at ``RESIDENT_FACTOR`` times its columns (what a hash
+        table or a sort over them adds), a scan of less than ``limit / 16`` never (chunks cost a
         copy over the link each query, and a small table's columns are better left on the device);
         then columns that earlier queries left on the device and
         this one does not read are dropped if they would crowd it."""
@@ -103,12 +108,12 @@ class OutOfCore:
                 walk(c)
         walk(root)
         scans.sort(key=lambda x: -x[0])
-        resident = sum(b for b, _ in scans)
+        resident = sum(b for b, _ in scans) * RESIDENT_FACTOR
         for nbytes, scan in scans:
-            chunk = nbytes > self.limit or (resident > self.limit // 2 and nbytes > self.limit // 16)
+            chunk = nbytes * RESIDENT_FACTOR > self.limit or (resident > self.limit // 2 and nbytes > self.limit // 16)
             self._streams[id(scan)] = chunk
             if chunk:
-                resident -= nbytes
+                resident -= nbytes * RESIDENT_FACTOR
         keep: dict[str, set] = {}
         for _, scan in scans:
             if not self._streams[id(scan)]:
