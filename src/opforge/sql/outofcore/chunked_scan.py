@@ -70,8 +70,14 @@ def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict, li
     for n, cols in column_chunks(table, names, device, rows, limit):
         counts["chunks"] = counts.get("chunks", 0) + 1
         counts["rows_read"] = counts.get("rows_read", 0) + n
-        piece = Table(names, [cols[o.name] for o in node.outputs])
-        yield run_scan(node, piece, device, pushed, None)
+        box = [Table(names, [cols[o.name] for o in node.outputs])]
+        del cols
+        # neither the chunk nor its filtered rows stay in this frame while the consumers work
+        yield _scanned(node, box, device, pushed)
+
+
+def _scanned(node: Scan, box: list, device, pushed) -> Batch:
+    return run_scan(node, box.pop(), device, pushed, None)
 
 
 def column_chunks(table: Table, names: list[str], device, rows: int, limit: int | None = None
@@ -111,8 +117,7 @@ def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int, limi
                 host[n], words[n] = HOST_CACHE.strings(files, n, types[n], _sort_device(files, n, device, limit))
             else:
                 host[n] = HOST_CACHE.column(files, n)
-        for start in range(0, lazy.num_rows, rows):
-            n_rows = min(rows, lazy.num_rows - start)
+        def load(start: int, n_rows: int) -> dict[str, Column]:
             cols = {}
             for n in names:
                 piece = host[n].slice(start, n_rows)
@@ -121,7 +126,10 @@ def _parquet_chunks(lazy: LazyColumns, names: list[str], device, rows: int, limi
                 else:  # cached in the narrowest integer that holds the values: widened on the device
                     cols[n] = _widened(column_load.load_column(piece.chunks, n_rows, piece.type, device, n),
                                        sql_types[n])
-            yield n_rows, cols
+            return cols
+        for start in range(0, lazy.num_rows, rows):
+            n_rows = min(rows, lazy.num_rows - start)
+            yield n_rows, load(start, n_rows)  # not kept in this frame while the consumers work
         return
     words = {n: _dictionary(files, n) for n in strings}
     for path, meta in files:

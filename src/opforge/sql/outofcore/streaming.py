@@ -69,6 +69,22 @@ RESIDENT_FACTOR = 2
 _ROW = -1  # the column of left row positions in a marked join's pairs (no plan column has a negative id)
 
 
+def _each(fn, chunks) -> Iterator[Batch]:
+    """``fn`` of each chunk; this frame holds neither the chunk nor its result while it waits.
+    Why: a generator's local keeps its last chunk alive while the consumers downstream work and
+    while the next chunk is made; a chunk is a quarter of the limit, and such stale ones along a
+    pipeline (the scan's, the filter's, the join's) pushed the device's peak past the limit (TPC-H
+    SF100 under 24 GiB: 1.3-1.8x)."""
+    for b in chunks:
+        box = [b]
+        del b
+        yield _apply(fn, box)
+
+
+def _apply(fn, box: list):
+    return fn(box.pop())
+
+
 def all_of(node: P.Union) -> P.Union:
     """The UNION ALL of a union's inputs (a UNION's rows before they are made distinct)."""
     return node if node.all else dataclasses.replace(node, all=True)
@@ -222,11 +238,9 @@ class OutOfCore:
         if isinstance(node, P.Scan):
             yield from self._scan(node, pushed)
         elif isinstance(node, P.Filter):
-            for b in self.stream(node.child, RF.route(node, pushed)[0]):
-                yield keep_rows(node.predicate, b)
+            yield from _each(lambda b: keep_rows(node.predicate, b), self.stream(node.child, RF.route(node, pushed)[0]))
         elif isinstance(node, P.Project):
-            for b in self.stream(node.child, RF.route(node, pushed)[0]):
-                yield run_project(node, b)
+            yield from _each(lambda b: run_project(node, b), self.stream(node.child, RF.route(node, pushed)[0]))
         elif isinstance(node, P.Union):
             yield from self._union(node, pushed)
         elif isinstance(node, P.Distinct):
@@ -245,8 +259,7 @@ class OutOfCore:
         def chunks():
             for child, route in zip(node.children, routes):
                 cids = [o.cid for o in child.outputs]
-                for b in self.stream(child, route):
-                    yield run_union(all_of(node), [b], [cids])
+                yield from _each(lambda b: run_union(all_of(node), [b], [cids]), self.stream(child, route))
         if node.all:
             yield from chunks()
         else:
@@ -317,8 +330,7 @@ class OutOfCore:
         mine = [p for p in pushed if p.cid in {o.cid for o in node.outputs}]
         counts: dict = {}
         rows = chunked_scan.chunk_rows(table, node, self.limit)
-        for b in chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts, self.limit):
-            yield b
+        yield from chunked_scan.chunks(node, table, self.ex.device, mine, rows, counts, self.limit)
         if not counts:  # an empty table: one empty batch
             yield run_scan(node, table, self.ex.device, mine, None)
         self.ctx.note(f"chunked scan of {node.table}: {counts.get('chunks', 0)} chunks, "
@@ -334,8 +346,7 @@ class OutOfCore:
             if batch_bytes(right) <= self.limit and node.kind in ("inner", "left", "semi", "anti"):
                 plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
                 extra = [RF.make(node, plan, right)] if plan is not None and plan.source == "right" else []
-                for b in self.stream(node.left, routes[0] + extra):
-                    yield run_join(node, b, right, inner)
+                yield from _each(lambda b: run_join(node, b, right, inner), self.stream(node.left, routes[0] + extra))
                 self.ctx.note(f"streamed join {node.kind}: left chunks probe the resident right side")
                 return
             yield from self._grace(node, self.stream(node.left, routes[0]), [right])
@@ -348,8 +359,7 @@ class OutOfCore:
             if batch_bytes(left) <= self.limit and node.kind == "inner":
                 plan = RF.filter_plan(node) if self.ctx.runtime_filters else None
                 extra = [RF.make(node, plan, left)] if plan is not None and plan.source == "left" else []
-                for b in self.stream(node.right, routes[1] + extra):
-                    yield run_join(node, left, b, inner)
+                yield from _each(lambda b: run_join(node, left, b, inner), self.stream(node.right, routes[1] + extra))
                 self.ctx.note("streamed join inner: right chunks against the resident left side")
                 return
             yield from self._grace(node, [left], self.stream(node.right, routes[1]))
@@ -364,8 +374,8 @@ class OutOfCore:
         right, fits = self._buffer(self.stream(node.right, routes[1]))
         if fits and node.kind in ("inner", "left", "semi", "anti"):  # the build side turned out small
             build = concat(right)
-            for b in self.stream(node.left, routes[0]) if left is None else left:
-                yield run_join(node, b, build, inner)
+            yield from _each(lambda b: run_join(node, b, build, inner),
+                             self.stream(node.left, routes[0]) if left is None else left)
             self.ctx.note(f"streamed join {node.kind}: the right stream fit the limit ({batch_bytes(build)} B)")
             return
         yield from self._grace(node, self.stream(node.left, routes[0]) if left is None else left, right)
@@ -391,7 +401,9 @@ class OutOfCore:
             inner = quiet(self.ctx)
             for b in self.stream(node.right, pushed + extra):
                 chunk = Batch({k: c for k, c in b.cols.items() if k in need}, b.n, b.device)
+                del b
                 marks[run_join(pairs, chunk, rows, inner).cols[_ROW].values] = True
+                del chunk
         self.ctx.note(f"streamed join {node.kind}: right chunks mark the resident left side's rows ({left.n})")
         self.ctx.count("marked_joins", 1)
         return left.take(torch.nonzero(marks if node.kind == "semi" else ~marks).squeeze(1))
@@ -438,16 +450,15 @@ class OutOfCore:
         inner = quiet(self.ctx)
         counts = {"chunks": 0, "groups": 0}
 
-        def partials():
-            for b in chunks:
-                p = run_aggregate(steps.partial, b, inner)
-                counts["chunks"] += 1
-                counts["groups"] += p.n
-                yield p
+        def partial(b: Batch) -> Batch:
+            p = run_aggregate(steps.partial, b, inner)
+            counts["chunks"] += 1
+            counts["groups"] += p.n
+            return p
         if node.keys:
-            out = self._aggregate(steps.final, partials(), estimate)
+            out = self._aggregate(steps.final, _each(partial, chunks), estimate)
         else:
-            out = run_aggregate(steps.final, concat(list(partials())), inner)
+            out = run_aggregate(steps.final, concat(list(_each(partial, chunks))), inner)
         self.ctx.count("partial_chunks", counts["chunks"])
         self.ctx.note(f"out of core: two-step aggregation, {counts['chunks']} chunks aggregated on their own "
                       f"into {counts['groups']} partial groups, then combined")
@@ -536,7 +547,9 @@ class OutOfCore:
                 acc.ms += self._elapsed_ms(start) - nested[0] if nested else 0.0
             acc.rows += b.n
             acc.bytes_out += batch_bytes(b)
-            yield b
+            box = [b]
+            del b
+            yield box.pop()  # held by the consumer only: not by this frame while it waits
 
     @contextlib.contextmanager
     def _frame(self, nested: list | None = None):
