@@ -230,7 +230,7 @@ _EDGES = {"i8": (-128, 127), "i16": (-32768, 32767), "i16_over": (-32769, 100), 
 def test_host_cache_narrows_integers_exactly_and_matches_duckdb(tmp_path, monkeypatch):
     """The host cache keeps integers, dates, timestamps and decimals in the narrowest integer that
     holds them (``chunked_scan.narrowest``); each column here touches a narrower type's edge or
-    passes it by one, with NULLs and row groups of one value each end."""
+    passes it by one (both edges present), with NULLs, over several row groups."""
     import datetime as dt
     import decimal
 

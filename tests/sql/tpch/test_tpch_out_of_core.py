@@ -3,7 +3,7 @@ read in chunks, joins stream chunks against resident sides or run as grace joins
 aggregations run in two steps or partition and spill; the answers equal DuckDB's. Four queries cover the paths (all 22
 pass at 512 KiB; CI time keeps the list short): q1 (chunked scan, each chunk aggregated, then the partials), q4
 (a semi join whose lineitem chunks mark the resident orders), q14 (lineitem chunks probing the resident part
-table), q21 (EXISTS and NOT EXISTS with a residual, marked by lineitem chunks; a grace join of
+table), q21 (EXISTS and NOT EXISTS with a residual, each marking its left rows from lineitem
 chunks). The grace semi / anti joins are in ``tests/sql/test_sql_out_of_core.py``."""
 
 import pytest

@@ -65,14 +65,13 @@ def filter_plan(node: P.Join, source: str | None = None) -> FilterPlan | None:
     """The runtime filter the join makes, if any (see the module docstring); ``source`` ("left" /
     "right"): the filter from that side, for a caller that knows it keeps the join's answer (a
     semi / anti join marking its left rows from right chunks drops right rows no left key meets)."""
-    if source is not None:
-        pass
-    elif node.kind in ("inner", "semi", "right"):
-        source = "right"
-    elif node.kind == "left" or (node.kind == "anti" and not node.null_aware):
-        source = "left"
-    else:
-        return None
+    if source is None:
+        if node.kind in ("inner", "semi", "right"):
+            source = "right"
+        elif node.kind == "left" or (node.kind == "anti" and not node.null_aware):
+            source = "left"
+        else:
+            return None
     for i, (lk, rk) in enumerate(zip(node.left_keys, node.right_keys)):
         target_key = lk if source == "right" else rk
         if isinstance(target_key, Ref) and _same_kind(lk, rk):
