@@ -95,7 +95,9 @@ def test_decimals_cached_as_decimal64_keep_their_values():
     values = [decimal.Decimal("-1.25"), None, decimal.Decimal("9999999999999.99"), decimal.Decimal("-9999999999999.99"),
               decimal.Decimal("0.01")]
     arr = pa.array(values * 3, pa.decimal128(15, 2)).slice(2)
-    narrow = chunked_scan._narrowed_decimal(arr.type)
-    assert narrow == pa.decimal64(15, 2) and chunked_scan._narrowed_decimal(pa.decimal128(19, 2)) is None
-    got = chunked_scan._decimal64(arr, narrow)
-    assert got.type == narrow and got.to_pylist() == arr.to_pylist() and got.null_count == arr.null_count
+    wide = pa.chunked_array([arr, arr.slice(1, 2)])  # values past int32: no narrower integer holds them
+    got = chunked_scan.narrowest(wide)
+    assert got.type == pa.decimal64(15, 2) and got.to_pylist() == wide.to_pylist() and got.null_count == wide.null_count
+    assert chunked_scan.narrowest(pa.chunked_array([pa.array(values, pa.decimal128(19, 2))])).type == pa.decimal128(19, 2)
+    small = pa.chunked_array([pa.array(values[:2] + values[4:], pa.decimal128(15, 2))])
+    assert chunked_scan.narrowest(small).type == pa.int8() and chunked_scan.narrowest(small).to_pylist() == [-125, None, 1]

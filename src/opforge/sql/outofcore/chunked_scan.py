@@ -203,9 +203,8 @@ class HostCache:
         return sum(rows * (_decoded_width(schema.field(n).type) + 1) for n in names) <= self.limit()
 
     def column(self, files: Files, name: str) -> pa.ChunkedArray:
-        """A fixed-width column, decoded; a decimal of up to 18 digits as decimal64 (``_decimal64``),
-        then integers (dates, decimals' unscaled values) in the narrowest type that holds them
-        (``narrowest``): the reader widens them on the device."""
+        """A fixed-width column, decoded, its integers (dates, decimals' unscaled values) in the
+        narrowest type that holds them (``narrowest``): the reader widens them on the device."""
         key = _key(files, name)
         hit = self._entries.get(key)
         if hit is not None:
@@ -213,9 +212,6 @@ class HostCache:
             return hit
         typ = files[0][1].schema.to_arrow_schema().field(name).type
         chunks = list(parquet_read.RowGroups(files, name, as_dictionary=False))
-        narrow = _narrowed_decimal(typ)
-        if narrow is not None:
-            chunks, typ = [_decimal64(c, narrow) for c in chunks], narrow
         return self._keep(key, narrowest(pa.chunked_array(chunks, typ)))
 
     def strings(self, files: Files, name: str, arrow_type: pa.DataType, sort_device
@@ -258,22 +254,15 @@ def _narrowed_decimal(t: pa.DataType) -> pa.DataType | None:
     return decimal64(t.precision, t.scale)
 
 
-def _decimal64(chunk: pa.Array, typ: pa.DataType) -> pa.Array:
-    """A decimal128 chunk of at most 18 digits as decimal64: its values' low words (the high word
-    is their sign). Half the host cache's bytes and half of what a chunk sends to the device: TPC-H's
-    four lineitem decimals take 38 GB decoded at SF100 as decimal128."""
-    if chunk.offset:  # the validity bitmap is taken as it is: from bit 0
-        chunk = pa.concat_arrays([chunk])
-    low = np.ascontiguousarray(column_load.fixed_values(chunk, np.int64))
-    return pa.Array.from_buffers(typ, len(chunk), [chunk.buffers()[0], pa.py_buffer(low)], null_count=chunk.null_count)
-
-
 _NARROWER = (np.int8, np.int16, np.int32)  # the widths a cached integer column may narrow to
 
 
 def _integer_storage(t: pa.DataType):
     """The signed integer dtype ``t``'s values are stored as when narrowing them is exact (integers,
-    dates, times, timestamps, decimal64's unscaled values), else None (floats, unsigned, others)."""
+    dates, times, timestamps, decimals' unscaled values of up to 18 digits: a decimal128's low
+    words), else None (floats, unsigned, others)."""
+    if _narrowed_decimal(t) is not None:
+        return np.dtype(np.int64)
     if pa.types.is_signed_integer(t):
         return np.dtype(t.to_pandas_dtype())
     if pa.types.is_date32(t) or pa.types.is_time32(t):
@@ -287,13 +276,16 @@ def _integer_storage(t: pa.DataType):
 
 def narrowest(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """``column``'s values in the narrowest signed integer type holding all of them (NULLs keep
-    their validity; the values under them are masked on the device), or ``column`` itself.
+    their validity; the values under them are masked on the device), or ``column`` itself; a
+    decimal128 of up to 18 digits that fits no narrower integer becomes decimal64 (its low words;
+    the high word is their sign).
 
     Why: a chunked scan sends the host cache's bytes over the link at every query; TPC-H's lineitem
     dates fit int16, its quantities, discounts and taxes (decimals' unscaled values) int16 and
-    int8, a string column of a few words int8 codes: a third of the bytes of the stored types.
-    The range is measured on the values themselves (a pass per row group, in parallel), never
-    taken from the files' statistics, so that a wrong statistic cannot wrap a value."""
+    int8, a string column of a few words int8 codes: a third of the bytes of the stored types (and
+    its four decimals took 38 GB decoded at SF100 as decimal128). The range is measured on the
+    values themselves (a pass per row group, in parallel), never taken from the files' statistics,
+    so that a wrong statistic cannot wrap a value."""
     storage = _integer_storage(column.type)
     chunks = [c if c.offset == 0 else pa.concat_arrays([c]) for c in column.chunks]  # bitmaps from bit 0
     chunks = [c for c in chunks if len(c)]
@@ -305,10 +297,12 @@ def narrowest(column: pa.ChunkedArray) -> pa.ChunkedArray:
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         fits = [d for d in _NARROWER if np.dtype(d).itemsize < storage.itemsize
                 and np.iinfo(d).min <= lo and hi <= np.iinfo(d).max]
-        if not fits:
+        if fits:
+            dtype, typ = fits[0], pa.from_numpy_dtype(fits[0])
+        elif _narrowed_decimal(column.type) is not None:
+            dtype, typ = np.int64, _narrowed_decimal(column.type)
+        else:
             return column
-        dtype = fits[0]
-        typ = pa.from_numpy_dtype(dtype)
         narrowed = list(pool.map(
             lambda cv: pa.Array.from_buffers(typ, len(cv[0]), [cv[0].buffers()[0], pa.py_buffer(cv[1].astype(dtype))],
                                              null_count=cv[0].null_count), zip(chunks, views)))
