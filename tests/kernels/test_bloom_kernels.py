@@ -143,6 +143,17 @@ def test_blocked_bloom_filter_build_words_unchanged():
     assert f32.words.tolist() == oracle_words([5, -7], 1, 2)
 
 
+@pytest.mark.parametrize("slice_rows", [1, 3, 64])
+def test_build_words_in_slices_sets_the_oracle_bits(monkeypatch, slice_rows):
+    """Keys placed a slice at a time (``BUILD_SLICE_ROWS``): a bit an earlier slice set is not
+    added again (a sum of powers of two is their OR only while they are distinct), so repeated keys
+    across slices, keys sharing bits, and bit 63 (the sign) end as the oracle's OR."""
+    monkeypatch.setattr(B, "BUILD_SLICE_ROWS", slice_rows)
+    keys = torch.tensor([5, -7, 1 << 40, -(1 << 63), (1 << 63) - 1, 5, 42, -7, 5] + list(range(100, 160)))
+    for blocks in (1, 2, 8):
+        assert B.build_words(keys, blocks, 3).tolist() == oracle_words(keys.tolist(), blocks, 3)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
 def test_empty_keys(dtype):
     words = B.build_words(torch.tensor([1, 2, 3]), 4, 3)

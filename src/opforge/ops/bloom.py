@@ -81,14 +81,21 @@ def block_positions(keys: torch.Tensor, blocks: int, hashes: int) -> tuple[torch
     return torch.stack(out_w, -1), torch.stack(out_b, -1)
 
 
+BUILD_SLICE_ROWS = 1 << 20  # keys placed at once: ~150 bytes of temporaries a key at 3 hashes
+
+
 def build_words(keys: torch.Tensor, blocks: int, hashes: int) -> torch.Tensor:
     """The ``blocks * BLOCK_WORDS`` int64 words of a filter holding ``keys``: the distinct
-    (word, bit) pairs of all keys, summed per word (a sum of distinct powers of two is their OR;
-    no atomics)."""
+    (word, bit) pairs of the keys not yet set, summed per word (a sum of distinct powers of two is
+    their OR; no atomics), ``BUILD_SLICE_ROWS`` keys at a time. Why the slices: placing a key takes
+    about 150 bytes of temporaries (hashes, positions, their sort), and a runtime filter over a
+    large build side (TPC-H's orders keys: 150 M at SF100) took tens of GB at once."""
     words = torch.zeros(blocks * BLOCK_WORDS, dtype=torch.int64, device=keys.device)
-    if keys.numel():
-        word, bit = block_positions(keys, blocks, hashes)
+    for start in range(0, keys.numel(), BUILD_SLICE_ROWS):
+        word, bit = block_positions(keys[start:start + BUILD_SLICE_ROWS], blocks, hashes)
         flat = torch.unique((word * 64 + bit).reshape(-1))  # each (word, bit) once
+        del word, bit
+        flat = flat[((words[flat // 64] >> (flat % 64)) & 1) == 0]  # not set by an earlier slice
         words.index_add_(0, flat // 64, torch.bitwise_left_shift(torch.ones_like(flat), flat % 64))
     return words
 

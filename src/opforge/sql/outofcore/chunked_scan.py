@@ -58,9 +58,18 @@ def scan_bytes(table: Table, node: Scan) -> int:
     return table.num_rows * row_bytes(table, [o.name for o in node.outputs])
 
 
+# device bytes the operators over a chunk make per row beside its columns (int64 group ids, sort
+# permutations, gather indices: about six 8-byte temporaries); a chunk of few narrow columns is
+# sized by these. TPC-H q18's lineitem [l_orderkey, l_quantity] (18 bytes a row) aggregated per
+# chunk took the whole limit (SF1 under 256 MiB, live tensors on the CPU).
+CHUNK_ROW_WORK_BYTES = 48
+
+
 def chunk_rows(table: Table, node: Scan, limit: int) -> int:
-    """Rows per chunk: a quarter of the limit, leaving room for what the pipeline makes of it."""
-    return max(1024, limit // 4 // row_bytes(table, [o.name for o in node.outputs]))
+    """Rows per chunk: a quarter of the limit, leaving room for what the pipeline makes of it
+    (a row counts at least ``CHUNK_ROW_WORK_BYTES``)."""
+    nbytes = max(row_bytes(table, [o.name for o in node.outputs]), CHUNK_ROW_WORK_BYTES)
+    return max(1024, limit // 4 // nbytes)
 
 
 def chunks(node: Scan, table: Table, device, pushed, rows: int, counts: dict, limit: int | None = None
