@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from opforge import sql
-from opforge.sql import column_load
+from opforge.sql import column_load, string_sort
 from opforge.sql.column import ArrowWords
 from opforge.sql.expr import string_functions
 from opforge.sql.outofcore import chunked_scan
@@ -82,7 +82,8 @@ def test_words_ranked_on_the_device_only_when_the_sort_fits_the_limit(tmp_path):
     files = [(path, meta)]
     col = meta.schema.to_arrow_schema().get_field_index("c")
     words = sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
-    need = (words + chunked_scan.DEVICE_SORT_ROW_BYTES * meta.num_rows) / chunked_scan.DEVICE_SORT_SHARE
+    need = (words + chunked_scan.DEVICE_SORT_ROW_BYTES * meta.num_rows + string_sort.GATHER_WORK_BYTES) \
+        / chunked_scan.DEVICE_SORT_SHARE
     assert chunked_scan._sort_device(files, "c", "cuda", None) == "cuda"  # no limit
     assert chunked_scan._sort_device(files, "c", "cuda", int(need) + 1) == "cuda"
     assert chunked_scan._sort_device(files, "c", "cuda", int(need) - 1).type == "cpu"

@@ -57,6 +57,7 @@ def sorted_ranks(offsets: torch.Tensor, data: torch.Tensor) -> tuple[torch.Tenso
 
 
 GATHER_BYTES = 1 << 24  # bytes gathered at a time: each batch makes a few int64 tensors of this length (256 MiB)
+GATHER_WORK_BYTES = 24 * GATHER_BYTES  # device bytes a batch's temporaries take (three int64 per byte)
 
 
 def gathered_words(offsets: torch.Tensor, data: torch.Tensor, rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
