@@ -122,7 +122,7 @@ def test_parquet_strings_load_as_the_general_conversion(dictionary_page, radix_s
     path = tmp_path / "s.parquet"
     pq.write_table(table, path, row_group_size=600, dictionary_pagesize_limit=dictionary_page)
     meta = pq.ParquetFile(path).metadata
-    mostly_distinct = {n: parquet_read.column_row_groups(str(path), meta, n, True).mostly_distinct() for n in table.column_names}
+    mostly_distinct = {n: parquet_read.RowGroups([(str(path), meta)], n, True).mostly_distinct() for n in table.column_names}
     assert mostly_distinct["distinct"] and mostly_distinct["distinct_nonnull"] and not mostly_distinct["few"]
     t = Table.from_parquet(str(path), "cpu")
     back = pq.read_table(path)
@@ -160,7 +160,7 @@ def test_row_groups_come_back_in_file_order(tmp_path):
     path = tmp_path / "order.parquet"
     pq.write_table(pa.table({"x": np.arange(10_000)}), path, row_group_size=333)
     meta = pq.ParquetFile(path).metadata
-    chunks = list(parquet_read.column_row_groups(str(path), meta, "x", False))
+    chunks = list(parquet_read.RowGroups([(str(path), meta)], "x", False))
     assert np.array_equal(np.concatenate([c.to_numpy() for c in chunks]), np.arange(10_000))
     assert Table.from_parquet(str(path), "cpu").column("x").sorted
 

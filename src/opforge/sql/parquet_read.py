@@ -4,7 +4,7 @@ Why: ``pq.read_table(path, columns=[c])`` decodes a single column on one thread 
 across columns, and a first touch reads one). Here the row groups of the column are decoded side
 by side in a thread pool (Arrow releases the GIL while decoding). Two ways to consume them:
 
-* iterate ``column_row_groups(...)``: each row group's chunks in file order, handed over as each
+* iterate ``RowGroups(files, name, ...)``: each row group's chunks in file order, handed over as each
   finishes, so the caller stages row group ``k`` while later ones are still being decoded;
 * ``RowGroups.parts()``: each row group as a part that a staging thread decodes in batches of
   ``BATCH_ROWS`` rows straight into its place in the destination (``host_staging.fill_to_device``).
@@ -108,9 +108,3 @@ class RowGroups:
         with ThreadPoolExecutor(self.threads, thread_name_prefix="parquet-decode") as pool:
             for column in pool.map(self.read, range(groups)):
                 yield from column.chunks
-
-
-def column_row_groups(path: str, meta: pq.FileMetaData, name: str, as_dictionary: bool) -> RowGroups:
-    """The column ``name`` of each row group, in order (a row group's column may hold several chunks:
-    each is yielded)."""
-    return RowGroups([(path, meta)], name, as_dictionary)

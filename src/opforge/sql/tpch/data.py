@@ -121,6 +121,16 @@ def _size(path: Path) -> int | None:
     return None
 
 
+def _conform_aside(src: Path, dst: Path, schema: pa.Schema) -> int:
+    """``_conform`` into a hidden file beside ``dst``, renamed to ``dst`` when whole; the generator's
+    ``src`` is deleted then. Returns rows."""
+    tmp = dst.with_name(f".{dst.name}")
+    rows = _conform(src, tmp, schema)
+    os.replace(tmp, dst)
+    src.unlink()
+    return rows
+
+
 def _conform(src: Path, dst: Path, schema: pa.Schema) -> int:
     """Rewrite one table with ``schema``, :data:`CONFORM_ROW_GROUPS` row groups at a time so SF 10+ fits
     in memory; returns rows. Each slice is decoded with Arrow's threads: decoding the generator's
@@ -227,11 +237,7 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
 
     def conform(name: str, generate_s: float) -> None:
         t0 = time.time()
-        src, dst = raw / f"{name}.parquet", work / f"{name}.parquet"
-        tmp = dst.with_name(f".{dst.name}")
-        rows = _conform(src, tmp, SCHEMAS[name])
-        os.replace(tmp, dst)
-        src.unlink()
+        rows = _conform_aside(raw / f"{name}.parquet", work / f"{name}.parquet", SCHEMAS[name])
         finish(name, rows, generate_s, t0)
 
     def conform_parts(name: str, generate_s: float, pool: ThreadPoolExecutor) -> None:
@@ -239,14 +245,8 @@ def _generate_into(sf: float, work: Path, threads: int | None) -> None:
         folder = work / name
         folder.mkdir()
 
-        def one(i: int, src: Path) -> int:
-            tmp, dst = folder / f".part-{i:04d}.parquet", folder / f"part-{i:04d}.parquet"
-            rows = _conform(src, tmp, SCHEMAS[name])
-            os.replace(tmp, dst)
-            src.unlink()
-            return rows
-
-        rows = sum(pool.map(lambda a: one(*a), enumerate(_parts_of(raw, name), 1)))
+        rows = sum(pool.map(lambda a: _conform_aside(a[1], folder / f"part-{a[0]:04d}.parquet", SCHEMAS[name]),
+                            enumerate(_parts_of(raw, name), 1)))
         finish(name, rows, generate_s, t0)
 
     jobs = []
